@@ -1,0 +1,117 @@
+/*
+ * model.h - a Llama-family model loaded from GGUF and its forward pass.
+ *
+ * The forward pass is written once over the backend ops table
+ * (kernels/backend.h). It takes a batch of rows (sequence, position, token)
+ * with per-sequence KV block tables, so the scheduler on top decides which
+ * sequences run together and where their KV lives; the model only computes.
+ *
+ * Supported: architecture `llama` (and `qwen2`: Q/K/V bias, NEOX rope),
+ * weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1; tied or separate output.
+ * Weights stay in the mmapped file (the CPU backend reads them in place).
+ *
+ *     cinfer_model_params p = cinfer_model_default_params();
+ *     p.path = "SmolLM2-135M-Instruct.Q4_1.gguf";
+ *     cinfer_model *m;
+ *     if (cinfer_model_create(&p, &m) != CINFER_OK) ...cinfer_last_error()
+ *     float *logits = malloc(sizeof(float) * cinfer_model_get_info(m)->n_vocab);
+ *     cinfer_model_eval_single(m, ids, n_ids, 0, 0, logits);
+ *     cinfer_model_destroy(m);
+ *
+ * Thread safety: one thread at a time per model (the engine thread).
+ */
+#ifndef CINFER_MODEL_H
+#define CINFER_MODEL_H
+
+#include <stdint.h>
+
+#include "../common/status.h"
+#include "../kernels/backend.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cinfer_model cinfer_model;
+
+typedef struct {
+    const char *path;          /* GGUF file; NULL = the default model */
+    cinfer_backend *backend;   /* borrowed, must outlive the model; NULL =
+                                  the model creates and owns a CPU backend */
+    int n_threads;             /* CPU backend threads; 0 = all cores */
+    cinfer_cpu_isa isa;        /* CPU kernel family; 0 = best available */
+    int n_ctx;                 /* max tokens per sequence; 0 = the model's
+                                  trained context, capped at 8192 */
+    int block_size;            /* KV block size in tokens; 0 = 16 */
+    int n_kv_blocks;           /* KV blocks in the cache; 0 = enough for
+                                  max_seqs full sequences */
+    int max_seqs;              /* sequences the cache is sized for; 0 = 1 */
+    int max_batch_rows;        /* most rows one step may carry; 0 = 512 */
+    int kv_f32;                /* 1 = F32 KV cache; 0 = F16 */
+    /* Load progress in [0, 1] (optional). */
+    void (*progress)(float fraction, void *user);
+    void *progress_user;
+} cinfer_model_params;
+
+cinfer_model_params cinfer_model_default_params(void);
+
+typedef struct {
+    char arch[32];          /* "llama", "qwen2" */
+    char name[128];         /* general.name, or "" */
+    int n_layer;
+    int n_embd;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int n_ff;
+    int n_vocab;
+    int n_ctx_train;        /* context length the model was trained for */
+    int n_ctx;              /* max tokens per sequence in this instance */
+    float rope_theta;
+    float norm_eps;
+    int64_t n_params;       /* weight elements */
+    uint64_t weight_bytes;  /* bytes of weights in the file */
+    char quant[16];         /* dominant weight type, e.g. "Q4_1" */
+    int has_chat_template;
+    int block_size;         /* KV block size in tokens */
+    int n_kv_blocks;        /* KV blocks in the cache */
+    uint64_t kv_bytes;      /* bytes of the whole KV cache */
+} cinfer_model_info;
+
+/* Loads a model: maps the file, checks every tensor the architecture needs
+ * (name, shape, type), builds the tokenizer, allocates the KV cache. */
+cinfer_status cinfer_model_create(const cinfer_model_params *p,
+                                  cinfer_model **out);
+void cinfer_model_destroy(cinfer_model *m);
+
+const cinfer_model_info *cinfer_model_get_info(const cinfer_model *m);
+/* Owned by the model. */
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m);
+const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m);
+cinfer_backend *cinfer_model_backend(cinfer_model *m);
+
+/* The default model's path (from the build, or CINFER_MODEL in the
+ * environment); "" if unknown. */
+const char *cinfer_model_default_path(void);
+
+/* Runs one step: every row of `step` goes through the model, K/V of every
+ * row is written to its slot, and the logits of the step's out_rows are
+ * written to `logits` ([step->n_out, n_vocab], row-major). Block ids must be
+ * < n_kv_blocks and n_rows <= max_batch_rows. */
+cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
+                                   float *logits);
+
+/* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ... :
+ * evaluates tokens at positions pos0 .. pos0+n-1 (in chunks of at most
+ * max_batch_rows) and writes the logits of every row (all_logits = 1,
+ * [n, n_vocab]) or of the last row only ([n_vocab]). */
+cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
+                                       int n, int pos0, int all_logits,
+                                       float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_MODEL_H */

@@ -1,0 +1,264 @@
+/*
+ * backend.h - the ops table between the model and the hardware.
+ *
+ * The model (engine/model.c) is written once against this table; the CPU
+ * backend (kernels/cpu/) implements it today and the CUDA backend
+ * (kernels/cuda/) implements the same slots. The table is shaped for a GPU:
+ *
+ *   - Tensors are backend-owned buffers behind opaque handles with a dtype
+ *     and a shape. The model never dereferences activation or KV memory;
+ *     data crosses the seam only through upload/download.
+ *   - Ops are asynchronous: enqueued in order, complete at synchronize().
+ *     The CPU backend runs each op at once.
+ *   - Ops are batch-level: one call per layer op for all rows of all
+ *     sequences in the step. The step's metadata (tokens, positions, KV slots,
+ *     block tables, rows whose outputs are wanted) is handed over once per
+ *     step with set_step() and the ops read it from there, so a decode step
+ *     of a given shape is always the same op sequence (graph-capturable).
+ *   - Collectives are ops too (optional slots), so tensor parallelism is the
+ *     model code plus a communicator.
+ *
+ * Shapes are written outermost first: a [rows, cols] tensor is row-major with
+ * cols contiguous. GGUF lists dimensions innermost first, so a GGUF weight
+ * with ne = {n_in, n_out} is a [n_out, n_in] tensor here.
+ *
+ * Paged KV cache: per layer one K and one V tensor of shape
+ * [n_blocks, block_size, n_kv_heads, head_dim] (F16 or F32). Token position p
+ * of sequence s lives in block block_tables[s * max_blocks + p / block_size]
+ * at offset p % block_size; its "slot" is block * block_size + offset.
+ *
+ * Example (one layer's attention block, CPU backend):
+ *
+ *     cinfer_backend *be;
+ *     cinfer_backend_cpu_params bp = cinfer_backend_cpu_default_params();
+ *     cinfer_backend_cpu_create(&bp, &be);
+ *     be->ops->set_step(be, &step);
+ *     be->ops->rms_norm(be, x, attn_norm, eps, h);
+ *     const cinfer_tensor *w[3] = {wq, wk, wv};
+ *     cinfer_tensor *o[3] = {q, k, v};
+ *     be->ops->matmul(be, 3, w, h, o);
+ *     ...
+ *     be->ops->synchronize(be);
+ *
+ * Thread safety: a backend instance is used by one thread at a time (the
+ * engine thread); distinct instances are independent.
+ */
+#ifndef CINFER_BACKEND_H
+#define CINFER_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/status.h"
+#include "dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cinfer_backend cinfer_backend;
+typedef struct cinfer_tensor cinfer_tensor;
+
+#define CINFER_MAX_DIMS 4
+
+/* Dtype and shape of a tensor. shape[0] is outermost; shape[n_dims - 1] is
+ * contiguous. Unused trailing entries are ignored. */
+typedef struct {
+    cinfer_dtype dtype;
+    int n_dims;                         /* 1..CINFER_MAX_DIMS */
+    int64_t shape[CINFER_MAX_DIMS];     /* elements per dimension, >= 1 */
+} cinfer_tensor_desc;
+
+/* Metadata of one forward step. Every pointer is host memory that
+ * set_step() copies (or uploads); it need not outlive the call. */
+typedef struct {
+    int32_t n_rows;              /* rows (tokens) in the step, >= 1 */
+    int32_t n_seqs;              /* sequences the rows belong to, >= 1 */
+    int32_t block_size;          /* KV block size in tokens */
+    int32_t max_blocks;          /* row stride of block_tables */
+    const int32_t *tokens;       /* [n_rows] token id per row */
+    const int32_t *positions;    /* [n_rows] position of the row in its seq */
+    const int32_t *row_seq;      /* [n_rows] sequence index, 0..n_seqs-1 */
+    const int32_t *slots;        /* [n_rows] KV slot the row's K/V goes to */
+    const int32_t *block_tables; /* [n_seqs, max_blocks] KV block ids */
+    int32_t n_out;               /* rows whose outputs are wanted */
+    const int32_t *out_rows;     /* [n_out] indices into the rows, ascending */
+} cinfer_step;
+
+typedef enum {
+    CINFER_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
+    CINFER_ROPE_NEOX = 2, /* rotate halves (x[i], x[i + d/2]): qwen2, neox */
+} cinfer_rope_mode;
+
+/*
+ * The ops table. Every op returns CINFER_OK or an error status with
+ * cinfer_set_error() filled; an op that fails changes none of its outputs'
+ * meaning beyond "undefined" and leaves the backend usable.
+ * Slots marked (optional) may be NULL.
+ */
+struct cinfer_backend_ops {
+    /* ---- lifetime and memory ---------------------------------------- */
+    void (*destroy)(cinfer_backend *be);
+
+    /* A new tensor with undefined contents. */
+    cinfer_status (*tensor_create)(cinfer_backend *be,
+                                   const cinfer_tensor_desc *desc,
+                                   cinfer_tensor **out);
+
+    /* A read-only tensor holding `data` (host memory laid out as the desc
+     * says: whole quantized blocks per row). The CPU backend may use `data`
+     * in place (then it must outlive the tensor, as mmapped weights do) or
+     * repack it; a device backend copies it. */
+    cinfer_status (*tensor_create_weight)(cinfer_backend *be,
+                                          const cinfer_tensor_desc *desc,
+                                          const void *data,
+                                          cinfer_tensor **out);
+
+    /* Frees a tensor (NULL is fine). */
+    void (*tensor_destroy)(cinfer_backend *be, cinfer_tensor *t);
+
+    /* Copies bytes between host memory and a tensor. Offsets and sizes are
+     * in bytes and must lie inside the tensor. */
+    cinfer_status (*upload)(cinfer_backend *be, cinfer_tensor *t,
+                            size_t offset, const void *src, size_t n_bytes);
+    cinfer_status (*download)(cinfer_backend *be, const cinfer_tensor *t,
+                              size_t offset, void *dst, size_t n_bytes);
+
+    /* Sets every byte of a tensor to zero. */
+    cinfer_status (*fill_zero)(cinfer_backend *be, cinfer_tensor *t);
+
+    /* Waits until every enqueued op has completed. */
+    cinfer_status (*synchronize)(cinfer_backend *be);
+
+    /* ---- step metadata ----------------------------------------------- */
+
+    /* Hands over the step's metadata; the ops below read it. Checked here:
+     * counts, indices in range, out_rows ascending. */
+    cinfer_status (*set_step)(cinfer_backend *be, const cinfer_step *step);
+
+    /* ---- ops (activations are F32 unless said otherwise) ------------- */
+
+    /* out[r] = table[step.tokens[r]].  table: [vocab, d] any dtype;
+     * out: [n_rows, d]. A token outside the table is an error. */
+    cinfer_status (*embed)(cinfer_backend *be, const cinfer_tensor *table,
+                           cinfer_tensor *out);
+
+    /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [n, d];
+     * w: [d] F32. out may alias x. */
+    cinfer_status (*rms_norm)(cinfer_backend *be, const cinfer_tensor *x,
+                              const cinfer_tensor *w, float eps,
+                              cinfer_tensor *out);
+
+    /* For i in 0..n_w-1: out[i] = x * w[i]^T, i.e. out[i][r][o] =
+     * dot(x[r], w[i][o]).  w[i]: [n_out_i, n_in] any weight dtype;
+     * x: [n, n_in]; out[i]: [n, n_out_i]. Weights sharing one input are
+     * passed together so the input is prepared (quantized) once.
+     * 1 <= n_w <= 4. Each output element's reduction order is fixed by
+     * n_in alone, so results do not depend on n or on a row's place in the
+     * batch (batch invariance). */
+    cinfer_status (*matmul)(cinfer_backend *be, int n_w,
+                            const cinfer_tensor *const *w,
+                            const cinfer_tensor *x, cinfer_tensor *const *out);
+
+    /* x[r] += b.  x: [n, d]; b: [d] F32. */
+    cinfer_status (*add_bias)(cinfer_backend *be, cinfer_tensor *x,
+                              const cinfer_tensor *b);
+
+    /* out = a + b, elementwise, same shapes. out may alias a or b. */
+    cinfer_status (*add)(cinfer_backend *be, const cinfer_tensor *a,
+                         const cinfer_tensor *b, cinfer_tensor *out);
+
+    /* Rotary embedding in place at each row's step position.
+     * x: [n, n_heads * head_dim]; the first rot_dim dims of each head are
+     * rotated with frequency theta^(-2i/rot_dim). */
+    cinfer_status (*rope)(cinfer_backend *be, cinfer_tensor *x, int n_heads,
+                          int head_dim, int rot_dim, float theta,
+                          cinfer_rope_mode mode);
+
+    /* Writes each row's K and V into the cache at its step slot.
+     * k, v: [n, n_kv_heads * head_dim]; k_cache, v_cache:
+     * [n_blocks, block_size, n_kv_heads, head_dim] F16 or F32. */
+    cinfer_status (*kv_store)(cinfer_backend *be, const cinfer_tensor *k,
+                              const cinfer_tensor *v, cinfer_tensor *k_cache,
+                              cinfer_tensor *v_cache);
+
+    /* Causal paged attention: row r of sequence s = step.row_seq[r] attends
+     * to positions 0..step.positions[r] of s, read through s's block table
+     * (so kv_store for the step must come first). Grouped-query: query head
+     * h uses KV head h / (n_heads / n_kv_heads).
+     * q, out: [n, n_heads * head_dim]. */
+    cinfer_status (*attention)(cinfer_backend *be, const cinfer_tensor *q,
+                               const cinfer_tensor *k_cache,
+                               const cinfer_tensor *v_cache, int n_heads,
+                               int n_kv_heads, int head_dim, float scale,
+                               cinfer_tensor *out);
+
+    /* out = silu(gate) * up.  gate, up, out: [n, f]. out may alias gate. */
+    cinfer_status (*silu_mul)(cinfer_backend *be, const cinfer_tensor *gate,
+                              const cinfer_tensor *up, cinfer_tensor *out);
+
+    /* out[j] = x[step.out_rows[j]].  x: [n_rows, d]; out: [n_out, d]. */
+    cinfer_status (*gather_rows)(cinfer_backend *be, const cinfer_tensor *x,
+                                 cinfer_tensor *out);
+
+    /* (optional) Sums t across the ranks of the backend's communicator, in
+     * place. */
+    cinfer_status (*all_reduce_sum)(cinfer_backend *be, cinfer_tensor *t);
+};
+
+/* Every backend instance starts with this header. */
+struct cinfer_backend {
+    const struct cinfer_backend_ops *ops;
+    const char *name;        /* "cpu", "cuda" */
+    char device_desc[128];   /* human-readable device description */
+};
+
+/* Descriptor of an existing tensor (backend-independent accessor: every
+ * backend's tensor struct starts with a cinfer_tensor_desc). */
+const cinfer_tensor_desc *cinfer_tensor_get_desc(const cinfer_tensor *t);
+
+/* Elements and bytes of a descriptor (0 bytes if the last dimension is not
+ * a whole number of blocks). */
+int64_t cinfer_tensor_desc_nelems(const cinfer_tensor_desc *d);
+size_t cinfer_tensor_desc_nbytes(const cinfer_tensor_desc *d);
+
+/* Convenience: a descriptor of n_dims with the given shape. */
+cinfer_tensor_desc cinfer_tensor_desc_make(cinfer_dtype dtype, int n_dims,
+                                           const int64_t *shape);
+
+/* ---------------------------------------------------------------------- */
+/* CPU backend                                                            */
+/* ---------------------------------------------------------------------- */
+
+typedef enum {
+    CINFER_CPU_ISA_AUTO = 0,  /* best the processor supports */
+    CINFER_CPU_ISA_PORTABLE,  /* plain C, any processor */
+    CINFER_CPU_ISA_AVX2,      /* AVX2 + FMA + F16C */
+    CINFER_CPU_ISA_AVX512,    /* AVX-512 F/BW/VL + VNNI + BF16 */
+} cinfer_cpu_isa;
+
+typedef struct {
+    int n_threads;      /* worker threads incl. the caller; 0 = all cores */
+    cinfer_cpu_isa isa; /* kernel family; AUTO picks the best available */
+} cinfer_backend_cpu_params;
+
+cinfer_backend_cpu_params cinfer_backend_cpu_default_params(void);
+
+/* Creates a CPU backend. Fails with CINFER_E_UNSUPPORTED if a forced ISA is
+ * not available on this processor. */
+cinfer_status cinfer_backend_cpu_create(const cinfer_backend_cpu_params *p,
+                                        cinfer_backend **out);
+
+/* The ISA a CPU backend runs (never AUTO), and whether `isa` is usable on
+ * this processor. */
+cinfer_cpu_isa cinfer_backend_cpu_isa(const cinfer_backend *be);
+int cinfer_cpu_isa_supported(cinfer_cpu_isa isa);
+const char *cinfer_cpu_isa_name(cinfer_cpu_isa isa);
+
+/* Destroys any backend (NULL is fine). */
+void cinfer_backend_destroy(cinfer_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_BACKEND_H */
