@@ -114,6 +114,12 @@ struct cinfer_backend_ops {
                                           const void *data,
                                           cinfer_tensor **out);
 
+    /* Sets shape[0] of a tensor to `rows`, 1 <= rows <= shape[0] at
+     * creation, keeping the layout of the first rows: one set of activation
+     * buffers serves steps of any row count up to the capacity. */
+    cinfer_status (*tensor_set_rows)(cinfer_backend *be, cinfer_tensor *t,
+                                     int64_t rows);
+
     /* Frees a tensor (NULL is fine). */
     void (*tensor_destroy)(cinfer_backend *be, cinfer_tensor *t);
 
