@@ -1,0 +1,185 @@
+/*
+ * engine.h - the engine library's public header.
+ *
+ * The engine turns token ids into next-token choices: it loads a model from
+ * GGUF (model.h), tokenizes and detokenizes text (tokenizer.h), runs the
+ * forward pass over a backend (kernels/backend.h) and samples (sampler.h).
+ * Servers and tools include this header only; it never includes gRPC or
+ * protobuf headers, and the layers below know nothing of it.
+ *
+ *     cinfer_model *m;
+ *     cinfer_model_params mp = cinfer_model_default_params();  // default model
+ *     if (cinfer_model_create(&mp, &m) != CINFER_OK) ...cinfer_last_error()
+ *     const cinfer_tokenizer *tk = cinfer_model_tokenizer(m);
+ *     ... cinfer_tokenizer_encode(tk, ...); cinfer_model_eval_single(...);
+ *     ... cinfer_sampler_sample(...); cinfer_detok_push(...);
+ *     cinfer_model_destroy(m);
+ */
+#ifndef CINFER_ENGINE_H
+#define CINFER_ENGINE_H
+
+#include "../common/status.h"
+#include "../kernels/backend.h"
+#include "gguf.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* The serving engine: one engine thread, continuous batching             */
+/* ---------------------------------------------------------------------- */
+/*
+ * cinfer_engine owns the engine thread. Requests are submitted from any
+ * thread; the engine thread admits them, batches them, samples, and reports
+ * each request's progress through its callback. The callback runs on the
+ * engine thread: it must not block (copy what it needs, hand it to another
+ * thread, return).
+ *
+ *     cinfer_engine_params ep = cinfer_engine_default_params();
+ *     ep.model = m;
+ *     cinfer_engine *e;
+ *     cinfer_engine_create(&ep, &e);
+ *     cinfer_request_params rp = cinfer_request_default_params();
+ *     rp.prompt = ids; rp.n_prompt = n; rp.max_tokens = 64;
+ *     rp.on_event = my_sink; rp.user = my_call;
+ *     uint64_t id;
+ *     cinfer_engine_submit(e, &rp, &id);   // events follow on the engine thread
+ *     ...
+ *     cinfer_engine_cancel(e, id);          // optional; a FINISH event follows
+ *     cinfer_engine_destroy(e);             // cancels what is left, joins
+ */
+
+typedef struct cinfer_engine cinfer_engine;
+
+typedef struct {
+    cinfer_model *model;      /* borrowed; must outlive the engine */
+    int max_seqs;             /* sequences running at once; 0 = 64 */
+    int max_batched_tokens;   /* rows per step (decodes + prefill chunks);
+                                 0 = 512 */
+    int max_queued;           /* waiting requests before submit refuses
+                                 with CINFER_E_EXHAUSTED; 0 = unbounded */
+    int prefix_cache;         /* 1 = reuse KV blocks of shared prefixes */
+    /* Clock in ns (monotonic) for deadlines and timings; NULL = CLOCK_MONOTONIC. */
+    int64_t (*now_ns)(void *user);
+    void *now_user;
+} cinfer_engine_params;
+
+cinfer_engine_params cinfer_engine_default_params(void);
+
+typedef enum {
+    CINFER_FINISH_NONE = 0,      /* still running */
+    CINFER_FINISH_LENGTH,        /* max_tokens reached or context full */
+    CINFER_FINISH_EOS,           /* the model's end-of-generation token */
+    CINFER_FINISH_STOP_SEQUENCE, /* a stop string matched */
+    CINFER_FINISH_STOP_TOKEN,    /* a stop token id was sampled */
+    CINFER_FINISH_CANCELLED,     /* cinfer_engine_cancel or engine shutdown */
+    CINFER_FINISH_TIME_LIMIT,    /* the deadline passed */
+    CINFER_FINISH_ERROR,         /* engine fault (see event status) */
+} cinfer_finish_reason;
+
+const char *cinfer_finish_reason_name(cinfer_finish_reason r);
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} cinfer_token_logprob;
+
+typedef enum {
+    CINFER_EVENT_TOKENS = 1, /* new tokens (and text) for one sample */
+    CINFER_EVENT_FINISH = 2, /* the sample is done; last event for it */
+} cinfer_event_kind;
+
+typedef struct {
+    cinfer_event_kind kind;
+    uint64_t request_id;
+    int sample_index;              /* 0..n-1 when n > 1 samples */
+    /* TOKENS: */
+    const int32_t *ids;            /* new token ids */
+    size_t n_ids;
+    const char *text;              /* their text delta: whole UTF-8 chars,
+                                      stop strings withheld/removed */
+    size_t text_len;
+    const float *logprobs;         /* [n_ids] chosen tokens' logprobs, or NULL */
+    const cinfer_token_logprob *top; /* [n_ids * n_top] or NULL */
+    int n_top;
+    /* FINISH: */
+    cinfer_finish_reason finish;
+    cinfer_status status;          /* CINFER_OK unless finish == ERROR */
+    const char *message;           /* error text for ERROR, else "" */
+    int32_t prompt_tokens;
+    int32_t completion_tokens;
+    int32_t cached_tokens;         /* prompt tokens served by the prefix cache */
+    int64_t queue_ns;              /* submit -> first scheduled */
+    int64_t ttft_ns;               /* submit -> first token */
+    int64_t total_ns;              /* submit -> finish */
+} cinfer_engine_event;
+
+typedef struct {
+    const int32_t *prompt;        /* prompt token ids (copied) */
+    size_t n_prompt;              /* >= 1 */
+    cinfer_sampler_params sampling;
+    int32_t max_tokens;           /* >= 1; capped by the context */
+    int32_t min_tokens;           /* EOG/stop tokens suppressed before this */
+    int ignore_eos;               /* 1 = do not stop at end-of-generation */
+    const char *const *stop;      /* stop strings (copied), or NULL */
+    size_t n_stop;
+    const int32_t *stop_ids;      /* stop token ids (copied), or NULL */
+    size_t n_stop_ids;
+    int n_samples;                /* n; 0 = 1 */
+    int priority;                 /* higher runs first; 0 = normal */
+    int64_t deadline_ns;          /* absolute, on the engine clock; 0 = none */
+    void (*on_event)(void *user, const cinfer_engine_event *ev);
+    void *user;
+} cinfer_request_params;
+
+cinfer_request_params cinfer_request_default_params(void);
+
+cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
+                                   cinfer_engine **out);
+/* Cancels every request (each gets its FINISH event), stops and joins the
+ * engine thread. NULL is fine. */
+void cinfer_engine_destroy(cinfer_engine *e);
+
+/* Queues a request. Validates it (CINFER_E_INVALID_ARG naming the field,
+ * CINFER_E_RANGE for a prompt longer than the context or an id outside the
+ * vocabulary); on error no event is ever delivered. Thread-safe. */
+cinfer_status cinfer_engine_submit(cinfer_engine *e,
+                                   const cinfer_request_params *p,
+                                   uint64_t *request_id);
+
+/* Asks the engine to stop a request; its FINISH (CANCELLED) event follows
+ * from the engine thread, and its KV blocks are freed at the next step.
+ * Unknown or finished ids are ignored. Thread-safe. */
+void cinfer_engine_cancel(cinfer_engine *e, uint64_t request_id);
+
+typedef struct {
+    int running;               /* sequences in the batch */
+    int waiting;               /* requests queued */
+    int kv_blocks_total;
+    int kv_blocks_used;
+    int kv_blocks_cached;      /* free blocks holding reusable prefixes */
+    uint64_t requests_finished;
+    uint64_t requests_cancelled;
+    uint64_t preemptions;
+    uint64_t prompt_tokens;    /* prefilled (excluding cache hits) */
+    uint64_t cached_tokens;    /* prompt tokens served from the cache */
+    uint64_t generated_tokens;
+    uint64_t steps;
+    int64_t last_step_ns;      /* engine clock at the last step's end */
+} cinfer_engine_stats;
+
+/* A consistent snapshot. Thread-safe. */
+void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CINFER_ENGINE_H */
