@@ -1,0 +1,733 @@
+/*
+ * model.c - Llama-family model: load from GGUF, forward pass over the
+ * backend ops table.
+ *
+ * One forward step runs every row of a cinfer_step (any mix of prefill
+ * chunks and decodes of any sequences) through the layers:
+ *
+ *   x = embed(tokens)
+ *   for each layer:
+ *       h = rms_norm(x) ; q,k,v = h Wq, h Wk, h Wv (+ bias for qwen2)
+ *       rope(q), rope(k) at each row's position ; kv_store(k, v)
+ *       a = attention(q, paged K/V) ; x += a Wo
+ *       h = rms_norm(x) ; x += (silu(h Wg) * h Wu) Wd
+ *   logits = rms_norm(x[out_rows]) Wout
+ *
+ * In the last layer only the rows whose logits are wanted go through the
+ * feed-forward block (their K/V for later steps is already stored), which
+ * saves a layer's FFN on every prefill row but the last.
+ *
+ * Activation buffers are allocated once for max_batch_rows rows and resized
+ * per step with tensor_set_rows, so a step of a given shape issues the same
+ * op sequence every time.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef CINFER_DEFAULT_MODEL
+#define CINFER_DEFAULT_MODEL ""
+#endif
+
+typedef struct {
+    cinfer_tensor *attn_norm, *ffn_norm;
+    cinfer_tensor *wq, *wk, *wv, *wo;
+    cinfer_tensor *bq, *bk, *bv; /* qwen2 only */
+    cinfer_tensor *w_gate, *w_up, *w_down;
+    cinfer_tensor *k_cache, *v_cache;
+} layer;
+
+struct cinfer_model {
+    cinfer_model_info info;
+    cinfer_gguf *gguf;
+    cinfer_tokenizer *tok;
+    cinfer_backend *be;
+    int owns_backend;
+    cinfer_rope_mode rope_mode;
+    int rot_dim;
+    int max_rows;
+
+    cinfer_tensor *tok_embd, *out_norm, *output;
+    layer *layers;
+
+    /* activations, capacity max_rows rows */
+    cinfer_tensor *x, *h, *q, *k, *v, *att, *gate, *up;
+    cinfer_tensor *xo, *ho;   /* out rows of the last layer */
+    cinfer_tensor *logits;    /* [max_rows, n_vocab] */
+
+    /* eval_single scratch */
+    int32_t *single_tables;
+};
+
+cinfer_model_params cinfer_model_default_params(void)
+{
+    cinfer_model_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
+const char *cinfer_model_default_path(void)
+{
+    const char *env = getenv("CINFER_MODEL");
+    if (env && *env)
+        return env;
+    return CINFER_DEFAULT_MODEL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* loading                                                                */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status get_u32_arch(const cinfer_gguf *g, const char *arch,
+                                  const char *suffix, int required,
+                                  uint32_t def, int *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    cinfer_status st = cinfer_gguf_get_u32(g, key, &v);
+    if (st == CINFER_E_NOT_FOUND && !required) {
+        *out = (int)def;
+        return CINFER_OK;
+    }
+    if (st != CINFER_OK)
+        return cinfer_set_error(CINFER_E_FORMAT, "model: metadata '%s': %s",
+                                key, st == CINFER_E_NOT_FOUND
+                                         ? "missing"
+                                         : cinfer_last_error());
+    if (v > (1u << 30))
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: metadata '%s' = %u is out of range",
+                                key, v);
+    *out = (int)v;
+    return CINFER_OK;
+}
+
+static cinfer_status get_f32_arch(const cinfer_gguf *g, const char *arch,
+                                  const char *suffix, float def, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    cinfer_status st = cinfer_gguf_get_f32(g, key, out);
+    if (st == CINFER_E_NOT_FOUND) {
+        *out = def;
+        return CINFER_OK;
+    }
+    if (st != CINFER_OK)
+        return cinfer_set_error(CINFER_E_FORMAT, "model: metadata '%s': %s",
+                                key, cinfer_last_error());
+    if (!isfinite(*out) || *out <= 0.0f)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: metadata '%s' = %g is out of range",
+                                key, (double)*out);
+    return CINFER_OK;
+}
+
+static int weight_dtype_ok(cinfer_dtype t)
+{
+    switch (t) {
+    case CINFER_DTYPE_F32:
+    case CINFER_DTYPE_F16:
+    case CINFER_DTYPE_BF16:
+    case CINFER_DTYPE_Q8_0:
+    case CINFER_DTYPE_Q4_0:
+    case CINFER_DTYPE_Q4_1:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+typedef struct {
+    cinfer_model *m;
+    uint64_t bytes_done, bytes_total;
+    cinfer_model_params p;
+} load_ctx;
+
+/* Finds tensor `name` (a printf format with the layer), checks its shape
+ * ([rows, cols] here, i.e. GGUF ne = {cols, rows}; rows 0 for a 1-D
+ * tensor) and creates the backend weight. */
+static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
+                                 int required, int64_t rows, int64_t cols,
+                                 int float_only, const char *fmt, int il)
+{
+    char name[96];
+    snprintf(name, sizeof name, fmt, il);
+    const cinfer_gguf_tensor *t = cinfer_gguf_find_tensor(lc->m->gguf, name);
+    *out = NULL;
+    if (!t) {
+        if (!required)
+            return CINFER_OK;
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: tensor '%s' is missing", name);
+    }
+    int want_dims = rows ? 2 : 1;
+    int64_t want0 = cols, want1 = rows ? rows : 1;
+    if ((int)t->n_dims != want_dims || t->ne[0] != want0 ||
+        t->ne[1] != want1)
+        return cinfer_set_error(
+            CINFER_E_FORMAT,
+            "model: tensor '%s' has shape [%lld, %lld] (%u dims), expected "
+            "[%lld, %lld]",
+            name, (long long)t->ne[0], (long long)t->ne[1], t->n_dims,
+            (long long)want0, (long long)want1);
+    if (float_only ? t->dtype != CINFER_DTYPE_F32 : !weight_dtype_ok(t->dtype))
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: tensor '%s' has unsupported type %s",
+                                name, cinfer_dtype_name(t->dtype));
+    cinfer_tensor_desc d;
+    if (rows) {
+        int64_t shape[2] = {rows, cols};
+        d = cinfer_tensor_desc_make(t->dtype, 2, shape);
+    } else {
+        int64_t shape[1] = {cols};
+        d = cinfer_tensor_desc_make(t->dtype, 1, shape);
+    }
+    cinfer_status st = lc->m->be->ops->tensor_create_weight(lc->m->be, &d,
+                                                            t->data, out);
+    if (st != CINFER_OK)
+        return st;
+
+    /* Fault the pages in now, so the first request does not pay for the
+     * disk reads and the progress bar shows the real load. */
+    if (lc->p.progress) {
+        const volatile uint8_t *b = t->data;
+        size_t page = 4096;
+        uint8_t acc = 0;
+        for (size_t off = 0; off < t->n_bytes; off += page)
+            acc ^= b[off];
+        (void)acc;
+        lc->bytes_done += t->n_bytes;
+        lc->p.progress(lc->bytes_total
+                           ? (float)lc->bytes_done / (float)lc->bytes_total
+                           : 1.0f,
+                       lc->p.progress_user);
+    }
+    return CINFER_OK;
+}
+
+static cinfer_status make_act(cinfer_model *m, cinfer_tensor **out,
+                              int64_t rows, int64_t cols)
+{
+    int64_t shape[2] = {rows, cols};
+    cinfer_tensor_desc d = cinfer_tensor_desc_make(CINFER_DTYPE_F32, 2, shape);
+    return m->be->ops->tensor_create(m->be, &d, out);
+}
+
+static cinfer_status read_hparams(cinfer_model *m)
+{
+    const cinfer_gguf *g = m->gguf;
+    cinfer_model_info *I = &m->info;
+    cinfer_gguf_str s;
+    cinfer_status st = cinfer_gguf_get_str(g, "general.architecture", &s);
+    if (st != CINFER_OK)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: metadata 'general.architecture' is "
+                                "missing or not a string");
+    if (s.len >= sizeof I->arch)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: architecture name too long");
+    memcpy(I->arch, s.ptr, s.len);
+    I->arch[s.len] = '\0';
+    if (strcmp(I->arch, "llama") == 0) {
+        m->rope_mode = CINFER_ROPE_NORM;
+    } else if (strcmp(I->arch, "qwen2") == 0) {
+        m->rope_mode = CINFER_ROPE_NEOX;
+    } else {
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: architecture '%s' is not supported "
+                                "(supported: llama, qwen2)",
+                                I->arch);
+    }
+    if (cinfer_gguf_get_str(g, "general.name", &s) == CINFER_OK) {
+        size_t n = s.len < sizeof I->name - 1 ? s.len : sizeof I->name - 1;
+        memcpy(I->name, s.ptr, n);
+        I->name[n] = '\0';
+    }
+    const char *a = I->arch;
+    if ((st = get_u32_arch(g, a, "block_count", 1, 0, &I->n_layer)) ||
+        (st = get_u32_arch(g, a, "embedding_length", 1, 0, &I->n_embd)) ||
+        (st = get_u32_arch(g, a, "attention.head_count", 1, 0, &I->n_head)) ||
+        (st = get_u32_arch(g, a, "feed_forward_length", 1, 0, &I->n_ff)) ||
+        (st = get_u32_arch(g, a, "context_length", 0, 2048,
+                           &I->n_ctx_train)))
+        return st;
+    if ((st = get_u32_arch(g, a, "attention.head_count_kv", 0,
+                           (uint32_t)I->n_head, &I->n_head_kv)))
+        return st;
+    if ((st = get_f32_arch(g, a, "rope.freq_base", 10000.0f, &I->rope_theta)) ||
+        (st = get_f32_arch(g, a, "attention.layer_norm_rms_epsilon", 1e-5f,
+                           &I->norm_eps)))
+        return st;
+    if (I->n_layer < 1 || I->n_embd < 1 || I->n_head < 1 || I->n_ff < 1 ||
+        I->n_head_kv < 1)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: layer, width, head and feed-forward "
+                                "counts must be >= 1");
+    if (I->n_embd % I->n_head != 0)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: embedding_length %d is not a multiple "
+                                "of head_count %d",
+                                I->n_embd, I->n_head);
+    if (I->n_head % I->n_head_kv != 0)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: head_count %d is not a multiple of "
+                                "head_count_kv %d",
+                                I->n_head, I->n_head_kv);
+    I->head_dim = I->n_embd / I->n_head;
+    int key_len = 0;
+    if ((st = get_u32_arch(g, a, "attention.key_length", 0,
+                           (uint32_t)I->head_dim, &key_len)))
+        return st;
+    if (key_len != I->head_dim)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: attention.key_length %d differs from "
+                                "embedding_length / head_count %d",
+                                key_len, I->head_dim);
+    if ((st = get_u32_arch(g, a, "rope.dimension_count", 0,
+                           (uint32_t)I->head_dim, &m->rot_dim)))
+        return st;
+    if (m->rot_dim < 2 || m->rot_dim > I->head_dim || m->rot_dim % 2)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: rope.dimension_count %d is invalid "
+                                "for head size %d",
+                                m->rot_dim, I->head_dim);
+    if (I->n_ctx_train < 1)
+        I->n_ctx_train = 2048;
+    I->has_chat_template =
+        cinfer_gguf_find_key(g, "tokenizer.chat_template") >= 0;
+    return CINFER_OK;
+}
+
+static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
+{
+    cinfer_model_info *I = &m->info;
+    load_ctx lc = {.m = m, .p = *p};
+    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(m->gguf); i++)
+        lc.bytes_total += cinfer_gguf_tensor_at(m->gguf, i)->n_bytes;
+
+    int64_t d = I->n_embd, ff = I->n_ff, V = I->n_vocab;
+    int64_t dq = (int64_t)I->n_head * I->head_dim;
+    int64_t dkv = (int64_t)I->n_head_kv * I->head_dim;
+    int qwen = strcmp(I->arch, "qwen2") == 0;
+    cinfer_status st;
+
+    if ((st = load_tensor(&lc, &m->tok_embd, 1, V, d, 0, "token_embd.weight",
+                          0)) ||
+        (st = load_tensor(&lc, &m->out_norm, 1, 0, d, 1, "output_norm.weight",
+                          0)) ||
+        (st = load_tensor(&lc, &m->output, 0, V, d, 0, "output.weight", 0)))
+        return st;
+
+    m->layers = calloc((size_t)I->n_layer, sizeof(layer));
+    if (!m->layers)
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+    for (int il = 0; il < I->n_layer; il++) {
+        layer *L = &m->layers[il];
+        if ((st = load_tensor(&lc, &L->attn_norm, 1, 0, d, 1,
+                              "blk.%d.attn_norm.weight", il)) ||
+            (st = load_tensor(&lc, &L->wq, 1, dq, d, 0,
+                              "blk.%d.attn_q.weight", il)) ||
+            (st = load_tensor(&lc, &L->wk, 1, dkv, d, 0,
+                              "blk.%d.attn_k.weight", il)) ||
+            (st = load_tensor(&lc, &L->wv, 1, dkv, d, 0,
+                              "blk.%d.attn_v.weight", il)) ||
+            (st = load_tensor(&lc, &L->wo, 1, d, dq, 0,
+                              "blk.%d.attn_output.weight", il)) ||
+            (st = load_tensor(&lc, &L->ffn_norm, 1, 0, d, 1,
+                              "blk.%d.ffn_norm.weight", il)) ||
+            (st = load_tensor(&lc, &L->w_gate, 1, ff, d, 0,
+                              "blk.%d.ffn_gate.weight", il)) ||
+            (st = load_tensor(&lc, &L->w_up, 1, ff, d, 0,
+                              "blk.%d.ffn_up.weight", il)) ||
+            (st = load_tensor(&lc, &L->w_down, 1, d, ff, 0,
+                              "blk.%d.ffn_down.weight", il)))
+            return st;
+        if ((st = load_tensor(&lc, &L->bq, qwen, 0, dq, 1,
+                              "blk.%d.attn_q.bias", il)) ||
+            (st = load_tensor(&lc, &L->bk, qwen, 0, dkv, 1,
+                              "blk.%d.attn_k.bias", il)) ||
+            (st = load_tensor(&lc, &L->bv, qwen, 0, dkv, 1,
+                              "blk.%d.attn_v.bias", il)))
+            return st;
+    }
+
+    /* statistics */
+    uint64_t by_type[64] = {0};
+    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(m->gguf); i++) {
+        const cinfer_gguf_tensor *t = cinfer_gguf_tensor_at(m->gguf, i);
+        int64_t n = 1;
+        for (uint32_t j = 0; j < t->n_dims; j++)
+            n *= t->ne[j];
+        I->n_params += n;
+        I->weight_bytes += t->n_bytes;
+        if ((unsigned)t->dtype < 64 && t->n_dims >= 2)
+            by_type[t->dtype] += t->n_bytes;
+    }
+    int best = 0;
+    for (int i = 0; i < 64; i++)
+        if (by_type[i] > by_type[best])
+            best = i;
+    snprintf(I->quant, sizeof I->quant, "%s",
+             cinfer_dtype_name((cinfer_dtype)best));
+    return CINFER_OK;
+}
+
+static cinfer_status alloc_state(cinfer_model *m, const cinfer_model_params *p)
+{
+    cinfer_model_info *I = &m->info;
+    cinfer_status st;
+    int R = m->max_rows;
+    int64_t d = I->n_embd, ff = I->n_ff;
+    int64_t dq = (int64_t)I->n_head * I->head_dim;
+    int64_t dkv = (int64_t)I->n_head_kv * I->head_dim;
+    if ((st = make_act(m, &m->x, R, d)) || (st = make_act(m, &m->h, R, d)) ||
+        (st = make_act(m, &m->q, R, dq)) || (st = make_act(m, &m->k, R, dkv)) ||
+        (st = make_act(m, &m->v, R, dkv)) ||
+        (st = make_act(m, &m->att, R, dq)) ||
+        (st = make_act(m, &m->gate, R, ff)) ||
+        (st = make_act(m, &m->up, R, ff)) || (st = make_act(m, &m->xo, R, d)) ||
+        (st = make_act(m, &m->ho, R, d)) ||
+        (st = make_act(m, &m->logits, R, I->n_vocab)))
+        return st;
+
+    int64_t kv_shape[4] = {I->n_kv_blocks, I->block_size, I->n_head_kv,
+                           I->head_dim};
+    cinfer_tensor_desc kd = cinfer_tensor_desc_make(
+        p->kv_f32 ? CINFER_DTYPE_F32 : CINFER_DTYPE_F16, 4, kv_shape);
+    I->kv_bytes = 0;
+    for (int il = 0; il < I->n_layer; il++) {
+        layer *L = &m->layers[il];
+        if ((st = m->be->ops->tensor_create(m->be, &kd, &L->k_cache)) ||
+            (st = m->be->ops->tensor_create(m->be, &kd, &L->v_cache)))
+            return st;
+        /* Zeroed so that stale slots never hold NaN bit patterns. */
+        if ((st = m->be->ops->fill_zero(m->be, L->k_cache)) ||
+            (st = m->be->ops->fill_zero(m->be, L->v_cache)))
+            return st;
+        I->kv_bytes += 2 * cinfer_tensor_desc_nbytes(&kd);
+    }
+    int max_blocks = (I->n_ctx + I->block_size - 1) / I->block_size;
+    m->single_tables = malloc(sizeof(int32_t) * (size_t)max_blocks);
+    if (!m->single_tables)
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+    for (int i = 0; i < max_blocks; i++)
+        m->single_tables[i] = i < I->n_kv_blocks ? i : 0;
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_model_create(const cinfer_model_params *p,
+                                  cinfer_model **out)
+{
+    cinfer_status st;
+    *out = NULL;
+    if (!p)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "model: params is NULL");
+    if (p->n_ctx < 0 || p->block_size < 0 || p->n_kv_blocks < 0 ||
+        p->max_seqs < 0 || p->max_batch_rows < 0 || p->n_threads < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: negative size in params");
+    const char *path = p->path ? p->path : cinfer_model_default_path();
+    if (!path || !*path)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: no model path given and no default "
+                                "model installed (run "
+                                "scripts/install-deps.sh)");
+
+    cinfer_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+
+    cinfer_gguf_params gp = cinfer_gguf_default_params();
+    gp.path = path;
+    if ((st = cinfer_gguf_create(&gp, &m->gguf)) != CINFER_OK)
+        goto fail;
+    if ((st = read_hparams(m)) != CINFER_OK)
+        goto fail;
+
+    cinfer_tokenizer_params tp = cinfer_tokenizer_default_params();
+    tp.gguf = m->gguf;
+    if ((st = cinfer_tokenizer_create(&tp, &m->tok)) != CINFER_OK)
+        goto fail;
+    cinfer_model_info *I = &m->info;
+    I->n_vocab = cinfer_tokenizer_n_vocab(m->tok);
+    const cinfer_gguf_tensor *te =
+        cinfer_gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (te && te->n_dims == 2 && te->ne[1] != I->n_vocab) {
+        st = cinfer_set_error(CINFER_E_FORMAT,
+                              "model: token_embd.weight has %lld rows but "
+                              "the vocabulary has %d tokens",
+                              (long long)te->ne[1], I->n_vocab);
+        goto fail;
+    }
+
+    I->n_ctx = p->n_ctx ? p->n_ctx : I->n_ctx_train;
+    if (!p->n_ctx && I->n_ctx > 8192)
+        I->n_ctx = 8192;
+    I->block_size = p->block_size ? p->block_size : 16;
+    int max_seqs = p->max_seqs ? p->max_seqs : 1;
+    int blocks_per_seq = (I->n_ctx + I->block_size - 1) / I->block_size;
+    I->n_kv_blocks = p->n_kv_blocks ? p->n_kv_blocks
+                                    : blocks_per_seq * max_seqs;
+    m->max_rows = p->max_batch_rows ? p->max_batch_rows : 512;
+    if (I->n_ctx > (1 << 24) || I->block_size > 4096 ||
+        I->n_kv_blocks > (1 << 24) || m->max_rows > 65536) {
+        st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                              "model: n_ctx, block_size, n_kv_blocks or "
+                              "max_batch_rows is too large");
+        goto fail;
+    }
+
+    if (p->backend) {
+        m->be = p->backend;
+    } else {
+        cinfer_backend_cpu_params bp = cinfer_backend_cpu_default_params();
+        bp.n_threads = p->n_threads;
+        bp.isa = p->isa;
+        if ((st = cinfer_backend_cpu_create(&bp, &m->be)) != CINFER_OK)
+            goto fail;
+        m->owns_backend = 1;
+    }
+    if ((st = load_weights(m, p)) != CINFER_OK)
+        goto fail;
+    if ((st = alloc_state(m, p)) != CINFER_OK)
+        goto fail;
+    *out = m;
+    return CINFER_OK;
+
+fail:
+    /* keep the first error's message: destroy sets none */
+    cinfer_model_destroy(m);
+    return st;
+}
+
+void cinfer_model_destroy(cinfer_model *m)
+{
+    if (!m)
+        return;
+    cinfer_backend *be = m->be;
+    if (be) {
+        cinfer_tensor **acts[] = {&m->x,   &m->h,    &m->q,  &m->k,
+                                  &m->v,   &m->att,  &m->gate, &m->up,
+                                  &m->xo,  &m->ho,   &m->logits,
+                                  &m->tok_embd, &m->out_norm, &m->output};
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+            be->ops->tensor_destroy(be, *acts[i]);
+        if (m->layers) {
+            for (int il = 0; il < m->info.n_layer; il++) {
+                layer *L = &m->layers[il];
+                cinfer_tensor *ts[] = {L->attn_norm, L->ffn_norm, L->wq,
+                                       L->wk,        L->wv,       L->wo,
+                                       L->bq,        L->bk,       L->bv,
+                                       L->w_gate,    L->w_up,     L->w_down,
+                                       L->k_cache,   L->v_cache};
+                for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+                    be->ops->tensor_destroy(be, ts[i]);
+            }
+        }
+        if (m->owns_backend)
+            cinfer_backend_destroy(be);
+    }
+    free(m->layers);
+    free(m->single_tables);
+    cinfer_tokenizer_destroy(m->tok);
+    cinfer_gguf_destroy(m->gguf);
+    free(m);
+}
+
+const cinfer_model_info *cinfer_model_get_info(const cinfer_model *m)
+{
+    return &m->info;
+}
+
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m)
+{
+    return m->tok;
+}
+
+const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m) { return m->gguf; }
+
+cinfer_backend *cinfer_model_backend(cinfer_model *m) { return m->be; }
+
+/* ---------------------------------------------------------------------- */
+/* forward                                                                */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status set_rows(cinfer_model *m, int64_t rows,
+                              cinfer_tensor *const *ts, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cinfer_status st = m->be->ops->tensor_set_rows(m->be, ts[i], rows);
+        if (st != CINFER_OK)
+            return st;
+    }
+    return CINFER_OK;
+}
+
+#define TRY(expr)                                                              \
+    do {                                                                       \
+        cinfer_status st_ = (expr);                                            \
+        if (st_ != CINFER_OK)                                                  \
+            return st_;                                                        \
+    } while (0)
+
+cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
+                                   float *logits)
+{
+    const cinfer_model_info *I = &m->info;
+    const struct cinfer_backend_ops *ops = m->be->ops;
+    cinfer_backend *be = m->be;
+    if (!step || step->n_rows < 1 || step->n_rows > m->max_rows)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: step has %d rows (allowed 1..%d)",
+                                step ? step->n_rows : 0, m->max_rows);
+    if (step->n_out < 1 || step->n_out > step->n_rows)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: step n_out %d outside 1..%d",
+                                step->n_out, step->n_rows);
+    if (step->block_size != I->block_size)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: step block_size %d != cache's %d",
+                                step->block_size, I->block_size);
+    for (int32_t r = 0; r < step->n_rows; r++) {
+        if (step->positions[r] < 0 || step->positions[r] >= I->n_ctx)
+            return cinfer_set_error(CINFER_E_RANGE,
+                                    "model: row %d position %d outside the "
+                                    "context (0..%d)",
+                                    r, step->positions[r], I->n_ctx - 1);
+        if (step->tokens[r] < 0 || step->tokens[r] >= I->n_vocab)
+            return cinfer_set_error(CINFER_E_RANGE,
+                                    "model: row %d token id %d outside the "
+                                    "vocabulary (0..%d)",
+                                    r, step->tokens[r], I->n_vocab - 1);
+    }
+
+    int64_t n = step->n_rows, n_out = step->n_out;
+    int last = I->n_layer - 1;
+    cinfer_tensor *full[] = {m->x, m->h, m->q, m->k, m->v, m->att,
+                             m->gate, m->up};
+    cinfer_tensor *outs[] = {m->xo, m->ho, m->logits};
+    TRY(ops->set_step(be, step));
+    TRY(set_rows(m, n, full, 8));
+    TRY(set_rows(m, n_out, outs, 3));
+
+    float scale = 1.0f / sqrtf((float)I->head_dim);
+    TRY(ops->embed(be, m->tok_embd, m->x));
+    for (int il = 0; il <= last; il++) {
+        layer *L = &m->layers[il];
+        TRY(ops->rms_norm(be, m->x, L->attn_norm, I->norm_eps, m->h));
+        const cinfer_tensor *wqkv[3] = {L->wq, L->wk, L->wv};
+        cinfer_tensor *oqkv[3] = {m->q, m->k, m->v};
+        TRY(ops->matmul(be, 3, wqkv, m->h, oqkv));
+        if (L->bq) {
+            TRY(ops->add_bias(be, m->q, L->bq));
+            TRY(ops->add_bias(be, m->k, L->bk));
+            TRY(ops->add_bias(be, m->v, L->bv));
+        }
+        TRY(ops->rope(be, m->q, I->n_head, I->head_dim, m->rot_dim,
+                      I->rope_theta, m->rope_mode));
+        TRY(ops->rope(be, m->k, I->n_head_kv, I->head_dim, m->rot_dim,
+                      I->rope_theta, m->rope_mode));
+        TRY(ops->kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
+        TRY(ops->attention(be, m->q, L->k_cache, L->v_cache, I->n_head,
+                           I->n_head_kv, I->head_dim, scale, m->att));
+        const cinfer_tensor *wo[1] = {L->wo};
+        cinfer_tensor *oo[1] = {m->h};
+        TRY(ops->matmul(be, 1, wo, m->att, oo));
+
+        /* In the last layer only the wanted rows continue. */
+        cinfer_tensor *x = m->x, *h = m->h;
+        if (il == last) {
+            TRY(ops->gather_rows(be, m->x, m->xo));
+            TRY(ops->gather_rows(be, m->h, m->ho));
+            cinfer_tensor *ffn[] = {m->gate, m->up, m->h};
+            TRY(set_rows(m, n_out, ffn, 3));
+            x = m->xo;
+            h = m->ho;
+        }
+        TRY(ops->add(be, x, h, x));
+        TRY(ops->rms_norm(be, x, L->ffn_norm, I->norm_eps, h));
+        const cinfer_tensor *wgu[2] = {L->w_gate, L->w_up};
+        cinfer_tensor *ogu[2] = {m->gate, m->up};
+        TRY(ops->matmul(be, 2, wgu, h, ogu));
+        TRY(ops->silu_mul(be, m->gate, m->up, m->gate));
+        const cinfer_tensor *wd[1] = {L->w_down};
+        cinfer_tensor *od[1] = {h};
+        TRY(ops->matmul(be, 1, wd, m->gate, od));
+        TRY(ops->add(be, x, h, x));
+    }
+    TRY(ops->rms_norm(be, m->xo, m->out_norm, I->norm_eps, m->xo));
+    const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};
+    cinfer_tensor *olog[1] = {m->logits};
+    TRY(ops->matmul(be, 1, wout, m->xo, olog));
+    TRY(ops->download(be, m->logits, 0, logits,
+                      sizeof(float) * (size_t)n_out * (size_t)I->n_vocab));
+    TRY(ops->synchronize(be));
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
+                                       int n, int pos0, int all_logits,
+                                       float *logits)
+{
+    const cinfer_model_info *I = &m->info;
+    if (n < 1 || pos0 < 0 || (int64_t)pos0 + n > I->n_ctx)
+        return cinfer_set_error(CINFER_E_RANGE,
+                                "model: positions %d..%lld exceed the "
+                                "context of %d tokens",
+                                pos0, (long long)pos0 + n - 1, I->n_ctx);
+    if ((int64_t)(pos0 + n + I->block_size - 1) / I->block_size >
+        I->n_kv_blocks)
+        return cinfer_set_error(CINFER_E_EXHAUSTED,
+                                "model: %d tokens do not fit in %d KV blocks",
+                                pos0 + n, I->n_kv_blocks);
+    int R = m->max_rows;
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)R * 4);
+    if (!buf)
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+    int32_t *pos = buf, *rs = buf + R, *slots = buf + 2 * R, *outr = buf + 3 * R;
+    int32_t seq_table_len = (I->n_ctx + I->block_size - 1) / I->block_size;
+    cinfer_status st = CINFER_OK;
+    for (int done = 0; done < n;) {
+        int c = n - done < R ? n - done : R;
+        for (int i = 0; i < c; i++) {
+            pos[i] = pos0 + done + i;
+            rs[i] = 0;
+            slots[i] = pos[i]; /* block b holds positions b*bs.. */
+            outr[i] = i;
+        }
+        cinfer_step s = {
+            .n_rows = c,
+            .n_seqs = 1,
+            .block_size = I->block_size,
+            .max_blocks = seq_table_len,
+            .tokens = tokens + done,
+            .positions = pos,
+            .row_seq = rs,
+            .slots = slots,
+            .block_tables = m->single_tables,
+        };
+        int last_chunk = done + c == n;
+        float *dst;
+        if (all_logits) {
+            s.n_out = c;
+            s.out_rows = outr;
+            dst = logits + (size_t)done * (size_t)I->n_vocab;
+        } else {
+            s.n_out = 1;
+            s.out_rows = &outr[c - 1];
+            dst = logits; /* earlier chunks' logits are overwritten */
+        }
+        (void)last_chunk;
+        st = cinfer_model_forward(m, &s, dst);
+        if (st != CINFER_OK)
+            break;
+        done += c;
+    }
+    free(buf);
+    return st;
+}
