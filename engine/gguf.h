@@ -59,7 +59,9 @@ typedef struct {
 } cinfer_gguf_str;
 
 /* An array value. For numeric and bool arrays `data` points at the packed
- * little-endian elements; for string arrays use cinfer_gguf_arr_str(). */
+ * little-endian elements, aligned for the element type (the reader copies an
+ * array that sits misaligned in the file), so it may be indexed as a C array;
+ * for string arrays use cinfer_gguf_arr_str(). */
 typedef struct {
     cinfer_gguf_type type; /* element type (never ARRAY: nested arrays are
                               parsed and skipped, their type is reported as
