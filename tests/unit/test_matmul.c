@@ -1,0 +1,426 @@
+/*
+ * test_matmul.c - the CPU matrix-product kernels (kernels/cpu/matmul.h).
+ *
+ * For every weight dtype and every ISA this processor supports:
+ *   - prepare() output equals cinfer_quantize_row() bit for bit, and a
+ *     row range writes only its rows;
+ *   - compute() matches a float64 reference built from the dequantized
+ *     weights and the dequantized prepared activations (so only the
+ *     kernel's accumulation error remains), bounded relative to
+ *     sum |w||a|;
+ *   - batch invariance: a row computed alone, or inside batches of 1..13
+ *     rows over different column ranges, is bit-identical to the same row
+ *     inside the full batch; columns outside [o0, o1) are left untouched;
+ *   - every ISA produces the same bits as the portable reference order.
+ * Sizes are awkward on purpose (n_in 769 and 5125 for float types, 800 and
+ * 2560 for block types; n_out 1, 7, 769, 5125; n 1, 3, 13, 64).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "kernels/cpu/matmul.h"
+
+static const cinfer_dtype k_wtypes[] = {
+    CINFER_DTYPE_F32,  CINFER_DTYPE_F16,  CINFER_DTYPE_BF16,
+    CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_1,
+};
+#define N_WTYPES (int)(sizeof(k_wtypes) / sizeof(k_wtypes[0]))
+
+static const cinfer_cpu_isa k_isas[] = {
+    CINFER_CPU_ISA_PORTABLE,
+    CINFER_CPU_ISA_AVX2,
+    CINFER_CPU_ISA_AVX512,
+};
+#define N_ISAS (int)(sizeof(k_isas) / sizeof(k_isas[0]))
+
+static int is_block(cinfer_dtype t) { return cinfer_dtype_block_elems(t) > 1; }
+
+/* Random floats with a per-row scale, a few exact zeros, and (for some
+ * rows) one large outlier, the way activations look. */
+static void fill_rows(float *x, int64_t rows, int64_t cols, uint64_t *seed)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float scale = 0.05f + 4.0f * (float)(harness_rand(seed) % 1000) / 1000.0f;
+        for (int64_t c = 0; c < cols; c++) {
+            float v = harness_randf(seed) * scale;
+            if (harness_rand(seed) % 37 == 0)
+                v = 0.0f;
+            x[r * cols + c] = v;
+        }
+        if (r % 3 == 1)
+            x[r * cols + (int64_t)(harness_rand(seed) % (uint64_t)cols)] = 20.0f * scale;
+    }
+}
+
+/* A weight matrix [n_out, n_in] of type wt; Q8_0 gets a few -128 quants
+ * (valid in files though the quantizer never writes them). */
+static uint8_t *make_weights(cinfer_dtype wt, int64_t n_out, int64_t n_in,
+                             uint64_t *seed)
+{
+    size_t rb = cinfer_dtype_row_bytes(wt, n_in);
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    float *tmp = malloc(sizeof(float) * (size_t)n_in);
+    CINFER_ASSERT(w && tmp);
+    for (int64_t o = 0; o < n_out; o++) {
+        fill_rows(tmp, 1, n_in, seed);
+        if (wt == CINFER_DTYPE_Q4_1 && o % 4 == 0)
+            for (int64_t i = 0; i < n_in; i++)
+                tmp[i] += 0.5f; /* non-trivial minimum */
+        cinfer_quantize_row(wt, tmp, w + rb * (size_t)o, n_in);
+        if (wt == CINFER_DTYPE_Q8_0 && o % 5 == 2) {
+            cinfer_block_q8_0 *b = (cinfer_block_q8_0 *)(w + rb * (size_t)o);
+            b[0].qs[(harness_rand(seed) % 32)] = -128;
+        }
+    }
+    free(tmp);
+    return w;
+}
+
+/* Reference dot in float64 and the bound's scale sum |w||a|. Block types
+ * use the prepared blocks directly; for Q4_1 x Q8_1 the activation sum
+ * term uses the stored s (an fp16 rounding of d * sum q, part of the
+ * format, not of the kernel). */
+static void ref_dot(cinfer_dtype wt, const void *wrow, const void *arow,
+                    int64_t n_in, double *dot, double *mag)
+{
+    double s = 0.0, m = 0.0;
+    if (!is_block(wt)) {
+        cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
+        float *wf = malloc(sizeof(float) * (size_t)n_in);
+        float *af = malloc(sizeof(float) * (size_t)n_in);
+        CINFER_ASSERT(wf && af);
+        cinfer_dequantize_row(wt, wrow, wf, n_in);
+        cinfer_dequantize_row(at, arow, af, n_in);
+        for (int64_t i = 0; i < n_in; i++) {
+            s += (double)wf[i] * af[i];
+            m += fabs((double)wf[i] * af[i]);
+        }
+        free(wf);
+        free(af);
+    } else {
+        int64_t nb = n_in / CINFER_QK;
+        for (int64_t b = 0; b < nb; b++) {
+            double dw, dmin = 0.0, da, sa = 0.0;
+            int qw[CINFER_QK];
+            const int8_t *qa;
+            if (wt == CINFER_DTYPE_Q4_1) {
+                const cinfer_block_q4_1 *wb = (const cinfer_block_q4_1 *)wrow + b;
+                const cinfer_block_q8_1 *ab = (const cinfer_block_q8_1 *)arow + b;
+                dw = cinfer_fp16_to_fp32(wb->d);
+                dmin = cinfer_fp16_to_fp32(wb->m);
+                for (int j = 0; j < 16; j++) {
+                    qw[j] = wb->qs[j] & 15;
+                    qw[j + 16] = wb->qs[j] >> 4;
+                }
+                da = cinfer_fp16_to_fp32(ab->d);
+                sa = cinfer_fp16_to_fp32(ab->s);
+                qa = ab->qs;
+            } else {
+                const cinfer_block_q8_0 *ab = (const cinfer_block_q8_0 *)arow + b;
+                da = cinfer_fp16_to_fp32(ab->d);
+                qa = ab->qs;
+                if (wt == CINFER_DTYPE_Q4_0) {
+                    const cinfer_block_q4_0 *wb =
+                        (const cinfer_block_q4_0 *)wrow + b;
+                    dw = cinfer_fp16_to_fp32(wb->d);
+                    for (int j = 0; j < 16; j++) {
+                        qw[j] = (wb->qs[j] & 15) - 8;
+                        qw[j + 16] = (wb->qs[j] >> 4) - 8;
+                    }
+                } else {
+                    const cinfer_block_q8_0 *wb =
+                        (const cinfer_block_q8_0 *)wrow + b;
+                    dw = cinfer_fp16_to_fp32(wb->d);
+                    for (int j = 0; j < 32; j++)
+                        qw[j] = wb->qs[j];
+                }
+            }
+            for (int j = 0; j < CINFER_QK; j++) {
+                double p = dw * qw[j] * da * qa[j];
+                s += p;
+                m += fabs(p);
+            }
+            s += dmin * sa;
+            m += fabs(dmin * sa);
+        }
+    }
+    *dot = s;
+    *mag = m;
+}
+
+/* One shape: n rows, n_out columns, n_in inner. Runs every supported ISA,
+ * checks prepare, accuracy, batch invariance and cross-ISA identity. */
+static void check_shape(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n,
+                        uint64_t seed)
+{
+    cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
+    size_t wrb = cinfer_dtype_row_bytes(wt, n_in);
+    size_t arb = cinfer_dtype_row_bytes(at, n_in);
+    CINFER_ASSERT(wrb > 0 && arb > 0);
+
+    uint8_t *w = make_weights(wt, n_out, n_in, &seed);
+    float *x = malloc(sizeof(float) * (size_t)(n * n_in));
+    uint8_t *act_ref = malloc(arb * (size_t)n);
+    uint8_t *act = malloc(arb * (size_t)n);
+    int64_t stride = n_out + 3;
+    float *out_ref = malloc(sizeof(float) * (size_t)(n * stride));
+    float *out = malloc(sizeof(float) * (size_t)(n * stride));
+    float *out_sub = malloc(sizeof(float) * (size_t)(n * stride));
+    CINFER_ASSERT(x && act_ref && act && out_ref && out && out_sub);
+
+    fill_rows(x, n, n_in, &seed);
+    for (int64_t r = 0; r < n; r++)
+        cinfer_quantize_row(at, x + r * n_in, act_ref + arb * (size_t)r, n_in);
+
+    /* Float64 reference on the reference activations. */
+    double *ref = malloc(sizeof(double) * (size_t)(n * n_out));
+    double *mag = malloc(sizeof(double) * (size_t)(n * n_out));
+    CINFER_ASSERT(ref && mag);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t o = 0; o < n_out; o++)
+            ref_dot(wt, w + wrb * (size_t)o, act_ref + arb * (size_t)r, n_in,
+                    &ref[r * n_out + o], &mag[r * n_out + o]);
+    /* Chain length of one lane plus the reduction tree depth. */
+    double chain = is_block(wt) ? (double)(n_in / CINFER_QK) + 6.0
+                   : wt == CINFER_DTYPE_BF16 ? 2.0 * (double)((n_in + 31) / 32) + 6.0
+                                             : (double)((n_in + 15) / 16) + 6.0;
+    double rel_tol = chain * 1.2e-7;
+
+    int have_first = 0;
+    for (int ii = 0; ii < N_ISAS; ii++) {
+        cinfer_cpu_isa isa = k_isas[ii];
+        if (!cinfer_cpu_isa_supported(isa))
+            continue;
+
+        /* prepare: bit-exact, whole range and a split range. */
+        memset(act, 0xA5, arb * (size_t)n);
+        cinfer_cpu_matmul_prepare(isa, at, x, n_in, 0, n, act);
+        int prep_ok = memcmp(act, act_ref, arb * (size_t)n) == 0;
+        if (!prep_ok)
+            fprintf(stderr, "prepare mismatch: isa %s wt %s n_in %lld\n",
+                    cinfer_cpu_isa_name(isa), cinfer_dtype_name(wt),
+                    (long long)n_in);
+        CHECK(prep_ok);
+        if (n > 1) {
+            int64_t mid = n / 2;
+            memset(act, 0xA5, arb * (size_t)n);
+            cinfer_cpu_matmul_prepare(isa, at, x, n_in, mid, n, act);
+            CHECK(memcmp(act + arb * (size_t)mid, act_ref + arb * (size_t)mid,
+                         arb * (size_t)(n - mid)) == 0);
+            int untouched = 1;
+            for (size_t i = 0; i < arb * (size_t)mid; i++)
+                untouched &= act[i] == 0xA5;
+            CHECK(untouched);
+        }
+
+        /* compute: whole batch, all columns. */
+        for (int64_t i = 0; i < n * stride; i++)
+            out[i] = -777.0f;
+        cinfer_cpu_matmul_compute(isa, wt, w, wrb, act_ref, n, n_in, out,
+                                  stride, 0, n_out);
+        int acc_bad = 0, pad_bad = 0;
+        for (int64_t r = 0; r < n; r++) {
+            for (int64_t o = 0; o < n_out; o++) {
+                double d = fabs((double)out[r * stride + o] - ref[r * n_out + o]);
+                double tol = rel_tol * mag[r * n_out + o] + 1e-30;
+                if (!(d <= tol)) {
+                    if (acc_bad < 5)
+                        fprintf(stderr,
+                                "accuracy: isa %s wt %s n_in %lld r %lld o %lld: "
+                                "%.9g vs %.9g (tol %.3g)\n",
+                                cinfer_cpu_isa_name(isa), cinfer_dtype_name(wt),
+                                (long long)n_in, (long long)r, (long long)o,
+                                out[r * stride + o], ref[r * n_out + o], tol);
+                    acc_bad++;
+                }
+            }
+            for (int64_t o = n_out; o < stride; o++)
+                pad_bad += out[r * stride + o] != -777.0f;
+        }
+        CHECK_EQ_INT(acc_bad, 0);
+        CHECK_EQ_INT(pad_bad, 0);
+
+        /* Cross-ISA: identical bits to the first (portable) ISA. */
+        if (!have_first) {
+            memcpy(out_ref, out, sizeof(float) * (size_t)(n * stride));
+            have_first = 1;
+        } else {
+            int same = memcmp(out_ref, out, sizeof(float) * (size_t)(n * stride)) == 0;
+            if (!same)
+                fprintf(stderr, "isa %s differs from portable: wt %s n_in %lld "
+                        "n_out %lld n %lld\n", cinfer_cpu_isa_name(isa),
+                        cinfer_dtype_name(wt), (long long)n_in,
+                        (long long)n_out, (long long)n);
+            CHECK(same);
+        }
+
+        /* Batch invariance: sub-batches of 1..13 rows starting anywhere,
+         * over random column ranges. */
+        int inv_bad = 0, outside_bad = 0;
+        uint64_t s2 = seed ^ 0x9e3779b97f4a7c15ull;
+        int trials = n == 1 ? 4 : 16;
+        for (int t = 0; t < trials; t++) {
+            int64_t nb = 1 + (int64_t)(harness_rand(&s2) % 13);
+            if (nb > n)
+                nb = n;
+            if (t == 0)
+                nb = 1;
+            int64_t r0 = (int64_t)(harness_rand(&s2) % (uint64_t)(n - nb + 1));
+            int64_t o0 = (int64_t)(harness_rand(&s2) % (uint64_t)n_out);
+            int64_t o1 = o0 + 1 + (int64_t)(harness_rand(&s2) % (uint64_t)(n_out - o0));
+            if (t == 1) {
+                o0 = 0;
+                o1 = n_out;
+            }
+            for (int64_t i = 0; i < n * stride; i++)
+                out_sub[i] = -555.0f;
+            cinfer_cpu_matmul_compute(isa, wt, w, wrb, act_ref + arb * (size_t)r0,
+                                      nb, n_in, out_sub, stride, o0, o1);
+            for (int64_t r = 0; r < nb; r++) {
+                inv_bad += memcmp(out_sub + r * stride + o0,
+                                  out + (r0 + r) * stride + o0,
+                                  sizeof(float) * (size_t)(o1 - o0)) != 0;
+                for (int64_t o = 0; o < stride; o++)
+                    if (o < o0 || o >= o1)
+                        outside_bad += out_sub[r * stride + o] != -555.0f;
+            }
+            for (int64_t r = nb; r < n; r++)
+                for (int64_t o = 0; o < stride; o++)
+                    outside_bad += out_sub[r * stride + o] != -555.0f;
+        }
+        if (inv_bad)
+            fprintf(stderr, "batch invariance: isa %s wt %s n_in %lld n_out %lld "
+                    "n %lld: %d rows differ\n", cinfer_cpu_isa_name(isa),
+                    cinfer_dtype_name(wt), (long long)n_in, (long long)n_out,
+                    (long long)n, inv_bad);
+        CHECK_EQ_INT(inv_bad, 0);
+        CHECK_EQ_INT(outside_bad, 0);
+    }
+
+    free(ref);
+    free(mag);
+    free(out_sub);
+    free(out);
+    free(out_ref);
+    free(act);
+    free(act_ref);
+    free(x);
+    free(w);
+}
+
+typedef struct {
+    int64_t n_in_block; /* n_in for block types */
+    int64_t n_in_float; /* n_in for F32/F16/BF16 */
+    int64_t n_out;
+    int64_t n;
+} shape;
+
+static const shape k_shapes[] = {
+    {32, 17, 5125, 3},   {800, 769, 7, 13},   {2560, 5125, 7, 3},
+    {800, 769, 769, 1},  {800, 800, 37, 64},  {2560, 5125, 1, 1},
+    {64, 1, 13, 13},     {96, 33, 9, 5},
+};
+#define N_SHAPES (int)(sizeof(k_shapes) / sizeof(k_shapes[0]))
+
+static void test_supported_and_pairs(void)
+{
+    CHECK(cinfer_cpu_isa_supported(CINFER_CPU_ISA_PORTABLE));
+    for (int i = 0; i < N_WTYPES; i++)
+        CHECK(cinfer_cpu_matmul_supported(k_wtypes[i]));
+    CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_I32));
+    CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_Q8_1));
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q4_1), CINFER_DTYPE_Q8_1);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q8_0), CINFER_DTYPE_Q8_0);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q4_0), CINFER_DTYPE_Q8_0);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_F16), CINFER_DTYPE_F16);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_BF16), CINFER_DTYPE_BF16);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_F32), CINFER_DTYPE_F32);
+    for (int ii = 0; ii < N_ISAS; ii++)
+        fprintf(stderr, "     isa %-8s %s\n", cinfer_cpu_isa_name(k_isas[ii]),
+                cinfer_cpu_isa_supported(k_isas[ii]) ? "supported" : "absent");
+}
+
+static void run_type(cinfer_dtype wt)
+{
+    for (int s = 0; s < N_SHAPES; s++) {
+        const shape *sh = &k_shapes[s];
+        int64_t n_in = is_block(wt) ? sh->n_in_block : sh->n_in_float;
+        check_shape(wt, n_in, sh->n_out, sh->n, 1234567ull + (uint64_t)s * 77);
+    }
+}
+
+static void test_f32(void) { run_type(CINFER_DTYPE_F32); }
+static void test_f16(void) { run_type(CINFER_DTYPE_F16); }
+static void test_bf16(void) { run_type(CINFER_DTYPE_BF16); }
+static void test_q8_0(void) { run_type(CINFER_DTYPE_Q8_0); }
+static void test_q4_0(void) { run_type(CINFER_DTYPE_Q4_0); }
+static void test_q4_1(void) { run_type(CINFER_DTYPE_Q4_1); }
+
+/* Activation quantization corner cases: all-zero blocks, exact .5 ties
+ * (round half to even), a block whose maximum is negative, huge and tiny
+ * magnitudes, and non-finite values, for every ISA and activation type. */
+static void test_prepare_edges(void)
+{
+    enum { N_IN = 256 };
+    float x[2 * N_IN];
+    uint64_t seed = 42;
+    for (int i = 0; i < 2 * N_IN; i++)
+        x[i] = harness_randf(&seed);
+    for (int i = 0; i < 32; i++)
+        x[i] = 0.0f;                      /* block 0: zeros */
+    for (int i = 32; i < 64; i++)
+        x[i] = (float)(i - 48) * 0.5f;    /* block 1: ties after scaling */
+    x[40] = -127.0f * 0.5f;               /* negative maximum */
+    for (int i = 64; i < 96; i++)
+        x[i] = harness_randf(&seed) * 1e-30f;
+    for (int i = 96; i < 128; i++)
+        x[i] = harness_randf(&seed) * 6e4f;
+    x[260] = 1e-40f; /* subnormal */
+    x[300] = 65519.0f;
+    x[301] = 65520.0f;
+    x[302] = -70000.0f;
+    x[303] = 3.0e38f;
+    const cinfer_dtype ats[] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q8_1,
+                                CINFER_DTYPE_F16, CINFER_DTYPE_BF16,
+                                CINFER_DTYPE_F32};
+    for (int t = 0; t < 5; t++) {
+        /* Non-finite values only for the float formats: the block
+         * quantizers' result for them is not defined. */
+        if (t == 2) {
+            x[130] = INFINITY;
+            x[170] = NAN;
+            x[171] = -NAN;
+            x[200] = -INFINITY;
+        }
+        size_t rb = cinfer_dtype_row_bytes(ats[t], N_IN);
+        uint8_t ref[2 * N_IN * 4], got[2 * N_IN * 4];
+        cinfer_quantize_row(ats[t], x, ref, N_IN);
+        cinfer_quantize_row(ats[t], x + N_IN, ref + rb, N_IN);
+        for (int ii = 0; ii < N_ISAS; ii++) {
+            if (!cinfer_cpu_isa_supported(k_isas[ii]))
+                continue;
+            memset(got, 0, sizeof(got));
+            cinfer_cpu_matmul_prepare(k_isas[ii], ats[t], x, N_IN, 0, 2, got);
+            int same = memcmp(ref, got, 2 * rb) == 0;
+            if (!same)
+                fprintf(stderr, "prepare edge mismatch: isa %s act %s\n",
+                        cinfer_cpu_isa_name(k_isas[ii]),
+                        cinfer_dtype_name(ats[t]));
+            CHECK(same);
+        }
+    }
+}
+
+int main(void)
+{
+    RUN(test_supported_and_pairs);
+    RUN(test_prepare_edges);
+    RUN(test_f32);
+    RUN(test_f16);
+    RUN(test_bf16);
+    RUN(test_q8_0);
+    RUN(test_q4_0);
+    RUN(test_q4_1);
+    return harness_done();
+}
