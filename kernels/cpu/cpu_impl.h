@@ -1,0 +1,149 @@
+/*
+ * cpu_impl.h - internals of the CPU backend shared by its source files.
+ *
+ * cpu_backend.c owns the object: lifecycle, tensors, the step metadata and
+ * the argument checks of every op. ops.c holds the arithmetic, run over the
+ * thread pool once the arguments are known to be good; the hot inner loops of
+ * attention have one implementation per instruction set (ops.c: portable,
+ * ops_avx2.c, ops_avx512.c) behind cinfer_cpu_vec_kernels.
+ *
+ * Batch invariance: every op splits work only across independent outputs
+ * (rows, heads, output columns), and each output is computed by the same
+ * sequence of operations whatever the batch, the row's place in it, and the
+ * thread count.
+ */
+#ifndef CINFER_CPU_IMPL_H
+#define CINFER_CPU_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../backend.h"
+#include "threadpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cinfer_tensor {
+    cinfer_tensor_desc desc; /* first: cinfer_tensor_get_desc reads it */
+    void *data;              /* 64-byte aligned unless a weight */
+    size_t nbytes;
+    int is_weight;           /* read-only; data borrowed from the caller */
+};
+
+/* Attention inner loops for one query head over n consecutive positions of
+ * one KV block (rows `stride` elements apart). */
+typedef struct {
+    /* scores[j] = dot(q, k + j * stride) * scale, j < n */
+    void (*qk_f32)(const float *q, const float *k, int64_t stride, int n,
+                   int head_dim, float scale, float *scores);
+    void (*qk_f16)(const float *q, const uint16_t *k, int64_t stride, int n,
+                   int head_dim, float scale, float *scores);
+    /* acc[d] += p[j] * v[j * stride + d], j ascending */
+    void (*pv_f32)(float *acc, const float *p, const float *v, int64_t stride,
+                   int n, int head_dim);
+    void (*pv_f16)(float *acc, const float *p, const uint16_t *v,
+                   int64_t stride, int n, int head_dim);
+} cinfer_cpu_vec_kernels;
+
+extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable;
+#if defined(__x86_64__) || defined(__i386__)
+extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2;
+extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512;
+#define CINFER_CPU_HAVE_X86 1
+#endif
+
+/* A growable 64-byte aligned buffer. */
+typedef struct {
+    void *p;
+    size_t cap;
+} cinfer_cpu_buf;
+
+/* 0 on success, -1 if out of memory (the old contents are then kept). */
+int cinfer_cpu_buf_reserve(cinfer_cpu_buf *b, size_t n_bytes);
+void cinfer_cpu_buf_free(cinfer_cpu_buf *b);
+
+typedef struct {
+    cinfer_backend base;
+    cinfer_cpu_isa isa;
+    int n_threads;
+    cinfer_threadpool *pool;
+    const cinfer_cpu_vec_kernels *vec;
+
+    /* Step metadata (copies of the caller's arrays). */
+    int has_step;
+    cinfer_step step;
+    cinfer_cpu_buf step_buf;   /* backing store of step's arrays */
+    cinfer_cpu_buf sort_buf;   /* slot duplicate check */
+    int32_t max_slot;          /* largest step slot */
+    int32_t min_block;         /* smallest / largest block id any row reads */
+    int32_t max_block;
+    int32_t min_block_seq, min_block_idx; /* where they are in the table */
+    int32_t max_block_seq, max_block_idx;
+    int32_t max_position;
+
+    /* Scratch, grown on demand and reused. */
+    cinfer_cpu_buf act[4];       /* prepared matmul activations */
+    cinfer_cpu_buf thread_buf;   /* per-thread floats, thread_stride apart */
+    size_t thread_stride;        /* floats */
+    cinfer_cpu_buf bounds_buf;   /* per-thread work boundaries */
+} cinfer_cpu_backend;
+
+/* Makes thread_buf hold n_floats per thread. */
+cinfer_status cinfer_cpu_thread_scratch(cinfer_cpu_backend *cb,
+                                        size_t n_floats);
+
+/* ---- ops (ops.c): arguments already checked ------------------------- */
+
+void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, cinfer_dtype dt,
+                         const uint8_t *table, size_t row_bytes,
+                         const int32_t *tokens, int64_t n, int64_t d,
+                         float *out);
+void cinfer_cpu_op_rms_norm(cinfer_cpu_backend *cb, const float *x,
+                            const float *w, float eps, float *out, int64_t n,
+                            int64_t d);
+void cinfer_cpu_op_add(cinfer_cpu_backend *cb, const float *a, const float *b,
+                       float *out, int64_t n_elems);
+void cinfer_cpu_op_add_bias(cinfer_cpu_backend *cb, float *x, const float *b,
+                            int64_t n, int64_t d);
+void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
+                            const float *up, float *out, int64_t n_elems);
+void cinfer_cpu_op_gather_rows(cinfer_cpu_backend *cb, const float *x,
+                               const int32_t *rows, int64_t n_out, int64_t d,
+                               float *out);
+/* Needs rot_dim floats of thread scratch. */
+cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
+                                 const int32_t *positions, int64_t n,
+                                 int n_heads, int head_dim, int rot_dim,
+                                 float theta, cinfer_rope_mode mode);
+/* Row r of k and v (width floats) goes to cache row slots[r]. */
+void cinfer_cpu_op_kv_store(cinfer_cpu_backend *cb, const float *k,
+                            const float *v, const int32_t *slots, int64_t n,
+                            int64_t width, void *k_cache, cinfer_dtype kdt,
+                            void *v_cache, cinfer_dtype vdt);
+
+typedef struct {
+    const float *q;      /* [n_rows, n_heads * head_dim] */
+    const void *k_cache; /* [n_blocks, block_size, n_kv_heads, head_dim] */
+    const void *v_cache;
+    cinfer_dtype k_dtype, v_dtype; /* F16 or F32 */
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
+    float *out;          /* [n_rows, n_heads * head_dim] */
+} cinfer_cpu_attn_args;
+
+/* Uses the backend's step for rows, positions and block tables. */
+cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
+                                      const cinfer_cpu_attn_args *a);
+
+/* out[i] = x * w[i]^T for the checked tensors. */
+cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
+                                   const cinfer_tensor *const *w,
+                                   const cinfer_tensor *x,
+                                   cinfer_tensor *const *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_CPU_IMPL_H */

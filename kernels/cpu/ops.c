@@ -1,0 +1,608 @@
+/*
+ * ops.c - the arithmetic of the CPU backend's ops.
+ *
+ * Arguments arrive checked (cpu_backend.c). Each op splits its independent
+ * outputs (rows, (row, head) pairs, output columns) over the thread pool and
+ * computes every output with a fixed sequence of float operations, so a
+ * row's result does not depend on the batch it is in or on the thread count.
+ * Small ops run on the calling thread alone: waking the pool costs more than
+ * a decode-sized row.
+ *
+ * Numerics follow GGML's CPU ops so logits track llama.cpp's:
+ *   rms_norm  sum of squares in double, in element order; scale in float.
+ *   rope      theta_i = pos * base^(-2i/rot_dim) by repeated float products,
+ *             cosf / sinf.
+ *   silu      x / (1 + expf(-x)) in float.
+ *   attention scores in float, softmax with max subtraction and a double
+ *             sum, V weighted in float; normalised once at the end.
+ *
+ * This file is compiled for baseline x86-64 (SSE2); the attention inner
+ * loops also exist for AVX2 and AVX-512 in ops_avx2.c and ops_avx512.c.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_impl.h"
+#include "matmul.h"
+
+/* Below this many elements (or multiply-adds) an op runs on the caller. */
+#define INLINE_WORK 16384
+
+static void run(cinfer_cpu_backend *cb, int64_t n_tasks, int64_t work,
+                cinfer_parallel_fn fn, void *ctx)
+{
+    if (n_tasks <= 0)
+        return;
+    if (work < INLINE_WORK || cb->n_threads == 1)
+        fn(ctx, 0, n_tasks, 0);
+    else
+        cinfer_threadpool_parallel_for(cb->pool, n_tasks, fn, ctx);
+}
+
+static float *thread_scratch(cinfer_cpu_backend *cb, int thread)
+{
+    return (float *)cb->thread_buf.p + (size_t)thread * cb->thread_stride;
+}
+
+/* ---------------------------------------------------------------------- */
+/* embed                                                                   */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    cinfer_dtype dt;
+    const uint8_t *table;
+    size_t row_bytes;
+    const int32_t *tokens;
+    int64_t d;
+    float *out;
+} embed_ctx;
+
+static void embed_rows(void *p, int64_t r0, int64_t r1, int thread)
+{
+    const embed_ctx *c = p;
+    for (int64_t r = r0; r < r1; r++)
+        cinfer_dequantize_row(c->dt, c->table + (size_t)c->tokens[r] * c->row_bytes,
+                              c->out + r * c->d, c->d);
+}
+
+void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, cinfer_dtype dt,
+                         const uint8_t *table, size_t row_bytes,
+                         const int32_t *tokens, int64_t n, int64_t d,
+                         float *out)
+{
+    embed_ctx c = {dt, table, row_bytes, tokens, d, out};
+    run(cb, n, n * d, embed_rows, &c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* rms_norm                                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    const float *x, *w;
+    float eps;
+    float *out;
+    int64_t d;
+} norm_ctx;
+
+static void norm_rows(void *p, int64_t r0, int64_t r1, int thread)
+{
+    const norm_ctx *c = p;
+    int64_t d = c->d;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = c->x + r * d;
+        float *y = c->out + r * d;
+        double sum = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            sum += (double)(x[i] * x[i]);
+        const float mean = (float)(sum / (double)d);
+        const float scale = 1.0f / sqrtf(mean + c->eps);
+        for (int64_t i = 0; i < d; i++)
+            y[i] = x[i] * scale * c->w[i];
+    }
+}
+
+void cinfer_cpu_op_rms_norm(cinfer_cpu_backend *cb, const float *x,
+                            const float *w, float eps, float *out, int64_t n,
+                            int64_t d)
+{
+    norm_ctx c = {x, w, eps, out, d};
+    run(cb, n, n * d, norm_rows, &c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* elementwise: add, add_bias, silu_mul                                    */
+/* ---------------------------------------------------------------------- */
+
+/* Flat elementwise ops run in chunks of this many elements. */
+#define CHUNK 4096
+
+typedef struct {
+    const float *a, *b;
+    float *out;
+    int64_t n;
+} ew_ctx;
+
+static void add_chunks(void *p, int64_t t0, int64_t t1, int thread)
+{
+    const ew_ctx *c = p;
+    int64_t i1 = t1 * CHUNK < c->n ? t1 * CHUNK : c->n;
+    for (int64_t i = t0 * CHUNK; i < i1; i++)
+        c->out[i] = c->a[i] + c->b[i];
+}
+
+void cinfer_cpu_op_add(cinfer_cpu_backend *cb, const float *a, const float *b,
+                       float *out, int64_t n_elems)
+{
+    ew_ctx c = {a, b, out, n_elems};
+    run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems, add_chunks, &c);
+}
+
+static void silu_chunks(void *p, int64_t t0, int64_t t1, int thread)
+{
+    const ew_ctx *c = p;
+    int64_t i1 = t1 * CHUNK < c->n ? t1 * CHUNK : c->n;
+    for (int64_t i = t0 * CHUNK; i < i1; i++) {
+        float g = c->a[i];
+        c->out[i] = g / (1.0f + expf(-g)) * c->b[i];
+    }
+}
+
+void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
+                            const float *up, float *out, int64_t n_elems)
+{
+    ew_ctx c = {gate, up, out, n_elems};
+    /* expf makes each element cost like several adds */
+    run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems * 8, silu_chunks, &c);
+}
+
+typedef struct {
+    float *x;
+    const float *b;
+    int64_t d;
+} bias_ctx;
+
+static void bias_rows(void *p, int64_t r0, int64_t r1, int thread)
+{
+    const bias_ctx *c = p;
+    for (int64_t r = r0; r < r1; r++) {
+        float *x = c->x + r * c->d;
+        for (int64_t i = 0; i < c->d; i++)
+            x[i] += c->b[i];
+    }
+}
+
+void cinfer_cpu_op_add_bias(cinfer_cpu_backend *cb, float *x, const float *b,
+                            int64_t n, int64_t d)
+{
+    bias_ctx c = {x, b, d};
+    run(cb, n, n * d, bias_rows, &c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* gather_rows                                                             */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    const float *x;
+    const int32_t *rows;
+    int64_t d;
+    float *out;
+} gather_ctx;
+
+static void gather_part(void *p, int64_t j0, int64_t j1, int thread)
+{
+    const gather_ctx *c = p;
+    for (int64_t j = j0; j < j1; j++)
+        memcpy(c->out + j * c->d, c->x + (int64_t)c->rows[j] * c->d,
+               (size_t)c->d * sizeof(float));
+}
+
+void cinfer_cpu_op_gather_rows(cinfer_cpu_backend *cb, const float *x,
+                               const int32_t *rows, int64_t n_out, int64_t d,
+                               float *out)
+{
+    gather_ctx c = {x, rows, d, out};
+    run(cb, n_out, n_out * d, gather_part, &c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* rope                                                                    */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    cinfer_cpu_backend *cb;
+    float *x;
+    const int32_t *positions;
+    int n_heads, head_dim, rot_dim;
+    float theta_scale;
+    cinfer_rope_mode mode;
+} rope_ctx;
+
+static void rope_rows(void *p, int64_t r0, int64_t r1, int thread)
+{
+    const rope_ctx *c = p;
+    float *cs = thread_scratch(c->cb, thread); /* cos, sin per pair */
+    int n_pairs = c->rot_dim / 2;
+    int64_t width = (int64_t)c->n_heads * c->head_dim;
+    for (int64_t r = r0; r < r1; r++) {
+        float theta = (float)c->positions[r];
+        for (int i = 0; i < n_pairs; i++) {
+            cs[2 * i] = cosf(theta);
+            cs[2 * i + 1] = sinf(theta);
+            theta *= c->theta_scale;
+        }
+        for (int h = 0; h < c->n_heads; h++) {
+            float *x = c->x + r * width + (int64_t)h * c->head_dim;
+            /* NORM pairs (x[2i], x[2i+1]); NEOX pairs (x[i], x[i + n/2]) */
+            int stride = c->mode == CINFER_ROPE_NORM ? 2 : 1;
+            int offset = c->mode == CINFER_ROPE_NORM ? 1 : n_pairs;
+            for (int i = 0; i < n_pairs; i++) {
+                float *e = x + i * stride;
+                const float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
+                const float x0 = e[0], x1 = e[offset];
+                e[0] = x0 * cos_t - x1 * sin_t;
+                e[offset] = x0 * sin_t + x1 * cos_t;
+            }
+        }
+    }
+}
+
+cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
+                                 const int32_t *positions, int64_t n,
+                                 int n_heads, int head_dim, int rot_dim,
+                                 float theta, cinfer_rope_mode mode)
+{
+    cinfer_status st = cinfer_cpu_thread_scratch(cb, (size_t)rot_dim);
+    if (st != CINFER_OK)
+        return st;
+    rope_ctx c = {cb,        x,    positions,
+                  n_heads,   head_dim,
+                  rot_dim,   powf(theta, -2.0f / (float)rot_dim),
+                  mode};
+    run(cb, n, n * (int64_t)n_heads * rot_dim, rope_rows, &c);
+    return CINFER_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* kv_store                                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    const float *k, *v;
+    const int32_t *slots;
+    int64_t width;
+    void *kc, *vc;
+    cinfer_dtype kdt, vdt;
+} kv_ctx;
+
+static void store_row(const float *src, void *cache, cinfer_dtype dt,
+                      int64_t slot, int64_t width)
+{
+    if (dt == CINFER_DTYPE_F32) {
+        memcpy((float *)cache + slot * width, src, (size_t)width * 4);
+    } else {
+        uint16_t *dst = (uint16_t *)cache + slot * width;
+        for (int64_t i = 0; i < width; i++)
+            dst[i] = cinfer_fp32_to_fp16(src[i]);
+    }
+}
+
+static void kv_rows(void *p, int64_t r0, int64_t r1, int thread)
+{
+    const kv_ctx *c = p;
+    for (int64_t r = r0; r < r1; r++) {
+        store_row(c->k + r * c->width, c->kc, c->kdt, c->slots[r], c->width);
+        store_row(c->v + r * c->width, c->vc, c->vdt, c->slots[r], c->width);
+    }
+}
+
+void cinfer_cpu_op_kv_store(cinfer_cpu_backend *cb, const float *k,
+                            const float *v, const int32_t *slots, int64_t n,
+                            int64_t width, void *k_cache, cinfer_dtype kdt,
+                            void *v_cache, cinfer_dtype vdt)
+{
+    kv_ctx c = {k, v, slots, width, k_cache, v_cache, kdt, vdt};
+    run(cb, n, n * width * 4, kv_rows, &c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* attention                                                               */
+/* ---------------------------------------------------------------------- */
+
+/* Portable inner loops. Each dot product sums 8 lanes over the head
+ * dimension, then adds the lanes in a fixed tree. */
+
+static float dot8_f32(const float *a, const float *b, int n)
+{
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += a[i + l] * b[i + l];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
+              ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static float dot8_f16(const float *a, const uint16_t *b, int n)
+{
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += a[i + l] * cinfer_fp16_to_fp32(b[i + l]);
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
+              ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * cinfer_fp16_to_fp32(b[i]);
+    return s;
+}
+
+static void qk_f32_portable(const float *q, const float *k, int64_t stride,
+                            int n, int head_dim, float scale, float *scores)
+{
+    for (int j = 0; j < n; j++)
+        scores[j] = dot8_f32(q, k + j * stride, head_dim) * scale;
+}
+
+static void qk_f16_portable(const float *q, const uint16_t *k, int64_t stride,
+                            int n, int head_dim, float scale, float *scores)
+{
+    for (int j = 0; j < n; j++)
+        scores[j] = dot8_f16(q, k + j * stride, head_dim) * scale;
+}
+
+static void pv_f32_portable(float *acc, const float *p, const float *v,
+                            int64_t stride, int n, int head_dim)
+{
+    for (int j = 0; j < n; j++) {
+        const float *vj = v + j * stride;
+        const float pj = p[j];
+        for (int d = 0; d < head_dim; d++)
+            acc[d] += pj * vj[d];
+    }
+}
+
+static void pv_f16_portable(float *acc, const float *p, const uint16_t *v,
+                            int64_t stride, int n, int head_dim)
+{
+    for (int j = 0; j < n; j++) {
+        const uint16_t *vj = v + j * stride;
+        const float pj = p[j];
+        for (int d = 0; d < head_dim; d++)
+            acc[d] += pj * cinfer_fp16_to_fp32(vj[d]);
+    }
+}
+
+const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
+    qk_f32_portable,
+    qk_f16_portable,
+    pv_f32_portable,
+    pv_f16_portable,
+};
+
+/* Work of one (row, head) pair: its context length plus a fixed overhead. */
+#define ATTN_PAIR_OVERHEAD 8
+
+typedef struct {
+    cinfer_cpu_backend *cb;
+    const cinfer_cpu_attn_args *a;
+    const cinfer_step *s;
+    const int64_t *bounds; /* [n_parts + 1] flat (row, head) indices */
+    size_t acc_offset;     /* floats from the scratch start to acc */
+} attn_ctx;
+
+static void attend(const attn_ctx *c, int64_t r, int h, float *scores,
+                   float *acc)
+{
+    const cinfer_cpu_attn_args *a = c->a;
+    const cinfer_step *s = c->s;
+    const cinfer_cpu_vec_kernels *vk = c->cb->vec;
+    const int hd = a->head_dim;
+    const int bs = s->block_size;
+    const int32_t len = s->positions[r] + 1;
+    const int32_t *bt = s->block_tables + (int64_t)s->row_seq[r] * s->max_blocks;
+    const int g = h / (a->n_heads / a->n_kv_heads);
+    const float *q = a->q + (r * a->n_heads + h) * (int64_t)hd;
+    const int64_t stride = (int64_t)a->n_kv_heads * hd;
+    const int64_t block_elems = (int64_t)bs * stride;
+
+    for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
+        int n = len - j0 < bs ? len - j0 : bs;
+        int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
+        if (a->k_dtype == CINFER_DTYPE_F32)
+            vk->qk_f32(q, (const float *)a->k_cache + base, stride, n, hd,
+                       a->scale, scores + j0);
+        else
+            vk->qk_f16(q, (const uint16_t *)a->k_cache + base, stride, n, hd,
+                       a->scale, scores + j0);
+    }
+
+    float max = -INFINITY;
+    for (int32_t j = 0; j < len; j++)
+        max = scores[j] > max ? scores[j] : max;
+    double sum = 0.0;
+    for (int32_t j = 0; j < len; j++) {
+        float e = expf(scores[j] - max);
+        scores[j] = e;
+        sum += (double)e;
+    }
+
+    memset(acc, 0, (size_t)hd * sizeof(float));
+    for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
+        int n = len - j0 < bs ? len - j0 : bs;
+        int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
+        if (a->v_dtype == CINFER_DTYPE_F32)
+            vk->pv_f32(acc, scores + j0, (const float *)a->v_cache + base,
+                       stride, n, hd);
+        else
+            vk->pv_f16(acc, scores + j0, (const uint16_t *)a->v_cache + base,
+                       stride, n, hd);
+    }
+    const float inv = (float)(1.0 / sum);
+    float *o = a->out + (r * a->n_heads + h) * (int64_t)hd;
+    for (int d = 0; d < hd; d++)
+        o[d] = acc[d] * inv;
+}
+
+static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
+{
+    const attn_ctx *c = p;
+    float *scores = thread_scratch(c->cb, thread);
+    float *acc = scores + c->acc_offset;
+    const int nh = c->a->n_heads;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t f = c->bounds[t]; f < c->bounds[t + 1]; f++)
+            attend(c, f / nh, (int)(f % nh), scores, acc);
+}
+
+cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
+                                      const cinfer_cpu_attn_args *a)
+{
+    const cinfer_step *s = &cb->step;
+    size_t ctx = ((size_t)cb->max_position + 1 + 15) & ~(size_t)15;
+    cinfer_status st = cinfer_cpu_thread_scratch(cb, ctx + (size_t)a->head_dim);
+    if (st != CINFER_OK)
+        return st;
+    int n_parts = cb->n_threads;
+    if (cinfer_cpu_buf_reserve(&cb->bounds_buf,
+                               (size_t)(n_parts + 1) * sizeof(int64_t)) != 0)
+        return cinfer_set_error(CINFER_E_NOMEM, "attention: no memory");
+    int64_t *bounds = cb->bounds_buf.p;
+
+    /* Split the (row, head) pairs, in row-major order, into n_parts runs of
+     * about equal work: rows late in a prefill chunk see longer contexts. */
+    const int64_t nh = a->n_heads;
+    int64_t total = 0;
+    for (int32_t r = 0; r < s->n_rows; r++)
+        total += (s->positions[r] + 1 + ATTN_PAIR_OVERHEAD) * nh;
+    bounds[0] = 0;
+    int part = 1;
+    int64_t before = 0; /* work of the rows before r */
+    for (int32_t r = 0; r < s->n_rows && part < n_parts; r++) {
+        int64_t cost = s->positions[r] + 1 + ATTN_PAIR_OVERHEAD;
+        while (part < n_parts) {
+            int64_t target = total * part / n_parts;
+            if (target > before + cost * nh)
+                break;
+            int64_t h = (target - before + cost - 1) / cost;
+            bounds[part++] = (int64_t)r * nh + h;
+        }
+        before += cost * nh;
+    }
+    for (; part <= n_parts; part++)
+        bounds[part] = (int64_t)s->n_rows * nh;
+
+    attn_ctx c = {cb, a, s, bounds, ctx};
+    run(cb, n_parts, total * a->head_dim, attn_parts, &c);
+    return CINFER_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* matmul                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* Output columns are split in units of this many (kernels tile by 16). */
+#define MM_UNIT 16
+
+typedef struct {
+    cinfer_cpu_backend *cb;
+    int n_w;
+    const float *x;
+    int64_t n, n_in;
+    int n_act;                   /* distinct activation formats to prepare */
+    cinfer_dtype act_type[4];    /* per distinct format */
+    void *act_buf[4];
+    const void *w_act[4];        /* per weight: its prepared activations */
+    cinfer_dtype wt[4];
+    const void *w_data[4];
+    size_t w_row_bytes[4];
+    float *out[4];
+    int64_t n_out[4];
+    int64_t unit0[5];            /* first unit of each weight */
+} mm_ctx;
+
+static void mm_prepare(void *p, int64_t r0, int64_t r1, int thread)
+{
+    const mm_ctx *c = p;
+    for (int k = 0; k < c->n_act; k++)
+        cinfer_cpu_matmul_prepare(c->cb->isa, c->act_type[k], c->x, c->n_in,
+                                  r0, r1, c->act_buf[k]);
+}
+
+static void mm_compute(void *p, int64_t u0, int64_t u1, int thread)
+{
+    const mm_ctx *c = p;
+    for (int i = 0; i < c->n_w; i++) {
+        int64_t a = u0 > c->unit0[i] ? u0 : c->unit0[i];
+        int64_t b = u1 < c->unit0[i + 1] ? u1 : c->unit0[i + 1];
+        if (a >= b)
+            continue;
+        int64_t o0 = (a - c->unit0[i]) * MM_UNIT;
+        int64_t o1 = (b - c->unit0[i]) * MM_UNIT;
+        if (o1 > c->n_out[i])
+            o1 = c->n_out[i];
+        cinfer_cpu_matmul_compute(c->cb->isa, c->wt[i], c->w_data[i],
+                                  c->w_row_bytes[i], c->w_act[i], c->n,
+                                  c->n_in, c->out[i], c->n_out[i], o0, o1);
+    }
+}
+
+cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
+                                   const cinfer_tensor *const *w,
+                                   const cinfer_tensor *x,
+                                   cinfer_tensor *const *out)
+{
+    mm_ctx c;
+    memset(&c, 0, sizeof c);
+    c.cb = cb;
+    c.n_w = n_w;
+    c.x = x->data;
+    c.n = x->desc.shape[0];
+    c.n_in = x->desc.shape[1];
+
+    int64_t macs = 0;
+    for (int i = 0; i < n_w; i++) {
+        cinfer_dtype wt = w[i]->desc.dtype;
+        cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
+        size_t act_row = cinfer_dtype_row_bytes(at, c.n_in);
+        if (act_row == 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "matmul: n_in %lld is not a whole number "
+                                    "of %s blocks",
+                                    (long long)c.n_in, cinfer_dtype_name(at));
+        c.wt[i] = wt;
+        c.w_data[i] = w[i]->data;
+        c.w_row_bytes[i] = cinfer_dtype_row_bytes(wt, c.n_in);
+        c.out[i] = out[i]->data;
+        c.n_out[i] = w[i]->desc.shape[0];
+        c.unit0[i + 1] = c.unit0[i] + (c.n_out[i] + MM_UNIT - 1) / MM_UNIT;
+        macs += c.n * c.n_in * c.n_out[i];
+
+        if (at == CINFER_DTYPE_F32) {
+            c.w_act[i] = c.x; /* the F32 format is x itself */
+            continue;
+        }
+        int k = 0;
+        while (k < c.n_act && c.act_type[k] != at)
+            k++;
+        if (k == c.n_act) {
+            if (cinfer_cpu_buf_reserve(&cb->act[k], act_row * (size_t)c.n) != 0)
+                return cinfer_set_error(CINFER_E_NOMEM,
+                                        "matmul: no memory for %lld prepared "
+                                        "rows",
+                                        (long long)c.n);
+            c.act_type[k] = at;
+            c.act_buf[k] = cb->act[k].p;
+            c.n_act++;
+        }
+        c.w_act[i] = c.act_buf[k];
+    }
+    if (c.n_act > 0)
+        run(cb, c.n, c.n * c.n_in * c.n_act, mm_prepare, &c);
+    run(cb, c.unit0[n_w], macs, mm_compute, &c);
+    return CINFER_OK;
+}
