@@ -1,0 +1,461 @@
+/*
+ * cinfer-run - local generation with the engine, no server.
+ *
+ *   cinfer-run [-m MODEL] -p "prompt" [-n 64] [--temperature 0] [--top-k K]
+ *              [--top-p P] [--min-p P] [--seed S] [-t THREADS] [--chat]
+ *
+ * Streams the generated text to stdout as it is sampled and ends with the
+ * prompt and decode speeds on stderr. With no -m it uses the default model.
+ * While a model loads, a progress bar is drawn when stderr is a terminal.
+ *
+ * Benchmark mode (`--bench PP,TG [-r REPS]`) evaluates a synthetic prompt of
+ * PP tokens, then decodes TG tokens greedily (never stopping), REPS times,
+ * and prints one JSON line per repetition with prompt and decode tokens/s:
+ * the figures bench/ compares against llama.cpp's llama-bench.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void progress_bar(float f, void *user)
+{
+    int *last = user;
+    int pct = (int)(f * 100.0f + 0.5f);
+    if (pct == *last)
+        return;
+    *last = pct;
+    int width = 40, fill = pct * width / 100;
+    char bar[64];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\rloading [%s] %3d%%", bar, pct);
+    if (pct >= 100)
+        fputc('\n', stderr);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cinfer-run [options] -p PROMPT\n"
+            "  -m, --model PATH        GGUF model (default: %s)\n"
+            "  -p, --prompt TEXT       prompt text ('-' reads standard input)\n"
+            "  -n, --max-tokens N      tokens to generate (default 64)\n"
+            "  -t, --threads N         CPU threads (default: all cores)\n"
+            "      --chat              wrap the prompt as a ChatML user turn\n"
+            "      --temperature T     0 = greedy (default 0)\n"
+            "      --top-k K           0 = off\n"
+            "      --top-p P           1 = off\n"
+            "      --min-p P           0 = off\n"
+            "      --repeat-penalty R  1 = off\n"
+            "      --presence-penalty X, --frequency-penalty X   0 = off\n"
+            "      --seed S            sampling seed (default 0)\n"
+            "      --ignore-eos        keep generating past end-of-text\n"
+            "      --no-special        do not parse special tokens in the prompt\n"
+            "      --isa NAME          portable|avx2|avx512 (default: best)\n"
+            "      --ctx N             context per sequence (default 4096)\n"
+            "      --bench PP,TG       benchmark: PP prompt tokens, TG decoded\n"
+            "  -r, --reps N            benchmark repetitions (default 3)\n"
+            "  -h, --help\n",
+            cinfer_model_default_path()[0] ? cinfer_model_default_path()
+                                           : "(none installed)");
+}
+
+enum {
+    OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
+    OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
+    OPT_CTX
+};
+
+static int parse_int(const char *s, const char *name, long lo, long hi,
+                     long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "cinfer-run: %s must be an integer in [%ld, %ld], "
+                        "got '%s'\n", name, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, const char *name, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || end == s) {
+        fprintf(stderr, "cinfer-run: %s must be a number, got '%s'\n", name, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static char *read_stdin(void)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, stdin)) > 0) {
+        n += got;
+        if (cap - n < 2) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Synthetic prompt tokens and greedy decoding, as llama-bench measures. */
+static int run_bench(cinfer_model *m, int pp, int tg, int reps, int threads)
+{
+    const cinfer_model_info *I = cinfer_model_get_info(m);
+    if (pp + tg > I->n_ctx) {
+        fprintf(stderr, "cinfer-run: --bench %d,%d exceeds the context %d\n",
+                pp, tg, I->n_ctx);
+        return 1;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(pp > 0 ? pp : 1));
+    float *logits = malloc(sizeof(float) * (size_t)I->n_vocab);
+    if (!ids || !logits) {
+        free(ids);
+        free(logits);
+        return 1;
+    }
+    uint64_t s = 88172645463325252ull;
+    for (int i = 0; i < pp; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ids[i] = (int32_t)(s % (uint64_t)I->n_vocab);
+    }
+    /* warm-up: one token through every weight */
+    int32_t t0 = 0;
+    if (cinfer_model_eval_single(m, &t0, 1, 0, 0, logits) != CINFER_OK)
+        goto fail;
+    for (int r = 0; r < reps; r++) {
+        double pp_tps = 0, tg_tps = 0;
+        int pos = 0;
+        if (pp > 0) {
+            double a = now_s();
+            if (cinfer_model_eval_single(m, ids, pp, 0, 0, logits) != CINFER_OK)
+                goto fail;
+            pp_tps = pp / (now_s() - a);
+            pos = pp;
+        }
+        if (tg > 0) {
+            int32_t tok = pp > 0 ? argmax(logits, I->n_vocab) : 1;
+            double a = now_s();
+            for (int i = 0; i < tg; i++) {
+                if (cinfer_model_eval_single(m, &tok, 1, pos + i, 0, logits) !=
+                    CINFER_OK)
+                    goto fail;
+                tok = argmax(logits, I->n_vocab);
+            }
+            tg_tps = tg / (now_s() - a);
+        }
+        printf("{\"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, "
+               "\"isa\": \"%s\", \"type\": \"%s\", \"pp_tps\": %.3f, "
+               "\"tg_tps\": %.3f}\n",
+               pp, tg, threads, cinfer_model_backend(m)->device_desc,
+               I->quant, pp_tps, tg_tps);
+        fflush(stdout);
+    }
+    free(ids);
+    free(logits);
+    return 0;
+fail:
+    fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+    free(ids);
+    free(logits);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *prompt = NULL;
+    long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096;
+    int chat = 0, ignore_eos = 0, parse_special = 1;
+    int bench_pp = -1, bench_tg = -1;
+    cinfer_cpu_isa isa = CINFER_CPU_ISA_AUTO;
+    cinfer_sampler_params sp = cinfer_sampler_default_params();
+    sp.temperature = 0.0f;
+
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"threads", required_argument, 0, 't'},
+        {"reps", required_argument, 0, 'r'},
+        {"help", no_argument, 0, 'h'},
+        {"chat", no_argument, 0, OPT_CHAT},
+        {"temperature", required_argument, 0, OPT_TEMP},
+        {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP},
+        {"min-p", required_argument, 0, OPT_MINP},
+        {"repeat-penalty", required_argument, 0, OPT_REP},
+        {"presence-penalty", required_argument, 0, OPT_PRES},
+        {"frequency-penalty", required_argument, 0, OPT_FREQ},
+        {"seed", required_argument, 0, OPT_SEED},
+        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"no-special", no_argument, 0, OPT_NOSPECIAL},
+        {"isa", required_argument, 0, OPT_ISA},
+        {"ctx", required_argument, 0, OPT_CTX},
+        {"bench", required_argument, 0, OPT_BENCH},
+        {0, 0, 0, 0},
+    };
+    int c;
+    long v;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:r:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'n':
+            if (parse_int(optarg, "--max-tokens", 0, 1 << 20, &n_gen)) return 2;
+            break;
+        case 't':
+            if (parse_int(optarg, "--threads", 0, 1024, &threads)) return 2;
+            break;
+        case 'r':
+            if (parse_int(optarg, "--reps", 1, 1000, &reps)) return 2;
+            break;
+        case 'h': usage(stdout); return 0;
+        case OPT_CHAT: chat = 1; break;
+        case OPT_TEMP:
+            if (parse_float(optarg, "--temperature", &sp.temperature)) return 2;
+            break;
+        case OPT_TOPK:
+            if (parse_int(optarg, "--top-k", 0, 1 << 30, &v)) return 2;
+            sp.top_k = (int32_t)v;
+            break;
+        case OPT_TOPP:
+            if (parse_float(optarg, "--top-p", &sp.top_p)) return 2;
+            break;
+        case OPT_MINP:
+            if (parse_float(optarg, "--min-p", &sp.min_p)) return 2;
+            break;
+        case OPT_REP:
+            if (parse_float(optarg, "--repeat-penalty", &sp.repetition_penalty)) return 2;
+            break;
+        case OPT_PRES:
+            if (parse_float(optarg, "--presence-penalty", &sp.presence_penalty)) return 2;
+            break;
+        case OPT_FREQ:
+            if (parse_float(optarg, "--frequency-penalty", &sp.frequency_penalty)) return 2;
+            break;
+        case OPT_SEED:
+            if (parse_int(optarg, "--seed", 0, __LONG_MAX__, &seed)) return 2;
+            sp.seed = (uint64_t)seed;
+            break;
+        case OPT_IGNORE_EOS: ignore_eos = 1; break;
+        case OPT_NOSPECIAL: parse_special = 0; break;
+        case OPT_CTX:
+            if (parse_int(optarg, "--ctx", 16, 1 << 20, &ctx)) return 2;
+            break;
+        case OPT_ISA:
+            if (strcmp(optarg, "portable") == 0) isa = CINFER_CPU_ISA_PORTABLE;
+            else if (strcmp(optarg, "avx2") == 0) isa = CINFER_CPU_ISA_AVX2;
+            else if (strcmp(optarg, "avx512") == 0) isa = CINFER_CPU_ISA_AVX512;
+            else {
+                fprintf(stderr, "cinfer-run: --isa must be portable, avx2 or "
+                                "avx512\n");
+                return 2;
+            }
+            break;
+        case OPT_BENCH:
+            if (sscanf(optarg, "%d,%d", &bench_pp, &bench_tg) != 2 ||
+                bench_pp < 0 || bench_tg < 0 || bench_pp + bench_tg < 1) {
+                fprintf(stderr, "cinfer-run: --bench takes PP,TG (e.g. "
+                                "128,128)\n");
+                return 2;
+            }
+            break;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cinfer-run: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!prompt && bench_pp < 0) {
+        usage(stderr);
+        return 2;
+    }
+
+    char *owned_prompt = NULL;
+    if (prompt && strcmp(prompt, "-") == 0) {
+        owned_prompt = read_stdin();
+        if (!owned_prompt) {
+            fprintf(stderr, "cinfer-run: cannot read standard input\n");
+            return 1;
+        }
+        prompt = owned_prompt;
+    }
+
+    int last_pct = -1;
+    cinfer_model_params mp = cinfer_model_default_params();
+    mp.path = model_path;
+    mp.n_threads = (int)threads;
+    mp.isa = isa;
+    mp.n_ctx = (int)ctx;
+    if (isatty(2)) {
+        mp.progress = progress_bar;
+        mp.progress_user = &last_pct;
+    }
+    cinfer_model *m = NULL;
+    double t_load = now_s();
+    if (cinfer_model_create(&mp, &m) != CINFER_OK) {
+        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        free(owned_prompt);
+        return 1;
+    }
+    t_load = now_s() - t_load;
+    const cinfer_model_info *I = cinfer_model_get_info(m);
+
+    if (bench_pp >= 0) {
+        int rc = run_bench(m, bench_pp, bench_tg, (int)reps, (int)threads);
+        cinfer_model_destroy(m);
+        free(owned_prompt);
+        return rc;
+    }
+
+    int rc = 1;
+    const cinfer_tokenizer *tk = cinfer_model_tokenizer(m);
+    char *text = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    cinfer_sampler *smp = NULL;
+
+    if (chat) {
+        static const char *pre = "<|im_start|>user\n";
+        static const char *post = "<|im_end|>\n<|im_start|>assistant\n";
+        size_t n = strlen(pre) + strlen(prompt) + strlen(post) + 1;
+        text = malloc(n);
+        if (!text)
+            goto out;
+        snprintf(text, n, "%s%s%s", pre, prompt, post);
+    } else {
+        text = strdup(prompt);
+        if (!text)
+            goto out;
+    }
+    size_t len = strlen(text), n_ids = 0, cap = len + 8;
+    ids = malloc(sizeof(int32_t) * (cap + (size_t)n_gen + 1));
+    logits = malloc(sizeof(float) * (size_t)I->n_vocab);
+    if (!ids || !logits)
+        goto out;
+    if (cinfer_tokenizer_encode(tk, text, len, 1, parse_special, ids, cap,
+                                &n_ids) != CINFER_OK) {
+        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        goto out;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "cinfer-run: the prompt is empty\n");
+        goto out;
+    }
+    if ((long)n_ids + n_gen > I->n_ctx) {
+        fprintf(stderr, "cinfer-run: prompt (%zu tokens) + %ld new tokens "
+                        "exceed the context of %d\n", n_ids, n_gen, I->n_ctx);
+        goto out;
+    }
+    if (cinfer_sampler_create(&sp, I->n_vocab, &smp) != CINFER_OK) {
+        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        goto out;
+    }
+
+    double t0 = now_s();
+    if (cinfer_model_eval_single(m, ids, (int)n_ids, 0, 0, logits) !=
+        CINFER_OK) {
+        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        goto out;
+    }
+    double t_prompt = now_s() - t0;
+
+    cinfer_detok dt;
+    cinfer_detok_init(&dt);
+    char piece[256];
+    size_t piece_len;
+    int n_done = 0, n_forward = 0;
+    double t1 = now_s();
+    while (n_done < n_gen) {
+        int32_t tok;
+        if (cinfer_sampler_sample(smp, logits, &tok, NULL) != CINFER_OK) {
+            fprintf(stderr, "\ncinfer-run: %s\n", cinfer_last_error());
+            goto out;
+        }
+        cinfer_sampler_accept(smp, tok);
+        if (!ignore_eos && cinfer_tokenizer_is_eog(tk, tok))
+            break;
+        n_done++;
+        if (cinfer_detok_push(tk, &dt, tok, piece, sizeof piece, &piece_len) ==
+                CINFER_OK &&
+            piece_len) {
+            fwrite(piece, 1, piece_len, stdout);
+            fflush(stdout);
+        }
+        if (n_done == n_gen)
+            break; /* the last token needs no forward pass */
+        if (cinfer_model_eval_single(m, &tok, 1, (int)n_ids + n_done - 1, 0,
+                                     logits) != CINFER_OK) {
+            fprintf(stderr, "\ncinfer-run: %s\n", cinfer_last_error());
+            goto out;
+        }
+        n_forward++;
+    }
+    if (cinfer_detok_flush(tk, &dt, piece, sizeof piece, &piece_len) ==
+            CINFER_OK &&
+        piece_len)
+        fwrite(piece, 1, piece_len, stdout);
+    double t_gen = now_s() - t1;
+    printf("\n");
+    fflush(stdout);
+    fprintf(stderr,
+            "load %.2f s | prompt %zu tokens, %.1f tokens/s | decode %d "
+            "tokens, %.1f tokens/s | %s\n",
+            t_load, n_ids, (double)n_ids / t_prompt, n_done,
+            n_forward > 0 ? (double)n_forward / t_gen : 0.0,
+            cinfer_model_backend(m)->device_desc);
+    rc = 0;
+out:
+    cinfer_sampler_destroy(smp);
+    free(logits);
+    free(ids);
+    free(text);
+    free(owned_prompt);
+    cinfer_model_destroy(m);
+    return rc;
+}
