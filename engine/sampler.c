@@ -1,0 +1,1106 @@
+/*
+ * sampler.c - per-request token sampling (see sampler.h for the model and
+ * the order of the stages).
+ *
+ * How a step runs over a row of n_vocab logits:
+ *
+ *   - Stages 1-3 (bias, min_tokens masking, penalties) touch only a sparse
+ *     set of entries. Each write goes through an undo log, so the row can be
+ *     given back exactly as it came, and so the raw values that logprobs
+ *     need are still known. Nothing else ever writes to the row: temperature
+ *     is applied on the fly.
+ *   - Greedy: one argmax pass.
+ *   - top_k: radix select over the float bits (three 11/11/10-bit digit
+ *     passes, fewer when a digit bucket settles it) finds the k-th largest
+ *     key without moving the row; one more pass copies the k winners out.
+ *   - top_p: a histogram of the tokens' distance from the top in nats
+ *     (8 buckets per nat) finds the bucket where the mass crosses top_p;
+ *     only tokens at or above it are sorted, and the exact cut is found in
+ *     them. The buckets are monotone in the logit, so the tokens taken are
+ *     a prefix of the fully sorted order and the cut is the full sort's.
+ *   - Neither top_k nor top_p: nothing is materialized. One pass sums the
+ *     weights per chunk of 1024 tokens; the draw finds its chunk from those
+ *     sums and recomputes the weights of that one chunk.
+ *
+ * Penalty counts live in an open-addressing hash table (linear probing,
+ * Fibonacci hashing) keyed by token, so memory follows the distinct tokens
+ * seen, not the vocabulary. With penalty_last_n a ring of the last n tokens
+ * decrements counts as tokens leave the window; entries that reach zero stay
+ * until the next growth rehashes them away.
+ */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 1024         /* tokens per partial weight sum */
+#define N_BUCKETS 512      /* top_p histogram buckets */
+#define BUCKETS_PER_NAT 8.0f
+#define SORT_ALL_MAX 256   /* top_k sets up to this size are sorted whole */
+#define TAB_MIN_CAP 64u
+
+enum { COUNT_REP = 1, COUNT_FREQ = 2 };
+
+typedef struct {
+    int32_t token; /* -1 = empty */
+    int32_t n_rep;  /* occurrences feeding repetition_penalty */
+    int32_t n_freq; /* occurrences feeding presence/frequency penalties */
+} pen_slot;
+
+typedef struct {
+    int32_t token;
+    int32_t flags; /* COUNT_REP | COUNT_FREQ */
+} ring_ent;
+
+typedef struct {
+    int32_t id;
+    float logit; /* after stages 1-3 */
+    float w;     /* exp((logit - max) / temperature) */
+} cand;
+
+typedef struct {
+    int32_t id;
+    float raw;
+} undo_ent;
+
+typedef enum { PLAN_GREEDY, PLAN_CAND, PLAN_SCAN } plan_kind;
+
+/* What to draw from, built by prepare() over the processed row. */
+typedef struct {
+    plan_kind kind;
+    int32_t token; /* GREEDY: the answer */
+    int32_t n;     /* CAND: kept entries in s->cand[0..n) */
+    float max;     /* SCAN: the row's largest processed logit */
+    float inv_t;   /* SCAN: 1 / temperature */
+    float min_w;   /* SCAN: weights below are dropped (min_p) */
+    double z;      /* CAND, SCAN: sum of kept weights */
+} plan;
+
+struct cinfer_sampler {
+    cinfer_sampler_params p; /* eog_tokens / logit_bias point at our copies */
+    int32_t *eog;
+    cinfer_logit_bias *bias;
+    uint64_t rng[4];
+    int penalties;       /* some penalty is not neutral */
+    int32_t n_accepted;  /* output tokens accepted */
+
+    pen_slot *tab;       /* NULL until the first counted token */
+    uint32_t tab_cap;    /* power of two */
+    uint32_t tab_used;   /* non-empty slots (zero counts included) */
+    int tab_shift;       /* 32 - log2(tab_cap) */
+
+    ring_ent *ring;      /* penalty_last_n entries, or NULL */
+    int32_t ring_head;   /* next write; the oldest entry once full */
+    int32_t ring_count;
+
+    cand *cand;
+    int32_t cand_cap;
+    undo_ent *undo;
+    int32_t undo_cap;
+    int32_t n_undo;
+    double *chunk;       /* [n_chunks] weight sums */
+    int32_t n_chunks;
+};
+
+/* ---------------------------------------------------------------------- */
+/* PRNG: xoshiro256** seeded through splitmix64                           */
+/* ---------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl64(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t xoshiro_next(uint64_t st[4])
+{
+    const uint64_t result = rotl64(st[1] * 5, 7) * 9;
+    const uint64_t t = st[1] << 17;
+    st[2] ^= st[0];
+    st[3] ^= st[1];
+    st[1] ^= st[2];
+    st[0] ^= st[3];
+    st[2] ^= t;
+    st[3] = rotl64(st[3], 45);
+    return result;
+}
+
+static void rng_seed(uint64_t st[4], uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        st[i] = splitmix64(&x);
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double rng_uniform(uint64_t st[4])
+{
+    return (double)(xoshiro_next(st) >> 11) * 0x1.0p-53;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Small helpers                                                          */
+/* ---------------------------------------------------------------------- */
+
+/* Orders floats as unsigned integers; -0.0 and +0.0 get the same key. */
+static inline uint32_t float_key(float f)
+{
+    f += 0.0f; /* -0.0 + 0.0 = +0.0 */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Larger logit first, then lower id. */
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Larger p first, then lower id. */
+static int cmp_token_prob(const void *a, const void *b)
+{
+    const cinfer_token_prob *x = a, *y = b;
+    if (x->p != y->p)
+        return x->p > y->p ? -1 : 1;
+    return (x->token > y->token) - (x->token < y->token);
+}
+
+static inline float weight(float logit, float max, float inv_t)
+{
+    return expf((logit - max) * inv_t);
+}
+
+static inline int bucket_of(float logit, float max, float inv_t)
+{
+    float d = (max - logit) * inv_t * BUCKETS_PER_NAT; /* >= 0, +inf for -inf */
+    return d < (float)(N_BUCKETS - 1) ? (int)d : N_BUCKETS - 1;
+}
+
+/* Grows *buf to hold n elements of size `elem`; keeps contents. */
+static cinfer_status grow(void **buf, int32_t *cap, int32_t n, size_t elem,
+                          const char *what)
+{
+    if (n <= *cap)
+        return CINFER_OK;
+    int32_t c = *cap > 0 ? *cap : 64;
+    while (c < n)
+        c = c > INT32_MAX / 2 ? n : c * 2;
+    void *nb = realloc(*buf, (size_t)c * elem);
+    if (!nb)
+        return cinfer_set_error(CINFER_E_NOMEM, "sampler: cannot grow %s to %d",
+                                what, c);
+    *buf = nb;
+    *cap = c;
+    return CINFER_OK;
+}
+
+/* First index holding NaN or +inf and the largest value, over x[0..n). */
+static int32_t scan_max(const float *x, int32_t n, float *max)
+{
+    float m = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (!(v < INFINITY))
+            return i;
+        if (v > m)
+            m = v;
+    }
+    *max = m;
+    return -1;
+}
+
+static cinfer_status bad_logit(const float *x, int32_t i, const char *what)
+{
+    return cinfer_set_error(CINFER_E_RANGE,
+                            "%s[%d] is %s (logits must be finite or -inf)",
+                            what, i, isnan(x[i]) ? "NaN" : "+inf");
+}
+
+/* ---------------------------------------------------------------------- */
+/* Penalty counts                                                         */
+/* ---------------------------------------------------------------------- */
+
+static inline uint32_t tab_index(const cinfer_sampler *s, int32_t token)
+{
+    return ((uint32_t)token * 2654435769u) >> s->tab_shift;
+}
+
+/* The slot of `token`, created empty if absent. Capacity must be reserved. */
+static pen_slot *tab_slot(cinfer_sampler *s, int32_t token)
+{
+    uint32_t mask = s->tab_cap - 1;
+    uint32_t i = tab_index(s, token);
+    while (s->tab[i].token != token && s->tab[i].token != -1)
+        i = (i + 1) & mask;
+    if (s->tab[i].token == -1) {
+        s->tab[i].token = token;
+        s->tab[i].n_rep = 0;
+        s->tab[i].n_freq = 0;
+        s->tab_used++;
+    }
+    return &s->tab[i];
+}
+
+/* Makes room for `extra` more distinct tokens at load <= 1/2. Growth drops
+ * entries whose counts fell to zero. */
+static cinfer_status tab_reserve(cinfer_sampler *s, int64_t extra)
+{
+    int64_t need = (int64_t)s->tab_used + extra;
+    if (need > s->p.n_vocab)
+        need = s->p.n_vocab; /* entries are distinct tokens */
+    if (s->tab && need <= (int64_t)(s->tab_cap / 2))
+        return CINFER_OK;
+
+    int64_t live = 0;
+    for (uint32_t i = 0; i < s->tab_cap; i++)
+        if (s->tab[i].token >= 0 && (s->tab[i].n_rep || s->tab[i].n_freq))
+            live++;
+    int64_t want = live + extra;
+    if (want > s->p.n_vocab)
+        want = s->p.n_vocab;
+    uint32_t cap = TAB_MIN_CAP;
+    int shift = 32 - 6;
+    while ((int64_t)(cap / 2) < want) {
+        cap *= 2;
+        shift--;
+    }
+    pen_slot *nt = malloc((size_t)cap * sizeof *nt);
+    if (!nt)
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "sampler: cannot grow the penalty table to %u",
+                                cap);
+    memset(nt, 0xff, (size_t)cap * sizeof *nt);
+
+    pen_slot *old = s->tab;
+    uint32_t old_cap = s->tab_cap;
+    s->tab = nt;
+    s->tab_cap = cap;
+    s->tab_shift = shift;
+    s->tab_used = 0;
+    for (uint32_t i = 0; i < old_cap; i++) {
+        if (old[i].token < 0 || !(old[i].n_rep || old[i].n_freq))
+            continue;
+        pen_slot *d = tab_slot(s, old[i].token);
+        d->n_rep = old[i].n_rep;
+        d->n_freq = old[i].n_freq;
+    }
+    free(old);
+    return CINFER_OK;
+}
+
+static void count_add(cinfer_sampler *s, int32_t token, int flags, int delta)
+{
+    pen_slot *e = tab_slot(s, token);
+    if (flags & COUNT_REP)
+        e->n_rep += delta;
+    if (flags & COUNT_FREQ)
+        e->n_freq += delta;
+    CINFER_ASSERT(e->n_rep >= 0 && e->n_freq >= 0);
+}
+
+/* Appends one token to the penalty history. Capacity must be reserved. */
+static void history_push(cinfer_sampler *s, int32_t token, int flags)
+{
+    int32_t n = s->p.penalty_last_n;
+    if (n > 0) {
+        if (s->ring_count == n) {
+            ring_ent old = s->ring[s->ring_head];
+            count_add(s, old.token, old.flags, -1);
+        } else {
+            s->ring_count++;
+        }
+        s->ring[s->ring_head].token = token;
+        s->ring[s->ring_head].flags = flags;
+        s->ring_head = s->ring_head + 1 == n ? 0 : s->ring_head + 1;
+    }
+    count_add(s, token, flags, +1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Create, destroy, accept, reset                                         */
+/* ---------------------------------------------------------------------- */
+
+cinfer_sampler_params cinfer_sampler_default_params(void)
+{
+    cinfer_sampler_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 1.0f;
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    p.penalty_prompt = CINFER_PENALTY_PROMPT_REPETITION;
+    return p;
+}
+
+static cinfer_status validate(const cinfer_sampler_params *p)
+{
+    const cinfer_status E = CINFER_E_INVALID_ARG;
+    if (p->n_vocab < 1)
+        return cinfer_set_error(E, "n_vocab must be >= 1 (got %d)", p->n_vocab);
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
+        return cinfer_set_error(E, "temperature must be >= 0 and finite (got %g)",
+                                (double)p->temperature);
+    if (p->top_k < 0)
+        return cinfer_set_error(E, "top_k must be >= 0, 0 = off (got %d)",
+                                p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return cinfer_set_error(E, "top_p must be in (0, 1] (got %g)",
+                                (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return cinfer_set_error(E, "min_p must be in [0, 1] (got %g)",
+                                (double)p->min_p);
+    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
+        return cinfer_set_error(E,
+                                "repetition_penalty must be > 0 and finite (got %g)",
+                                (double)p->repetition_penalty);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return cinfer_set_error(E, "presence_penalty must be in [-2, 2] (got %g)",
+                                (double)p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return cinfer_set_error(E, "frequency_penalty must be in [-2, 2] (got %g)",
+                                (double)p->frequency_penalty);
+    if (p->penalty_last_n < 0)
+        return cinfer_set_error(E, "penalty_last_n must be >= 0, 0 = all (got %d)",
+                                p->penalty_last_n);
+    if (p->penalty_prompt != CINFER_PENALTY_PROMPT_REPETITION &&
+        p->penalty_prompt != CINFER_PENALTY_PROMPT_NONE &&
+        p->penalty_prompt != CINFER_PENALTY_PROMPT_ALL)
+        return cinfer_set_error(E, "penalty_prompt must be 0, 1 or 2 (got %d)",
+                                (int)p->penalty_prompt);
+    if (p->n_logprobs < 0 || p->n_logprobs > CINFER_SAMPLER_MAX_LOGPROBS)
+        return cinfer_set_error(E, "n_logprobs must be in [0, %d] (got %d)",
+                                CINFER_SAMPLER_MAX_LOGPROBS, p->n_logprobs);
+    if (p->min_tokens < 0)
+        return cinfer_set_error(E, "min_tokens must be >= 0 (got %d)",
+                                p->min_tokens);
+    if (p->n_eog_tokens < 0)
+        return cinfer_set_error(E, "n_eog_tokens must be >= 0 (got %d)",
+                                p->n_eog_tokens);
+    if (p->n_eog_tokens > 0 && !p->eog_tokens)
+        return cinfer_set_error(E, "eog_tokens is NULL but n_eog_tokens is %d",
+                                p->n_eog_tokens);
+    for (int32_t i = 0; i < p->n_eog_tokens; i++)
+        if (p->eog_tokens[i] < 0 || p->eog_tokens[i] >= p->n_vocab)
+            return cinfer_set_error(E,
+                                    "eog_tokens[%d] = %d is outside [0, n_vocab = %d)",
+                                    i, p->eog_tokens[i], p->n_vocab);
+    if (p->n_logit_bias < 0)
+        return cinfer_set_error(E, "n_logit_bias must be >= 0 (got %d)",
+                                p->n_logit_bias);
+    if (p->n_logit_bias > 0 && !p->logit_bias)
+        return cinfer_set_error(E, "logit_bias is NULL but n_logit_bias is %d",
+                                p->n_logit_bias);
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const cinfer_logit_bias *b = &p->logit_bias[i];
+        if (b->token < 0 || b->token >= p->n_vocab)
+            return cinfer_set_error(E,
+                                    "logit_bias[%d].token = %d is outside [0, n_vocab = %d)",
+                                    i, b->token, p->n_vocab);
+        if (!(b->bias < INFINITY)) /* NaN or +inf */
+            return cinfer_set_error(E,
+                                    "logit_bias[%d].bias must be finite or -inf (got %g)",
+                                    i, (double)b->bias);
+    }
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_sampler_create(const cinfer_sampler_params *p,
+                                    cinfer_sampler **out)
+{
+    if (!p || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_create: %s is NULL", p ? "out" : "p");
+    cinfer_status st = validate(p);
+    if (st != CINFER_OK)
+        return st;
+
+    cinfer_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        goto fail_nomem;
+    s->p = *p;
+    if (p->n_eog_tokens > 0) {
+        s->eog = malloc((size_t)p->n_eog_tokens * sizeof *s->eog);
+        if (!s->eog)
+            goto fail_alloc;
+        memcpy(s->eog, p->eog_tokens, (size_t)p->n_eog_tokens * sizeof *s->eog);
+    }
+    s->p.eog_tokens = s->eog;
+    if (p->n_logit_bias > 0) {
+        s->bias = malloc((size_t)p->n_logit_bias * sizeof *s->bias);
+        if (!s->bias)
+            goto fail_alloc;
+        memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+    }
+    s->p.logit_bias = s->bias;
+    s->penalties = p->repetition_penalty != 1.0f ||
+                   p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (s->penalties && p->penalty_last_n > 0) {
+        s->ring = malloc((size_t)p->penalty_last_n * sizeof *s->ring);
+        if (!s->ring)
+            goto fail_alloc;
+    }
+    s->n_chunks = (int32_t)(((int64_t)p->n_vocab + CHUNK - 1) / CHUNK);
+    s->chunk = malloc((size_t)s->n_chunks * sizeof *s->chunk);
+    if (!s->chunk)
+        goto fail_alloc;
+    rng_seed(s->rng, p->seed);
+    *out = s;
+    return CINFER_OK;
+
+fail_alloc:
+    cinfer_sampler_destroy(s);
+fail_nomem:
+    return cinfer_set_error(CINFER_E_NOMEM, "sampler_create: out of memory");
+}
+
+void cinfer_sampler_destroy(cinfer_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->chunk);
+    free(s->undo);
+    free(s->cand);
+    free(s->ring);
+    free(s->tab);
+    free(s->bias);
+    free(s->eog);
+    free(s);
+}
+
+const cinfer_sampler_params *cinfer_sampler_get_params(const cinfer_sampler *s)
+{
+    return &s->p;
+}
+
+int32_t cinfer_sampler_n_accepted(const cinfer_sampler *s)
+{
+    return s->n_accepted;
+}
+
+cinfer_status cinfer_sampler_accept_prompt(cinfer_sampler *s,
+                                           const int32_t *tokens, int32_t n)
+{
+    if (!s || n < 0 || (n > 0 && !tokens))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_accept_prompt: %s",
+                                !s ? "s is NULL"
+                                   : n < 0 ? "n must be >= 0"
+                                           : "tokens is NULL");
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->p.n_vocab)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "prompt token [%d] = %d is outside [0, n_vocab = %d)",
+                                    i, tokens[i], s->p.n_vocab);
+    int flags = s->p.penalty_prompt == CINFER_PENALTY_PROMPT_ALL
+                    ? COUNT_REP | COUNT_FREQ
+                : s->p.penalty_prompt == CINFER_PENALTY_PROMPT_REPETITION
+                    ? COUNT_REP
+                    : 0;
+    if (!s->penalties || flags == 0 || n == 0)
+        return CINFER_OK;
+    cinfer_status st = tab_reserve(s, n);
+    if (st != CINFER_OK)
+        return st;
+    for (int32_t i = 0; i < n; i++)
+        history_push(s, tokens[i], flags);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_sampler_accept(cinfer_sampler *s, int32_t token)
+{
+    if (!s)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "sampler_accept: s is NULL");
+    if (token < 0 || token >= s->p.n_vocab)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_accept: token %d is outside [0, n_vocab = %d)",
+                                token, s->p.n_vocab);
+    if (s->penalties) {
+        cinfer_status st = tab_reserve(s, 1);
+        if (st != CINFER_OK)
+            return st;
+        history_push(s, token, COUNT_REP | COUNT_FREQ);
+    }
+    s->n_accepted++;
+    return CINFER_OK;
+}
+
+void cinfer_sampler_reset(cinfer_sampler *s)
+{
+    if (!s)
+        return;
+    if (s->tab)
+        memset(s->tab, 0xff, (size_t)s->tab_cap * sizeof *s->tab);
+    s->tab_used = 0;
+    s->ring_head = 0;
+    s->ring_count = 0;
+    s->n_accepted = 0;
+    s->n_undo = 0;
+    rng_seed(s->rng, s->p.seed);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Stages 1-3 over the row, with undo                                      */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status undo_reserve(cinfer_sampler *s)
+{
+    int64_t need = (int64_t)s->p.n_logit_bias + s->p.n_eog_tokens + s->tab_used;
+    if (need > INT32_MAX)
+        return cinfer_set_error(CINFER_E_NOMEM, "sampler: undo log too large");
+    void *buf = s->undo;
+    cinfer_status st = grow(&buf, &s->undo_cap, (int32_t)need, sizeof(undo_ent),
+                            "the undo log");
+    s->undo = buf;
+    return st;
+}
+
+static inline void set_logit(cinfer_sampler *s, float *x, int32_t id, float v)
+{
+    s->undo[s->n_undo].id = id;
+    s->undo[s->n_undo].raw = x[id];
+    s->n_undo++;
+    x[id] = v;
+}
+
+static void apply_stages(cinfer_sampler *s, float *x)
+{
+    s->n_undo = 0;
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++)
+        set_logit(s, x, s->bias[i].token, x[s->bias[i].token] + s->bias[i].bias);
+    if (s->n_accepted < s->p.min_tokens)
+        for (int32_t i = 0; i < s->p.n_eog_tokens; i++)
+            set_logit(s, x, s->eog[i], -INFINITY);
+    if (!s->penalties || !s->tab)
+        return;
+    const float rp = s->p.repetition_penalty;
+    const float pres = s->p.presence_penalty;
+    const float freq = s->p.frequency_penalty;
+    for (uint32_t i = 0; i < s->tab_cap; i++) {
+        const pen_slot *e = &s->tab[i];
+        if (e->token < 0 || !(e->n_rep || e->n_freq))
+            continue;
+        float v = x[e->token];
+        if (e->n_rep > 0)
+            v = v > 0.0f ? v / rp : v * rp;
+        if (e->n_freq > 0) {
+            v -= freq * (float)e->n_freq;
+            v -= pres;
+        }
+        set_logit(s, x, e->token, v);
+    }
+}
+
+/* Puts back the first recorded (raw) value of every written entry. */
+static void restore(cinfer_sampler *s, float *x)
+{
+    for (int32_t i = s->n_undo - 1; i >= 0; i--)
+        x[s->undo[i].id] = s->undo[i].raw;
+    s->n_undo = 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Selection                                                              */
+/* ---------------------------------------------------------------------- */
+
+/* Copies the k entries of x[0..n) with the largest (key, then lowest id)
+ * into out[0..k), in id order. 0 < k < n. */
+static void select_top_k(const float *x, int32_t n, int32_t k, cand *out)
+{
+    static const int shifts[3] = {21, 10, 0};
+    static const int widths[3] = {11, 11, 10};
+    uint32_t hist[1u << 11];
+    uint32_t prefix = 0, mask = 0;
+    int64_t need = k;      /* still to take from inside the current prefix */
+    int64_t quota_eq = k;  /* how many entries equal to the threshold to take */
+    int settled = 0;
+
+    for (int pass = 0; pass < 3 && !settled; pass++) {
+        const int shift = shifts[pass];
+        const uint32_t nb = 1u << widths[pass];
+        const uint32_t dmask = nb - 1;
+        memset(hist, 0, nb * sizeof hist[0]);
+        for (int32_t i = 0; i < n; i++) {
+            uint32_t key = float_key(x[i]);
+            if ((key & mask) == prefix)
+                hist[(key >> shift) & dmask]++;
+        }
+        int64_t above = 0;
+        int32_t b = (int32_t)nb - 1;
+        for (; b >= 0; b--) {
+            if (above + hist[b] >= need)
+                break;
+            above += hist[b];
+        }
+        CINFER_ASSERT(b >= 0);
+        need -= above;
+        prefix |= (uint32_t)b << shift;
+        mask |= dmask << shift;
+        if ((int64_t)hist[b] == need) {
+            /* The whole bucket is taken: keys >= prefix are exactly k. */
+            settled = 1;
+            quota_eq = INT32_MAX;
+        }
+    }
+    if (!settled)
+        quota_eq = need; /* prefix is the k-th key; take the lowest ids */
+
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t key = float_key(x[i]);
+        if (key > prefix || (key == prefix && quota_eq > 0)) {
+            if (key == prefix)
+                quota_eq--;
+            out[m].id = i;
+            out[m].logit = x[i];
+            m++;
+        }
+    }
+    CINFER_ASSERT(m == k);
+}
+
+/* Finds the first histogram bucket where the running mass reaches target. */
+static int cut_bucket(const double *mass, double target)
+{
+    double cum = 0.0;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        cum += mass[b];
+        if (cum >= target)
+            return b;
+    }
+    return N_BUCKETS - 1;
+}
+
+/* Sorts c[0..n) and returns the length of the smallest prefix whose weight
+ * reaches target (n if rounding keeps it short). */
+static int32_t sorted_cut(cand *c, int32_t n, double target)
+{
+    qsort(c, (size_t)n, sizeof *c, cmp_cand);
+    double cum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        cum += c[i].w;
+        if (cum >= target)
+            return i + 1;
+    }
+    return n;
+}
+
+/* Keeps the entries of c[0..n) with w > 0 and w >= min_w, in order; sums
+ * their weights into *z. */
+static int32_t keep_min_w(cand *c, int32_t n, float min_w, double *z)
+{
+    int32_t m = 0;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        if (c[i].w > 0.0f && c[i].w >= min_w) {
+            c[m++] = c[i];
+            sum += c[i].w;
+        }
+    }
+    *z = sum;
+    return m;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Planning and drawing                                                   */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status all_masked(void)
+{
+    return cinfer_set_error(CINFER_E_RANGE,
+                            "no token left to sample: every logit is -inf after "
+                            "logit_bias, min_tokens masking and penalties");
+}
+
+/* Stages 4-8 over the processed row x. */
+static cinfer_status build_plan(cinfer_sampler *s, const float *x, plan *pl)
+{
+    const int32_t n = s->p.n_vocab;
+    const float temp = s->p.temperature;
+    float max;
+    int32_t bad = scan_max(x, n, &max);
+    if (bad >= 0) {
+        /* Raw values were checked; a written entry can still overflow. */
+        for (int32_t i = 0; i < s->n_undo; i++)
+            if (s->undo[i].id == bad)
+                return bad_logit(x, bad, "processed logits");
+        return bad_logit(x, bad, "logits");
+    }
+    if (max == -INFINITY)
+        return all_masked();
+
+    if (temp < CINFER_SAMPLER_GREEDY_EPS) {
+        pl->kind = PLAN_GREEDY;
+        pl->token = cinfer_sampler_argmax(x, n);
+        return CINFER_OK;
+    }
+
+    const float inv_t = 1.0f / temp;
+    const float min_w = s->p.min_p;
+    const int use_top_p = s->p.top_p < 1.0f;
+    cinfer_status st;
+    void *buf;
+
+    if (s->p.top_k > 0 && s->p.top_k < n) {
+        const int32_t k = s->p.top_k;
+        buf = s->cand;
+        st = grow(&buf, &s->cand_cap, k, sizeof(cand), "candidates");
+        s->cand = buf;
+        if (st != CINFER_OK)
+            return st;
+        cand *c = s->cand;
+        select_top_k(x, n, k, c);
+        double z = 0.0;
+        for (int32_t i = 0; i < k; i++) {
+            c[i].w = weight(c[i].logit, max, inv_t);
+            z += c[i].w;
+        }
+        int32_t kept = k;
+        if (use_top_p) {
+            double target = (double)s->p.top_p * z;
+            if (k <= SORT_ALL_MAX) {
+                kept = sorted_cut(c, k, target);
+            } else {
+                double mass[N_BUCKETS] = {0};
+                for (int32_t i = 0; i < k; i++)
+                    mass[bucket_of(c[i].logit, max, inv_t)] += c[i].w;
+                int cb = cut_bucket(mass, target);
+                int32_t front = 0; /* move bucket <= cb to the front */
+                for (int32_t i = 0; i < k; i++) {
+                    if (bucket_of(c[i].logit, max, inv_t) <= cb) {
+                        cand t = c[front];
+                        c[front] = c[i];
+                        c[i] = t;
+                        front++;
+                    }
+                }
+                kept = sorted_cut(c, front, target);
+            }
+        }
+        pl->kind = PLAN_CAND;
+        pl->n = keep_min_w(c, kept, min_w, &pl->z);
+        CINFER_ASSERT(pl->n > 0);
+        return CINFER_OK;
+    }
+
+    if (use_top_p) {
+        double mass[N_BUCKETS] = {0};
+        int32_t count[N_BUCKETS] = {0};
+        double z = 0.0;
+        for (int32_t i = 0; i < n; i++) {
+            float w = weight(x[i], max, inv_t);
+            int b = bucket_of(x[i], max, inv_t);
+            mass[b] += w;
+            count[b]++;
+            z += w;
+        }
+        double target = (double)s->p.top_p * z;
+        int cb = cut_bucket(mass, target);
+        int32_t m = 0;
+        for (int b = 0; b <= cb; b++)
+            m += count[b];
+        buf = s->cand;
+        st = grow(&buf, &s->cand_cap, m, sizeof(cand), "candidates");
+        s->cand = buf;
+        if (st != CINFER_OK)
+            return st;
+        cand *c = s->cand;
+        int32_t j = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (bucket_of(x[i], max, inv_t) <= cb) {
+                c[j].id = i;
+                c[j].logit = x[i];
+                c[j].w = weight(x[i], max, inv_t);
+                j++;
+            }
+        }
+        CINFER_ASSERT(j == m);
+        int32_t kept = sorted_cut(c, m, target);
+        pl->kind = PLAN_CAND;
+        pl->n = keep_min_w(c, kept, min_w, &pl->z);
+        CINFER_ASSERT(pl->n > 0);
+        return CINFER_OK;
+    }
+
+    /* Whole row, min_p at most: per-chunk sums only. */
+    double z = 0.0;
+    for (int32_t c = 0; c < s->n_chunks; c++) {
+        int32_t lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
+        double acc = 0.0;
+        for (int32_t i = lo; i < hi; i++) {
+            float w = weight(x[i], max, inv_t);
+            if (w > 0.0f && w >= min_w)
+                acc += w;
+        }
+        s->chunk[c] = acc;
+        z += acc;
+    }
+    pl->kind = PLAN_SCAN;
+    pl->max = max;
+    pl->inv_t = inv_t;
+    pl->min_w = min_w;
+    pl->z = z;
+    return CINFER_OK;
+}
+
+/* Stages 1-8: processes the row (recording undo), checks it, builds the
+ * plan. On error the row is already restored. */
+static cinfer_status prepare(cinfer_sampler *s, float *x, plan *pl)
+{
+    cinfer_status st = undo_reserve(s);
+    if (st != CINFER_OK)
+        return st;
+    apply_stages(s, x);
+    /* Entries written by stages 1-3 are checked through their raw values;
+     * build_plan checks the processed row (which covers the rest). */
+    for (int32_t i = 0; i < s->n_undo; i++) {
+        float raw = s->undo[i].raw;
+        if (!(raw < INFINITY)) {
+            int32_t id = s->undo[i].id;
+            restore(s, x);
+            return bad_logit(x, id, "logits");
+        }
+    }
+    st = build_plan(s, x, pl);
+    if (st != CINFER_OK)
+        restore(s, x);
+    return st;
+}
+
+/* Weight of entry i in a SCAN plan, 0 if dropped. */
+static inline float scan_weight(const plan *pl, float logit)
+{
+    float w = weight(logit, pl->max, pl->inv_t);
+    return (w > 0.0f && w >= pl->min_w) ? w : 0.0f;
+}
+
+static int32_t draw(cinfer_sampler *s, const float *x, const plan *pl)
+{
+    if (pl->kind == PLAN_GREEDY)
+        return pl->token;
+    const double target = rng_uniform(s->rng) * pl->z;
+    if (pl->kind == PLAN_CAND) {
+        double cum = 0.0;
+        for (int32_t i = 0; i < pl->n; i++) {
+            cum += s->cand[i].w;
+            if (cum > target)
+                return s->cand[i].id;
+        }
+        return s->cand[pl->n - 1].id;
+    }
+    const int32_t n = s->p.n_vocab;
+    double cum = 0.0;
+    int32_t c = 0, last_nonempty = -1;
+    for (; c < s->n_chunks; c++) {
+        if (s->chunk[c] > 0.0)
+            last_nonempty = c;
+        if (s->chunk[c] > 0.0 && cum + s->chunk[c] > target)
+            break;
+        cum += s->chunk[c];
+    }
+    if (c == s->n_chunks) {
+        c = last_nonempty; /* rounding at the very end */
+        cum = -INFINITY;   /* take the chunk's last kept token */
+    }
+    CINFER_ASSERT(c >= 0);
+    int32_t lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
+    int32_t last = -1;
+    for (int32_t i = lo; i < hi; i++) {
+        float w = scan_weight(pl, x[i]);
+        if (w > 0.0f) {
+            last = i;
+            cum += w;
+            if (cum > target)
+                return i;
+        }
+    }
+    CINFER_ASSERT(last >= 0);
+    return last;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Logprobs                                                               */
+/* ---------------------------------------------------------------------- */
+
+/* x is a valid raw row with at least one finite entry. */
+static void fill_logprobs(const cinfer_sampler *s, const float *x,
+                          int32_t token, cinfer_logprobs *lp)
+{
+    const int32_t n = s->p.n_vocab;
+    int32_t n_top = s->p.n_logprobs < n ? s->p.n_logprobs : n;
+    float max;
+    int32_t bad = scan_max(x, n, &max);
+    CINFER_ASSERT(bad < 0 && max > -INFINITY);
+
+    int32_t top_id[CINFER_SAMPLER_MAX_LOGPROBS];
+    float top_v[CINFER_SAMPLER_MAX_LOGPROBS];
+    int32_t n_have = 0;
+    const float xt = x[token];
+    int64_t better = 0;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        float v = x[i];
+        sum += (double)expf(v - max);
+        if (v > xt || (v == xt && i < token))
+            better++;
+        if (n_top == 0 || (n_have == n_top && !(v > top_v[n_top - 1])))
+            continue;
+        /* Insert after every entry >= v: earlier (lower) ids win ties. */
+        int32_t pos = n_have < n_top ? n_have++ : n_top - 1;
+        while (pos > 0 && v > top_v[pos - 1]) {
+            top_id[pos] = top_id[pos - 1];
+            top_v[pos] = top_v[pos - 1];
+            pos--;
+        }
+        top_id[pos] = i;
+        top_v[pos] = v;
+    }
+    const double lse = (double)max + log(sum);
+    lp->logprob = (float)((double)xt - lse);
+    lp->rank = (int32_t)(better + 1);
+    lp->n_top = n_top;
+    for (int32_t j = 0; j < n_top; j++) {
+        lp->top_tokens[j] = top_id[j];
+        lp->top_logprobs[j] = (float)((double)top_v[j] - lse);
+    }
+}
+
+cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
+                                      const float *logits, int32_t token,
+                                      cinfer_logprobs *lp)
+{
+    if (!s || !logits || !lp)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_logprobs: %s is NULL",
+                                !s ? "s" : !logits ? "logits" : "lp");
+    if (token < 0 || token >= s->p.n_vocab)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_logprobs: token %d is outside [0, n_vocab = %d)",
+                                token, s->p.n_vocab);
+    float max;
+    int32_t bad = scan_max(logits, s->p.n_vocab, &max);
+    if (bad >= 0)
+        return bad_logit(logits, bad, "logits");
+    if (max == -INFINITY)
+        return cinfer_set_error(CINFER_E_RANGE, "every logit is -inf");
+    fill_logprobs(s, logits, token, lp);
+    return CINFER_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Sample, candidates, process                                            */
+/* ---------------------------------------------------------------------- */
+
+cinfer_status cinfer_sampler_sample(cinfer_sampler *s, float *logits,
+                                    int32_t *token, cinfer_logprobs *lp)
+{
+    if (!s || !logits || !token)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_sample: %s is NULL",
+                                !s ? "s" : !logits ? "logits" : "token");
+    plan pl;
+    cinfer_status st = prepare(s, logits, &pl);
+    if (st != CINFER_OK)
+        return st;
+    int32_t t = draw(s, logits, &pl);
+    restore(s, logits);
+    *token = t;
+    if (lp)
+        fill_logprobs(s, logits, t, lp);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
+                                        cinfer_token_prob *out, int32_t cap,
+                                        int32_t *n_out)
+{
+    if (!s || !logits || !n_out || (cap > 0 && !out) || cap < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_candidates: bad argument (%s)",
+                                !s ? "s is NULL"
+                                : !logits ? "logits is NULL"
+                                : !n_out ? "n_out is NULL"
+                                : cap < 0 ? "cap < 0" : "out is NULL");
+    plan pl;
+    cinfer_status st = prepare(s, logits, &pl);
+    if (st != CINFER_OK)
+        return st;
+    int32_t m = 0;
+    if (pl.kind == PLAN_GREEDY) {
+        m = 1;
+    } else if (pl.kind == PLAN_CAND) {
+        m = pl.n;
+    } else {
+        for (int32_t i = 0; i < s->p.n_vocab; i++)
+            m += scan_weight(&pl, logits[i]) > 0.0f;
+    }
+    *n_out = m;
+    if (m > cap) {
+        restore(s, logits);
+        return cinfer_set_error(CINFER_E_RANGE,
+                                "sampler_candidates: %d candidates, room for %d",
+                                m, cap);
+    }
+    if (pl.kind == PLAN_GREEDY) {
+        out[0].token = pl.token;
+        out[0].p = 1.0f;
+    } else if (pl.kind == PLAN_CAND) {
+        for (int32_t i = 0; i < m; i++) {
+            out[i].token = s->cand[i].id;
+            out[i].p = (float)(s->cand[i].w / pl.z);
+        }
+    } else {
+        int32_t j = 0;
+        for (int32_t i = 0; i < s->p.n_vocab; i++) {
+            float w = scan_weight(&pl, logits[i]);
+            if (w > 0.0f) {
+                out[j].token = i;
+                out[j].p = (float)(w / pl.z);
+                j++;
+            }
+        }
+    }
+    restore(s, logits);
+    qsort(out, (size_t)m, sizeof *out, cmp_token_prob);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_sampler_process_logits(cinfer_sampler *s, float *logits)
+{
+    if (!s || !logits)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_process_logits: %s is NULL",
+                                !s ? "s" : "logits");
+    cinfer_status st = undo_reserve(s);
+    if (st != CINFER_OK)
+        return st;
+    apply_stages(s, logits);
+    s->n_undo = 0;
+    return CINFER_OK;
+}
+
+int32_t cinfer_sampler_argmax(const float *logits, int32_t n)
+{
+    int32_t best = -1;
+    float bv = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        float v = logits[i];
+        if (v != v)
+            continue;
+        if (best < 0 || v > bv) {
+            best = i;
+            bv = v;
+        }
+    }
+    return best;
+}

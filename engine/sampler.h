@@ -1,0 +1,238 @@
+/*
+ * sampler.h - next-token choice for one request: penalties, top-k, top-p,
+ * min-p, temperature, a seeded PRNG, and logprobs.
+ *
+ * The model behind it is vLLM's SamplingParams, with llama.cpp's sampler
+ * chain as the second reference. One sampler belongs to one request; the
+ * engine hands it one row of logits (float[n_vocab]) per step and tells it
+ * which token the sequence actually took with cinfer_sampler_accept().
+ *
+ * Order of application (vLLM's; each stage sees the previous one's output):
+ *
+ *   1. logit_bias: logit[t] += bias (a bias of -INFINITY bans t);
+ *   2. min_tokens: while fewer than min_tokens tokens were accepted, the
+ *      eog_tokens get -INFINITY;
+ *   3. penalties, over the token counts kept by accept (see below):
+ *      repetition: logit > 0 ? logit / r : logit * r   (r = repetition_penalty)
+ *      then logit -= frequency_penalty * count + presence_penalty * (count > 0);
+ *   4. temperature < 1e-5 (vLLM's epsilon; 0 included): greedy, the argmax
+ *      of the row with ties to the lowest id; stages 5-9 are skipped;
+ *   5. top_k: keep the k largest logits (ties to the lower id);
+ *   6. temperature: p ~ exp(logit / temperature), renormalized over the kept;
+ *   7. top_p: keep the smallest most-likely prefix whose mass reaches top_p
+ *      (sorted by logit, ties to the lower id);
+ *   8. min_p: keep tokens with p >= min_p * p_max;
+ *   9. draw one token from what is kept, with the sampler's own PRNG.
+ *
+ * top_k commutes with temperature, so 5-6 matches vLLM v0 and HF transformers
+ * (temperature, top_k, top_p, min_p). llama.cpp's default chain instead runs
+ * top_k, top_p, min_p at temperature 1 and divides by the temperature last;
+ * top_p results differ between the two when temperature != 1.
+ *
+ * Penalty history (vLLM's semantics by default): repetition_penalty applies
+ * to every token that occurred in the prompt or the output; presence and
+ * frequency penalties count output tokens only. penalty_prompt changes how
+ * prompt tokens count; penalty_last_n > 0 restricts every penalty to the
+ * last n accepted tokens (prompt and output, in order), as llama.cpp's
+ * penalty_last_n. The counts live in a hash table updated in O(1) by each
+ * accept; a step applies them in O(distinct tokens), never by scanning the
+ * history.
+ *
+ * Cost: a few linear passes over the row. top_k selects by radix select on
+ * the float bits (no sort of the vocabulary); top_p sorts only the tokens
+ * above a cut found by a log-probability histogram; min_p alone sorts
+ * nothing. With no penalties the sampler allocates O(n_vocab / 1024) bytes;
+ * scratch for kept candidates grows on demand.
+ *
+ * Reproducibility: each sampler owns a xoshiro256** generator seeded through
+ * splitmix64 from params.seed; a non-greedy sample draws exactly one 53-bit
+ * uniform, a greedy one draws none. The same seed and the same sequence of
+ * logits rows and accepts give the same tokens on every run and machine
+ * (with the same float results from expf, i.e. the same libm).
+ *
+ * Logprobs follow vLLM's default (raw logprobs): the log-softmax of the row
+ * as the model produced it, before bias, masks, penalties and temperature.
+ *
+ *     int32_t eog[] = {2};
+ *     cinfer_sampler_params sp = cinfer_sampler_default_params();
+ *     sp.n_vocab = 49152;
+ *     sp.temperature = 0.7f; sp.top_p = 0.9f; sp.seed = 42;
+ *     sp.min_tokens = 4; sp.eog_tokens = eog; sp.n_eog_tokens = 1;
+ *     cinfer_sampler *s;
+ *     if (cinfer_sampler_create(&sp, &s) != CINFER_OK) ...cinfer_last_error()
+ *     cinfer_sampler_accept_prompt(s, prompt, n_prompt);
+ *     for (;;) {
+ *         ... model writes logits[n_vocab] ...
+ *         int32_t tok;
+ *         cinfer_logprobs lp;
+ *         cinfer_sampler_sample(s, logits, &tok, &lp);
+ *         cinfer_sampler_accept(s, tok);
+ *     }
+ *     cinfer_sampler_destroy(s);
+ *
+ * Thread safety: one sampler per request, used by one thread at a time.
+ * Different samplers may be used from different threads at once (no shared
+ * state). cinfer_sampler_argmax is pure.
+ */
+#ifndef CINFER_SAMPLER_H
+#define CINFER_SAMPLER_H
+
+#include <stdint.h>
+
+#include "../common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cinfer_sampler cinfer_sampler;
+
+/* Most top entries cinfer_logprobs can hold (OpenAI's and vLLM's limit). */
+#define CINFER_SAMPLER_MAX_LOGPROBS 20
+
+/* Temperatures below this are greedy (vLLM's _SAMPLING_EPS). */
+#define CINFER_SAMPLER_GREEDY_EPS 1e-5f
+
+/* Which penalties prompt tokens (cinfer_sampler_accept_prompt) feed. */
+typedef enum {
+    CINFER_PENALTY_PROMPT_REPETITION = 0, /* repetition only (vLLM) */
+    CINFER_PENALTY_PROMPT_NONE = 1,       /* none: prompt ignored */
+    CINFER_PENALTY_PROMPT_ALL = 2,        /* all three, as if generated
+                                             (llama.cpp when it is fed the
+                                             prompt) */
+} cinfer_penalty_prompt;
+
+typedef struct {
+    int32_t token; /* vocabulary id, in [0, n_vocab) */
+    float bias;    /* added to the logit; -INFINITY bans the token */
+} cinfer_logit_bias;
+
+typedef struct {
+    int32_t n_vocab;          /* logits row length; required (0 = unset,
+                                 rejected) */
+    float temperature;        /* softmax temperature, >= 0; below 1e-5
+                                 (0 included) = greedy argmax; default 1 */
+    int32_t top_k;            /* keep the k most likely tokens, >= 0;
+                                 0 = off (so is k >= n_vocab) */
+    float top_p;              /* keep the smallest most-likely set holding
+                                 this much probability, in (0, 1]; 1 = off */
+    float min_p;              /* drop tokens below min_p times the top
+                                 token's probability, in [0, 1]; 0 = off */
+    float repetition_penalty; /* > 0; logits of seen tokens are divided by
+                                 it when > 0, else multiplied; 1 = off */
+    float presence_penalty;   /* in [-2, 2]; subtracted once from the logit
+                                 of each counted token; 0 = off */
+    float frequency_penalty;  /* in [-2, 2]; subtracted per occurrence of a
+                                 counted token; 0 = off */
+    int32_t penalty_last_n;   /* tokens, >= 0: penalties see only the last n
+                                 accepted (prompt + output); 0 = all (vLLM) */
+    cinfer_penalty_prompt penalty_prompt; /* what prompt tokens count for;
+                                 0 = repetition only (vLLM) */
+    uint64_t seed;            /* PRNG seed; every value (0 too) is a seed:
+                                 the caller draws one when a request has
+                                 none */
+    int32_t n_logprobs;       /* top entries reported in cinfer_logprobs, in
+                                 [0, 20]; 0 = only the chosen token's */
+    int32_t min_tokens;       /* tokens, >= 0: until this many were accepted
+                                 the eog_tokens are masked; 0 = off */
+    const int32_t *eog_tokens; /* ids masked under min_tokens (EOS, stop
+                                 ids); copied at create; NULL = none */
+    int32_t n_eog_tokens;     /* entries in eog_tokens, >= 0 */
+    const cinfer_logit_bias *logit_bias; /* copied at create; NULL = none;
+                                 a token may appear more than once (the
+                                 biases add up) */
+    int32_t n_logit_bias;     /* entries in logit_bias, >= 0 */
+} cinfer_sampler_params;
+
+/* Defaults: temperature 1, every filter and penalty off, vLLM penalty
+ * semantics, seed 0, n_vocab 0 (the caller must set it). */
+cinfer_sampler_params cinfer_sampler_default_params(void);
+
+/* Log-probabilities under the raw distribution (log-softmax of the row as
+ * given, before any processing). A value type the caller owns. */
+typedef struct {
+    float logprob;  /* the chosen token's log-probability */
+    int32_t rank;   /* the chosen token's rank, 1 = most likely (ties
+                       ordered by id) */
+    int32_t n_top;  /* entries filled below: min(n_logprobs, n_vocab) */
+    int32_t top_tokens[CINFER_SAMPLER_MAX_LOGPROBS];  /* most likely first,
+                                                         ties by lower id */
+    float top_logprobs[CINFER_SAMPLER_MAX_LOGPROBS];  /* their logprobs */
+} cinfer_logprobs;
+
+/* One entry of the final sampling distribution. */
+typedef struct {
+    int32_t token;
+    float p; /* probability after every stage, renormalized; > 0 */
+} cinfer_token_prob;
+
+/* Validates every field (CINFER_E_INVALID_ARG naming it, e.g. "top_p must be
+ * in (0, 1]") and creates a sampler with empty history. Copies eog_tokens and
+ * logit_bias; `p` need not outlive the call. */
+cinfer_status cinfer_sampler_create(const cinfer_sampler_params *p,
+                                    cinfer_sampler **out);
+/* NULL is fine. */
+void cinfer_sampler_destroy(cinfer_sampler *s);
+
+/* The parameters the sampler was created with (eog_tokens and logit_bias
+ * point at the sampler's copies). Owned by the sampler. */
+const cinfer_sampler_params *cinfer_sampler_get_params(const cinfer_sampler *s);
+
+/* Records the prompt for the penalties, as penalty_prompt says. Call once
+ * before the first sample (more calls append). Rejects ids outside
+ * [0, n_vocab) with no change; CINFER_E_NOMEM leaves the history as it was. */
+cinfer_status cinfer_sampler_accept_prompt(cinfer_sampler *s,
+                                           const int32_t *tokens, int32_t n);
+
+/* Records one output token: it counts for min_tokens and for every penalty.
+ * O(1) amortized. sample() does not record what it returns, so the engine
+ * decides what the sequence really took. */
+cinfer_status cinfer_sampler_accept(cinfer_sampler *s, int32_t token);
+
+/* Output tokens accepted since create or reset. */
+int32_t cinfer_sampler_n_accepted(const cinfer_sampler *s);
+
+/* Picks the next token from `logits` [n_vocab] (stages 1-9 above) and, if
+ * `lp` is not NULL, fills it for that token. The row is used as scratch and
+ * holds its original values again when the call returns. Logits must be
+ * finite or -INFINITY (NaN or +INFINITY: CINFER_E_RANGE naming the index);
+ * if processing leaves every token at -INFINITY (everything banned or
+ * masked) the call fails with CINFER_E_RANGE. A failed call changes nothing
+ * (the PRNG does not advance). */
+cinfer_status cinfer_sampler_sample(cinfer_sampler *s, float *logits,
+                                    int32_t *token, cinfer_logprobs *lp);
+
+/* The distribution sample() would draw from for this row, without drawing:
+ * writes the kept tokens to `out` (most likely first, ties by lower id) and
+ * their count to *n_out. Needs room for every kept token: if `cap` is too
+ * small it fails with CINFER_E_RANGE and *n_out says how many are needed (at
+ * most n_vocab). Greedy rows give one token with p = 1. The row is restored
+ * as in sample(); the sampler does not change. */
+cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
+                                        cinfer_token_prob *out, int32_t cap,
+                                        int32_t *n_out);
+
+/* Applies stages 1-3 (logit_bias, min_tokens masking, penalties) to the row
+ * in place and leaves it so, for callers that want processed logits. */
+cinfer_status cinfer_sampler_process_logits(cinfer_sampler *s, float *logits);
+
+/* Fills `lp` for `token` from the raw row `logits` [n_vocab] (log-softmax,
+ * the top n_logprobs entries, the rank): what sample() reports, usable for
+ * prompt logprobs. Does not change the sampler. */
+cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
+                                      const float *logits, int32_t token,
+                                      cinfer_logprobs *lp);
+
+/* Back to the state right after create: history and accepted count cleared,
+ * PRNG reseeded with params.seed. Keeps the allocations. */
+void cinfer_sampler_reset(cinfer_sampler *s);
+
+/* Index of the largest of logits[0..n), the lowest such index on ties
+ * (-0.0 equals +0.0); NaN entries are never chosen. -1 if n <= 0 or every
+ * entry is NaN. Pure, thread-safe. */
+int32_t cinfer_sampler_argmax(const float *logits, int32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_SAMPLER_H */
