@@ -2043,7 +2043,7 @@ cinfer_status cinfer_tokenizer_decode(const cinfer_tokenizer *t,
         const char *p;
         size_t l;
         render(t, ids[i], special, i == 0, &p, &l);
-        if (total + l <= cap)
+        if (l > 0 && total + l <= cap)
             memcpy(out + total, p, l);
         total += l;
     }
