@@ -50,8 +50,11 @@
 extern "C" {
 #endif
 
+/* x86-64 builds compile the SIMD files with their instruction-set flags
+ * (kernels/CMakeLists.txt); elsewhere only the portable code exists. */
 #if defined(__x86_64__) || defined(_M_X64)
 #define CINFER_MATMUL_X86 1
+#define CINFER_MATMUL_HAVE_AVX512 1
 #endif
 
 /* Portable C: the reference implementation of the order above. */
