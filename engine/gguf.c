@@ -186,6 +186,7 @@ static cinfer_status truncated(const cursor *c, const char *what, size_t need)
 
 static int take(cursor *c, size_t n, const uint8_t **out)
 {
+    *out = NULL;
     if (left(c) < n)
         return 0;
     *out = c->base + c->pos;
@@ -350,7 +351,7 @@ static cinfer_status read_array(cursor *c, const kv_ctx *k, int depth,
                                 "file (%zu bytes left at offset %zu)",
                                 KV_ARGS(k), type_name(et),
                                 (unsigned long long)n, left(c), c->pos);
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     take(c, (size_t)n * es, &p);
     if (et == CINFER_GGUF_BOOL) {
         for (uint64_t i = 0; i < n; i++)
@@ -728,7 +729,7 @@ static cinfer_status parse(cinfer_gguf *g)
         }
         g->n_kv = i + 1;
     }
-    uint64_t da, db;
+    uint64_t da = 0, db = 0;
     st = slot_build(g, g->n_kv, kv_name_at, &g->kv_slots, &g->kv_mask, &da,
                     &db);
     if (st == CINFER_E_FORMAT)
