@@ -331,6 +331,28 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
     return CINFER_OK;
 }
 
+/* Capacity is what the allocation holds (nbytes), so a tensor shrunk by
+ * set_rows can grow back up to its creation size. */
+static cinfer_status cpu_tensor_set_rows(cinfer_backend *be, cinfer_tensor *t,
+                                         int64_t rows)
+{
+    (void)be;
+    if (!t)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tensor_set_rows: tensor is NULL");
+    cinfer_tensor_desc one = t->desc;
+    one.shape[0] = 1;
+    size_t row_bytes = cinfer_tensor_desc_nbytes(&one);
+    if (t->is_weight || row_bytes == 0 || rows < 1 ||
+        (uint64_t)rows > t->nbytes / row_bytes)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tensor_set_rows: %lld rows outside 1..%zu",
+                                (long long)rows,
+                                row_bytes ? t->nbytes / row_bytes : 0);
+    t->desc.shape[0] = rows;
+    return CINFER_OK;
+}
+
 static void cpu_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
 {
     if (!t)
@@ -629,7 +651,7 @@ static cinfer_status cpu_matmul(cinfer_backend *be, int n_w,
     }
     int64_t n = t_rows(x), n_in = t_cols(x);
     for (int i = 0; i < n_w; i++) {
-        char name[16], buf[96];
+        char name[24], buf[96];
         snprintf(name, sizeof name, "w[%d]", i);
         TRY(need_tensor(op, name, w[i]));
         const cinfer_tensor_desc *wd = &w[i]->desc;
@@ -872,6 +894,7 @@ static const struct cinfer_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .tensor_create = cpu_tensor_create,
     .tensor_create_weight = cpu_tensor_create_weight,
+    .tensor_set_rows = cpu_tensor_set_rows,
     .tensor_destroy = cpu_tensor_destroy,
     .upload = cpu_upload,
     .download = cpu_download,
