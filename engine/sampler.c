@@ -34,6 +34,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The draw must not depend on how the compiler fuses a * b + c: keep every
+ * float operation of this file rounded on its own. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #define CHUNK 1024         /* tokens per partial weight sum */
 #define N_BUCKETS 512      /* top_p histogram buckets */
 #define BUCKETS_PER_NAT 8.0f
@@ -177,9 +185,89 @@ static int cmp_token_prob(const void *a, const void *b)
     return (x->token > y->token) - (x->token < y->token);
 }
 
-static inline float weight(float logit, float max, float inv_t)
+/* e^x for x <= 0, four lanes at a time, with the libm left out on purpose:
+ * glibc picks its expf at run time by CPU (an FMA variant where there is
+ * FMA), the variants may round differently, and then the same seed could
+ * draw a different token on another machine. This is plain IEEE single
+ * arithmetic in GCC/clang vector extensions (SSE2 on x86-64, NEON on arm64;
+ * no FMA contraction, see the pragmas above), so its bits are the same
+ * everywhere, and a lane gives the same bits whatever its neighbours. Within
+ * 1 ulp of the correctly rounded value over every float in [-87, 0], exactly
+ * 1 at 0; below -87 (under FLT_MIN) and for -inf it is 0.
+ * Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7
+ * polynomial, times 2^n through the exponent bits. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static inline v4f exp4_neg(v4f x)
 {
-    return expf((logit - max) * inv_t);
+    const v4f lo = {-87.0f, -87.0f, -87.0f, -87.0f};
+    const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+    v4i keep = x >= lo; /* all ones where the result is not 0 */
+    v4i below = x < lo;
+    v4f xc = (v4f)(((v4i)x & ~below) | ((v4i)lo & below));
+    v4i above = xc > zero;
+    xc = (v4f)((v4i)xc & ~above);
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick */
+    v4f n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    v4f r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v4f q = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    q = q * r + 8.3334519073e-3f;
+    q = q * r + 4.1665795894e-2f;
+    q = q * r + 1.6666665459e-1f;
+    q = q * r + 5.0000001201e-1f;
+    v4f e = q * r * r + r + 1.0f;
+    v4i scale = (__builtin_convertvector(n, v4i) + 127) << 23; /* 2^n */
+    e = e * (v4f)scale;
+    return (v4f)((v4i)e & keep);
+}
+
+/* w = exp((logit - max) * inv_t), 0 where below min_w: the weight of a
+ * token relative to the top one (1), and what every pass uses. */
+static inline v4f weight4(v4f logit, float max, float inv_t, float min_w)
+{
+    v4f e = exp4_neg((logit - max) * inv_t);
+    v4i ok = e >= min_w;
+    return (v4f)((v4i)e & ok);
+}
+
+static inline float weight(float logit, float max, float inv_t, float min_w)
+{
+    v4f v = {logit, logit, logit, logit};
+    return weight4(v, max, inv_t, min_w)[0];
+}
+
+/* w[0..n) = weight(x[0..n)); the same bits as weight() per element. */
+static void weights(const float *x, int32_t n, float max, float inv_t,
+                    float min_w, float *w)
+{
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v4f v;
+        memcpy(&v, x + i, sizeof v);
+        v4f r = weight4(v, max, inv_t, min_w);
+        memcpy(w + i, &r, sizeof r);
+    }
+    for (; i < n; i++)
+        w[i] = weight(x[i], max, inv_t, min_w);
+}
+
+/* Sum of w[0..n) in double over four interleaved accumulators: a fixed
+ * order (reproducible), without one long chain of dependent adds. */
+static double sum_weights(const float *w, int32_t n)
+{
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        a0 += w[i];
+        a1 += w[i + 1];
+        a2 += w[i + 2];
+        a3 += w[i + 3];
+    }
+    for (; i < n; i++)
+        a0 += w[i];
+    return (a0 + a1) + (a2 + a3);
 }
 
 static inline int bucket_of(float logit, float max, float inv_t)
@@ -206,16 +294,22 @@ static cinfer_status grow(void **buf, int32_t *cap, int32_t n, size_t elem,
     return CINFER_OK;
 }
 
-/* First index holding NaN or +inf and the largest value, over x[0..n). */
+/* First index holding NaN or +inf (-1 if none) and the largest value, over
+ * x[0..n). The main loop has no early exit so the compiler can vectorize
+ * it; the bad index is looked for only when there is one. */
 static int32_t scan_max(const float *x, int32_t n, float *max)
 {
     float m = -INFINITY;
+    int bad = 0;
     for (int32_t i = 0; i < n; i++) {
         float v = x[i];
-        if (!(v < INFINITY))
-            return i;
-        if (v > m)
-            m = v;
+        bad |= !(v < INFINITY);
+        m = v > m ? v : m;
+    }
+    if (bad) {
+        for (int32_t i = 0; i < n; i++)
+            if (!(x[i] < INFINITY))
+                return i;
     }
     *max = m;
     return -1;
@@ -346,8 +440,9 @@ cinfer_sampler_params cinfer_sampler_default_params(void)
 static cinfer_status validate(const cinfer_sampler_params *p)
 {
     const cinfer_status E = CINFER_E_INVALID_ARG;
-    if (p->n_vocab < 1)
-        return cinfer_set_error(E, "n_vocab must be >= 1 (got %d)", p->n_vocab);
+    if (p->n_vocab < 1 || p->n_vocab > CINFER_SAMPLER_MAX_VOCAB)
+        return cinfer_set_error(E, "n_vocab must be in [1, %d] (got %d)",
+                                CINFER_SAMPLER_MAX_VOCAB, p->n_vocab);
     if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
         return cinfer_set_error(E, "temperature must be >= 0 and finite (got %g)",
                                 (double)p->temperature);
@@ -762,7 +857,7 @@ static cinfer_status build_plan(cinfer_sampler *s, const float *x, plan *pl)
         select_top_k(x, n, k, c);
         double z = 0.0;
         for (int32_t i = 0; i < k; i++) {
-            c[i].w = weight(c[i].logit, max, inv_t);
+            c[i].w = weight(c[i].logit, max, inv_t, 0.0f);
             z += c[i].w;
         }
         int32_t kept = k;
@@ -796,13 +891,17 @@ static cinfer_status build_plan(cinfer_sampler *s, const float *x, plan *pl)
     if (use_top_p) {
         double mass[N_BUCKETS] = {0};
         int32_t count[N_BUCKETS] = {0};
+        float w[CHUNK];
         double z = 0.0;
-        for (int32_t i = 0; i < n; i++) {
-            float w = weight(x[i], max, inv_t);
-            int b = bucket_of(x[i], max, inv_t);
-            mass[b] += w;
-            count[b]++;
-            z += w;
+        for (int32_t lo = 0; lo < n; lo += CHUNK) {
+            int32_t len = n - lo < CHUNK ? n - lo : CHUNK;
+            weights(x + lo, len, max, inv_t, 0.0f, w);
+            z += sum_weights(w, len);
+            for (int32_t i = 0; i < len; i++) {
+                int b = bucket_of(x[lo + i], max, inv_t);
+                mass[b] += w[i];
+                count[b]++;
+            }
         }
         double target = (double)s->p.top_p * z;
         int cb = cut_bucket(mass, target);
@@ -820,7 +919,7 @@ static cinfer_status build_plan(cinfer_sampler *s, const float *x, plan *pl)
             if (bucket_of(x[i], max, inv_t) <= cb) {
                 c[j].id = i;
                 c[j].logit = x[i];
-                c[j].w = weight(x[i], max, inv_t);
+                c[j].w = weight(x[i], max, inv_t, 0.0f);
                 j++;
             }
         }
@@ -833,17 +932,13 @@ static cinfer_status build_plan(cinfer_sampler *s, const float *x, plan *pl)
     }
 
     /* Whole row, min_p at most: per-chunk sums only. */
+    float w[CHUNK];
     double z = 0.0;
     for (int32_t c = 0; c < s->n_chunks; c++) {
-        int32_t lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
-        double acc = 0.0;
-        for (int32_t i = lo; i < hi; i++) {
-            float w = weight(x[i], max, inv_t);
-            if (w > 0.0f && w >= min_w)
-                acc += w;
-        }
-        s->chunk[c] = acc;
-        z += acc;
+        int32_t lo = c * CHUNK, len = n - lo < CHUNK ? n - lo : CHUNK;
+        weights(x + lo, len, max, inv_t, min_w, w);
+        s->chunk[c] = sum_weights(w, len);
+        z += s->chunk[c];
     }
     pl->kind = PLAN_SCAN;
     pl->max = max;
@@ -877,12 +972,6 @@ static cinfer_status prepare(cinfer_sampler *s, float *x, plan *pl)
     return st;
 }
 
-/* Weight of entry i in a SCAN plan, 0 if dropped. */
-static inline float scan_weight(const plan *pl, float logit)
-{
-    float w = weight(logit, pl->max, pl->inv_t);
-    return (w > 0.0f && w >= pl->min_w) ? w : 0.0f;
-}
 
 static int32_t draw(cinfer_sampler *s, const float *x, const plan *pl)
 {
@@ -913,15 +1002,16 @@ static int32_t draw(cinfer_sampler *s, const float *x, const plan *pl)
         cum = -INFINITY;   /* take the chunk's last kept token */
     }
     CINFER_ASSERT(c >= 0);
-    int32_t lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
+    float w[CHUNK];
+    int32_t lo = c * CHUNK, len = n - lo < CHUNK ? n - lo : CHUNK;
+    weights(x + lo, len, pl->max, pl->inv_t, pl->min_w, w);
     int32_t last = -1;
-    for (int32_t i = lo; i < hi; i++) {
-        float w = scan_weight(pl, x[i]);
-        if (w > 0.0f) {
-            last = i;
-            cum += w;
+    for (int32_t i = 0; i < len; i++) {
+        if (w[i] > 0.0f) {
+            last = lo + i;
+            cum += w[i];
             if (cum > target)
-                return i;
+                return lo + i;
         }
     }
     CINFER_ASSERT(last >= 0);
@@ -945,12 +1035,17 @@ static void fill_logprobs(const cinfer_sampler *s, const float *x,
     int32_t top_id[CINFER_SAMPLER_MAX_LOGPROBS];
     float top_v[CINFER_SAMPLER_MAX_LOGPROBS];
     int32_t n_have = 0;
+    double sum = 0.0;
+    float w[CHUNK];
+    for (int32_t lo = 0; lo < n; lo += CHUNK) {
+        int32_t len = n - lo < CHUNK ? n - lo : CHUNK;
+        weights(x + lo, len, max, 1.0f, 0.0f, w);
+        sum += sum_weights(w, len);
+    }
     const float xt = x[token];
     int64_t better = 0;
-    double sum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         float v = x[i];
-        sum += (double)expf(v - max);
         if (v > xt || (v == xt && i < token))
             better++;
         if (n_top == 0 || (n_have == n_top && !(v > top_v[n_top - 1])))
@@ -1042,7 +1137,7 @@ cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
         m = pl.n;
     } else {
         for (int32_t i = 0; i < s->p.n_vocab; i++)
-            m += scan_weight(&pl, logits[i]) > 0.0f;
+            m += weight(logits[i], pl.max, pl.inv_t, pl.min_w) > 0.0f;
     }
     *n_out = m;
     if (m > cap) {
@@ -1062,7 +1157,7 @@ cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
     } else {
         int32_t j = 0;
         for (int32_t i = 0; i < s->p.n_vocab; i++) {
-            float w = scan_weight(&pl, logits[i]);
+            float w = weight(logits[i], pl.max, pl.inv_t, pl.min_w);
             if (w > 0.0f) {
                 out[j].token = i;
                 out[j].p = (float)(w / pl.z);

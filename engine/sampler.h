@@ -18,7 +18,8 @@
  *   4. temperature < 1e-5 (vLLM's epsilon; 0 included): greedy, the argmax
  *      of the row with ties to the lowest id; stages 5-9 are skipped;
  *   5. top_k: keep the k largest logits (ties to the lower id);
- *   6. temperature: p ~ exp(logit / temperature), renormalized over the kept;
+ *   6. temperature: p ~ exp(logit / temperature), renormalized over the kept
+ *      (a token under e^-87 times the top token's weight counts as 0);
  *   7. top_p: keep the smallest most-likely prefix whose mass reaches top_p
  *      (sorted by logit, ties to the lower id);
  *   8. min_p: keep tokens with p >= min_p * p_max;
@@ -46,9 +47,11 @@
  *
  * Reproducibility: each sampler owns a xoshiro256** generator seeded through
  * splitmix64 from params.seed; a non-greedy sample draws exactly one 53-bit
- * uniform, a greedy one draws none. The same seed and the same sequence of
- * logits rows and accepts give the same tokens on every run and machine
- * (with the same float results from expf, i.e. the same libm).
+ * uniform, a greedy one draws none. The weights come from the sampler's own
+ * exp in plain IEEE single precision (no libm, no fused multiply-add), and
+ * every sum runs in a fixed order, so the same seed and the same sequence
+ * of logits rows and accepts give the same tokens on every run, machine
+ * and libm.
  *
  * Logprobs follow vLLM's default (raw logprobs): the log-softmax of the row
  * as the model produced it, before bias, masks, penalties and temperature.
@@ -90,6 +93,9 @@ typedef struct cinfer_sampler cinfer_sampler;
 /* Most top entries cinfer_logprobs can hold (OpenAI's and vLLM's limit). */
 #define CINFER_SAMPLER_MAX_LOGPROBS 20
 
+/* Largest vocabulary a sampler takes (2^28). */
+#define CINFER_SAMPLER_MAX_VOCAB (1 << 28)
+
 /* Temperatures below this are greedy (vLLM's _SAMPLING_EPS). */
 #define CINFER_SAMPLER_GREEDY_EPS 1e-5f
 
@@ -108,8 +114,8 @@ typedef struct {
 } cinfer_logit_bias;
 
 typedef struct {
-    int32_t n_vocab;          /* logits row length; required (0 = unset,
-                                 rejected) */
+    int32_t n_vocab;          /* logits row length, in [1, 2^28];
+                                 required (0 = unset, rejected) */
     float temperature;        /* softmax temperature, >= 0; below 1e-5
                                  (0 included) = greedy argmax; default 1 */
     int32_t top_k;            /* keep the k most likely tokens, >= 0;
