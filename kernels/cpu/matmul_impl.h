@@ -55,6 +55,7 @@ extern "C" {
 #if defined(__x86_64__) || defined(_M_X64)
 #define CINFER_MATMUL_X86 1
 #define CINFER_MATMUL_HAVE_AVX512 1
+#define CINFER_MATMUL_HAVE_AVX2 1
 #endif
 
 /* Portable C: the reference implementation of the order above. */
