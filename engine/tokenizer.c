@@ -341,6 +341,7 @@ struct cinfer_tokenizer {
                                one byte; SPM: <0xNN> or the byte itself) */
 
     /* Pre-tokenizer regexes, applied in order. */
+    int ignore_merges;
     pcre2_code *re[MAX_REGEX];
     int re_jit[MAX_REGEX];
     int n_re;
@@ -500,27 +501,40 @@ static const char RE_QWEN2[] =
     "|[" WS "]+(?![^" WS "])|[" WS "]+";
 
 typedef struct {
-    const char *names; /* '|'-separated tokenizer.ggml.pre values */
+    const char *names;     /* '|'-separated tokenizer.ggml.pre values */
     const char *re[MAX_REGEX];
+    int ignore_merges;     /* a piece that is a token as a whole is taken
+                              as is, without running the merges */
+    int add_bos;           /* default of add_bos_token */
 } pre_def;
 
-/* The `pre` names whose only effect in llama.cpp is the choice of these
- * regexes (names with further special cases there are not listed). */
+/* The `pre` names whose effect in llama.cpp is the choice of these regexes
+ * and flags (names with further special cases there are not listed). */
 static const pre_def PRE_DEFS[] = {
     /* llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT */
     {"default",
-     {"[\\p{P}$+<=>^~|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}},
+     {"[\\p{P}$+<=>^~|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"},
+     0,
+     0},
     {"gpt-2|phi-2|mpt|olmo|jais|exaone4|trillion|granite-docling|a.x-4.0|"
-     "gigachat|mellum|roberta-bpe",
-     {RE_GPT2, NULL, NULL, NULL}},
+     "gigachat|mellum",
+     {RE_GPT2, NULL, NULL, NULL},
+     0,
+     0},
     {"smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b|mellum2",
-     {"\\p{N}", RE_GPT2, NULL, NULL}},
-    {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|"
-     "dbrx|smaug-bpe",
-     {RE_LLAMA3, NULL, NULL, NULL}},
+     {"\\p{N}", RE_GPT2, NULL, NULL},
+     0,
+     0},
+    {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2",
+     {RE_LLAMA3, NULL, NULL, NULL},
+     1,
+     1},
+    {"dbrx|smaug-bpe", {RE_LLAMA3, NULL, NULL, NULL}, 0, 0},
     {"qwen2|deepseek-r1-qwen|kormo|f2llmv2|megrez|stablelm2|hunyuan|"
      "solar-open|grok-2",
-     {RE_QWEN2, NULL, NULL, NULL}},
+     {RE_QWEN2, NULL, NULL, NULL},
+     0,
+     0},
 };
 
 static int name_in_list(const char *list, const char *name)
@@ -1192,6 +1206,8 @@ cinfer_status cinfer_tokenizer_create(const cinfer_tokenizer_params *p,
                                   t->pre);
             goto fail;
         }
+        t->ignore_merges = pre->ignore_merges;
+        t->add_bos = pre->add_bos;
     } else {
         t->add_space_prefix = 1;
         t->add_bos = 1;
@@ -1594,6 +1610,13 @@ static cinfer_status bpe_piece(const cinfer_tokenizer *t, scratch *s,
     if (n > INT32_MAX)
         return cinfer_set_error(CINFER_E_RANGE, "tokenizer: a piece of %zu "
                                 "bytes is too long", n);
+    if (t->ignore_merges) {
+        int32_t k = strtab_find(&t->bstr, p, n);
+        if (k >= 0 && t->bstr.val[k] >= 0) {
+            sink_push(out, t->bstr.val[k]);
+            return CINFER_OK;
+        }
+    }
     if (ensure_symbols(s, n) != 0)
         return cinfer_set_error(CINFER_E_NOMEM, "tokenizer: out of memory");
     symbol *sym = s->sym;

@@ -18,8 +18,18 @@ as a GGUF file with the conventions of llama.cpp's converter (tokens, scores,
 token types with <0xNN> byte tokens, tokenizer.ggml.model = "llama"), then
 makes the same kind of goldens for it with llama.cpp.
 
+Other pre-tokenizers are checked with the default model's vocabulary and
+merges under another `tokenizer.ggml.pre` ("default", "gpt-2", "llama-bpe",
+"qwen2"): the script writes such vocabulary-only files to a temporary
+directory (the test builds the same files in memory) and records llama.cpp's
+tokens for them. SmolLM2 has no multi-digit tokens, which would hide how a
+pre-tokenizer groups digits, so these files append the tokens "00".."99" and
+"000".."999" with the merges that make them ("d d", then "dd d").
+
 Written:
   tokenizer_golden.tsv      default model goldens
+  tokenizer_golden_pre.tsv  the default model's vocabulary under other
+                            pre-tokenizers ("pre <name>" lines start each)
   spm_tiny.gguf             the tiny SentencePiece vocabulary (no tensors)
   tokenizer_golden_spm.tsv  its goldens
 
@@ -69,6 +79,7 @@ HAND = [
     "I'M SURE YOU'RE RIGHT, WE'VE SEEN THEY'LL SAY IT'S WHAT HE'D DO.",
     "The cat's toy; the CAT'S toy; 'tis; don't DON'T Don't",
     "'s 't 're 've 'm 'll 'd",
+    "it'sok IT'SOK we'REgood they'Veseen x'LLy I'Mhere 'dd 'Ss 'Tt",
     "'S 'T 'RE 'VE 'M 'LL 'D",
     "rock 'n' roll ''quoted'' '''",
     "It\u2019s curly \u2018quotes\u2019 and \u201cdouble\u201d",
@@ -159,6 +170,9 @@ HAND = [
     "no\u00a0break\u00a0space",
     "ideographic\u3000space",
     "next\u0085line",
+    "a \u0085b x\u0085 y \u0085\u0085\u0085 z",
+    "word\u00a0\u00a0word a\u3000 b tab\t\u0085\nx",
+    "\u2028\u2028a \u2029 b\u205f\u205f",
     "line\u2028separator\u2029paragraph",
     "em\u2003space en\u2002space thin\u2009space",
     "narrow\u202fnbsp math\u205fspace ogham\u1680space",
@@ -322,33 +336,43 @@ class Vocab:
         ]
 
 
-def write_goldens(path_model, path_out, strings, piece_ids, title):
+def header(path_model, title):
     sha = hashlib.sha256(open(path_model, "rb").read()).hexdigest()
-    voc = Vocab(path_model)
-    lines = [
+    return [
         f"# cinfer tokenizer goldens ({title}): made by "
         "scripts/goldens/tokenizer_goldens.py",
         "# llama.cpp from the llama-cpp-python 0.3.36 sdist (llama_tokenize, "
         "llama_token_to_piece)",
         f"# model {os.path.basename(path_model)} sha256 {sha}",
         "# meta <key> <value> | enc <add_special> <parse_special> <text hex> "
-        "<ids> | piece <id> <hex special=0> <hex special=1>",
+        "<ids> | piece <id> <hex special=0> <hex special=1> | pre <name>",
     ]
-    for k, val in voc.meta():
-        lines.append(f"meta\t{k}\t{val}")
-    n_enc = 0
+
+
+def enc_lines(voc, strings, all_modes=True):
+    lines = []
     for i, s in enumerate(strings):
         data = s.encode("utf-8")
         modes = [(0, 1)]
-        if "<" in s or i % 4 == 0:
+        if all_modes and ("<" in s or i % 4 == 0):
             modes.append((0, 0))
-        if i % 7 == 0:
+        if all_modes and i % 7 == 0:
             modes.append((1, 1))
         for add, parse in modes:
             ids = voc.tokenize(data, bool(add), bool(parse))
             lines.append(f"enc\t{add}\t{parse}\t{data.hex()}\t"
                          + " ".join(map(str, ids)))
-            n_enc += 1
+    return lines
+
+
+def write_goldens(path_model, path_out, strings, piece_ids, title):
+    voc = Vocab(path_model)
+    lines = header(path_model, title)
+    for k, val in voc.meta():
+        lines.append(f"meta\t{k}\t{val}")
+    enc = enc_lines(voc, strings)
+    n_enc = len(enc)
+    lines += enc
     for t in piece_ids:
         if t < voc.n:
             lines.append(f"piece\t{t}\t{voc.piece(t, False).hex()}\t"
@@ -356,6 +380,74 @@ def write_goldens(path_model, path_out, strings, piece_ids, title):
     open(path_out, "w").write("\n".join(lines) + "\n")
     print(f"{path_out}: {len(strings)} strings, {n_enc} encodings, "
           f"{len(piece_ids)} pieces")
+
+
+# ---------------------------------------------------------------------------
+# The default model's vocabulary under other pre-tokenizers
+# ---------------------------------------------------------------------------
+
+PRE_VARIANTS = ["default", "gpt-2", "llama-bpe", "qwen2"]
+
+
+def make_pre_variant(model, pre, path):
+    """A vocabulary-only copy of `model` with tokenizer.ggml.pre = pre."""
+    import gguf
+
+    r = gguf.GGUFReader(model)
+
+    def scalar(key):
+        f = r.fields[key]
+        return f.contents()
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    toks = [bytes(r.fields["tokenizer.ggml.tokens"].parts[i])
+            for i in r.fields["tokenizer.ggml.tokens"].data]
+    types = [int(x) for x in scalar("tokenizer.ggml.token_type")]
+    merges = [bytes(r.fields["tokenizer.ggml.merges"].parts[i]).decode()
+              for i in r.fields["tokenizer.ggml.merges"].data]
+    for i in range(100):
+        toks.append(f"{i:02d}".encode())
+        types.append(1)
+        merges.append(f"{i // 10} {i % 10}")
+    for i in range(1000):
+        toks.append(f"{i:03d}".encode())
+        types.append(1)
+        merges.append(f"{i // 10:02d} {i % 10}")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(int(scalar("tokenizer.ggml.bos_token_id")))
+    w.add_eos_token_id(int(scalar("tokenizer.ggml.eos_token_id")))
+    w.add_unk_token_id(int(scalar("tokenizer.ggml.unknown_token_id")))
+    w.add_pad_token_id(int(scalar("tokenizer.ggml.padding_token_id")))
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_pre_goldens(model, path_out, strings):
+    lines = header(model, "default model vocabulary, other pre-tokenizers")
+    with tempfile.TemporaryDirectory() as d:
+        for pre in PRE_VARIANTS:
+            path = os.path.join(d, f"vocab-{pre}.gguf")
+            make_pre_variant(model, pre, path)
+            voc = Vocab(path)
+            lines.append(f"pre\t{pre}")
+            lines += enc_lines(voc, strings, all_modes=False)
+    open(path_out, "w").write("\n".join(lines) + "\n")
+    print(f"{path_out}: {len(PRE_VARIANTS)} pre-tokenizers x "
+          f"{len(strings)} strings")
 
 
 # ---------------------------------------------------------------------------
@@ -488,6 +580,10 @@ def main():
                            [rng.randrange(vocab_n) for _ in range(400)]))
     write_goldens(model, os.path.join(outdir, "tokenizer_golden.tsv"),
                   strings, piece_ids, "default model")
+
+    pre_strings = [x for x in HAND if len(x) < 120] + random_strings(30, seed=77)
+    write_pre_goldens(model, os.path.join(outdir, "tokenizer_golden_pre.tsv"),
+                      pre_strings)
 
     spm_path = os.path.join(outdir, "spm_tiny.gguf")
     make_spm_gguf(spm_path)

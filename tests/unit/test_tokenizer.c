@@ -477,6 +477,157 @@ static void test_golden_spm(void)
     check_golden(spm_tok, "tokenizer_golden_spm.tsv");
 }
 
+/* The default model's vocabulary and merges under another pre-tokenizer,
+ * built in memory with the GGUF writer (as the golden script does). */
+static cinfer_tokenizer *variant_tokenizer(const char *pre)
+{
+    const char *mp = model_path();
+    cinfer_gguf_params gp = cinfer_gguf_default_params();
+    gp.path = mp;
+    cinfer_gguf *g;
+    if (!mp || cinfer_gguf_create(&gp, &g) != CINFER_OK)
+        return NULL;
+    cinfer_gguf_writer_params wp = cinfer_gguf_writer_default_params();
+    cinfer_gguf_writer *w;
+    CHECK_OK(cinfer_gguf_writer_create(&wp, &w));
+    CHECK_OK(cinfer_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    CHECK_OK(cinfer_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre));
+    /* plus "00".."99" and "000".."999" with their merges, so that digit
+     * grouping shows in the tokens */
+    const char *arrs[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"};
+    for (int k = 0; k < 2; k++) {
+        cinfer_gguf_arr a;
+        CHECK_OK(cinfer_gguf_get_arr(g, arrs[k], &a));
+        uint64_t n = a.n + 1100;
+        char **v = malloc(sizeof(char *) * n);
+        for (uint64_t i = 0; i < a.n; i++) {
+            cinfer_gguf_str str = cinfer_gguf_arr_str(&a, i);
+            v[i] = malloc(str.len + 1);
+            memcpy(v[i], str.ptr, str.len);
+            v[i][str.len] = 0;
+        }
+        for (unsigned i = 0; i < 1100; i++) {
+            char *e = malloc(32);
+            v[a.n + i] = e;
+            if (k == 0 && i < 100)
+                snprintf(e, 32, "%02u", i);
+            else if (k == 0)
+                snprintf(e, 32, "%03u", i - 100);
+            else if (i < 100)
+                snprintf(e, 32, "%u %u", i / 10, i % 10);
+            else
+                snprintf(e, 32, "%02u %u", (i - 100) / 10, (i - 100) % 10);
+        }
+        CHECK_OK(cinfer_gguf_writer_set_arr_str(w, arrs[k],
+                                                (const char *const *)v, n));
+        for (uint64_t i = 0; i < n; i++)
+            free(v[i]);
+        free(v);
+    }
+    cinfer_gguf_arr types;
+    CHECK_OK(cinfer_gguf_get_arr(g, "tokenizer.ggml.token_type", &types));
+    int32_t *tt = malloc(sizeof(int32_t) * (types.n + 1100));
+    memcpy(tt, types.data, sizeof(int32_t) * types.n);
+    for (int i = 0; i < 1100; i++)
+        tt[types.n + (uint64_t)i] = 1;
+    CHECK_OK(cinfer_gguf_writer_set_arr(w, "tokenizer.ggml.token_type",
+                                        CINFER_GGUF_INT32, tt,
+                                        types.n + 1100));
+    free(tt);
+    const char *ids[] = {"tokenizer.ggml.bos_token_id",
+                         "tokenizer.ggml.eos_token_id",
+                         "tokenizer.ggml.unknown_token_id",
+                         "tokenizer.ggml.padding_token_id"};
+    for (int k = 0; k < 4; k++) {
+        uint32_t v;
+        CHECK_OK(cinfer_gguf_get_u32(g, ids[k], &v));
+        CHECK_OK(cinfer_gguf_writer_set_u32(w, ids[k], v));
+    }
+    CHECK_OK(cinfer_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", 0));
+    cinfer_gguf_destroy(g);
+    void *buf;
+    size_t size;
+    CHECK_OK(cinfer_gguf_writer_write_mem(w, &buf, &size));
+    cinfer_gguf_writer_destroy(w);
+    gp = cinfer_gguf_default_params();
+    gp.data = buf;
+    gp.size = size;
+    cinfer_tokenizer *t = NULL;
+    if (cinfer_gguf_create(&gp, &g) == CINFER_OK) {
+        cinfer_tokenizer_params p = cinfer_tokenizer_default_params();
+        p.gguf = g;
+        CHECK_OK(cinfer_tokenizer_create(&p, &t));
+        cinfer_gguf_destroy(g);
+    }
+    free(buf);
+    return t;
+}
+
+static void test_golden_other_pre(void)
+{
+    if (!default_tok) {
+        harness_skip("default model absent");
+        return;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer_golden_pre.tsv",
+             CINFER_TEST_DATA);
+    FILE *fp = fopen(path, "rb");
+    CHECK(fp != NULL);
+    if (!fp)
+        return;
+    static char line[1 << 16];
+    cinfer_tokenizer *t = NULL;
+    char pre[64] = "";
+    size_t n_rec = 0, bad = 0, n_pre = 0;
+    while (fgets(line, sizeof line, fp)) {
+        size_t l = strlen(line);
+        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r'))
+            line[--l] = 0;
+        if (!l || line[0] == '#')
+            continue;
+        char *f[8];
+        int nf = split_tabs(line, f, 8);
+        if (strcmp(f[0], "pre") == 0 && nf >= 2) {
+            cinfer_tokenizer_destroy(t);
+            snprintf(pre, sizeof pre, "%s", f[1]);
+            t = variant_tokenizer(pre);
+            CHECK(t != NULL);
+            if (t)
+                CHECK_EQ_STR(cinfer_tokenizer_pre(t), pre);
+            n_pre++;
+            continue;
+        }
+        if (strcmp(f[0], "enc") != 0 || nf < 4 || !t)
+            continue;
+        size_t len, n_want, n;
+        char *text = unhex(f[3], strlen(f[3]), &len);
+        int32_t *want = parse_ids(nf >= 5 ? f[4] : "", &n_want);
+        int32_t *ids = encode_all(t, text, len, atoi(f[1]), atoi(f[2]), &n);
+        n_rec++;
+        if (!ids || n != n_want ||
+            memcmp(ids, want, n * sizeof(int32_t)) != 0) {
+            if (bad < 5) {
+                fprintf(stderr, "pre-tokenizer %s differs from llama.cpp:\n",
+                        pre);
+                print_text(text, len);
+                print_ids("llama.cpp", want, n_want);
+                if (ids)
+                    print_ids("cinfer   ", ids, n);
+            }
+            bad++;
+        }
+        free(ids);
+        free(want);
+        free(text);
+    }
+    fclose(fp);
+    cinfer_tokenizer_destroy(t);
+    CHECK_EQ_INT(n_pre, 4);
+    CHECK(n_rec >= 400);
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* ---- round trips and incremental decoding ------------------------------ */
 
 /* Byte-level BPE gives back the input bytes, except bytes the vocabulary has
@@ -1089,6 +1240,7 @@ int main(void)
 
     RUN(test_golden_default);
     RUN(test_golden_spm);
+    RUN(test_golden_other_pre);
     RUN(test_roundtrip_default);
     RUN(test_detok_splits_chars);
     RUN(test_detok_bytes);
