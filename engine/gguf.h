@@ -106,7 +106,8 @@ uint32_t cinfer_gguf_alignment(const cinfer_gguf *g);
 /* ---- metadata ---------------------------------------------------------- */
 
 uint64_t cinfer_gguf_n_kv(const cinfer_gguf *g);
-/* Key i (NUL-terminated, owned by the reader) and its type. */
+/* Key i (NUL-terminated, owned by the reader; NULL if i >= n_kv) and its
+ * type (i must be < n_kv). */
 const char *cinfer_gguf_kv_key(const cinfer_gguf *g, uint64_t i);
 cinfer_gguf_type cinfer_gguf_kv_type(const cinfer_gguf *g, uint64_t i);
 /* Index of `key`, or -1. */
@@ -129,12 +130,14 @@ cinfer_status cinfer_gguf_get_str(const cinfer_gguf *g, const char *key,
 cinfer_status cinfer_gguf_get_arr(const cinfer_gguf *g, const char *key,
                                   cinfer_gguf_arr *out);
 
-/* Element i of a STRING array (i < a->n). */
+/* Element i of a STRING array; {NULL, 0} if i >= a->n or the array is not
+ * a string array. O(1): element positions are recorded at parse time. */
 cinfer_gguf_str cinfer_gguf_arr_str(const cinfer_gguf_arr *a, uint64_t i);
 
 /* ---- tensors ----------------------------------------------------------- */
 
 uint64_t cinfer_gguf_n_tensors(const cinfer_gguf *g);
+/* Tensor i in file order; NULL if i >= n_tensors. */
 const cinfer_gguf_tensor *cinfer_gguf_tensor_at(const cinfer_gguf *g,
                                                 uint64_t i);
 /* NULL if absent. */
@@ -146,7 +149,8 @@ const cinfer_gguf_tensor *cinfer_gguf_find_tensor(const cinfer_gguf *g,
 typedef struct cinfer_gguf_writer cinfer_gguf_writer;
 
 typedef struct {
-    uint32_t alignment; /* data alignment in bytes, power of two; 0 = 32 */
+    uint32_t alignment; /* data alignment in bytes, power of two; 0 = 32;
+                           written as general.alignment when not 32 */
 } cinfer_gguf_writer_params;
 
 cinfer_gguf_writer_params cinfer_gguf_writer_default_params(void);
