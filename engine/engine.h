@@ -137,6 +137,10 @@ typedef struct {
     int64_t deadline_ns;          /* absolute, on the engine clock; 0 = none */
     void (*on_event)(void *user, const cinfer_engine_event *ev);
     void *user;
+    int logprobs;                 /* 1 = TOKENS events carry each chosen
+                                     token's logprob and, in `top`, the
+                                     sampling.n_logprobs most likely; 0 = no
+                                     logprobs */
 } cinfer_request_params;
 
 cinfer_request_params cinfer_request_default_params(void);

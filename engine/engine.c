@@ -1,0 +1,814 @@
+/*
+ * engine.c - the serving engine: request queue, engine thread, sampling,
+ * stop conditions and events (the public API of engine.h).
+ *
+ * Submitters (any thread) validate and build a request, then append it to
+ * the `incoming` list under the mutex and signal the engine thread. The
+ * engine thread loops:
+ *
+ *   1. take the incoming requests and the cancel list (under the mutex);
+ *   2. finish cancelled requests and those whose deadline passed;
+ *   3. schedule one step (scheduler.c) and run the model on it;
+ *   4. sample every sequence whose last row came out, check EOS, stop ids,
+ *      stop strings, max_tokens and the context end, and emit events;
+ *   5. publish the stats snapshot.
+ *
+ * It sleeps on the condition variable only when nothing is queued or
+ * running. Events are delivered on the engine thread with no lock held.
+ *
+ * Determinism: a request's tokens depend only on its own inputs. The CPU
+ * kernels are batch-invariant (a row's result does not depend on the other
+ * rows of the step), every sample has its own seeded sampler, and a
+ * preempted sequence keeps its sampler and text state and recomputes its
+ * K/V bit for bit, so batching, chunking and preemption change timing only.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_impl.h"
+
+#define MAX_SAMPLES 256
+
+const char *cinfer_finish_reason_name(cinfer_finish_reason r)
+{
+    switch (r) {
+    case CINFER_FINISH_NONE: return "NONE";
+    case CINFER_FINISH_LENGTH: return "LENGTH";
+    case CINFER_FINISH_EOS: return "EOS";
+    case CINFER_FINISH_STOP_SEQUENCE: return "STOP_SEQUENCE";
+    case CINFER_FINISH_STOP_TOKEN: return "STOP_TOKEN";
+    case CINFER_FINISH_CANCELLED: return "CANCELLED";
+    case CINFER_FINISH_TIME_LIMIT: return "TIME_LIMIT";
+    case CINFER_FINISH_ERROR: return "ERROR";
+    }
+    return "UNKNOWN";
+}
+
+cinfer_engine_params cinfer_engine_default_params(void)
+{
+    cinfer_engine_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
+cinfer_request_params cinfer_request_default_params(void)
+{
+    cinfer_request_params p;
+    memset(&p, 0, sizeof p);
+    p.sampling = cinfer_sampler_default_params();
+    p.max_tokens = 16;
+    p.n_samples = 1;
+    return p;
+}
+
+static int64_t now(const cinfer_engine *e)
+{
+    if (e->now_ns)
+        return e->now_ns(e->now_user);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------- */
+/* requests                                                               */
+/* ---------------------------------------------------------------------- */
+
+static void request_free(eng_request *r)
+{
+    if (!r)
+        return;
+    if (r->seqs) {
+        for (int k = 0; k < r->n_samples; k++) {
+            eng_seq *s = &r->seqs[k];
+            free(s->tokens);
+            free(s->blocks);
+            free(s->hashes);
+            cinfer_sampler_destroy(s->sampler);
+            cinfer_textstream_destroy(s->text);
+        }
+    }
+    free(r->seqs);
+    free(r->prompt);
+    free(r->stop_ids);
+    free(r);
+}
+
+static cinfer_status validate(const cinfer_engine *e,
+                              const cinfer_request_params *p)
+{
+    if (!p->prompt || p->n_prompt < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "prompt is empty (n_prompt must be >= 1)");
+    if (p->n_prompt > (size_t)e->ctx_cap)
+        return cinfer_set_error(CINFER_E_RANGE,
+                                "prompt has %zu tokens; the context holds %d",
+                                p->n_prompt, e->ctx_cap);
+    for (size_t i = 0; i < p->n_prompt; i++) {
+        if (p->prompt[i] < 0 || p->prompt[i] >= e->n_vocab)
+            return cinfer_set_error(CINFER_E_RANGE,
+                                    "prompt[%zu] = %d is outside the "
+                                    "vocabulary (0..%d)",
+                                    i, p->prompt[i], e->n_vocab - 1);
+    }
+    if (p->max_tokens < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "max_tokens must be >= 1 (got %d)",
+                                p->max_tokens);
+    if (p->min_tokens < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "min_tokens must be >= 0 (got %d)",
+                                p->min_tokens);
+    if (p->n_samples < 0 || p->n_samples > MAX_SAMPLES)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "n_samples must be in 0..%d (got %d)",
+                                MAX_SAMPLES, p->n_samples);
+    if (p->n_stop && !p->stop)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "stop is NULL with n_stop %zu", p->n_stop);
+    for (size_t i = 0; i < p->n_stop; i++) {
+        if (!p->stop[i] || !p->stop[i][0])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "stop[%zu] is empty", i);
+    }
+    if (p->n_stop_ids && !p->stop_ids)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "stop_ids is NULL with n_stop_ids %zu",
+                                p->n_stop_ids);
+    for (size_t i = 0; i < p->n_stop_ids; i++) {
+        if (p->stop_ids[i] < 0 || p->stop_ids[i] >= e->n_vocab)
+            return cinfer_set_error(CINFER_E_RANGE,
+                                    "stop_ids[%zu] = %d is outside the "
+                                    "vocabulary (0..%d)",
+                                    i, p->stop_ids[i], e->n_vocab - 1);
+    }
+    if (!p->on_event)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "on_event is NULL");
+    return CINFER_OK;
+}
+
+/* Builds a request with its samples (samplers and text streams included);
+ * nothing is shared with the engine yet. */
+static cinfer_status request_build(cinfer_engine *e,
+                                   const cinfer_request_params *p,
+                                   eng_request **out)
+{
+    cinfer_status st;
+    int32_t *eog = NULL;
+    *out = NULL;
+    eng_request *r = calloc(1, sizeof *r);
+    if (!r)
+        goto fail_nomem;
+    r->priority = p->priority;
+    r->deadline_ns = p->deadline_ns;
+    r->n_prompt = (int32_t)p->n_prompt;
+    r->max_tokens = p->max_tokens;
+    r->min_tokens = p->min_tokens > p->sampling.min_tokens
+                        ? p->min_tokens
+                        : p->sampling.min_tokens;
+    r->ignore_eos = p->ignore_eos ? 1 : 0;
+    r->logprobs = p->logprobs ? 1 : 0;
+    r->n_top = p->logprobs ? p->sampling.n_logprobs : 0;
+    r->n_samples = p->n_samples ? p->n_samples : 1;
+    r->on_event = p->on_event;
+    r->user = p->user;
+    r->prompt = malloc(sizeof *r->prompt * p->n_prompt);
+    if (!r->prompt)
+        goto fail_nomem;
+    memcpy(r->prompt, p->prompt, sizeof *r->prompt * p->n_prompt);
+    if (p->n_stop_ids) {
+        r->stop_ids = malloc(sizeof *r->stop_ids * p->n_stop_ids);
+        if (!r->stop_ids)
+            goto fail_nomem;
+        memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * p->n_stop_ids);
+        r->n_stop_ids = p->n_stop_ids;
+    }
+
+    /* Tokens masked while min_tokens is not reached: what would end the
+     * sample (EOS unless ignored, and the stop ids). */
+    size_t n_eog = (r->ignore_eos ? 0 : e->n_eog) + r->n_stop_ids;
+    if (n_eog) {
+        eog = malloc(sizeof *eog * n_eog);
+        if (!eog)
+            goto fail_nomem;
+        size_t k = 0;
+        if (!r->ignore_eos)
+            for (size_t i = 0; i < e->n_eog; i++)
+                eog[k++] = e->eog[i];
+        for (size_t i = 0; i < r->n_stop_ids; i++)
+            eog[k++] = r->stop_ids[i];
+    }
+    cinfer_sampler_params sp = p->sampling;
+    sp.n_vocab = e->n_vocab;
+    sp.min_tokens = r->min_tokens;
+    sp.eog_tokens = eog;
+    sp.n_eog_tokens = (int32_t)n_eog;
+
+    /* Prompt plus output fit the context; a prompt that fills it still
+     * gets the one token its last row predicts. */
+    int32_t cap = r->n_prompt + r->max_tokens;
+    if (r->max_tokens > e->ctx_cap || cap > e->ctx_cap)
+        cap = e->ctx_cap;
+    if (cap <= r->n_prompt)
+        cap = r->n_prompt + 1;
+    r->seqs = calloc((size_t)r->n_samples, sizeof *r->seqs);
+    if (!r->seqs)
+        goto fail_nomem;
+    for (int k = 0; k < r->n_samples; k++) {
+        eng_seq *s = &r->seqs[k];
+        s->req = r;
+        s->index = k;
+        s->cap = cap;
+        s->step_out = -1;
+        s->tokens = malloc(sizeof *s->tokens * (size_t)cap);
+        s->blocks = malloc(sizeof *s->blocks * (size_t)e->max_blocks);
+        if (e->prefix_cache)
+            s->hashes = malloc(sizeof *s->hashes * (size_t)e->max_blocks);
+        if (!s->tokens || !s->blocks || (e->prefix_cache && !s->hashes))
+            goto fail_nomem;
+        memcpy(s->tokens, r->prompt, sizeof *s->tokens * (size_t)r->n_prompt);
+        s->n_tokens = r->n_prompt;
+        sp.seed = p->sampling.seed + (uint64_t)k;
+        if ((st = cinfer_sampler_create(&sp, &s->sampler)) != CINFER_OK)
+            goto fail;
+        if ((st = cinfer_sampler_accept_prompt(s->sampler, r->prompt,
+                                               r->n_prompt)) != CINFER_OK)
+            goto fail;
+        cinfer_textstream_params tp = cinfer_textstream_default_params();
+        tp.tokenizer = e->tk;
+        tp.stop = p->stop;
+        tp.n_stop = p->n_stop;
+        if ((st = cinfer_textstream_create(&tp, &s->text)) != CINFER_OK)
+            goto fail;
+    }
+    free(eog);
+    *out = r;
+    return CINFER_OK;
+
+fail_nomem:
+    st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
+fail:
+    free(eog);
+    request_free(r);
+    return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* events and finishing                                                   */
+/* ---------------------------------------------------------------------- */
+
+static void emit_text(eng_seq *s, const int32_t *ids, size_t n_ids,
+                      const char *text, size_t len, const float *lp,
+                      const cinfer_token_logprob *top, int n_top)
+{
+    eng_request *r = s->req;
+    cinfer_engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = CINFER_EVENT_TOKENS;
+    ev.request_id = r->id;
+    ev.sample_index = s->index;
+    ev.ids = ids;
+    ev.n_ids = n_ids;
+    ev.text = text;
+    ev.text_len = len;
+    ev.logprobs = lp;
+    ev.top = top;
+    ev.n_top = top ? n_top : 0;
+    ev.message = "";
+    r->on_event(r->user, &ev);
+}
+
+static void publish(cinfer_engine *e);
+
+static void live_remove(cinfer_engine *e, eng_request *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        e->live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->next = r->prev = NULL;
+}
+
+/* Ends one sample: frees its blocks, takes it off its queue, releases the
+ * withheld text (unless a stop string cut it), sends FINISH, and frees the
+ * request after its last sample. */
+static void finish_seq(cinfer_engine *e, eng_seq *s, cinfer_finish_reason why,
+                       cinfer_status status, const char *message,
+                       int64_t t_ns)
+{
+    eng_request *r = s->req;
+    if (s->state == SEQ_RUNNING)
+        sched_running_remove(e, s);
+    else if (s->state == SEQ_WAITING)
+        sched_waiting_remove(e, s);
+    sched_release_blocks(e, s);
+    s->state = SEQ_FINISHED;
+
+    if (why != CINFER_FINISH_STOP_SEQUENCE && why != CINFER_FINISH_ERROR) {
+        const char *text;
+        size_t len;
+        if (cinfer_textstream_finish(s->text, &text, &len) == CINFER_OK &&
+            len)
+            emit_text(s, NULL, 0, text, len, NULL, NULL, 0);
+    }
+
+    int last = --r->n_live == 0;
+    if (last) {
+        e->st.requests_finished++;
+        if (r->cancelled)
+            e->st.requests_cancelled++;
+    }
+    /* Stats first: whoever reacts to the FINISH event sees them. */
+    publish(e);
+
+    cinfer_engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = CINFER_EVENT_FINISH;
+    ev.request_id = r->id;
+    ev.sample_index = s->index;
+    ev.finish = why;
+    ev.status = status;
+    ev.message = message ? message : "";
+    ev.prompt_tokens = r->n_prompt;
+    ev.completion_tokens = s->n_generated;
+    ev.cached_tokens = s->cached_tokens;
+    ev.queue_ns = (s->admitted ? s->first_sched_ns : t_ns) - r->submit_ns;
+    ev.ttft_ns = s->n_generated ? s->first_token_ns - r->submit_ns : 0;
+    ev.total_ns = t_ns - r->submit_ns;
+    r->on_event(r->user, &ev);
+
+    if (last) {
+        live_remove(e, r);
+        request_free(r);
+    }
+}
+
+/* Finishes every unfinished sample of r (r is freed with the last one). */
+static void finish_request(cinfer_engine *e, eng_request *r,
+                           cinfer_finish_reason why, cinfer_status status,
+                           const char *message, int64_t t_ns)
+{
+    int n = r->n_samples;
+    for (int k = 0; k < n; k++) {
+        if (r->seqs[k].state == SEQ_FINISHED)
+            continue;
+        int last = r->n_live == 1;
+        finish_seq(e, &r->seqs[k], why, status, message, t_ns);
+        if (last)
+            return;
+    }
+}
+
+static int is_stop_id(const eng_request *r, int32_t tok)
+{
+    for (size_t i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] == tok)
+            return 1;
+    return 0;
+}
+
+/* Samples the next token of s from its logits row and decides whether the
+ * sample ends. */
+static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
+{
+    eng_request *r = s->req;
+    cinfer_logprobs lp;
+    int32_t tok = -1;
+    cinfer_status st = cinfer_sampler_sample(s->sampler, row, &tok,
+                                             r->logprobs ? &lp : NULL);
+    if (st == CINFER_OK)
+        st = cinfer_sampler_accept(s->sampler, tok);
+    if (st != CINFER_OK) {
+        snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
+        finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
+        return;
+    }
+    CINFER_ASSERT(s->n_tokens < s->cap);
+    s->tokens[s->n_tokens++] = tok;
+    s->n_generated++;
+    e->st.generated_tokens++;
+    if (s->n_generated == 1)
+        s->first_token_ns = t_ns;
+
+    cinfer_finish_reason why = CINFER_FINISH_NONE;
+    int eligible = s->n_generated >= r->min_tokens;
+    int last = s->n_generated >= r->max_tokens || s->n_tokens >= s->cap;
+    const char *text = "";
+    size_t len = 0;
+    if (eligible && !r->ignore_eos && cinfer_tokenizer_is_eog(e->tk, tok)) {
+        why = CINFER_FINISH_EOS;
+    } else if (eligible && is_stop_id(r, tok)) {
+        why = CINFER_FINISH_STOP_TOKEN;
+    } else {
+        int stopped = 0;
+        st = cinfer_textstream_push(s->text, tok, eligible, last, &text, &len,
+                                    &stopped);
+        if (st != CINFER_OK) {
+            snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
+            finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
+            return;
+        }
+        if (stopped)
+            why = CINFER_FINISH_STOP_SEQUENCE;
+        else if (last)
+            why = CINFER_FINISH_LENGTH;
+    }
+
+    float logprob = 0.0f;
+    cinfer_token_logprob top[CINFER_SAMPLER_MAX_LOGPROBS];
+    int n_top = 0;
+    if (r->logprobs) {
+        logprob = lp.logprob;
+        n_top = lp.n_top < r->n_top ? lp.n_top : r->n_top;
+        for (int i = 0; i < n_top; i++) {
+            top[i].id = lp.top_tokens[i];
+            top[i].logprob = lp.top_logprobs[i];
+        }
+    }
+    emit_text(s, &tok, 1, text, len, r->logprobs ? &logprob : NULL,
+              n_top ? top : NULL, n_top);
+    if (why != CINFER_FINISH_NONE)
+        finish_seq(e, s, why, CINFER_OK, "", t_ns);
+}
+
+/* ---------------------------------------------------------------------- */
+/* the engine thread                                                      */
+/* ---------------------------------------------------------------------- */
+
+static void publish(cinfer_engine *e)
+{
+    cinfer_kv_cache_stats ks;
+    cinfer_kv_cache_get_stats(e->kv, &ks);
+    pthread_mutex_lock(&e->mu);
+    e->pub = e->st;
+    e->pub.running = e->n_running;
+    e->pub.waiting = e->n_waiting;
+    e->pub.kv_blocks_total = ks.n_blocks;
+    e->pub.kv_blocks_used = ks.n_used;
+    e->pub.kv_blocks_cached = ks.n_cached;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static eng_request *find_live(cinfer_engine *e, uint64_t id)
+{
+    for (eng_request *r = e->live; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* Moves newly submitted requests into the waiting queue. The queue's array
+ * is kept large enough for every unfinished sample, so that preemption
+ * never needs memory. */
+static void take_incoming(cinfer_engine *e, eng_request *list, int64_t t_ns)
+{
+    while (list) {
+        eng_request *r = list;
+        list = r->next;
+        r->next = e->live;
+        r->prev = NULL;
+        if (e->live)
+            e->live->prev = r;
+        e->live = r;
+        int need = e->n_waiting + e->n_running + r->n_samples;
+        if (need > e->cap_waiting) {
+            int cap = e->cap_waiting ? e->cap_waiting : 64;
+            while (cap < need)
+                cap *= 2;
+            eng_seq **nw = realloc(e->waiting, sizeof *nw * (size_t)cap);
+            if (!nw) {
+                finish_request(e, r, CINFER_FINISH_ERROR, CINFER_E_NOMEM,
+                               "engine: out of memory", t_ns);
+                continue;
+            }
+            e->waiting = nw;
+            e->cap_waiting = cap;
+        }
+        for (int k = 0; k < r->n_samples; k++) {
+            cinfer_status st = sched_waiting_insert(e, &r->seqs[k]);
+            CINFER_ASSERT(st == CINFER_OK);
+        }
+    }
+}
+
+static void drop_expired(cinfer_engine *e, int64_t t_ns)
+{
+    eng_request *r = e->live;
+    while (r) {
+        eng_request *next = r->next;
+        if (r->deadline_ns && t_ns >= r->deadline_ns)
+            finish_request(e, r, CINFER_FINISH_TIME_LIMIT, CINFER_OK, "", t_ns);
+        r = next;
+    }
+}
+
+static void run_step(cinfer_engine *e)
+{
+    int64_t t0 = now(e);
+    int rows = sched_schedule(e, t0);
+    if (rows == 0)
+        return;
+    cinfer_step step;
+    sched_build_step(e, &step);
+    cinfer_status st = cinfer_model_forward(e->model, &step, e->logits);
+    int64_t t1 = now(e);
+    e->st.steps++;
+    e->st.last_step_ns = t1;
+    if (st != CINFER_OK) {
+        snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
+        /* The step's sequences fail; the rest carry on. */
+        while (e->n_sched > 0) {
+            eng_seq *s = e->sched[--e->n_sched];
+            finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t1);
+        }
+        return;
+    }
+    sched_commit(e);
+    /* take_token may finish (and free) a sequence: copy the list first. */
+    int n = e->n_sched;
+    for (int k = 0; k < n; k++) {
+        eng_seq *s = e->sched[k];
+        if (s->step_out >= 0) {
+            float *row = e->logits + (size_t)s->step_out * (size_t)e->n_vocab;
+            take_token(e, s, row, t1);
+        }
+    }
+    e->n_sched = 0;
+}
+
+static void *engine_main(void *arg)
+{
+    cinfer_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->in_head && !e->n_cancels &&
+               (e->paused || (!e->n_running && !e->n_waiting)))
+            pthread_cond_wait(&e->cv, &e->mu);
+        eng_request *in = e->in_head;
+        e->in_head = e->in_tail = NULL;
+        e->n_incoming = 0;
+        /* swap the cancel list with the thread's buffer */
+        uint64_t *c = e->cancels;
+        size_t n_c = e->n_cancels, cap_c = e->cap_cancels;
+        e->cancels = e->cancel_buf;
+        e->cap_cancels = e->cap_cancel_buf;
+        e->n_cancels = 0;
+        e->cancel_buf = c;
+        e->cap_cancel_buf = cap_c;
+        int stop = e->stop, paused = e->paused;
+        pthread_mutex_unlock(&e->mu);
+
+        int64_t t = now(e);
+        take_incoming(e, in, t);
+        for (size_t i = 0; i < n_c; i++) {
+            eng_request *r = find_live(e, e->cancel_buf[i]);
+            if (r) {
+                r->cancelled = 1;
+                finish_request(e, r, CINFER_FINISH_CANCELLED, CINFER_OK, "", t);
+            }
+        }
+        if (stop) {
+            while (e->live) {
+                e->live->cancelled = 1;
+                finish_request(e, e->live, CINFER_FINISH_CANCELLED, CINFER_OK,
+                               "", t);
+            }
+            publish(e);
+            break;
+        }
+        drop_expired(e, t);
+        if (!paused && (e->n_running || e->n_waiting))
+            run_step(e);
+        publish(e);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* public API                                                             */
+/* ---------------------------------------------------------------------- */
+
+cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
+                                   cinfer_engine **out)
+{
+    cinfer_status st;
+    *out = NULL;
+    if (!p || !p->model)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "engine: params or params.model is NULL");
+    if (p->max_seqs < 0 || p->max_batched_tokens < 0 || p->max_queued < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "engine: max_seqs, max_batched_tokens and "
+                                "max_queued must be >= 0");
+    cinfer_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
+    e->model = p->model;
+    e->info = cinfer_model_get_info(p->model);
+    e->tk = cinfer_model_tokenizer(p->model);
+    e->max_seqs = p->max_seqs ? p->max_seqs : 64;
+    e->max_batched = p->max_batched_tokens ? p->max_batched_tokens : 512;
+    e->max_queued = p->max_queued;
+    e->prefix_cache = p->prefix_cache ? 1 : 0;
+    e->now_ns = p->now_ns;
+    e->now_user = p->now_user;
+    e->block_size = e->info->block_size;
+    e->n_vocab = e->info->n_vocab;
+    int64_t kv_tokens = (int64_t)e->info->n_kv_blocks * e->block_size;
+    e->ctx_cap = e->info->n_ctx < kv_tokens ? e->info->n_ctx
+                                            : (int32_t)kv_tokens;
+    e->max_blocks = (e->ctx_cap + e->block_size - 1) / e->block_size;
+    cinfer_tokenizer_eog_ids(e->tk, &e->eog, &e->n_eog);
+    if (e->max_seqs > 65536 || e->max_batched > (1 << 20) ||
+        e->ctx_cap < 1) {
+        st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                              "engine: max_seqs (%d) or max_batched_tokens "
+                              "(%d) too large, or the model has no KV cache",
+                              e->max_seqs, e->max_batched);
+        goto fail;
+    }
+
+    cinfer_kv_cache_params kp = cinfer_kv_cache_default_params();
+    kp.n_blocks = e->info->n_kv_blocks;
+    kp.block_size = e->block_size;
+    kp.prefix_cache = e->prefix_cache;
+    if ((st = cinfer_kv_cache_create(&kp, &e->kv)) != CINFER_OK)
+        goto fail;
+
+    size_t rows = (size_t)e->max_batched, seqs = (size_t)e->max_seqs;
+    e->max_out = e->max_seqs < e->max_batched ? e->max_seqs : e->max_batched;
+    e->running = malloc(sizeof *e->running * seqs);
+    e->sched = malloc(sizeof *e->sched * seqs);
+    e->s_tokens = malloc(sizeof(int32_t) * rows);
+    e->s_pos = malloc(sizeof(int32_t) * rows);
+    e->s_row_seq = malloc(sizeof(int32_t) * rows);
+    e->s_slots = malloc(sizeof(int32_t) * rows);
+    e->s_out_rows = malloc(sizeof(int32_t) * rows);
+    e->s_tables = malloc(sizeof(int32_t) * seqs * (size_t)e->max_blocks);
+    e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
+    if (!e->running || !e->sched || !e->s_tokens || !e->s_pos ||
+        !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_tables ||
+        !e->logits) {
+        st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    if (pthread_mutex_init(&e->mu, NULL) != 0) {
+        st = cinfer_set_error(CINFER_E_INTERNAL, "engine: mutex init failed");
+        goto fail;
+    }
+    if (pthread_cond_init(&e->cv, NULL) != 0) {
+        pthread_mutex_destroy(&e->mu);
+        st = cinfer_set_error(CINFER_E_INTERNAL, "engine: condvar init failed");
+        goto fail;
+    }
+    e->pub.kv_blocks_total = e->info->n_kv_blocks;
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        pthread_cond_destroy(&e->cv);
+        pthread_mutex_destroy(&e->mu);
+        st = cinfer_set_error(CINFER_E_INTERNAL,
+                              "engine: cannot start the engine thread");
+        goto fail;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return CINFER_OK;
+
+fail:
+    cinfer_kv_cache_destroy(e->kv);
+    free(e->running);
+    free(e->sched);
+    free(e->s_tokens);
+    free(e->s_pos);
+    free(e->s_row_seq);
+    free(e->s_slots);
+    free(e->s_out_rows);
+    free(e->s_tables);
+    free(e->logits);
+    free(e);
+    return st;
+}
+
+void cinfer_engine_destroy(cinfer_engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    /* the thread finished every request before it returned */
+    CINFER_ASSERT(!e->live && !e->in_head);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    cinfer_kv_cache_destroy(e->kv);
+    free(e->waiting);
+    free(e->running);
+    free(e->sched);
+    free(e->cancels);
+    free(e->cancel_buf);
+    free(e->s_tokens);
+    free(e->s_pos);
+    free(e->s_row_seq);
+    free(e->s_slots);
+    free(e->s_out_rows);
+    free(e->s_tables);
+    free(e->logits);
+    free(e);
+}
+
+cinfer_status cinfer_engine_submit(cinfer_engine *e,
+                                   const cinfer_request_params *p,
+                                   uint64_t *request_id)
+{
+    if (!e || !p)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "engine: engine or params is NULL");
+    cinfer_status st = validate(e, p);
+    if (st != CINFER_OK)
+        return st;
+    eng_request *r;
+    if ((st = request_build(e, p, &r)) != CINFER_OK)
+        return st;
+    r->submit_ns = now(e);
+    r->n_live = r->n_samples;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        request_free(r);
+        return cinfer_set_error(CINFER_E_UNAVAILABLE,
+                                "engine: shutting down");
+    }
+    int queued = e->pub.waiting + e->n_incoming;
+    if (e->max_queued && queued + r->n_samples > e->max_queued) {
+        pthread_mutex_unlock(&e->mu);
+        request_free(r);
+        return cinfer_set_error(CINFER_E_EXHAUSTED,
+                                "engine: %d requests queued (max_queued %d)",
+                                queued, e->max_queued);
+    }
+    r->id = ++e->next_id;
+    r->arrival = r->id;
+    r->next = NULL;
+    if (e->in_tail)
+        e->in_tail->next = r;
+    else
+        e->in_head = r;
+    e->in_tail = r;
+    e->n_incoming += r->n_samples;
+    uint64_t id = r->id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (request_id)
+        *request_id = id;
+    return CINFER_OK;
+}
+
+void cinfer_engine_cancel(cinfer_engine *e, uint64_t request_id)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancels == e->cap_cancels) {
+        size_t cap = e->cap_cancels ? 2 * e->cap_cancels : 16;
+        uint64_t *nc = realloc(e->cancels, sizeof *nc * cap);
+        if (!nc) {
+            /* Out of memory: the request runs to its end instead. */
+            pthread_mutex_unlock(&e->mu);
+            return;
+        }
+        e->cancels = nc;
+        e->cap_cancels = cap;
+    }
+    e->cancels[e->n_cancels++] = request_id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->pub;
+    out->waiting += e->n_incoming;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void cinfer_engine_pause(cinfer_engine *e, int paused)
+{
+    pthread_mutex_lock(&e->mu);
+    e->paused = paused ? 1 : 0;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int cinfer_engine_check_kv(cinfer_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int ok = cinfer_kv_cache_check(e->kv);
+    pthread_mutex_unlock(&e->mu);
+    return ok;
+}

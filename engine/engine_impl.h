@@ -1,0 +1,197 @@
+/*
+ * engine_impl.h - the serving engine's internals, shared by engine.c (the
+ * public API, the engine thread, sampling and events) and scheduler.c
+ * (queues, admission, preemption, building a step).
+ *
+ * Ownership: a request is created by cinfer_engine_submit and handed to the
+ * engine thread through the `incoming` list; from then on only the engine
+ * thread touches it, and frees it when its last sample finishes. Each
+ * sample is one sequence (eng_seq) with its own tokens, block table,
+ * sampler and text stream; the samples of one request share the prompt's
+ * KV blocks.
+ *
+ * Locking: `mu` guards the fields marked (mu): the incoming list, the
+ * cancel list, the stop/pause flags and the published stats. Everything
+ * else belongs to the engine thread. Events are delivered with `mu`
+ * released, so a callback may submit, cancel and read stats.
+ */
+#ifndef CINFER_ENGINE_IMPL_H
+#define CINFER_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "detok.h"
+#include "engine.h"
+#include "kv_cache.h"
+
+typedef struct eng_request eng_request;
+typedef struct eng_seq eng_seq;
+
+typedef enum {
+    SEQ_NEW = 0,     /* built by submit, not queued yet */
+    SEQ_WAITING,     /* in the waiting queue, holds no blocks */
+    SEQ_RUNNING,     /* in the running set, holds its blocks */
+    SEQ_FINISHED,    /* done; its FINISH event went out */
+} eng_seq_state;
+
+struct eng_seq {
+    eng_request *req;
+    int index; /* sample index */
+    eng_seq_state state;
+
+    int32_t *tokens;    /* [cap] prompt, then the generated tokens */
+    int32_t n_tokens;
+    int32_t cap;        /* n_prompt + max_tokens, at most the context */
+    int32_t n_computed; /* tokens whose K/V is in this seq's blocks */
+    int32_t n_generated;
+
+    int32_t *blocks;    /* [max_blocks] block table */
+    int32_t n_blocks;
+    uint64_t *hashes;   /* [max_blocks] prefix keys of the first n_hashed
+                           blocks (prefix cache only) */
+    int32_t n_hashed;
+
+    cinfer_sampler *sampler;
+    cinfer_textstream *text;
+
+    int32_t cached_tokens; /* prompt tokens reused at first admission */
+    int admitted;          /* admitted at least once */
+    int64_t first_sched_ns;
+    int64_t first_token_ns;
+
+    /* this step */
+    int32_t step_rows;  /* rows scheduled */
+    int32_t step_out;   /* index of its logits row, or -1 */
+    int step_prefill;   /* 1 if the rows count as prefill */
+};
+
+struct eng_request {
+    uint64_t id;
+    uint64_t arrival; /* submit order, breaks priority ties */
+    int priority;
+    int64_t deadline_ns;
+    int64_t submit_ns;
+
+    int32_t *prompt;
+    int32_t n_prompt;
+    int32_t max_tokens;
+    int32_t min_tokens;
+    int ignore_eos;
+    int32_t *stop_ids;
+    size_t n_stop_ids;
+    int logprobs;
+    int n_top;
+
+    int n_samples;
+    int n_live;       /* samples not finished yet */
+    int cancelled;    /* cancel was processed */
+    eng_seq *seqs;    /* [n_samples] */
+
+    void (*on_event)(void *user, const cinfer_engine_event *ev);
+    void *user;
+
+    eng_request *next; /* incoming list (mu), then the live list */
+    eng_request *prev; /* live list */
+};
+
+struct cinfer_engine {
+    cinfer_model *model;
+    const cinfer_model_info *info;
+    const cinfer_tokenizer *tk;
+    int max_seqs;
+    int max_batched;
+    int max_queued;
+    int prefix_cache;
+    int64_t (*now_ns)(void *user);
+    void *now_user;
+
+    int32_t block_size;
+    int32_t ctx_cap;    /* most tokens one sequence may hold */
+    int32_t max_blocks; /* blocks one sequence may hold */
+    int32_t n_vocab;
+    const int32_t *eog; /* end-of-generation ids (tokenizer's) */
+    size_t n_eog;
+
+    cinfer_kv_cache *kv;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    /* (mu) */
+    eng_request *in_head, *in_tail;
+    int n_incoming;      /* samples in the incoming list */
+    uint64_t *cancels;
+    size_t n_cancels, cap_cancels;
+    int stop;
+    int paused;
+    uint64_t next_id;
+    cinfer_engine_stats pub; /* published at the end of each iteration */
+
+    /* engine thread */
+    eng_request *live;   /* every request the thread holds */
+    eng_seq **waiting;   /* sorted: priority desc, arrival, sample index */
+    int n_waiting, cap_waiting;
+    eng_seq **running;   /* same order; at most max_seqs */
+    int n_running;
+    eng_seq **sched;     /* this step's sequences, in row order */
+    int n_sched;
+    cinfer_engine_stats st; /* counters, copied into pub */
+    uint64_t *cancel_buf; /* the thread's copy of the cancel list */
+    size_t cap_cancel_buf;
+
+    /* step scratch */
+    int32_t *s_tokens, *s_pos, *s_row_seq, *s_slots, *s_out_rows;
+    int32_t *s_tables;   /* [max_seqs, max_blocks] */
+    float *logits;       /* [max_out, n_vocab] */
+    int max_out;
+    char errbuf[256];
+};
+
+/* ---- scheduler.c --------------------------------------------------------
+ * Queues and the per-step schedule. Engine thread only. */
+
+/* Orders sequences: higher priority first, then earlier arrival, then lower
+ * sample index. */
+int sched_before(const eng_seq *a, const eng_seq *b);
+
+cinfer_status sched_waiting_insert(cinfer_engine *e, eng_seq *s);
+void sched_waiting_remove(cinfer_engine *e, eng_seq *s);
+void sched_running_remove(cinfer_engine *e, eng_seq *s);
+
+/* Releases every block of s (last block first, so a shared prefix outlives
+ * its tail in the LRU order). */
+void sched_release_blocks(cinfer_engine *e, eng_seq *s);
+
+/* Takes s off the running set, frees its blocks, and queues it again; its
+ * tokens are kept and recomputed when it is admitted again. */
+void sched_preempt(cinfer_engine *e, eng_seq *s);
+
+/* Chooses this step's rows: running decodes, running prefill chunks, then
+ * admissions, within max_batched tokens and max_seqs, preempting the
+ * newest running sequence when a running one needs a block and none is
+ * free. Fills e->sched (with step_rows set) and returns the row count. */
+int sched_schedule(cinfer_engine *e, int64_t now_ns);
+
+/* Writes the scheduled rows into the step arrays and sets each sequence's
+ * step_out. */
+void sched_build_step(cinfer_engine *e, cinfer_step *step);
+
+/* After a successful forward: advances n_computed and registers newly full
+ * blocks in the prefix cache. */
+void sched_commit(cinfer_engine *e);
+
+/* ---- engine.c (test hooks) ---------------------------------------------- */
+
+/* While paused the engine thread takes submissions and cancellations but
+ * runs no step, so a test can queue many requests and release them into
+ * one batch. Thread-safe. */
+void cinfer_engine_pause(cinfer_engine *e, int paused);
+
+/* Runs the kv_cache consistency walk on the engine thread's allocator; only
+ * valid while the thread is idle (paused, or nothing queued). */
+int cinfer_engine_check_kv(cinfer_engine *e);
+
+#endif /* CINFER_ENGINE_IMPL_H */

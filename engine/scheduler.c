@@ -1,0 +1,401 @@
+/*
+ * scheduler.c - iteration-level scheduling over the paged KV cache.
+ *
+ * Each engine iteration picks the rows of one forward step (Orca's
+ * iteration-level scheduling, vLLM's block manager):
+ *
+ *   1. Running decodes: one row each, in queue order (priority, arrival).
+ *   2. Running prefills (long prompts in chunks, or sequences recomputing
+ *      after preemption): as many rows as the token budget leaves.
+ *   3. Admissions from the waiting queue, in order, while the budget, the
+ *      sequence cap and free blocks allow; none in a step that preempted.
+ *
+ * Decodes go first so that a long prefill never stalls the streams already
+ * producing tokens; prefills then fill the rest of max_batched_tokens.
+ *
+ * Blocks: a sequence holds ceil(n_computed_after_step / block_size) blocks.
+ * When a running sequence needs a block and none is free (free or evictable
+ * cached), the newest running sequence (lowest priority, latest arrival) is
+ * preempted: its blocks are released and it goes back to the waiting queue
+ * with its tokens, to be recomputed as one longer prompt. If the newest is
+ * the one asking, it is the one preempted. A sequence never needs more than
+ * the whole cache (the engine caps its length), so the oldest running
+ * sequence always progresses. A running prefill whose chunk does not fit
+ * takes a shorter chunk before anything is preempted.
+ *
+ * Reuse at admission: with the prefix cache, full blocks whose token prefix
+ * is registered are taken from the cache (hash chain lookup); without it,
+ * samples of one request share the prompt blocks a running sibling has
+ * computed. Either way the last token is always computed, so its logits
+ * come out, and shared blocks are full (nobody writes to them).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_impl.h"
+
+/* ---------------------------------------------------------------------- */
+/* queues                                                                 */
+/* ---------------------------------------------------------------------- */
+
+int sched_before(const eng_seq *a, const eng_seq *b)
+{
+    if (a->req->priority != b->req->priority)
+        return a->req->priority > b->req->priority;
+    if (a->req->arrival != b->req->arrival)
+        return a->req->arrival < b->req->arrival;
+    return a->index < b->index;
+}
+
+/* Index where s goes in a sorted array. */
+static int position(eng_seq *const *arr, int n, const eng_seq *s)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (sched_before(arr[mid], s))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void insert_at(eng_seq **arr, int *n, int at, eng_seq *s)
+{
+    memmove(arr + at + 1, arr + at, sizeof *arr * (size_t)(*n - at));
+    arr[at] = s;
+    (*n)++;
+}
+
+static void remove_from(eng_seq **arr, int *n, const eng_seq *s)
+{
+    for (int i = 0; i < *n; i++) {
+        if (arr[i] == s) {
+            memmove(arr + i, arr + i + 1, sizeof *arr * (size_t)(*n - i - 1));
+            (*n)--;
+            return;
+        }
+    }
+    CINFER_ASSERT(!"sequence not in its queue");
+}
+
+cinfer_status sched_waiting_insert(cinfer_engine *e, eng_seq *s)
+{
+    if (e->n_waiting == e->cap_waiting) {
+        int cap = e->cap_waiting ? 2 * e->cap_waiting : 64;
+        eng_seq **nw = realloc(e->waiting, sizeof *nw * (size_t)cap);
+        if (!nw)
+            return cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
+        e->waiting = nw;
+        e->cap_waiting = cap;
+    }
+    insert_at(e->waiting, &e->n_waiting,
+              position(e->waiting, e->n_waiting, s), s);
+    s->state = SEQ_WAITING;
+    return CINFER_OK;
+}
+
+void sched_waiting_remove(cinfer_engine *e, eng_seq *s)
+{
+    remove_from(e->waiting, &e->n_waiting, s);
+}
+
+void sched_running_remove(cinfer_engine *e, eng_seq *s)
+{
+    remove_from(e->running, &e->n_running, s);
+}
+
+static void running_insert(cinfer_engine *e, eng_seq *s)
+{
+    CINFER_ASSERT(e->n_running < e->max_seqs);
+    insert_at(e->running, &e->n_running,
+              position(e->running, e->n_running, s), s);
+    s->state = SEQ_RUNNING;
+}
+
+/* ---------------------------------------------------------------------- */
+/* blocks                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static int32_t blocks_for(const cinfer_engine *e, int32_t n_tokens)
+{
+    return (n_tokens + e->block_size - 1) / e->block_size;
+}
+
+void sched_release_blocks(cinfer_engine *e, eng_seq *s)
+{
+    for (int32_t i = s->n_blocks - 1; i >= 0; i--)
+        cinfer_kv_cache_release(e->kv, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_computed = 0;
+    s->n_hashed = 0;
+}
+
+/* Allocates blocks so that s can hold n_tokens; the caller checked that
+ * enough are available. */
+static void grow_to(cinfer_engine *e, eng_seq *s, int32_t n_tokens)
+{
+    int32_t need = blocks_for(e, n_tokens);
+    CINFER_ASSERT(need <= e->max_blocks);
+    while (s->n_blocks < need) {
+        int32_t b = cinfer_kv_cache_alloc(e->kv);
+        CINFER_ASSERT(b >= 0);
+        s->blocks[s->n_blocks++] = b;
+    }
+}
+
+void sched_preempt(cinfer_engine *e, eng_seq *s)
+{
+    sched_running_remove(e, s);
+    sched_release_blocks(e, s);
+    s->step_rows = 0;
+    /* Memory was checked when the request came in: the queue grows only
+     * on submit, so this insert has room. */
+    cinfer_status st = sched_waiting_insert(e, s);
+    CINFER_ASSERT(st == CINFER_OK);
+    e->st.preemptions++;
+}
+
+/* Takes s off this step's schedule (it is about to be preempted). */
+static void unschedule(cinfer_engine *e, eng_seq *s, int *budget)
+{
+    for (int i = 0; i < e->n_sched; i++) {
+        if (e->sched[i] == s) {
+            *budget += s->step_rows;
+            s->step_rows = 0;
+            memmove(e->sched + i, e->sched + i + 1,
+                    sizeof *e->sched * (size_t)(e->n_sched - i - 1));
+            e->n_sched--;
+            return;
+        }
+    }
+}
+
+/* Reused full blocks for a sequence being admitted: prefix-cache hits, or
+ * the prompt blocks of a running sibling. Takes a reference on each and
+ * sets n_blocks, n_hashed, n_computed. Leaves at least one token to
+ * compute. */
+static void reuse_prefix(cinfer_engine *e, eng_seq *s)
+{
+    int32_t bs = e->block_size;
+    int32_t limit = (s->n_tokens - 1) / bs; /* full blocks we may reuse */
+    s->n_blocks = 0;
+    s->n_hashed = 0;
+    if (e->prefix_cache) {
+        uint64_t parent = CINFER_KV_ROOT_HASH;
+        for (int32_t i = 0; i < limit; i++) {
+            const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
+            uint64_t h = cinfer_kv_cache_hash(parent, t, bs);
+            int32_t b = cinfer_kv_cache_lookup(e->kv, parent, h, t);
+            if (b < 0)
+                break;
+            s->blocks[s->n_blocks++] = b;
+            s->hashes[s->n_hashed++] = h;
+            parent = h;
+        }
+    } else if (s->req->n_samples > 1) {
+        const eng_request *r = s->req;
+        int32_t lim = limit < r->n_prompt / bs ? limit : r->n_prompt / bs;
+        const eng_seq *best = NULL;
+        int32_t best_n = 0;
+        for (int k = 0; k < r->n_samples; k++) {
+            const eng_seq *o = &r->seqs[k];
+            if (o == s || o->state != SEQ_RUNNING)
+                continue;
+            int32_t n = o->n_computed / bs;
+            if (n > lim)
+                n = lim;
+            if (n > best_n) {
+                best = o;
+                best_n = n;
+            }
+        }
+        for (int32_t i = 0; i < best_n; i++) {
+            cinfer_kv_cache_retain(e->kv, best->blocks[i]);
+            s->blocks[s->n_blocks++] = best->blocks[i];
+        }
+    }
+    s->n_computed = s->n_blocks * bs;
+}
+
+/* A sample waits while a sibling is still computing the prompt it could
+ * share. */
+static int wait_for_sibling(const cinfer_engine *e, const eng_seq *s)
+{
+    const eng_request *r = s->req;
+    if (r->n_samples < 2 || r->n_prompt <= e->block_size)
+        return 0;
+    for (int k = 0; k < r->n_samples; k++) {
+        const eng_seq *o = &r->seqs[k];
+        if (o != s && o->state == SEQ_RUNNING && o->n_computed < r->n_prompt)
+            return 1;
+    }
+    return 0;
+}
+
+static void add_sched(cinfer_engine *e, eng_seq *s, int32_t rows)
+{
+    s->step_rows = rows;
+    s->step_prefill = s->n_generated == 0 || s->n_tokens - s->n_computed > 1;
+    e->sched[e->n_sched++] = s;
+}
+
+/* ---------------------------------------------------------------------- */
+/* the schedule                                                           */
+/* ---------------------------------------------------------------------- */
+
+int sched_schedule(cinfer_engine *e, int64_t now_ns)
+{
+    int budget = e->max_batched;
+    int preempted = 0;
+    int32_t bs = e->block_size;
+    e->n_sched = 0;
+    for (int i = 0; i < e->n_running; i++)
+        e->running[i]->step_rows = 0;
+
+    /* 1-2: running sequences, decodes then prefills */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_running && budget > 0; i++) {
+            eng_seq *s = e->running[i];
+            int32_t remaining = s->n_tokens - s->n_computed;
+            CINFER_ASSERT(remaining >= 1);
+            if ((remaining == 1) != (pass == 0) || s->step_rows)
+                continue;
+            int32_t rows = remaining < budget ? remaining : budget;
+            if (pass == 1) {
+                /* a shorter chunk rather than a preemption */
+                int32_t fit = (s->n_blocks + cinfer_kv_cache_available(e->kv)) *
+                                  bs - s->n_computed;
+                if (fit > 0 && fit < rows)
+                    rows = fit;
+            }
+            int self = 0;
+            while (blocks_for(e, s->n_computed + rows) - s->n_blocks >
+                   cinfer_kv_cache_available(e->kv)) {
+                eng_seq *victim = e->running[e->n_running - 1];
+                preempted = 1;
+                if (victim == s) {
+                    sched_preempt(e, s);
+                    self = 1;
+                    break;
+                }
+                unschedule(e, victim, &budget);
+                sched_preempt(e, victim);
+            }
+            if (self) {
+                i--; /* s left the array; the loop ends since it was last */
+                continue;
+            }
+            grow_to(e, s, s->n_computed + rows);
+            add_sched(e, s, rows);
+            budget -= rows;
+        }
+    }
+
+    /* 3: admissions */
+    for (int j = 0; !preempted && j < e->n_waiting && budget > 0 &&
+                    e->n_running < e->max_seqs;) {
+        eng_seq *s = e->waiting[j];
+        if (wait_for_sibling(e, s)) {
+            j++;
+            continue;
+        }
+        reuse_prefix(e, s);
+        int32_t remaining = s->n_tokens - s->n_computed;
+        int32_t rows = remaining < budget ? remaining : budget;
+        int32_t need = blocks_for(e, s->n_computed + rows) - s->n_blocks;
+        if (need > cinfer_kv_cache_available(e->kv)) {
+            sched_release_blocks(e, s);
+            break; /* first come, first served: nobody jumps the queue */
+        }
+        grow_to(e, s, s->n_computed + rows);
+        sched_waiting_remove(e, s);
+        running_insert(e, s);
+        if (!s->admitted) {
+            s->admitted = 1;
+            s->first_sched_ns = now_ns;
+            int32_t reused = s->n_computed < s->req->n_prompt
+                                 ? s->n_computed
+                                 : s->req->n_prompt;
+            s->cached_tokens = reused;
+            e->st.cached_tokens += (uint64_t)reused;
+        }
+        add_sched(e, s, rows);
+        budget -= rows;
+    }
+
+    int rows = 0;
+    for (int i = 0; i < e->n_sched; i++)
+        rows += e->sched[i]->step_rows;
+    return rows;
+}
+
+void sched_build_step(cinfer_engine *e, cinfer_step *step)
+{
+    int32_t bs = e->block_size;
+    int32_t stride = 1;
+    for (int k = 0; k < e->n_sched; k++)
+        if (e->sched[k]->n_blocks > stride)
+            stride = e->sched[k]->n_blocks;
+    int32_t n = 0, n_out = 0;
+    for (int k = 0; k < e->n_sched; k++) {
+        eng_seq *s = e->sched[k];
+        int32_t *tab = e->s_tables + (size_t)k * (size_t)stride;
+        memcpy(tab, s->blocks, sizeof *tab * (size_t)s->n_blocks);
+        for (int32_t i = s->n_blocks; i < stride; i++)
+            tab[i] = 0;
+        for (int32_t j = 0; j < s->step_rows; j++, n++) {
+            int32_t pos = s->n_computed + j;
+            e->s_tokens[n] = s->tokens[pos];
+            e->s_pos[n] = pos;
+            e->s_row_seq[n] = k;
+            e->s_slots[n] = s->blocks[pos / bs] * bs + pos % bs;
+        }
+        if (s->n_computed + s->step_rows == s->n_tokens) {
+            s->step_out = n_out;
+            e->s_out_rows[n_out++] = n - 1;
+        } else {
+            s->step_out = -1;
+        }
+    }
+    memset(step, 0, sizeof *step);
+    step->n_rows = n;
+    step->n_seqs = e->n_sched;
+    step->block_size = bs;
+    step->max_blocks = stride;
+    step->tokens = e->s_tokens;
+    step->positions = e->s_pos;
+    step->row_seq = e->s_row_seq;
+    step->slots = e->s_slots;
+    step->block_tables = e->s_tables;
+    if (n_out == 0) {
+        /* The model wants at least one output row; this one is ignored. */
+        e->s_out_rows[n_out++] = n - 1;
+    }
+    step->n_out = n_out;
+    step->out_rows = e->s_out_rows;
+}
+
+void sched_commit(cinfer_engine *e)
+{
+    int32_t bs = e->block_size;
+    for (int k = 0; k < e->n_sched; k++) {
+        eng_seq *s = e->sched[k];
+        s->n_computed += s->step_rows;
+        if (s->step_prefill)
+            e->st.prompt_tokens += (uint64_t)s->step_rows;
+        if (!e->prefix_cache)
+            continue;
+        int32_t full = s->n_computed / bs;
+        for (int32_t i = s->n_hashed; i < full; i++) {
+            const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
+            uint64_t parent = i ? s->hashes[i - 1] : CINFER_KV_ROOT_HASH;
+            uint64_t h = cinfer_kv_cache_hash(parent, t, bs);
+            s->hashes[i] = h;
+            cinfer_kv_cache_publish(e->kv, s->blocks[i], parent, h, t);
+        }
+        if (full > s->n_hashed)
+            s->n_hashed = full;
+    }
+}
