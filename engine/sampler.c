@@ -42,16 +42,16 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-#define CHUNK 1024         /* tokens per partial weight sum */
-#define N_BUCKETS 512      /* top_p histogram buckets */
+#define CHUNK 1024    /* tokens per partial weight sum */
+#define N_BUCKETS 512 /* top_p histogram buckets */
 #define BUCKETS_PER_NAT 8.0f
-#define SORT_ALL_MAX 256   /* top_k sets up to this size are sorted whole */
+#define SORT_ALL_MAX 256 /* top_k sets up to this size are sorted whole */
 #define TAB_MIN_CAP 64u
 
 enum { COUNT_REP = 1, COUNT_FREQ = 2 };
 
 typedef struct {
-    int32_t token; /* -1 = empty */
+    int32_t token;  /* -1 = empty */
     int32_t n_rep;  /* occurrences feeding repetition_penalty */
     int32_t n_freq; /* occurrences feeding presence/frequency penalties */
 } pen_slot;
@@ -90,16 +90,16 @@ struct cinfer_sampler {
     int32_t *eog;
     cinfer_logit_bias *bias;
     uint64_t rng[4];
-    int penalties;       /* some penalty is not neutral */
-    int32_t n_accepted;  /* output tokens accepted */
+    int penalties;      /* some penalty is not neutral */
+    int32_t n_accepted; /* output tokens accepted */
 
-    pen_slot *tab;       /* NULL until the first counted token */
-    uint32_t tab_cap;    /* power of two */
-    uint32_t tab_used;   /* non-empty slots (zero counts included) */
-    int tab_shift;       /* 32 - log2(tab_cap) */
+    pen_slot *tab;     /* NULL until the first counted token */
+    uint32_t tab_cap;  /* power of two */
+    uint32_t tab_used; /* non-empty slots (zero counts included) */
+    int tab_shift;     /* 32 - log2(tab_cap) */
 
-    ring_ent *ring;      /* penalty_last_n entries, or NULL */
-    int32_t ring_head;   /* next write; the oldest entry once full */
+    ring_ent *ring;    /* penalty_last_n entries, or NULL */
+    int32_t ring_head; /* next write; the oldest entry once full */
     int32_t ring_count;
 
     cand *cand;
@@ -107,7 +107,7 @@ struct cinfer_sampler {
     undo_ent *undo;
     int32_t undo_cap;
     int32_t n_undo;
-    double *chunk;       /* [n_chunks] weight sums */
+    double *chunk; /* [n_chunks] weight sums */
     int32_t n_chunks;
 };
 
@@ -444,7 +444,8 @@ static cinfer_status validate(const cinfer_sampler_params *p)
         return cinfer_set_error(E, "n_vocab must be in [1, %d] (got %d)",
                                 CINFER_SAMPLER_MAX_VOCAB, p->n_vocab);
     if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
-        return cinfer_set_error(E, "temperature must be >= 0 and finite (got %g)",
+        return cinfer_set_error(E,
+                                "temperature must be >= 0 and finite (got %g)",
                                 (double)p->temperature);
     if (p->top_k < 0)
         return cinfer_set_error(E, "top_k must be >= 0, 0 = off (got %d)",
@@ -456,17 +457,20 @@ static cinfer_status validate(const cinfer_sampler_params *p)
         return cinfer_set_error(E, "min_p must be in [0, 1] (got %g)",
                                 (double)p->min_p);
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
-        return cinfer_set_error(E,
-                                "repetition_penalty must be > 0 and finite (got %g)",
-                                (double)p->repetition_penalty);
+        return cinfer_set_error(
+            E, "repetition_penalty must be > 0 and finite (got %g)",
+            (double)p->repetition_penalty);
     if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return cinfer_set_error(E, "presence_penalty must be in [-2, 2] (got %g)",
+        return cinfer_set_error(E,
+                                "presence_penalty must be in [-2, 2] (got %g)",
                                 (double)p->presence_penalty);
     if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return cinfer_set_error(E, "frequency_penalty must be in [-2, 2] (got %g)",
+        return cinfer_set_error(E,
+                                "frequency_penalty must be in [-2, 2] (got %g)",
                                 (double)p->frequency_penalty);
     if (p->penalty_last_n < 0)
-        return cinfer_set_error(E, "penalty_last_n must be >= 0, 0 = all (got %d)",
+        return cinfer_set_error(E,
+                                "penalty_last_n must be >= 0, 0 = all (got %d)",
                                 p->penalty_last_n);
     if (p->penalty_prompt != CINFER_PENALTY_PROMPT_REPETITION &&
         p->penalty_prompt != CINFER_PENALTY_PROMPT_NONE &&
@@ -487,9 +491,9 @@ static cinfer_status validate(const cinfer_sampler_params *p)
                                 p->n_eog_tokens);
     for (int32_t i = 0; i < p->n_eog_tokens; i++)
         if (p->eog_tokens[i] < 0 || p->eog_tokens[i] >= p->n_vocab)
-            return cinfer_set_error(E,
-                                    "eog_tokens[%d] = %d is outside [0, n_vocab = %d)",
-                                    i, p->eog_tokens[i], p->n_vocab);
+            return cinfer_set_error(
+                E, "eog_tokens[%d] = %d is outside [0, n_vocab = %d)", i,
+                p->eog_tokens[i], p->n_vocab);
     if (p->n_logit_bias < 0)
         return cinfer_set_error(E, "n_logit_bias must be >= 0 (got %d)",
                                 p->n_logit_bias);
@@ -499,13 +503,13 @@ static cinfer_status validate(const cinfer_sampler_params *p)
     for (int32_t i = 0; i < p->n_logit_bias; i++) {
         const cinfer_logit_bias *b = &p->logit_bias[i];
         if (b->token < 0 || b->token >= p->n_vocab)
-            return cinfer_set_error(E,
-                                    "logit_bias[%d].token = %d is outside [0, n_vocab = %d)",
-                                    i, b->token, p->n_vocab);
+            return cinfer_set_error(
+                E, "logit_bias[%d].token = %d is outside [0, n_vocab = %d)", i,
+                b->token, p->n_vocab);
         if (!(b->bias < INFINITY)) /* NaN or +inf */
-            return cinfer_set_error(E,
-                                    "logit_bias[%d].bias must be finite or -inf (got %g)",
-                                    i, (double)b->bias);
+            return cinfer_set_error(
+                E, "logit_bias[%d].bias must be finite or -inf (got %g)", i,
+                (double)b->bias);
     }
     return CINFER_OK;
 }
@@ -535,7 +539,8 @@ cinfer_status cinfer_sampler_create(const cinfer_sampler_params *p,
         s->bias = malloc((size_t)p->n_logit_bias * sizeof *s->bias);
         if (!s->bias)
             goto fail_alloc;
-        memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+        memcpy(s->bias, p->logit_bias,
+               (size_t)p->n_logit_bias * sizeof *s->bias);
     }
     s->p.logit_bias = s->bias;
     s->penalties = p->repetition_penalty != 1.0f ||
@@ -589,14 +594,15 @@ cinfer_status cinfer_sampler_accept_prompt(cinfer_sampler *s,
     if (!s || n < 0 || (n > 0 && !tokens))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_accept_prompt: %s",
-                                !s ? "s is NULL"
-                                   : n < 0 ? "n must be >= 0"
-                                           : "tokens is NULL");
+                                !s      ? "s is NULL"
+                                : n < 0 ? "n must be >= 0"
+                                        : "tokens is NULL");
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= s->p.n_vocab)
-            return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                    "prompt token [%d] = %d is outside [0, n_vocab = %d)",
-                                    i, tokens[i], s->p.n_vocab);
+            return cinfer_set_error(
+                CINFER_E_INVALID_ARG,
+                "prompt token [%d] = %d is outside [0, n_vocab = %d)", i,
+                tokens[i], s->p.n_vocab);
     int flags = s->p.penalty_prompt == CINFER_PENALTY_PROMPT_ALL
                     ? COUNT_REP | COUNT_FREQ
                 : s->p.penalty_prompt == CINFER_PENALTY_PROMPT_REPETITION
@@ -615,11 +621,13 @@ cinfer_status cinfer_sampler_accept_prompt(cinfer_sampler *s,
 cinfer_status cinfer_sampler_accept(cinfer_sampler *s, int32_t token)
 {
     if (!s)
-        return cinfer_set_error(CINFER_E_INVALID_ARG, "sampler_accept: s is NULL");
-    if (token < 0 || token >= s->p.n_vocab)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_accept: token %d is outside [0, n_vocab = %d)",
-                                token, s->p.n_vocab);
+                                "sampler_accept: s is NULL");
+    if (token < 0 || token >= s->p.n_vocab)
+        return cinfer_set_error(
+            CINFER_E_INVALID_ARG,
+            "sampler_accept: token %d is outside [0, n_vocab = %d)", token,
+            s->p.n_vocab);
     if (s->penalties) {
         cinfer_status st = tab_reserve(s, 1);
         if (st != CINFER_OK)
@@ -672,7 +680,8 @@ static void apply_stages(cinfer_sampler *s, float *x)
 {
     s->n_undo = 0;
     for (int32_t i = 0; i < s->p.n_logit_bias; i++)
-        set_logit(s, x, s->bias[i].token, x[s->bias[i].token] + s->bias[i].bias);
+        set_logit(s, x, s->bias[i].token,
+                  x[s->bias[i].token] + s->bias[i].bias);
     if (s->n_accepted < s->p.min_tokens)
         for (int32_t i = 0; i < s->p.n_eog_tokens; i++)
             set_logit(s, x, s->eog[i], -INFINITY);
@@ -716,8 +725,8 @@ static void select_top_k(const float *x, int32_t n, int32_t k, cand *out)
     static const int widths[3] = {11, 11, 10};
     uint32_t hist[1u << 11];
     uint32_t prefix = 0, mask = 0;
-    int64_t need = k;      /* still to take from inside the current prefix */
-    int64_t quota_eq = k;  /* how many entries equal to the threshold to take */
+    int64_t need = k;     /* still to take from inside the current prefix */
+    int64_t quota_eq = k; /* how many entries equal to the threshold to take */
     int settled = 0;
 
     for (int pass = 0; pass < 3 && !settled; pass++) {
@@ -812,9 +821,9 @@ static int32_t keep_min_w(cand *c, int32_t n, float min_w, double *z)
 
 static cinfer_status all_masked(void)
 {
-    return cinfer_set_error(CINFER_E_RANGE,
-                            "no token left to sample: every logit is -inf after "
-                            "logit_bias, min_tokens masking and penalties");
+    return cinfer_set_error(
+        CINFER_E_RANGE, "no token left to sample: every logit is -inf after "
+                        "logit_bias, min_tokens masking and penalties");
 }
 
 /* Stages 4-8 over the processed row x. */
@@ -972,7 +981,6 @@ static cinfer_status prepare(cinfer_sampler *s, float *x, plan *pl)
     return st;
 }
 
-
 static int32_t draw(cinfer_sampler *s, const float *x, const plan *pl)
 {
     if (pl->kind == PLAN_GREEDY)
@@ -1077,11 +1085,14 @@ cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
     if (!s || !logits || !lp)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_logprobs: %s is NULL",
-                                !s ? "s" : !logits ? "logits" : "lp");
+                                !s        ? "s"
+                                : !logits ? "logits"
+                                          : "lp");
     if (token < 0 || token >= s->p.n_vocab)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_logprobs: token %d is outside [0, n_vocab = %d)",
-                                token, s->p.n_vocab);
+        return cinfer_set_error(
+            CINFER_E_INVALID_ARG,
+            "sampler_logprobs: token %d is outside [0, n_vocab = %d)", token,
+            s->p.n_vocab);
     float max;
     int32_t bad = scan_max(logits, s->p.n_vocab, &max);
     if (bad >= 0)
@@ -1102,7 +1113,9 @@ cinfer_status cinfer_sampler_sample(cinfer_sampler *s, float *logits,
     if (!s || !logits || !token)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_sample: %s is NULL",
-                                !s ? "s" : !logits ? "logits" : "token");
+                                !s        ? "s"
+                                : !logits ? "logits"
+                                          : "token");
     plan pl;
     cinfer_status st = prepare(s, logits, &pl);
     if (st != CINFER_OK)
@@ -1122,10 +1135,11 @@ cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
     if (!s || !logits || !n_out || (cap > 0 && !out) || cap < 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_candidates: bad argument (%s)",
-                                !s ? "s is NULL"
+                                !s        ? "s is NULL"
                                 : !logits ? "logits is NULL"
-                                : !n_out ? "n_out is NULL"
-                                : cap < 0 ? "cap < 0" : "out is NULL");
+                                : !n_out  ? "n_out is NULL"
+                                : cap < 0 ? "cap < 0"
+                                          : "out is NULL");
     plan pl;
     cinfer_status st = prepare(s, logits, &pl);
     if (st != CINFER_OK)
@@ -1142,9 +1156,9 @@ cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
     *n_out = m;
     if (m > cap) {
         restore(s, logits);
-        return cinfer_set_error(CINFER_E_RANGE,
-                                "sampler_candidates: %d candidates, room for %d",
-                                m, cap);
+        return cinfer_set_error(
+            CINFER_E_RANGE, "sampler_candidates: %d candidates, room for %d", m,
+            cap);
     }
     if (pl.kind == PLAN_GREEDY) {
         out[0].token = pl.token;

@@ -13,8 +13,9 @@
  *   2. min_tokens: while fewer than min_tokens tokens were accepted, the
  *      eog_tokens get -INFINITY;
  *   3. penalties, over the token counts kept by accept (see below):
- *      repetition: logit > 0 ? logit / r : logit * r   (r = repetition_penalty)
- *      then logit -= frequency_penalty * count + presence_penalty * (count > 0);
+ *      repetition: logit > 0 ? logit / r : logit * r  (r = repetition_penalty),
+ *      then, if count > 0, logit -= frequency_penalty * count, and
+ *      logit -= presence_penalty;
  *   4. temperature < 1e-5 (vLLM's epsilon; 0 included): greedy, the argmax
  *      of the row with ties to the lowest id; stages 5-9 are skipped;
  *   5. top_k: keep the k largest logits (ties to the lower id);

@@ -9,6 +9,8 @@
  * log-softmax. Golden token ids pin the PRNG so a change of generator or
  * draw shows up.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,7 +185,7 @@ static void test_greedy(void)
     uint64_t rng = 11;
     cinfer_sampler_params p = params_v(V);
     p.temperature = 0.0f;
-    p.top_k = 5;  /* ignored when greedy */
+    p.top_k = 5; /* ignored when greedy */
     p.top_p = 0.5f;
     cinfer_sampler *s = make(&p);
     p.temperature = 5e-6f; /* below the greedy epsilon */
@@ -422,7 +424,7 @@ static void test_draws_match_candidates(void)
 {
     enum { V = 3000, HEAVY = 12 };
     static float x[V];
-    static const int32_t heavy[HEAVY] = {0, 5, 1000, 1022, 1023, 1024,
+    static const int32_t heavy[HEAVY] = {0,    5,    1000, 1022, 1023, 1024,
                                          1025, 2047, 2048, 2500, 2998, 2999};
     static cinfer_token_prob out[V];
     static int32_t bin[V];
@@ -483,8 +485,10 @@ static void test_draws_match_candidates(void)
             chi2 += (obs[b] - ex) * (obs[b] - ex) / ex;
             df++;
         }
-        fprintf(stderr, "  variant %d: %d candidates, chi2 = %.2f (df %d, bound %.2f)\n",
-                variant, n, chi2, df, chi2_bound(df));
+        fprintf(
+            stderr,
+            "  variant %d: %d candidates, chi2 = %.2f (df %d, bound %.2f)\n",
+            variant, n, chi2, df, chi2_bound(df));
         CHECK(df >= 10);
         CHECK(chi2 < chi2_bound(df));
         cinfer_sampler_destroy(s);
@@ -533,7 +537,7 @@ static void test_seed_reproducible(void)
 
     /* Golden ids: on a flat row the draw is floor(u * V), u the top 53 bits
      * of xoshiro256** seeded by splitmix64. */
-    static const int32_t golden42[10] = {83, 378, 680, 924, 991,
+    static const int32_t golden42[10] = {83,  378, 680, 924, 991,
                                          769, 719, 850, 761, 583};
     static const int32_t golden0[10] = {601, 747, 103, 416, 732,
                                         999, 422, 535, 855, 918};
@@ -550,6 +554,55 @@ static void test_seed_reproducible(void)
             CHECK_OK(cinfer_sampler_sample(s, x, &t, NULL));
             CHECK_EQ_INT(t, g == 0 ? golden42[i] : golden0[i]);
         }
+        cinfer_sampler_destroy(s);
+    }
+}
+
+/* Pins the whole pipeline bit for bit: token sequences over the real
+ * vocabulary size through every path, hashed, against values recorded once.
+ * They must be the same under every compiler, optimization level and CPU
+ * (gcc and clang, -O0 to -O3 -march=native were checked); a change means
+ * the same seed now draws other tokens, which is a visible change of
+ * behaviour to be made on purpose. */
+static void test_golden_sequences(void)
+{
+    enum { V = 49152, STEPS = 60 };
+    static float x[V];
+    static const struct {
+        float temp, top_p, min_p;
+        int32_t top_k;
+        uint64_t hash;
+    } cfg[] = {
+        {1.0f, 1.0f, 0.0f, 0, 0xaea712109b0e4a3dULL},    /* whole row */
+        {0.7f, 0.9f, 0.0f, 0, 0xad71f3c26a8e3d32ULL},    /* top_p */
+        {0.8f, 1.0f, 0.05f, 0, 0x1c841ecab0bba66aULL},   /* min_p */
+        {0.9f, 0.95f, 0.02f, 60, 0x1a06cbc62b0bb4c7ULL}, /* all three */
+        {1.3f, 1.0f, 0.0f, 3000, 0xc81058c8af739a9fULL}, /* large top_k */
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        cinfer_sampler_params p = params_v(V);
+        p.temperature = cfg[c].temp;
+        p.top_p = cfg[c].top_p;
+        p.min_p = cfg[c].min_p;
+        p.top_k = cfg[c].top_k;
+        p.seed = c * 1000 + 7;
+        p.repetition_penalty = 1.05f;
+        p.frequency_penalty = 0.1f;
+        cinfer_sampler *s = make(&p);
+        if (!s)
+            return;
+        uint64_t rng = 99, h = 1469598103934665603ULL; /* FNV-1a */
+        for (int step = 0; step < STEPS; step++) {
+            fill_row(x, V, &rng, 3.0f, 0);
+            for (int j = 0; j < 8; j++)
+                x[harness_rand(&rng) % V] += 6.0f;
+            int32_t t = -1;
+            CHECK_OK(cinfer_sampler_sample(s, x, &t, NULL));
+            CHECK_OK(cinfer_sampler_accept(s, t));
+            h = (h ^ (uint32_t)t) * 1099511628211ULL;
+        }
+        fprintf(stderr, "  config %zu: 0x%016llx\n", c, (unsigned long long)h);
+        CHECK_EQ_INT(h, cfg[c].hash);
         cinfer_sampler_destroy(s);
     }
 }
@@ -579,19 +632,31 @@ static void test_penalties_exact(void)
         float want[6];
         const char *name;
     } cases[] = {
-        {CINFER_PENALTY_PROMPT_REPETITION, 0,
-         {1.0f, 1.0f, -4.75f, 1.0f, -1.0f, 0.5f}, "vllm"},
-        {CINFER_PENALTY_PROMPT_NONE, 0,
-         {1.0f, 2.0f, -4.75f, 1.0f, -1.0f, 0.5f}, "none"},
-        {CINFER_PENALTY_PROMPT_ALL, 0,
-         {1.0f, 0.0f, -5.0f, 1.0f, -1.0f, 0.5f}, "all"},
-        {CINFER_PENALTY_PROMPT_REPETITION, 2,
-         {1.0f, 2.0f, -2.0f, 1.0f, -1.0f, 0.5f}, "last 2"},
-        {CINFER_PENALTY_PROMPT_REPETITION, 4,
-         {1.0f, 2.0f, -4.75f, 1.0f, -1.0f, 0.5f}, "last 4"},
+        {CINFER_PENALTY_PROMPT_REPETITION,
+         0,
+         {1.0f, 1.0f, -4.75f, 1.0f, -1.0f, 0.5f},
+         "vllm"},
+        {CINFER_PENALTY_PROMPT_NONE,
+         0,
+         {1.0f, 2.0f, -4.75f, 1.0f, -1.0f, 0.5f},
+         "none"},
+        {CINFER_PENALTY_PROMPT_ALL,
+         0,
+         {1.0f, 0.0f, -5.0f, 1.0f, -1.0f, 0.5f},
+         "all"},
+        {CINFER_PENALTY_PROMPT_REPETITION,
+         2,
+         {1.0f, 2.0f, -2.0f, 1.0f, -1.0f, 0.5f},
+         "last 2"},
+        {CINFER_PENALTY_PROMPT_REPETITION,
+         4,
+         {1.0f, 2.0f, -4.75f, 1.0f, -1.0f, 0.5f},
+         "last 4"},
         /* window [1, 2 | 2, 3, 3]: token 1 is 2 / 2 - 0.25 - 0.5 */
-        {CINFER_PENALTY_PROMPT_ALL, 5,
-         {1.0f, 0.25f, -5.0f, 1.0f, -1.0f, 0.5f}, "all, last 5"},
+        {CINFER_PENALTY_PROMPT_ALL,
+         5,
+         {1.0f, 0.25f, -5.0f, 1.0f, -1.0f, 0.5f},
+         "all, last 5"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cinfer_sampler_params p = params_v(6);
@@ -614,8 +679,7 @@ static void test_penalties_exact(void)
     }
     /* Negative penalties reward; bias and min_tokens masking come first. */
     const int32_t eog[2] = {4, 3};
-    const cinfer_logit_bias bias[3] = {
-        {5, 1.5f}, {0, -INFINITY}, {5, 0.25f}};
+    const cinfer_logit_bias bias[3] = {{5, 1.5f}, {0, -INFINITY}, {5, 0.25f}};
     cinfer_sampler_params p = params_v(6);
     p.repetition_penalty = 0.5f;
     p.presence_penalty = -1.0f;
@@ -632,8 +696,8 @@ static void test_penalties_exact(void)
     float x[6];
     memcpy(x, raw, sizeof x);
     CHECK_OK(cinfer_sampler_process_logits(s, x));
-    const float want0[6] = {-INFINITY, 2.0f, -2.0f, -INFINITY, -INFINITY,
-                            2.25f};
+    const float want0[6] = {-INFINITY, 2.0f,      -2.0f,
+                            -INFINITY, -INFINITY, 2.25f};
     expect_row(x, want0, 6, "bias + min_tokens");
     /* Sample: greedy picks token 5 (2.25) and the row comes back raw. */
     memcpy(x, raw, sizeof x);
@@ -800,49 +864,69 @@ static void test_logprobs(void)
     cinfer_sampler_destroy(s);
 }
 
+/* Creating with `p` fails with CINFER_E_INVALID_ARG, a message holding
+ * `want`, and *out untouched. */
+static void expect_invalid(const cinfer_sampler_params *p, const char *want,
+                           int line)
+{
+    cinfer_sampler *sentinel = (cinfer_sampler *)&sentinel;
+    cinfer_sampler *s = sentinel;
+    cinfer_status st = cinfer_sampler_create(p, &s);
+    if (st != CINFER_E_INVALID_ARG || s != sentinel ||
+        !strstr(cinfer_last_error(), want)) {
+        fprintf(stderr, "  line %d: status %d, message \"%s\", want \"%s\"\n",
+                line, (int)st, cinfer_last_error(), want);
+        CHECK(0);
+    }
+    if (s != sentinel)
+        cinfer_sampler_destroy(s);
+}
+
+#define BAD(stmt, want)                                                        \
+    do {                                                                       \
+        cinfer_sampler_params p_ = params_v(10);                               \
+        stmt;                                                                  \
+        expect_invalid(&p_, want, __LINE__);                                   \
+    } while (0)
+
 static void test_invalid_params(void)
 {
     const int32_t bad_eog[2] = {1, 10};
     const cinfer_logit_bias bad_tok[1] = {{-1, 1.0f}};
     const cinfer_logit_bias bad_bias[1] = {{2, NAN}};
     const cinfer_logit_bias pos_inf[1] = {{2, INFINITY}};
-    for (int c = 0; c < 22; c++) {
-        cinfer_sampler_params p = params_v(10);
-        const char *want = NULL;
-        switch (c) {
-        case 0: p.n_vocab = 0; want = "n_vocab"; break;
-        case 1: p.temperature = -0.1f; want = "temperature must be >= 0"; break;
-        case 2: p.temperature = NAN; want = "temperature must be >= 0"; break;
-        case 3: p.temperature = INFINITY; want = "temperature"; break;
-        case 4: p.top_k = -1; want = "top_k must be >= 0"; break;
-        case 5: p.top_p = 0.0f; want = "top_p must be in (0, 1]"; break;
-        case 6: p.top_p = 1.5f; want = "top_p must be in (0, 1]"; break;
-        case 7: p.min_p = -0.5f; want = "min_p must be in [0, 1]"; break;
-        case 8: p.min_p = 2.0f; want = "min_p"; break;
-        case 9: p.repetition_penalty = 0.0f; want = "repetition_penalty must be > 0"; break;
-        case 10: p.presence_penalty = 2.5f; want = "presence_penalty must be in [-2, 2]"; break;
-        case 11: p.frequency_penalty = NAN; want = "frequency_penalty"; break;
-        case 12: p.penalty_last_n = -3; want = "penalty_last_n"; break;
-        case 13: p.penalty_prompt = (cinfer_penalty_prompt)7; want = "penalty_prompt"; break;
-        case 14: p.n_logprobs = 21; want = "n_logprobs must be in [0, 20]"; break;
-        case 15: p.min_tokens = -1; want = "min_tokens"; break;
-        case 16: p.eog_tokens = bad_eog; p.n_eog_tokens = 2; want = "eog_tokens[1]"; break;
-        case 17: p.n_eog_tokens = 1; want = "eog_tokens is NULL"; break;
-        case 18: p.logit_bias = bad_tok; p.n_logit_bias = 1; want = "logit_bias[0].token"; break;
-        case 19: p.logit_bias = bad_bias; p.n_logit_bias = 1; want = "logit_bias[0].bias"; break;
-        case 20: p.logit_bias = pos_inf; p.n_logit_bias = 1; want = "logit_bias[0].bias"; break;
-        case 21: p.repetition_penalty = INFINITY; want = "repetition_penalty"; break;
-        }
-        cinfer_sampler *s = (cinfer_sampler *)&p; /* must stay untouched */
-        cinfer_status st = cinfer_sampler_create(&p, &s);
-        CHECK_EQ_INT(st, CINFER_E_INVALID_ARG);
-        CHECK(s == (cinfer_sampler *)&p);
-        if (!strstr(cinfer_last_error(), want)) {
-            fprintf(stderr, "  case %d: \"%s\" lacks \"%s\"\n", c,
-                    cinfer_last_error(), want);
-            CHECK(0);
-        }
-    }
+    BAD(p_.n_vocab = 0, "n_vocab must be in [1, ");
+    BAD(p_.n_vocab = CINFER_SAMPLER_MAX_VOCAB + 1, "n_vocab");
+    BAD(p_.temperature = -0.1f, "temperature must be >= 0");
+    BAD(p_.temperature = NAN, "temperature must be >= 0");
+    BAD(p_.temperature = INFINITY, "temperature must be >= 0 and finite");
+    BAD(p_.top_k = -1, "top_k must be >= 0");
+    BAD(p_.top_p = 0.0f, "top_p must be in (0, 1]");
+    BAD(p_.top_p = 1.5f, "top_p must be in (0, 1]");
+    BAD(p_.top_p = NAN, "top_p must be in (0, 1]");
+    BAD(p_.min_p = -0.5f, "min_p must be in [0, 1]");
+    BAD(p_.min_p = 2.0f, "min_p must be in [0, 1]");
+    BAD(p_.repetition_penalty = 0.0f, "repetition_penalty must be > 0");
+    BAD(p_.repetition_penalty = INFINITY, "repetition_penalty must be > 0");
+    BAD(p_.presence_penalty = 2.5f, "presence_penalty must be in [-2, 2]");
+    BAD(p_.frequency_penalty = NAN, "frequency_penalty must be in [-2, 2]");
+    BAD(p_.frequency_penalty = -3.0f, "frequency_penalty must be in [-2, 2]");
+    BAD(p_.penalty_last_n = -3, "penalty_last_n must be >= 0");
+    BAD(p_.penalty_prompt = (cinfer_penalty_prompt)7, "penalty_prompt");
+    BAD(p_.n_logprobs = 21, "n_logprobs must be in [0, 20]");
+    BAD(p_.n_logprobs = -1, "n_logprobs must be in [0, 20]");
+    BAD(p_.min_tokens = -1, "min_tokens must be >= 0");
+    BAD((p_.eog_tokens = bad_eog, p_.n_eog_tokens = 2), "eog_tokens[1] = 10");
+    BAD(p_.n_eog_tokens = 1, "eog_tokens is NULL");
+    BAD(p_.n_eog_tokens = -1, "n_eog_tokens must be >= 0");
+    BAD((p_.logit_bias = bad_tok, p_.n_logit_bias = 1),
+        "logit_bias[0].token = -1");
+    BAD((p_.logit_bias = bad_bias, p_.n_logit_bias = 1),
+        "logit_bias[0].bias must be finite or -inf");
+    BAD((p_.logit_bias = pos_inf, p_.n_logit_bias = 1),
+        "logit_bias[0].bias must be finite or -inf");
+    BAD(p_.n_logit_bias = 2, "logit_bias is NULL");
+
     cinfer_sampler_params p = params_v(10);
     CHECK_EQ_INT(cinfer_sampler_create(&p, NULL), CINFER_E_INVALID_ARG);
     CHECK_EQ_INT(cinfer_sampler_create(NULL, NULL), CINFER_E_INVALID_ARG);
@@ -856,9 +940,11 @@ static void test_invalid_params(void)
     CHECK(strstr(cinfer_last_error(), "token 10") != NULL);
     CHECK_EQ_INT(cinfer_sampler_accept(s, -1), CINFER_E_INVALID_ARG);
     const int32_t prompt[3] = {1, 2, 99};
-    CHECK_EQ_INT(cinfer_sampler_accept_prompt(s, prompt, 3), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_accept_prompt(s, prompt, 3),
+                 CINFER_E_INVALID_ARG);
     CHECK(strstr(cinfer_last_error(), "[2] = 99") != NULL);
-    CHECK_EQ_INT(cinfer_sampler_accept_prompt(s, NULL, 2), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_accept_prompt(s, NULL, 2),
+                 CINFER_E_INVALID_ARG);
     CHECK_EQ_INT(cinfer_sampler_n_accepted(s), 0);
     float x[10], y[10];
     for (int i = 0; i < 10; i++)
@@ -866,7 +952,8 @@ static void test_invalid_params(void)
     CHECK_OK(cinfer_sampler_process_logits(s, x));
     expect_row(x, y, 10, "untouched history");
     int32_t t;
-    CHECK_EQ_INT(cinfer_sampler_sample(s, NULL, &t, NULL), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_sample(s, NULL, &t, NULL),
+                 CINFER_E_INVALID_ARG);
     CHECK_EQ_INT(cinfer_sampler_sample(s, x, NULL, NULL), CINFER_E_INVALID_ARG);
     cinfer_sampler_destroy(s);
     cinfer_sampler_destroy(NULL);
@@ -990,7 +1077,8 @@ static void test_large_vocab(void)
         clock_gettime(CLOCK_MONOTONIC, &t1);
         CHECK_EQ_INT(bad, 0);
         double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 +
-                     (double)(t1.tv_nsec - t0.tv_nsec)) / 1e3 / DRAWS;
+                     (double)(t1.tv_nsec - t0.tv_nsec)) /
+                    1e3 / DRAWS;
         int32_t n = 0;
         CHECK_OK(cinfer_sampler_candidates(s, rows[0], out, V, &n));
         double sum = 0.0;
@@ -998,8 +1086,8 @@ static void test_large_vocab(void)
             sum += out[i].p;
         CHECK(n >= 1);
         CHECK_NEAR(sum, 1.0, 1e-4);
-        fprintf(stderr, "  %-24s %8.1f us/sample, %d candidates\n",
-                cfg[c].name, us, n);
+        fprintf(stderr, "  %-24s %8.1f us/sample, %d candidates\n", cfg[c].name,
+                us, n);
         cinfer_sampler_destroy(s);
     }
 }
@@ -1016,6 +1104,7 @@ int main(void)
     RUN(test_temperature_chi_square);
     RUN(test_draws_match_candidates);
     RUN(test_seed_reproducible);
+    RUN(test_golden_sequences);
     RUN(test_penalties_exact);
     RUN(test_penalty_history_stress);
     RUN(test_logprobs);
