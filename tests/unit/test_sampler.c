@@ -379,6 +379,42 @@ static void test_min_p_set(void)
     CHECK(checked >= total - 1);
 }
 
+/* The sampler's own exp: on a two-token row {0, -d} the probabilities
+ * ratio is e^-d as the sampler computes it. Within 1 ulp of exp plus the two
+ * roundings of p, over d in [0, 87); below e^-87 a token counts as 0. */
+static void test_weight_precision(void)
+{
+    cinfer_sampler_params p = params_v(2);
+    cinfer_sampler *s = make(&p);
+    if (!s)
+        return;
+    double worst = 0.0;
+    int errors = 0;
+    for (int i = 0; i < 20000; i++) {
+        float d = (float)i * (86.99f / 20000.0f);
+        float x[2] = {0.0f, -d};
+        cinfer_token_prob out[2];
+        int32_t n = 0;
+        CHECK_OK(cinfer_sampler_candidates(s, x, out, 2, &n));
+        if (n != 2 || out[0].token != 0) {
+            errors++;
+            continue;
+        }
+        double ratio = (double)out[1].p / (double)out[0].p;
+        double rel = fabs(ratio / exp(-(double)d) - 1.0);
+        worst = rel > worst ? rel : worst;
+    }
+    fprintf(stderr, "  worst relative error of p1 / p0: %.3g\n", worst);
+    CHECK_EQ_INT(errors, 0);
+    CHECK(worst < 2.5e-7);
+    float x[2] = {0.0f, -87.5f};
+    cinfer_token_prob out[2];
+    int32_t n = 0;
+    CHECK_OK(cinfer_sampler_candidates(s, x, out, 2, &n));
+    CHECK_EQ_INT(n, 1);
+    cinfer_sampler_destroy(s);
+}
+
 /* 20000 draws at a fixed seed against softmax(logits / T). */
 static void test_temperature_chi_square(void)
 {
@@ -556,8 +592,8 @@ static void test_seed_reproducible(void)
     }
 }
 
-/* Pins the whole pipeline bit for bit: token sequences over the real
- * vocabulary size through every path, hashed, against values recorded once.
+/* Pins the draws: token sequences over the real vocabulary size through
+ * every path, hashed, against values recorded once.
  * They must be the same under every compiler, optimization level and CPU
  * (gcc and clang, -O0 to -O3 -march=native were checked); a change means
  * the same seed now draws other tokens, which is a visible change of
@@ -1099,6 +1135,7 @@ int main(void)
     RUN(test_top_k_set);
     RUN(test_top_p_set);
     RUN(test_min_p_set);
+    RUN(test_weight_precision);
     RUN(test_temperature_chi_square);
     RUN(test_draws_match_candidates);
     RUN(test_seed_reproducible);
