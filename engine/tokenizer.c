@@ -1268,12 +1268,12 @@ cinfer_status cinfer_tokenizer_create(const cinfer_tokenizer_params *p,
     st = read_bool_key(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
     if (st != CINFER_OK)
         goto fail;
-    if (kind == CINFER_TOKENIZER_SPM) {
-        st = read_bool_key(g, "tokenizer.ggml.add_space_prefix",
-                           &t->add_space_prefix);
-        if (st != CINFER_OK)
-            goto fail;
-    }
+    /* read for both kinds, as llama.cpp does: it also governs dropping the
+     * leading space of the first decoded token */
+    st = read_bool_key(g, "tokenizer.ggml.add_space_prefix",
+                       &t->add_space_prefix);
+    if (st != CINFER_OK)
+        goto fail;
     if (t->add_bos && t->bos < 0) {
         st = cinfer_set_error(CINFER_E_FORMAT, "tokenizer: add_bos_token is "
                               "set but the vocabulary has no BOS token");
@@ -2041,8 +2041,7 @@ static void render(const cinfer_tokenizer *t, int32_t id, int special,
 {
     *p = t->piece_arena + t->piece_off[id];
     *n = (t->hidden[id] && !special) ? 0 : t->piece_len[id];
-    if (first && t->kind == CINFER_TOKENIZER_SPM && t->add_space_prefix &&
-        *n > 0 && (*p)[0] == ' ') {
+    if (first && t->add_space_prefix && *n > 0 && (*p)[0] == ' ') {
         (*p)++;
         (*n)--;
     }

@@ -8,23 +8,37 @@
  *            PCRE2 in UTF+UCP mode), each piece is mapped byte by byte onto
  *            the GPT-2 byte alphabet and merged by the ranked
  *            `tokenizer.ggml.merges` ("a b", earlier = higher priority).
- *            Lossless for any input bytes.
- *   "llama"  SentencePiece-style BPE: spaces become U+2581 ("▁"), an optional
- *            space is put in front (`add_space_prefix`), symbols merge by the
+ *            Decoding gives back the input bytes, except bytes the
+ *            vocabulary has no token for, which are dropped as llama.cpp
+ *            drops them (SmolLM2 lacks 21 of the 256, e.g. 0x04 and 0xFF).
+ *   "llama"  SentencePiece-style BPE: spaces become U+2581 ("▁"), a space
+ *            is put in front of the text (`add_space_prefix`, and after
+ *            each special token, as llama.cpp does), symbols merge by the
  *            highest `tokenizer.ggml.scores`, and characters with no token
- *            fall back to the byte tokens <0xNN>.
+ *            fall back to the byte tokens <0xNN> (<unk> if even that is
+ *            missing).
+ *
+ * Pre-tokenizers (tokenizer.ggml.pre): "default" (also when the key is
+ * absent), "gpt-2" and kin, "smollm"/"starcoder"/"refact" and kin,
+ * "llama3"/"llama-bpe" and kin, "qwen2" and kin, "dbrx", "smaug-bpe";
+ * any other name is refused with CINFER_E_UNSUPPORTED, as llama.cpp refuses
+ * names it does not know.
  *
  * The results match llama.cpp's tokenizer (llama-vocab.cpp, as in the
  * llama-cpp-python 0.3.36 sdist) token for token; tests/data holds goldens
- * made with it. llama.cpp's pre-tokenizer regexes are run with the same
- * semantics it gives them (its hand-written splitters and its per-regex
- * segment splitting), its whitespace set, and its detection of
- * end-of-generation tokens by name. Two deliberate differences: bytes that
- * are not valid UTF-8 are kept as they are (each one its own piece) where
- * llama.cpp replaces them by U+FFFD, so encode/decode round-trips any bytes;
- * and the EOT id, when the file names none, is the first of llama.cpp's
- * candidate names in its list order (llama.cpp takes whichever its hash map
- * yields first).
+ * made with it. llama.cpp's pre-tokenizer regexes are run with the semantics
+ * it gives them (its hand-written splitters and its per-regex segment
+ * splitting), its whitespace set, and its detection of end-of-generation
+ * tokens by name. Deliberate differences: bytes that are not valid UTF-8
+ * are kept as they are (each one its own piece) where llama.cpp replaces
+ * them by U+FFFD, so any bytes round-trip; the EOT id, when the file names
+ * none, is the first of llama.cpp's candidate names in its list order
+ * (llama.cpp takes whichever its hash map yields first: for SmolLM2 it
+ * reports <|endoftext|>, this module <|im_end|>; both end generation);
+ * decoding does not apply clean_up_tokenization_spaces (llama.cpp's
+ * detokenize does for some BPE vocabularies; its token_to_piece, which
+ * servers stream, does not); and model-name special cases (phi-3's
+ * right-stripping special tokens) are not reproduced.
  *
  * Special tokens: tokens of type CONTROL, USER_DEFINED and UNKNOWN. When
  * encoding with parse_special, the text is first split on their exact
@@ -42,8 +56,10 @@
  *
  *     cinfer_detok d;                      // streaming text out
  *     cinfer_detok_init(&d);
- *     char buf[CINFER_DETOK_OUT_MAX(t)]... // or cinfer_detok_out_max(t)
- *     cinfer_detok_push(t, &d, id, buf, sizeof buf, &n);  // whole chars only
+ *     char *buf = malloc(cinfer_detok_out_max(t));
+ *     cinfer_detok_push(t, &d, id, buf, cinfer_detok_out_max(t), &n);
+ *     ...                                  // buf[0..n): whole characters
+ *     cinfer_detok_flush(&d, buf, 3, &n);  // at the end of the stream
  *     cinfer_tokenizer_destroy(t);
  *
  * Ownership: create copies everything it needs out of the GGUF handle, which
@@ -97,7 +113,8 @@ const char *cinfer_tokenizer_pre(const cinfer_tokenizer *t);
 
 /* Special token ids, -1 when the vocabulary has none. For SPM vocabularies
  * without the keys, bos/eos/unk default to 1/2/0 as SentencePiece (and
- * llama.cpp) do. eot is read from tokenizer.ggml.eot_token_id, else found by
+ * llama.cpp) do; byte-level BPE ones get -1 (llama.cpp's 11 is not a
+ * convention). eot is read from tokenizer.ggml.eot_token_id, else found by
  * name ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
  * "<|endoftext|>", ...). */
 int32_t cinfer_tokenizer_bos(const cinfer_tokenizer *t);
@@ -109,7 +126,8 @@ int32_t cinfer_tokenizer_pad(const cinfer_tokenizer *t);
 int32_t cinfer_tokenizer_sep(const cinfer_tokenizer *t);
 
 /* Whether encode with add_special puts BOS in front / EOS at the end
- * (tokenizer.ggml.add_bos_token / add_eos_token; SPM defaults to BOS). */
+ * (tokenizer.ggml.add_bos_token / add_eos_token; without the keys SPM and
+ * the llama3 pre-tokenizers add BOS, as in llama.cpp). */
 int cinfer_tokenizer_add_bos(const cinfer_tokenizer *t);
 int cinfer_tokenizer_add_eos(const cinfer_tokenizer *t);
 
@@ -167,9 +185,9 @@ size_t cinfer_tokenizer_max_piece(const cinfer_tokenizer *t);
 
 /* Concatenates the pieces of ids[0..n) into out (raw bytes, not
  * NUL-terminated, possibly not valid UTF-8 if the ids split a character).
- * special: render control tokens as their text. On SPM vocabularies with
- * add_space_prefix, one leading space of the first token is dropped, as
- * llama.cpp's detokenize does. If cap is too small: CINFER_E_RANGE with
+ * special: render control tokens as their text. On vocabularies with
+ * add_space_prefix (SPM ones, usually), one leading space of the first
+ * token is dropped, as llama.cpp's detokenize does. If cap is too small: CINFER_E_RANGE with
  * *n_out = the bytes needed. CINFER_E_RANGE also for an id out of range
  * (the message names it; *n_out is then 0). */
 cinfer_status cinfer_tokenizer_decode(const cinfer_tokenizer *t,
@@ -190,7 +208,7 @@ typedef struct {
     unsigned char pend[4]; /* held-back bytes of an incomplete character */
     unsigned n_pend;       /* number of bytes in pend (0..3) */
     int at_start;          /* 1 after init: the first token loses a leading
-                              space on SPM vocabularies with add_space_prefix
+                              space on vocabularies with add_space_prefix
                               (as decode does); set 0 when continuing text */
     int special;           /* 1 = render control tokens as their text;
                               0 after init */
@@ -213,8 +231,9 @@ cinfer_status cinfer_detok_push_bytes(cinfer_detok *d, const char *bytes,
                                       size_t n, char *out, size_t cap,
                                       size_t *n_out);
 /* Ends the stream: a held-back incomplete character becomes U+FFFD (needs
- * at most 3 bytes of out). d is then as after init, except at_start stays 0
- * and special is kept. */
+ * at most 3 bytes of out; CINFER_E_RANGE and d unchanged if out is
+ * smaller). Only the held-back bytes are cleared; at_start and special stay
+ * as they are, so d can go on with more text. */
 cinfer_status cinfer_detok_flush(cinfer_detok *d, char *out, size_t cap,
                                  size_t *n_out);
 

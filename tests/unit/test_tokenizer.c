@@ -842,6 +842,11 @@ static void test_special_parsing(void)
     CHECK(!cinfer_tokenizer_is_control(t, 1 << 30));
     CHECK_EQ_INT(cinfer_tokenizer_eos(t), 2);
     CHECK_EQ_INT(cinfer_tokenizer_bos(t), 1);
+    /* no eot key: the first candidate name, <|im_end|> */
+    CHECK_EQ_INT(cinfer_tokenizer_eot(t), im_end);
+    CHECK_EQ_INT(cinfer_tokenizer_eom(t), -1);
+    CHECK_EQ_INT(cinfer_tokenizer_unk(t), 0);
+    CHECK_EQ_INT(cinfer_tokenizer_sep(t), -1);
 
     const char *s = "<|im_start|>user\nhi<|im_end|>";
     size_t n_on, n_off;
