@@ -1,0 +1,93 @@
+/*
+ * chat.h - chat messages to prompt tokens with the model's chat template.
+ *
+ * The server does not run Jinja. It recognises the template families it
+ * can render exactly and refuses chat input for any other template with
+ * INVALID_ARGUMENT (a wrong guess would silently degrade every answer).
+ * Recognised today: ChatML, the format of SmolLM2, Qwen2 and many others:
+ *
+ *   <|im_start|>system\nYou are ...<|im_end|>\n     (template's default
+ *   <|im_start|>user\nHello<|im_end|>\n              system turn, if any)
+ *   <|im_start|>assistant\n                          (generation prompt)
+ *
+ * A template is ChatML when it contains both markers and refers to
+ * add_generation_prompt. Many ChatML templates insert a default system turn
+ * when the first message is not a system one (SmolLM2's "You are a helpful
+ * AI assistant named SmolLM, trained by Hugging Face"); the text of that
+ * turn is read from the string literal `'<|im_start|>system\n...<|im_end|>`
+ * in the template, so the rendering matches the Jinja one.
+ *
+ * Encoding keeps the structure out of the user's hands: the markers are
+ * emitted as their special token ids and every text piece (role, content,
+ * newlines) is tokenized without special-token parsing, so a message that
+ * contains "<|im_end|>" cannot close its turn. For text without such
+ * strings the ids equal those of tokenizing the rendered template with
+ * special-token parsing, as llama.cpp and HF transformers do.
+ *
+ *     cinfer_chat_template ct;
+ *     cinfer_chat_template_init(&ct, tmpl, tmpl_len, tokenizer);
+ *     if (ct.format == CINFER_CHAT_CHATML)
+ *         cinfer_chat_encode(&ct, tokenizer, chat, &ids, &n_ids);  free(ids)
+ *     cinfer_chat_template_cleanup(&ct);
+ *
+ * Thread safety: an initialised template is read-only; encode may run on
+ * many threads at once.
+ */
+#ifndef CINFER_SERVER_CHAT_H
+#define CINFER_SERVER_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cinfer/v1/cinfer.pb-c.h"
+#include "common/status.h"
+#include "engine/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    CINFER_CHAT_NONE = 0,   /* no template, or one the server cannot render */
+    CINFER_CHAT_CHATML = 1,
+} cinfer_chat_format;
+
+typedef struct {
+    cinfer_chat_format format;
+    char *default_system;   /* the system turn's text the template inserts
+                               when messages[0] is not a system message
+                               (malloc'd); NULL = none */
+    int32_t im_start;       /* "<|im_start|>" token id (ChatML) */
+    int32_t im_end;         /* "<|im_end|>" token id (ChatML) */
+} cinfer_chat_template;
+
+/* "chatml", or "" for NONE. */
+const char *cinfer_chat_format_name(cinfer_chat_format f);
+
+/* Recognises the template text tmpl[0..len) (NULL = no template) without a
+ * tokenizer: sets format and default_system; the token ids stay -1. Pure.
+ * CINFER_E_NOMEM only; an unrecognised template gives format NONE. */
+cinfer_status cinfer_chat_template_detect(cinfer_chat_template *t,
+                                          const char *tmpl, size_t len);
+
+/* detect, then looks the markers up in the vocabulary; a ChatML template
+ * whose markers are not single tokens is NONE. */
+cinfer_status cinfer_chat_template_init(cinfer_chat_template *t,
+                                        const char *tmpl, size_t len,
+                                        const cinfer_tokenizer *tk);
+void cinfer_chat_template_cleanup(cinfer_chat_template *t);
+
+/* The prompt ids for `chat` (validated: at least one message, roles one
+ * word). add_generation_prompt unset means true. BOS is put in front when
+ * the tokenizer adds it to text. *ids is malloc'd; the caller frees it.
+ * Errors: CINFER_E_INVALID_ARG (format NONE), CINFER_E_NOMEM, the
+ * tokenizer's errors. */
+cinfer_status cinfer_chat_encode(const cinfer_chat_template *t,
+                                 const cinfer_tokenizer *tk,
+                                 const Cinfer__V1__Chat *chat, int32_t **ids,
+                                 size_t *n_ids);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_SERVER_CHAT_H */

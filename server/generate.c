@@ -1,0 +1,703 @@
+/*
+ * generate.c - cinfer.v1.Inference/Generate: the streaming call and its
+ * sink.
+ *
+ * On the call's worker thread: decode, validate, tokenize (text, ids, or
+ * chat through the template), submit to the engine. From then on the
+ * engine thread drives the stream through on_event:
+ *
+ *   sink (under c->mu): pending {token ids, text, logprobs}, in_flight,
+ *                       finished, status_sent, gone
+ *
+ *   engine TOKENS  -> append to pending; pump
+ *   engine FINISH  -> record the final numbers; pump; drop the engine's
+ *                     reference
+ *   send completed -> in_flight = 0; pump (worker thread)
+ *   pump           -> if nothing is in flight: send all pending as one
+ *                     Chunk, or, when finished and nothing is pending, the
+ *                     Final message and the status in one batch
+ *
+ * So at most one SEND_MESSAGE is in flight per call, tokens sampled while
+ * one is in flight coalesce into the next Chunk, and the engine thread never
+ * waits for a client: a slow reader only grows its own pending buffer
+ * (bounded by max_tokens).
+ *
+ * Cancellation: RECV_CLOSE_ON_SERVER completing with cancelled=1 (client
+ * gone, deadline passed) cancels the engine request; its FINISH event then
+ * frees the engine's hold and the call is freed when nothing else is in
+ * flight. The call's deadline is also handed to the engine, so a request
+ * whose deadline passes stops at the engine's next step even before gRPC
+ * notices.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "server/log.h"
+#include "server/server_impl.h"
+
+typedef struct {
+    /* Fixed at admission. */
+    int want_logprobs;     /* request asked for logprobs */
+    int n_top;             /* alternatives per token */
+    int deadline_is_call;  /* the engine deadline is the call's deadline */
+    int32_t n_prompt;
+
+    /* Sink, under c->mu. */
+    uint64_t engine_id;
+    int submitted;         /* engine_id is valid */
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    char *text;            /* NUL-terminated */
+    size_t n_text, cap_text;
+    float *lp;             /* [n_ids] when want_logprobs */
+    cinfer_token_logprob *top; /* [n_ids * n_top] */
+    int in_flight;
+    int finished;          /* FINISH seen */
+    int status_sent;
+    int gone;              /* client went away or a send failed */
+    int aborted;           /* cancelled by server shutdown */
+    int oom;               /* a token could not be buffered */
+    cinfer_finish_reason finish;
+    cinfer_status fin_status;
+    char fin_message[256];
+    int32_t prompt_tokens, completion_tokens, cached_tokens;
+    int64_t queue_ns, ttft_ns, total_ns;
+    int64_t chunks_sent;
+} gen_state;
+
+static cinfer_request_limits limits_of(const cinfer_server *s)
+{
+    return s->limits;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Messages                                                               */
+/* ---------------------------------------------------------------------- */
+
+static Cinfer__V1__FinishReason finish_to_proto(cinfer_finish_reason r)
+{
+    switch (r) {
+    case CINFER_FINISH_LENGTH:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+    case CINFER_FINISH_EOS:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_EOS;
+    case CINFER_FINISH_STOP_SEQUENCE:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_STOP_SEQUENCE;
+    case CINFER_FINISH_STOP_TOKEN:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_STOP_TOKEN;
+    case CINFER_FINISH_CANCELLED:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+    case CINFER_FINISH_TIME_LIMIT:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_TIME_LIMIT;
+    default:
+        return CINFER__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    }
+}
+
+/* The pending tokens as one GenerateResponse{chunk}; clears pending. NULL
+ * when out of memory (pending is kept). */
+static grpc_byte_buffer *pack_chunk(srv_call *c, gen_state *g)
+{
+    Cinfer__V1__GenerateResponse resp = CINFER__V1__GENERATE_RESPONSE__INIT;
+    Cinfer__V1__Chunk chunk = CINFER__V1__CHUNK__INIT;
+    Cinfer__V1__TokenLogprob *tl = NULL, **tlp = NULL;
+    Cinfer__V1__TopLogprob *tops = NULL, **topp = NULL;
+    grpc_byte_buffer *bb = NULL;
+
+    resp.request_id = c->request_id;
+    resp.kind_case = CINFER__V1__GENERATE_RESPONSE__KIND_CHUNK;
+    resp.chunk = &chunk;
+    chunk.n_token_ids = g->n_ids;
+    chunk.token_ids = g->ids;
+    chunk.text = g->text ? g->text : "";
+    if (g->want_logprobs && g->n_ids) {
+        size_t nt = g->n_ids * (size_t)g->n_top;
+        tl = calloc(g->n_ids, sizeof *tl);
+        tlp = calloc(g->n_ids, sizeof *tlp);
+        tops = calloc(nt ? nt : 1, sizeof *tops);
+        topp = calloc(nt ? nt : 1, sizeof *topp);
+        if (!tl || !tlp || !tops || !topp)
+            goto out;
+        for (size_t i = 0; i < g->n_ids; i++) {
+            cinfer__v1__token_logprob__init(&tl[i]);
+            tl[i].token_id = g->ids[i];
+            tl[i].logprob = g->lp[i];
+            tl[i].n_top = (size_t)g->n_top;
+            tl[i].top = topp + i * (size_t)g->n_top;
+            for (int k = 0; k < g->n_top; k++) {
+                size_t j = i * (size_t)g->n_top + (size_t)k;
+                cinfer__v1__top_logprob__init(&tops[j]);
+                tops[j].token_id = g->top[j].id;
+                tops[j].logprob = g->top[j].logprob;
+                topp[j] = &tops[j];
+            }
+            tlp[i] = &tl[i];
+        }
+        chunk.n_logprobs = g->n_ids;
+        chunk.logprobs = tlp;
+    }
+    bb = cinfer_bb_pack(&resp.base);
+    if (bb) {
+        g->n_ids = 0;
+        g->n_text = 0;
+        if (g->text)
+            g->text[0] = '\0';
+        g->chunks_sent++;
+    }
+out:
+    free(tl);
+    free(tlp);
+    free(tops);
+    free(topp);
+    return bb;
+}
+
+static grpc_byte_buffer *pack_final(srv_call *c, gen_state *g)
+{
+    Cinfer__V1__GenerateResponse resp = CINFER__V1__GENERATE_RESPONSE__INIT;
+    Cinfer__V1__Final fin = CINFER__V1__FINAL__INIT;
+    Cinfer__V1__Usage usage = CINFER__V1__USAGE__INIT;
+    Cinfer__V1__Timings tm = CINFER__V1__TIMINGS__INIT;
+    resp.request_id = c->request_id;
+    resp.kind_case = CINFER__V1__GENERATE_RESPONSE__KIND_FINAL;
+    resp.final = &fin;
+    fin.finish_reason = finish_to_proto(g->finish);
+    fin.usage = &usage;
+    fin.timings = &tm;
+    usage.prompt_tokens = g->prompt_tokens;
+    usage.completion_tokens = g->completion_tokens;
+    usage.cached_tokens = g->cached_tokens;
+    tm.queue_ms = (double)g->queue_ns * 1e-6;
+    tm.time_to_first_token_ms = (double)g->ttft_ns * 1e-6;
+    tm.total_ms = (double)g->total_ns * 1e-6;
+    return cinfer_bb_pack(&resp.base);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Sink                                                                   */
+/* ---------------------------------------------------------------------- */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 1;
+    size_t n = *cap ? *cap : 16;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (!q)
+        return 0;
+    *p = q;
+    *cap = n;
+    return 1;
+}
+
+/* Appends one TOKENS event. Returns 0 when out of memory. */
+static int sink_append(gen_state *g, const cinfer_engine_event *ev)
+{
+    size_t n = g->n_ids + ev->n_ids;
+    size_t cap_ids = g->cap_ids;
+    if (!grow((void **)&g->ids, &g->cap_ids, n, sizeof *g->ids))
+        return 0;
+    if (g->want_logprobs) {
+        /* lp and top follow ids' capacity. */
+        size_t c1 = cap_ids, c2 = cap_ids;
+        if (!grow((void **)&g->lp, &c1, g->cap_ids, sizeof *g->lp))
+            return 0;
+        if (g->n_top > 0 &&
+            !grow((void **)&g->top, &c2, g->cap_ids * (size_t)g->n_top,
+                  sizeof *g->top))
+            return 0;
+    }
+    size_t nt = g->n_text + ev->text_len + 1;
+    if (!grow((void **)&g->text, &g->cap_text, nt, 1))
+        return 0;
+    for (size_t i = 0; i < ev->n_ids; i++) {
+        size_t j = g->n_ids + i;
+        g->ids[j] = ev->ids[i];
+        if (g->want_logprobs) {
+            g->lp[j] = ev->logprobs ? ev->logprobs[i] : NAN;
+            for (int k = 0; k < g->n_top; k++) {
+                cinfer_token_logprob t = {-1, NAN};
+                if (ev->top && k < ev->n_top)
+                    t = ev->top[i * (size_t)ev->n_top + (size_t)k];
+                g->top[j * (size_t)g->n_top + (size_t)k] = t;
+            }
+        }
+    }
+    g->n_ids = n;
+    if (ev->text_len)
+        memcpy(g->text + g->n_text, ev->text, ev->text_len);
+    g->n_text += ev->text_len;
+    g->text[g->n_text] = '\0';
+    return 1;
+}
+
+/* Starts the next send if none is in flight. c->mu held. */
+static void pump(srv_call *c, gen_state *g)
+{
+    if (g->in_flight || g->status_sent || g->gone)
+        return;
+    if (g->n_ids > 0 || g->n_text > 0) {
+        grpc_byte_buffer *bb = pack_chunk(c, g);
+        if (!bb) {
+            g->oom = 1;
+        } else {
+            g->in_flight = 1;
+            if (!cinfer_call_send_message(c, OP_SEND, bb)) {
+                g->in_flight = 0;
+                g->gone = 1;
+            }
+            return;
+        }
+    }
+    if (!g->finished)
+        return;
+
+    cinfer_status st = CINFER_OK;
+    const char *detail = NULL;
+    char msg[320];
+    grpc_byte_buffer *fin = NULL;
+    if (g->oom) {
+        st = CINFER_E_NOMEM;
+        detail = "out of memory buffering the output";
+    } else if (g->finish == CINFER_FINISH_ERROR) {
+        st = g->fin_status != CINFER_OK ? g->fin_status : CINFER_E_INTERNAL;
+        snprintf(msg, sizeof msg, "engine error: %s", g->fin_message);
+        detail = msg;
+    } else if (g->finish == CINFER_FINISH_CANCELLED) {
+        st = g->aborted ? CINFER_E_UNAVAILABLE : CINFER_E_CANCELLED;
+        detail = g->aborted ? "the server shut down before the request "
+                              "finished"
+                            : "the request was cancelled";
+    } else if (g->finish == CINFER_FINISH_TIME_LIMIT && g->deadline_is_call) {
+        st = CINFER_E_TIMEOUT;
+        snprintf(msg, sizeof msg,
+                 "deadline exceeded after %d generated tokens",
+                 (int)g->completion_tokens);
+        detail = msg;
+    } else {
+        fin = pack_final(c, g);
+        if (!fin) {
+            st = CINFER_E_NOMEM;
+            detail = "out of memory packing the final message";
+        }
+    }
+    g->status_sent = 1;
+    g->in_flight = 1;
+    if (!cinfer_call_send_status(c, OP_SEND, fin, st, detail)) {
+        g->in_flight = 0;
+        g->gone = 1;
+    }
+}
+
+static void log_done(srv_call *c, gen_state *g)
+{
+    cinfer_log_line l;
+    if (!cinfer_log_begin(&l, CINFER_LOG_INFO, "generate done",
+                          c->request_id))
+        return;
+    cinfer_log_str(&l, "finish", cinfer_finish_reason_name(g->finish));
+    cinfer_log_int(&l, "prompt_tokens", g->prompt_tokens);
+    cinfer_log_int(&l, "completion_tokens", g->completion_tokens);
+    cinfer_log_int(&l, "cached_tokens", g->cached_tokens);
+    cinfer_log_double(&l, "queue_ms", (double)g->queue_ns * 1e-6);
+    cinfer_log_double(&l, "ttft_ms", (double)g->ttft_ns * 1e-6);
+    cinfer_log_double(&l, "total_ms", (double)g->total_ns * 1e-6);
+    cinfer_log_int(&l, "chunks", g->chunks_sent);
+    if (g->gone)
+        cinfer_log_str(&l, "client", "gone");
+    if (g->finish == CINFER_FINISH_ERROR)
+        cinfer_log_str(&l, "error", g->fin_message);
+    cinfer_log_end(&l);
+}
+
+/* Engine thread. */
+static void on_event(void *user, const cinfer_engine_event *ev)
+{
+    srv_call *c = user;
+    gen_state *g = c->rpc;
+    pthread_mutex_lock(&c->mu);
+    if (ev->kind == CINFER_EVENT_TOKENS) {
+        if (!g->gone && !g->oom && !sink_append(g, ev))
+            g->oom = 1;
+    } else {
+        g->finished = 1;
+        g->finish = ev->finish;
+        g->fin_status = ev->status;
+        snprintf(g->fin_message, sizeof g->fin_message, "%s",
+                 ev->message ? ev->message : "");
+        g->prompt_tokens = ev->prompt_tokens;
+        g->completion_tokens = ev->completion_tokens;
+        g->cached_tokens = ev->cached_tokens;
+        g->queue_ns = ev->queue_ns;
+        g->ttft_ns = ev->ttft_ns;
+        g->total_ns = ev->total_ns;
+    }
+    pump(c, g);
+    int finished = ev->kind == CINFER_EVENT_FINISH;
+    pthread_mutex_unlock(&c->mu);
+    if (finished) {
+        log_done(c, g);
+        cinfer_call_unref(c); /* the engine's hold */
+    }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Admission                                                              */
+/* ---------------------------------------------------------------------- */
+
+/* Tokenizes text with the defaults cinfer-run uses: the vocabulary's own
+ * BOS/EOS rule and special-token parsing. */
+static cinfer_status encode_text(const cinfer_tokenizer *tk, const char *text,
+                                 int add_special, int32_t **ids, size_t *n)
+{
+    size_t len = strlen(text);
+    size_t cap = len + 4;
+    int32_t *buf = malloc(cap * sizeof *buf);
+    if (!buf)
+        return cinfer_set_error(CINFER_E_NOMEM, "tokenize: no memory");
+    size_t got = 0;
+    cinfer_status st =
+        cinfer_tokenizer_encode(tk, text, len, add_special, 1, buf, cap, &got);
+    if (st == CINFER_E_RANGE && got > cap) {
+        int32_t *b2 = realloc(buf, got * sizeof *buf);
+        if (!b2) {
+            free(buf);
+            return cinfer_set_error(CINFER_E_NOMEM, "tokenize: no memory");
+        }
+        buf = b2;
+        cap = got;
+        st = cinfer_tokenizer_encode(tk, text, len, add_special, 1, buf, cap,
+                                     &got);
+    }
+    if (st != CINFER_OK) {
+        free(buf);
+        return st;
+    }
+    *ids = buf;
+    *n = got;
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_server_encode_input(const cinfer_server *s,
+                                         int input_case, const char *text,
+                                         const Cinfer__V1__Chat *chat,
+                                         int add_special, int32_t **ids,
+                                         size_t *n)
+{
+    if (input_case == 0)
+        return encode_text(s->tk, text, add_special, ids, n);
+    return cinfer_chat_encode(&s->chat, s->tk, chat, ids, n);
+}
+
+static uint64_t random_seed(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
+        v = (uint64_t)cinfer_server_now_ns() * 0x9E3779B97F4A7C15ull;
+    return v;
+}
+
+/* The call's deadline on the monotonic clock, or 0 when it has none. */
+static int64_t call_deadline_ns(const srv_call *c)
+{
+    gpr_timespec d = c->details.deadline;
+    if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0)
+        return 0;
+    gpr_timespec now = gpr_now(d.clock_type);
+    gpr_timespec left = gpr_time_sub(d, now);
+    int64_t left_ns = (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
+    if (left_ns < 1)
+        left_ns = 1; /* already past: the engine stops it at once */
+    return cinfer_server_now_ns() + left_ns;
+}
+
+static void reject(srv_call *c, cinfer_status st)
+{
+    cinfer_call_send_status(c, OP_STEP, NULL, st, cinfer_last_error());
+}
+
+static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
+{
+    cinfer_server *s = c->srv;
+    if (!msg) {
+        cinfer_call_set_request_id(c, NULL);
+        cinfer_set_error(CINFER_E_INVALID_ARG,
+                         "the request message is missing");
+        reject(c, CINFER_E_INVALID_ARG);
+        return;
+    }
+    uint8_t *buf;
+    size_t len;
+    int ok = cinfer_bb_read(msg, &buf, &len);
+    grpc_byte_buffer_destroy(msg);
+    if (!ok) {
+        cinfer_call_set_request_id(c, NULL);
+        cinfer_set_error(CINFER_E_NOMEM, "out of memory reading the request");
+        reject(c, CINFER_E_NOMEM);
+        return;
+    }
+    Cinfer__V1__GenerateRequest *r =
+        cinfer__v1__generate_request__unpack(NULL, len, buf);
+    free(buf);
+    if (!r) {
+        cinfer_call_set_request_id(c, NULL);
+        cinfer_set_error(CINFER_E_INVALID_ARG,
+                         "GenerateRequest does not decode");
+        reject(c, CINFER_E_INVALID_ARG);
+        return;
+    }
+    cinfer_request_limits lim = limits_of(s);
+    cinfer_status st = cinfer_validate_generate(r, &lim);
+    /* A valid id is echoed; an invalid one is replaced. */
+    cinfer_call_set_request_id(
+        c, cinfer_request_id_ok(r->request_id) ? r->request_id : NULL);
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    gen_state *g = NULL;
+    if (st != CINFER_OK)
+        goto fail;
+
+    switch (r->input_case) {
+    case CINFER__V1__GENERATE_REQUEST__INPUT_TEXT:
+        st = cinfer_server_encode_input(s, 0, r->text, NULL, 1, &prompt,
+                                        &n_prompt);
+        break;
+    case CINFER__V1__GENERATE_REQUEST__INPUT_CHAT:
+        st = cinfer_server_encode_input(s, 1, NULL, r->chat, 1, &prompt,
+                                        &n_prompt);
+        break;
+    default:
+        prompt = malloc(r->token_ids->n_ids * sizeof *prompt);
+        if (!prompt) {
+            st = cinfer_set_error(CINFER_E_NOMEM, "no memory");
+            break;
+        }
+        memcpy(prompt, r->token_ids->ids, r->token_ids->n_ids * sizeof *prompt);
+        n_prompt = r->token_ids->n_ids;
+        break;
+    }
+    if (st != CINFER_OK)
+        goto fail;
+    if (n_prompt == 0) {
+        st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                              "text tokenizes to no tokens");
+        goto fail;
+    }
+    if (n_prompt >= (size_t)lim.n_ctx) {
+        st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                              "the prompt is %zu tokens; the context holds "
+                              "%d (prompt plus at least one generated token)",
+                              n_prompt, (int)lim.n_ctx);
+        goto fail;
+    }
+
+    g = calloc(1, sizeof *g);
+    if (!g) {
+        st = cinfer_set_error(CINFER_E_NOMEM, "no memory");
+        goto fail;
+    }
+    g->n_prompt = (int32_t)n_prompt;
+    g->want_logprobs = CINFER_PB_HAS(r, logprobs);
+    g->n_top = g->want_logprobs ? r->logprobs : 0;
+
+    cinfer_request_params rp = cinfer_request_default_params();
+    rp.prompt = prompt;
+    rp.n_prompt = n_prompt;
+    rp.sampling = cinfer_sampler_default_params();
+    rp.sampling.n_vocab = lim.n_vocab;
+    rp.sampling.seed = random_seed();
+    const Cinfer__V1__SamplingParams *sp = r->sampling;
+    if (sp) {
+        if (CINFER_PB_HAS(sp, temperature))
+            rp.sampling.temperature = sp->temperature;
+        if (CINFER_PB_HAS(sp, top_k))
+            rp.sampling.top_k = sp->top_k;
+        if (CINFER_PB_HAS(sp, top_p))
+            rp.sampling.top_p = sp->top_p;
+        if (CINFER_PB_HAS(sp, min_p))
+            rp.sampling.min_p = sp->min_p;
+        if (CINFER_PB_HAS(sp, repetition_penalty))
+            rp.sampling.repetition_penalty = sp->repetition_penalty;
+        if (CINFER_PB_HAS(sp, presence_penalty))
+            rp.sampling.presence_penalty = sp->presence_penalty;
+        if (CINFER_PB_HAS(sp, frequency_penalty))
+            rp.sampling.frequency_penalty = sp->frequency_penalty;
+        if (CINFER_PB_HAS(sp, seed))
+            rp.sampling.seed = sp->seed;
+    }
+    rp.sampling.n_logprobs = g->n_top;
+    rp.max_tokens = cinfer_validate_max_tokens(r, &lim);
+    const Cinfer__V1__StoppingCriteria *sc = r->stopping;
+    int64_t time_limit_ns = 0;
+    if (sc) {
+        if (CINFER_PB_HAS(sc, min_tokens))
+            rp.min_tokens = sc->min_tokens;
+        if (CINFER_PB_HAS(sc, ignore_eos))
+            rp.ignore_eos = sc->ignore_eos;
+        rp.stop = (const char *const *)sc->stop;
+        rp.n_stop = sc->n_stop;
+        rp.stop_ids = sc->stop_token_ids;
+        rp.n_stop_ids = sc->n_stop_token_ids;
+        if (CINFER_PB_HAS(sc, time_limit_ms))
+            time_limit_ns =
+                c->start_ns + (int64_t)sc->time_limit_ms * 1000000;
+    }
+    rp.priority = r->priority;
+    int64_t call_dl = call_deadline_ns(c);
+    rp.deadline_ns = time_limit_ns;
+    if (call_dl && (!time_limit_ns || call_dl < time_limit_ns)) {
+        rp.deadline_ns = call_dl;
+        g->deadline_is_call = 1;
+    }
+    rp.on_event = on_event;
+    rp.user = c;
+    c->rpc = g;
+
+    /* Admission races with drain: decide under the server lock. */
+    pthread_mutex_lock(&s->mu);
+    if (atomic_load(&s->state) != SERVER_SERVING) {
+        pthread_mutex_unlock(&s->mu);
+        st = cinfer_set_error(CINFER_E_UNAVAILABLE,
+                              "the server is shutting down");
+        goto fail;
+    }
+    c->listed = 1;
+    c->prev = NULL;
+    c->next = s->generate_list;
+    if (s->generate_list)
+        s->generate_list->prev = c;
+    s->generate_list = c;
+    s->generate_open++;
+    pthread_mutex_unlock(&s->mu);
+
+    c->state = CALL_STREAMING;
+    cinfer_call_ref(c); /* the engine's hold, until FINISH */
+    uint64_t id = 0;
+    st = cinfer_engine_submit(s->engine, &rp, &id);
+    if (st != CINFER_OK) {
+        cinfer_call_unref(c); /* never the last: this handler holds one */
+        c->state = CALL_RECEIVING;
+        goto fail;
+    }
+    pthread_mutex_lock(&c->mu);
+    g->engine_id = id;
+    g->submitted = 1;
+    pthread_mutex_unlock(&c->mu);
+
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "generate start",
+                         c->request_id)) {
+        cinfer_log_int(&l, "prompt_tokens", (int64_t)n_prompt);
+        cinfer_log_int(&l, "max_tokens", rp.max_tokens);
+        cinfer_log_double(&l, "temperature", rp.sampling.temperature);
+        cinfer_log_end(&l);
+    }
+    free(prompt);
+    cinfer__v1__generate_request__free_unpacked(r, NULL);
+    return;
+
+fail:
+    free(prompt);
+    cinfer__v1__generate_request__free_unpacked(r, NULL);
+    reject(c, st);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Send completions, close, shutdown                                      */
+/* ---------------------------------------------------------------------- */
+
+static void generate_on_send(srv_call *c, int ok)
+{
+    gen_state *g = c->rpc;
+    pthread_mutex_lock(&c->mu);
+    if (c->send_buf) {
+        grpc_byte_buffer_destroy(c->send_buf);
+        c->send_buf = NULL;
+    }
+    g->in_flight = 0;
+    if (!ok)
+        g->gone = 1;
+    else
+        pump(c, g);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void generate_on_close(srv_call *c)
+{
+    gen_state *g = c->rpc;
+    if (!g)
+        return;
+    pthread_mutex_lock(&c->mu);
+    int cancel = 0;
+    uint64_t id = g->engine_id;
+    if (c->close_cancelled) {
+        g->gone = 1;
+        cancel = g->submitted && !g->finished;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (cancel) {
+        cinfer_log(CINFER_LOG_INFO, "client gone; cancelling",
+                   c->request_id);
+        cinfer_engine_cancel(c->srv->engine, id);
+    }
+}
+
+static void generate_free(srv_call *c)
+{
+    gen_state *g = c->rpc;
+    if (!g)
+        return;
+    free(g->ids);
+    free(g->text);
+    free(g->lp);
+    free(g->top);
+    free(g);
+    c->rpc = NULL;
+}
+
+void cinfer_generate_abort_all(cinfer_server *s)
+{
+    /* Collect ids under the locks, cancel outside them (the engine thread
+     * may be freeing calls, which takes s->mu). */
+    size_t n = 0, cap = 0;
+    uint64_t *ids = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (srv_call *c = s->generate_list; c; c = c->next)
+        cap++;
+    ids = cap ? malloc(cap * sizeof *ids) : NULL;
+    for (srv_call *c = s->generate_list; c && ids; c = c->next) {
+        gen_state *g = c->rpc;
+        pthread_mutex_lock(&c->mu);
+        if (g && g->submitted && !g->finished) {
+            g->aborted = 1;
+            ids[n++] = g->engine_id;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        cinfer_engine_cancel(s->engine, ids[i]);
+    if (n) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_WARN, "cancelled running streams",
+                             NULL)) {
+            cinfer_log_int(&l, "streams", (int64_t)n);
+            cinfer_log_end(&l);
+        }
+    }
+    free(ids);
+}
+
+const rpc_method cinfer_rpc_generate = {
+    .path = "/cinfer.v1.Inference/Generate",
+    .kind = RPC_GENERATE,
+    .needs_model = 1,
+    .on_message = generate_on_message,
+    .on_send = generate_on_send,
+    .on_close = generate_on_close,
+    .free_rpc = generate_free,
+};

@@ -1,0 +1,825 @@
+/*
+ * server.c - the gRPC server: completion-queue threads, call dispatch, the
+ * per-call state machine's common part, drain and shutdown.
+ *
+ * Every method is accepted through the generic grpc_server_request_call, so
+ * unknown methods reach us too and get UNIMPLEMENTED, and a call is routed
+ * by its path to an rpc_method (the files generate.c, tokenize.c, ...).
+ * Each worker thread owns one completion queue, keeps a few request_call
+ * tags posted on it, and runs every call accepted there; calls are spread
+ * over the queues by whichever queue's accept fires. See server_impl.h for
+ * the state machine and the locking rules.
+ */
+#include "server/server_impl.h"
+
+#include <errno.h>
+#include <grpc/grpc_security.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/descriptor_set.h"
+#include "server/log.h"
+#include "server/status_map.h"
+
+/* Accepts kept posted per completion queue. */
+#define ACCEPTS_PER_CQ 8
+
+/* How long destroy waits for cancelled Generate streams to send their
+ * UNAVAILABLE status before cancelling the calls outright. */
+#define ABORT_GRACE_MS 5000
+
+static const rpc_method *const methods[] = {
+    &cinfer_rpc_generate,          &cinfer_rpc_tokenize,
+    &cinfer_rpc_detokenize,        &cinfer_rpc_model_info,
+    &cinfer_rpc_health_check,      &cinfer_rpc_health_watch,
+    &cinfer_rpc_reflection_v1,     &cinfer_rpc_reflection_v1alpha,
+};
+
+int64_t cinfer_server_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+cinfer_server_params cinfer_server_default_params(void)
+{
+    cinfer_server_params p;
+    memset(&p, 0, sizeof p);
+    p.listen = "127.0.0.1:50051";
+    p.grpc_threads = 2;
+    p.max_receive_message_bytes = 4 << 20;
+    p.default_max_tokens = 256;
+    return p;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Byte buffers                                                           */
+/* ---------------------------------------------------------------------- */
+
+int cinfer_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return 0;
+    size_t n = grpc_byte_buffer_length(bb);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        grpc_byte_buffer_reader_destroy(&r);
+        return 0;
+    }
+    size_t off = 0;
+    grpc_slice s;
+    while (grpc_byte_buffer_reader_next(&r, &s)) {
+        size_t k = GRPC_SLICE_LENGTH(s);
+        if (off + k <= n) {
+            memcpy(buf + off, GRPC_SLICE_START_PTR(s), k);
+            off += k;
+        }
+        grpc_slice_unref(s);
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    *out = buf;
+    *len = off;
+    return 1;
+}
+
+grpc_byte_buffer *cinfer_bb_wrap(uint8_t *data, size_t len)
+{
+    grpc_slice s = len ? grpc_slice_new(data, len, free)
+                       : grpc_empty_slice();
+    if (!len)
+        free(data);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+grpc_byte_buffer *cinfer_bb_pack(const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        return NULL;
+    protobuf_c_message_pack(m, buf);
+    return cinfer_bb_wrap(buf, n);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Calls                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static srv_call *call_new(cinfer_server *s, srv_worker *w)
+{
+    srv_call *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->srv = s;
+    c->w = w;
+    c->state = CALL_ACCEPTING;
+    atomic_init(&c->refs, 0);
+    pthread_mutex_init(&c->mu, NULL);
+    grpc_call_details_init(&c->details);
+    grpc_metadata_array_init(&c->request_md);
+    pthread_mutex_lock(&s->mu);
+    s->calls_live++;
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+/* The one function that frees a call: runs when its last reference goes,
+ * on whichever thread dropped it. */
+static void call_free(srv_call *c)
+{
+    cinfer_server *s = c->srv;
+    /* Off the lists first, so nobody walking them (health notify, abort)
+     * can reach the call while it is taken apart. */
+    pthread_mutex_lock(&s->mu);
+    if (c->listed) {
+        int gen = c->method && c->method->kind == RPC_GENERATE;
+        srv_call **head = gen ? &s->generate_list : &s->watch_list;
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            *head = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        c->listed = 0;
+        if (gen)
+            s->generate_open--;
+    }
+    pthread_mutex_unlock(&s->mu);
+
+    if (c->method && c->method->free_rpc)
+        c->method->free_rpc(c);
+    if (c->recv_buf)
+        grpc_byte_buffer_destroy(c->recv_buf);
+    if (c->step_buf)
+        grpc_byte_buffer_destroy(c->step_buf);
+    if (c->send_buf)
+        grpc_byte_buffer_destroy(c->send_buf);
+    if (c->has_status_details)
+        grpc_slice_unref(c->status_details);
+    grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->request_md);
+    if (c->call)
+        grpc_call_unref(c->call);
+    pthread_mutex_destroy(&c->mu);
+    int accepted = c->accepted;
+    free(c);
+
+    /* Last: destroy waits for calls_live == 0 before shutting gRPC down. */
+    pthread_mutex_lock(&s->mu);
+    if (accepted)
+        s->calls_open--;
+    s->calls_live--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void cinfer_call_ref(srv_call *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void cinfer_call_unref(srv_call *c)
+{
+    int before = atomic_fetch_sub(&c->refs, 1);
+    CINFER_ASSERT(before > 0);
+    if (before == 1)
+        call_free(c);
+}
+
+/* Starts a batch tagged (c, op), holding a reference for it. */
+static int call_start(srv_call *c, int op, const grpc_op *ops, size_t n)
+{
+    cinfer_call_ref(c);
+    grpc_call_error e =
+        grpc_call_start_batch(c->call, ops, n, cinfer_call_tag(c, op), NULL);
+    if (e != GRPC_CALL_OK) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_WARN, "start_batch failed",
+                             c->request_id)) {
+            cinfer_log_str(&l, "error", grpc_call_error_to_string(e));
+            cinfer_log_end(&l);
+        }
+        cinfer_call_unref(c);
+        return 0;
+    }
+    return 1;
+}
+
+void cinfer_call_recv(srv_call *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv_buf;
+    c->state = CALL_RECEIVING;
+    call_start(c, OP_STEP, &op, 1);
+}
+
+static void put_initial_md(srv_call *c, grpc_op *op)
+{
+    memset(op, 0, sizeof *op);
+    op->op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->initial_md_sent = 1;
+}
+
+int cinfer_call_send_message(srv_call *c, int op, grpc_byte_buffer *msg)
+{
+    grpc_op ops[2];
+    size_t n = 0;
+    if (!c->initial_md_sent)
+        put_initial_md(c, &ops[n++]);
+    memset(&ops[n], 0, sizeof ops[n]);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = msg;
+    n++;
+    grpc_byte_buffer **slot = op == OP_STEP ? &c->step_buf : &c->send_buf;
+    CINFER_ASSERT(*slot == NULL);
+    *slot = msg;
+    if (op == OP_STEP)
+        c->state = CALL_SENDING;
+    if (!call_start(c, op, ops, n)) {
+        *slot = NULL;
+        grpc_byte_buffer_destroy(msg);
+        return 0;
+    }
+    return 1;
+}
+
+int cinfer_call_send_status(srv_call *c, int op, grpc_byte_buffer *msg,
+                            cinfer_status st, const char *details)
+{
+    grpc_op ops[3];
+    size_t n = 0;
+    if (!c->initial_md_sent)
+        put_initial_md(c, &ops[n++]);
+    grpc_byte_buffer **slot = op == OP_STEP ? &c->step_buf : &c->send_buf;
+    if (msg) {
+        CINFER_ASSERT(*slot == NULL);
+        *slot = msg;
+        memset(&ops[n], 0, sizeof ops[n]);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = msg;
+        n++;
+    }
+    CINFER_ASSERT(!c->has_status_details);
+    c->status_details = grpc_slice_from_copied_string(details ? details : "");
+    c->has_status_details = 1;
+    memset(&ops[n], 0, sizeof ops[n]);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = cinfer_server_grpc_status(st);
+    ops[n].data.send_status_from_server.status_details =
+        st == CINFER_OK ? NULL : &c->status_details;
+    n++;
+    if (op == OP_STEP)
+        c->state = CALL_FINISHING;
+    if (st != CINFER_OK)
+        cinfer_call_log_status(c, st, details);
+    if (!call_start(c, op, ops, n)) {
+        if (msg) {
+            *slot = NULL;
+            grpc_byte_buffer_destroy(msg);
+        }
+        c->state = CALL_DONE;
+        return 0;
+    }
+    return 1;
+}
+
+void cinfer_call_log_status(srv_call *c, cinfer_status st,
+                            const char *details)
+{
+    int server_fault = st == CINFER_E_INTERNAL || st == CINFER_E_IO ||
+                       st == CINFER_E_DEVICE || st == CINFER_E_FORMAT ||
+                       st == CINFER_E_NOMEM;
+    cinfer_log_line l;
+    if (!cinfer_log_begin(&l, server_fault ? CINFER_LOG_WARN : CINFER_LOG_INFO,
+                          "call failed", c->request_id))
+        return;
+    cinfer_log_str(&l, "method", c->method ? c->method->path : "?");
+    cinfer_log_str(&l, "status", cinfer_status_name(st));
+    cinfer_log_int(&l, "grpc_status", (int)cinfer_server_grpc_status(st));
+    cinfer_log_str(&l, "detail", details ? details : "");
+    cinfer_log_end(&l);
+}
+
+void cinfer_call_set_request_id(srv_call *c, const char *client_id)
+{
+    if (client_id && client_id[0]) {
+        snprintf(c->request_id, sizeof c->request_id, "%s", client_id);
+        return;
+    }
+    unsigned long long n = atomic_fetch_add(&c->srv->next_request_seq, 1);
+    snprintf(c->request_id, sizeof c->request_id, "req-%llu", n);
+}
+
+void cinfer_call_unary(srv_call *c, grpc_byte_buffer *msg, cinfer_unary_fn fn)
+{
+    if (!msg) {
+        cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_INVALID_ARG,
+                                "the request message is missing");
+        return;
+    }
+    uint8_t *req;
+    size_t len;
+    int ok = cinfer_bb_read(msg, &req, &len);
+    grpc_byte_buffer_destroy(msg);
+    if (!ok) {
+        cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_NOMEM,
+                                "out of memory reading the request");
+        return;
+    }
+    grpc_byte_buffer *out = NULL;
+    cinfer_clear_error();
+    cinfer_status st = fn(c, req, len, &out);
+    free(req);
+    if (st == CINFER_OK)
+        cinfer_call_send_status(c, OP_STEP, out, CINFER_OK, NULL);
+    else
+        cinfer_call_send_status(c, OP_STEP, NULL, st, cinfer_last_error());
+}
+
+/* ---------------------------------------------------------------------- */
+/* Accepting and dispatching                                              */
+/* ---------------------------------------------------------------------- */
+
+static void post_accept(cinfer_server *s, srv_worker *w)
+{
+    if (atomic_load(&s->state) == SERVER_STOPPING)
+        return;
+    srv_call *c = call_new(s, w);
+    if (!c) {
+        cinfer_log(CINFER_LOG_ERROR, "out of memory posting an accept", NULL);
+        return;
+    }
+    cinfer_call_ref(c);
+    grpc_call_error e = grpc_server_request_call(
+        s->grpc, &c->call, &c->details, &c->request_md, w->cq, w->cq,
+        cinfer_call_tag(c, OP_STEP));
+    if (e != GRPC_CALL_OK)
+        cinfer_call_unref(c);
+}
+
+static const rpc_method *find_method(const grpc_slice *path)
+{
+    size_t n = GRPC_SLICE_LENGTH(*path);
+    const char *p = (const char *)GRPC_SLICE_START_PTR(*path);
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        if (strlen(methods[i]->path) == n &&
+            memcmp(methods[i]->path, p, n) == 0)
+            return methods[i];
+    }
+    return NULL;
+}
+
+static void dispatch(srv_call *c)
+{
+    cinfer_server *s = c->srv;
+    c->start_ns = cinfer_server_now_ns();
+    pthread_mutex_lock(&s->mu);
+    c->accepted = 1;
+    s->calls_open++;
+    s->calls_total++;
+    pthread_mutex_unlock(&s->mu);
+
+    /* Learn at once when the client goes away or the deadline passes. */
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    if (!call_start(c, OP_CLOSE, &close_op, 1))
+        return;
+
+    c->method = find_method(&c->details.method);
+    if (!c->method) {
+        char msg[300];
+        size_t n = GRPC_SLICE_LENGTH(c->details.method);
+        snprintf(msg, sizeof msg, "unknown method %.*s",
+                 (int)(n > 200 ? 200 : n),
+                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        cinfer_call_set_request_id(c, NULL);
+        cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_UNSUPPORTED, msg);
+        return;
+    }
+    if (c->method->needs_model) {
+        int state = atomic_load(&s->state);
+        if (state != SERVER_SERVING) {
+            cinfer_call_set_request_id(c, NULL);
+            cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_UNAVAILABLE,
+                                    state == SERVER_LOADING
+                                        ? "the model is loading"
+                                        : "the server is shutting down");
+            return;
+        }
+    }
+    cinfer_call_recv(c);
+}
+
+static void on_step(srv_call *c, int ok)
+{
+    switch (c->state) {
+    case CALL_ACCEPTING:
+        if (!ok)
+            return; /* the server is shutting down */
+        post_accept(c->srv, c->w);
+        dispatch(c);
+        return;
+    case CALL_RECEIVING: {
+        grpc_byte_buffer *msg = c->recv_buf;
+        c->recv_buf = NULL;
+        if (!ok && msg) {
+            grpc_byte_buffer_destroy(msg);
+            msg = NULL;
+        }
+        if (!ok) {
+            /* The call failed under us (cancelled); RECV_CLOSE finishes
+             * it. */
+            c->state = CALL_DONE;
+            return;
+        }
+        c->method->on_message(c, msg);
+        return;
+    }
+    case CALL_SENDING:
+        if (c->step_buf) {
+            grpc_byte_buffer_destroy(c->step_buf);
+            c->step_buf = NULL;
+        }
+        if (!ok) {
+            c->state = CALL_DONE;
+            return;
+        }
+        if (c->method->on_sent)
+            c->method->on_sent(c, ok);
+        return;
+    case CALL_FINISHING:
+        if (c->step_buf) {
+            grpc_byte_buffer_destroy(c->step_buf);
+            c->step_buf = NULL;
+        }
+        c->state = CALL_DONE;
+        return;
+    case CALL_STREAMING:
+    case CALL_DONE:
+        return;
+    }
+}
+
+static void on_completion(void *tag, int ok)
+{
+    srv_call *c = (srv_call *)((uintptr_t)tag & ~CALL_OP_MASK);
+    int op = (int)((uintptr_t)tag & CALL_OP_MASK);
+    switch (op) {
+    case OP_STEP:
+        on_step(c, ok);
+        break;
+    case OP_CLOSE:
+        pthread_mutex_lock(&c->mu);
+        c->closed = 1;
+        pthread_mutex_unlock(&c->mu);
+        if (c->method && c->method->on_close)
+            c->method->on_close(c);
+        break;
+    case OP_SEND:
+        if (c->method && c->method->on_send)
+            c->method->on_send(c, ok);
+        break;
+    default:
+        CINFER_ASSERT(0);
+    }
+    cinfer_call_unref(c);
+}
+
+static void *worker_main(void *arg)
+{
+    srv_worker *w = arg;
+    cinfer_server *s = w->srv;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(
+            w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        if (ev.tag == &s->shutdown_tag) {
+            pthread_mutex_lock(&s->mu);
+            s->shutdown_done = 1;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        on_completion(ev.tag, ev.success);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Lifecycle                                                              */
+/* ---------------------------------------------------------------------- */
+
+int cinfer_server_port(const cinfer_server *s)
+{
+    return s->port;
+}
+
+static void set_state(cinfer_server *s, server_state st)
+{
+    atomic_store(&s->state, (int)st);
+    cinfer_health_notify(s);
+}
+
+cinfer_status cinfer_server_create(const cinfer_server_params *p,
+                                   cinfer_server **out)
+{
+    *out = NULL;
+    cinfer_server_params d = cinfer_server_default_params();
+    cinfer_server_params sp = p ? *p : d;
+    if (!sp.listen || !sp.listen[0])
+        sp.listen = d.listen;
+    if (sp.grpc_threads <= 0)
+        sp.grpc_threads = d.grpc_threads;
+    if (sp.grpc_threads > 256)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "grpc_threads must be in [1, 256], got %d",
+                                sp.grpc_threads);
+    if (sp.max_receive_message_bytes <= 0)
+        sp.max_receive_message_bytes = d.max_receive_message_bytes;
+    if (sp.default_max_tokens <= 0)
+        sp.default_max_tokens = d.default_max_tokens;
+
+    cinfer_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
+    s->params = sp;
+    s->listen = strdup(sp.listen);
+    s->params.listen = s->listen;
+    atomic_init(&s->state, SERVER_LOADING);
+    atomic_init(&s->next_worker, 0);
+    atomic_init(&s->next_request_seq, 1);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    cinfer_chat_template_detect(&s->chat, NULL, 0);
+    cinfer_status st = CINFER_OK;
+    if (!s->listen) {
+        st = cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
+        goto fail_alloc;
+    }
+
+    st = cinfer_refl_index_create(cinfer_proto_descriptor_set,
+                                  cinfer_proto_descriptor_set_len, &s->refl);
+    if (st != CINFER_OK)
+        goto fail_alloc;
+
+    grpc_init();
+    grpc_arg args[2];
+    memset(args, 0, sizeof args);
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = sp.max_receive_message_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[1].value.integer = 0;
+    grpc_channel_args ch_args = {2, args};
+    s->grpc = grpc_server_create(&ch_args, NULL);
+    if (!s->grpc) {
+        st = cinfer_set_error(CINFER_E_INTERNAL, "grpc_server_create failed");
+        goto fail_grpc;
+    }
+
+    s->n_workers = sp.grpc_threads;
+    s->workers = calloc((size_t)s->n_workers, sizeof *s->workers);
+    if (!s->workers) {
+        st = cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
+        goto fail_server;
+    }
+    for (int i = 0; i < s->n_workers; i++) {
+        s->workers[i].srv = s;
+        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->grpc, s->workers[i].cq,
+                                              NULL);
+    }
+
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    s->port = grpc_server_add_http2_port(s->grpc, s->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        st = cinfer_set_error(CINFER_E_IO, "cannot listen on %s", s->listen);
+        goto fail_cqs;
+    }
+    grpc_server_start(s->grpc);
+
+    /* Threads first, accepts after: every posted accept then has a thread
+     * polling its queue, which destroy relies on. */
+    for (int i = 0; i < s->n_workers; i++) {
+        if (pthread_create(&s->workers[i].thread, NULL, worker_main,
+                           &s->workers[i]) != 0) {
+            st = cinfer_set_error(CINFER_E_INTERNAL,
+                                  "cannot start a server thread");
+            if (i == 0)
+                goto fail_started;
+            /* Worker 0 runs: destroy can shut the server down. The other
+             * queues have nothing posted. */
+            s->n_workers = i;
+            cinfer_server_destroy(s);
+            return st;
+        }
+        s->workers[i].started = 1;
+    }
+    for (int i = 0; i < s->n_workers; i++)
+        for (int k = 0; k < ACCEPTS_PER_CQ; k++)
+            post_accept(s, &s->workers[i]);
+    *out = s;
+    return CINFER_OK;
+
+fail_started:
+    /* Started with no thread and no call: shut down by hand. */
+    grpc_server_shutdown_and_notify(s->grpc, s->workers[0].cq,
+                                    &s->shutdown_tag);
+    grpc_completion_queue_next(s->workers[0].cq,
+                               gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+fail_cqs:
+    grpc_server_destroy(s->grpc);
+    for (int i = 0; i < s->n_workers; i++) {
+        grpc_completion_queue_shutdown(s->workers[i].cq);
+        while (grpc_completion_queue_next(s->workers[i].cq,
+                                          gpr_inf_future(GPR_CLOCK_REALTIME),
+                                          NULL)
+                   .type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(s->workers[i].cq);
+    }
+    free(s->workers);
+    goto fail_grpc;
+fail_server:
+    grpc_server_destroy(s->grpc);
+fail_grpc:
+    grpc_shutdown_blocking();
+    cinfer_refl_index_destroy(s->refl);
+fail_alloc:
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->listen);
+    free(s);
+    return st;
+}
+
+cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
+                                   cinfer_engine *engine)
+{
+    if (!model || !engine)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "server attach: model and engine are "
+                                "required");
+    if (s->engine)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "server attach: already attached");
+    const cinfer_model_info *mi = cinfer_model_get_info(model);
+    s->model = model;
+    s->engine = engine;
+    s->tk = cinfer_model_tokenizer(model);
+    s->limits.n_vocab = cinfer_tokenizer_n_vocab(s->tk);
+    s->limits.n_ctx = mi->n_ctx;
+    s->limits.default_max_tokens = s->params.default_max_tokens;
+
+    cinfer_gguf_str tmpl = {NULL, 0};
+    const cinfer_gguf *g = cinfer_model_gguf(model);
+    if (g && cinfer_gguf_get_str(g, "tokenizer.chat_template", &tmpl) !=
+                 CINFER_OK) {
+        tmpl.ptr = NULL;
+        tmpl.len = 0;
+    }
+    cinfer_chat_template_cleanup(&s->chat);
+    cinfer_status st = cinfer_chat_template_init(&s->chat, tmpl.ptr,
+                                                 (size_t)tmpl.len, s->tk);
+    if (st != CINFER_OK)
+        return st;
+    s->limits.chat_supported = s->chat.format != CINFER_CHAT_NONE;
+
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_INFO, "serving", NULL)) {
+        cinfer_log_str(&l, "model", mi->name);
+        cinfer_log_str(&l, "arch", mi->arch);
+        cinfer_log_str(&l, "quant", mi->quant);
+        cinfer_log_int(&l, "n_ctx", mi->n_ctx);
+        cinfer_log_int(&l, "n_vocab", s->limits.n_vocab);
+        cinfer_log_str(&l, "chat_template",
+                       tmpl.ptr ? (s->chat.format ? cinfer_chat_format_name(
+                                                        s->chat.format)
+                                                  : "unsupported")
+                                : "none");
+        cinfer_log_end(&l);
+    }
+    /* Publishes model/engine/limits to the worker threads: they read them
+     * only after seeing SERVING (sequentially consistent atomics). */
+    set_state(s, SERVER_SERVING);
+    return CINFER_OK;
+}
+
+/* Waits on s->cv until *cond or the absolute monotonic deadline (ns, < 0 =
+ * none). Called with s->mu held. Returns 0 on timeout. */
+static int wait_until(cinfer_server *s, int (*cond)(cinfer_server *),
+                      int64_t deadline_ns)
+{
+    while (!cond(s)) {
+        if (deadline_ns < 0) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        struct timespec ts = {(time_t)(deadline_ns / 1000000000),
+                              (long)(deadline_ns % 1000000000)};
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
+            return cond(s);
+    }
+    return 1;
+}
+
+static int no_generate(cinfer_server *s)
+{
+    return s->generate_open == 0;
+}
+
+static int all_freed(cinfer_server *s)
+{
+    return s->shutdown_done && s->calls_live == 0;
+}
+
+int cinfer_server_drain(cinfer_server *s, int64_t timeout_ms)
+{
+    if (atomic_load(&s->state) < SERVER_DRAINING)
+        set_state(s, SERVER_DRAINING);
+    pthread_mutex_lock(&s->mu);
+    int n0 = s->generate_open;
+    pthread_mutex_unlock(&s->mu);
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_INFO, "draining", NULL)) {
+        cinfer_log_int(&l, "streams", n0);
+        cinfer_log_int(&l, "timeout_ms", timeout_ms);
+        cinfer_log_end(&l);
+    }
+    int64_t deadline =
+        timeout_ms < 0 ? -1 : cinfer_server_now_ns() + timeout_ms * 1000000;
+    pthread_mutex_lock(&s->mu);
+    wait_until(s, no_generate, deadline);
+    int left = s->generate_open;
+    pthread_mutex_unlock(&s->mu);
+    if (cinfer_log_begin(&l, left ? CINFER_LOG_WARN : CINFER_LOG_INFO,
+                         "drained", NULL)) {
+        cinfer_log_int(&l, "streams_left", left);
+        cinfer_log_end(&l);
+    }
+    return left;
+}
+
+void cinfer_server_destroy(cinfer_server *s)
+{
+    if (!s)
+        return;
+    if (atomic_load(&s->state) < SERVER_DRAINING)
+        set_state(s, SERVER_DRAINING);
+    atomic_store(&s->state, SERVER_STOPPING);
+
+    /* Streams still running: stop them in the engine; each sends
+     * UNAVAILABLE once its FINISH arrives. */
+    cinfer_generate_abort_all(s);
+    pthread_mutex_lock(&s->mu);
+    wait_until(s, no_generate,
+               cinfer_server_now_ns() + (int64_t)ABORT_GRACE_MS * 1000000);
+    pthread_mutex_unlock(&s->mu);
+
+    grpc_server_shutdown_and_notify(s->grpc, s->workers[0].cq,
+                                    &s->shutdown_tag);
+    grpc_server_cancel_all_calls(s->grpc);
+    pthread_mutex_lock(&s->mu);
+    wait_until(s, all_freed, -1);
+    pthread_mutex_unlock(&s->mu);
+
+    for (int i = 0; i < s->n_workers; i++)
+        grpc_completion_queue_shutdown(s->workers[i].cq);
+    for (int i = 0; i < s->n_workers; i++) {
+        if (s->workers[i].started)
+            pthread_join(s->workers[i].thread, NULL);
+        grpc_completion_queue_destroy(s->workers[i].cq);
+    }
+    grpc_server_destroy(s->grpc);
+    grpc_shutdown_blocking();
+    free(s->workers);
+    cinfer_refl_index_destroy(s->refl);
+    cinfer_chat_template_cleanup(&s->chat);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    cinfer_log(CINFER_LOG_INFO, "stopped", NULL);
+    free(s->listen);
+    free(s);
+}

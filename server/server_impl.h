@@ -1,0 +1,254 @@
+/*
+ * server_impl.h - internals shared by the server's files: the server
+ * struct, the per-call state machine, and the helpers every RPC uses to
+ * receive and reply.
+ *
+ * The call state machine. Every incoming call is one heap srv_call; its
+ * address, with the operation in the low two bits, is the completion-queue
+ * tag of each batch it starts:
+ *
+ *   OP_STEP   the call's sequential batches: accept (request_call), receive
+ *             a message, send a reply message, send the status
+ *   OP_CLOSE  RECV_CLOSE_ON_SERVER, posted as soon as the call is accepted;
+ *             it completes when the call ends, with cancelled=1 when the
+ *             client went away or the deadline passed
+ *   OP_SEND   stream messages started outside the STEP sequence (Generate
+ *             chunks from the engine thread, Health.Watch updates)
+ *
+ *   ACCEPTING --ok--> RECEIVING --message--> (method) --> FINISHING --> DONE
+ *                          ^                     |
+ *                          +----- SENDING <------+   (reflection's ping-pong)
+ *   Generate:  RECEIVING --> STREAMING (sink sends OP_SEND batches, the last
+ *              one carries the status) --> DONE
+ *
+ * Lifetime: `refs` counts the batches in flight plus the engine's hold on a
+ * Generate call (from submit until its FINISH event). A completion handler
+ * keeps its batch's reference until it returns. call_unref frees the call
+ * through call_free, the one function that frees a srv_call.
+ *
+ * Locks: srv->mu guards the server's counters and lists; c->mu guards the
+ * per-method state that the engine thread or the main thread touch (the
+ * Generate sink, a Watch's send state). Order: srv->mu before c->mu. No
+ * engine function is called with either held (the engine thread frees
+ * calls, which takes srv->mu).
+ */
+#ifndef CINFER_SERVER_IMPL_H
+#define CINFER_SERVER_IMPL_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/slice.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "server/chat.h"
+#include "server/reflection_index.h"
+#include "server/server.h"
+#include "server/validate.h"
+
+typedef enum {
+    SERVER_LOADING = 0, /* no model yet: Inference calls UNAVAILABLE */
+    SERVER_SERVING,
+    SERVER_DRAINING,    /* SIGTERM: new Inference calls UNAVAILABLE */
+    SERVER_STOPPING,    /* destroy: engine requests cancelled */
+} server_state;
+
+typedef enum {
+    RPC_UNKNOWN = 0,
+    RPC_GENERATE,
+    RPC_TOKENIZE,
+    RPC_DETOKENIZE,
+    RPC_MODEL_INFO,
+    RPC_HEALTH_CHECK,
+    RPC_HEALTH_WATCH,
+    RPC_REFLECTION,     /* v1 and v1alpha: same messages on the wire */
+} rpc_kind;
+
+typedef enum {
+    CALL_ACCEPTING = 0,
+    CALL_RECEIVING,
+    CALL_SENDING,
+    CALL_STREAMING,
+    CALL_FINISHING,
+    CALL_DONE,
+} call_state;
+
+enum { OP_STEP = 0, OP_CLOSE = 1, OP_SEND = 2 };
+#define CALL_OP_MASK ((uintptr_t)3)
+
+typedef struct srv_worker srv_worker;
+typedef struct srv_call srv_call;
+
+struct srv_worker {
+    cinfer_server *srv;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    int started;
+};
+
+struct srv_call {
+    cinfer_server *srv;
+    srv_worker *w;
+    const struct rpc_method *method; /* NULL until accepted / if unknown */
+    call_state state;
+    atomic_int refs;
+    pthread_mutex_t mu;
+
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array request_md;
+    grpc_byte_buffer *recv_buf;  /* RECV_MESSAGE target */
+    grpc_byte_buffer *step_buf;  /* message of the STEP batch in flight */
+    grpc_byte_buffer *send_buf;  /* message of the SEND batch in flight */
+    grpc_slice status_details;   /* of the one status batch */
+    int has_status_details;
+    int close_cancelled;         /* RECV_CLOSE_ON_SERVER result */
+    int closed;                  /* RECV_CLOSE_ON_SERVER completed (mu) */
+    int initial_md_sent;
+    int accepted;                /* counted in calls_open */
+    int listed;                  /* on srv->generate_list / watch_list */
+    srv_call *next, *prev;
+
+    char request_id[CINFER_MAX_REQUEST_ID_BYTES + 1];
+    int64_t start_ns;            /* CLOCK_MONOTONIC at accept */
+    void *rpc;                   /* the method's state; its free hook
+                                    releases it */
+};
+
+/* A method: how its calls are driven. Hooks run on the call's worker
+ * thread unless noted. */
+typedef struct rpc_method {
+    const char *path;          /* "/cinfer.v1.Inference/Generate" */
+    rpc_kind kind;
+    int needs_model;           /* UNAVAILABLE while loading or draining */
+    /* A request message arrived; msg NULL = the client half-closed with no
+     * (more) messages. The hook owns msg. */
+    void (*on_message)(srv_call *c, grpc_byte_buffer *msg);
+    /* A STEP message send (without status) completed. Optional. */
+    void (*on_sent)(srv_call *c, int ok);
+    /* An OP_SEND batch completed. Optional. */
+    void (*on_send)(srv_call *c, int ok);
+    /* RECV_CLOSE_ON_SERVER completed (c->close_cancelled says how).
+     * Optional. */
+    void (*on_close)(srv_call *c);
+    /* Releases c->rpc; runs on whichever thread drops the last reference.
+     * Optional. */
+    void (*free_rpc)(srv_call *c);
+} rpc_method;
+
+struct cinfer_server {
+    cinfer_server_params params;
+    char *listen;
+    grpc_server *grpc;
+    srv_worker *workers;
+    int n_workers;
+    int port;
+    atomic_int state;            /* server_state */
+    atomic_uint next_worker;
+
+    /* Set once by attach, before state becomes SERVING. */
+    cinfer_model *model;
+    cinfer_engine *engine;
+    const cinfer_tokenizer *tk;
+    cinfer_request_limits limits;
+    cinfer_chat_template chat;
+
+    cinfer_refl_index *refl;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* counters below changed */
+    int calls_live;              /* srv_call structs allocated */
+    int calls_open;              /* accepted calls not yet freed */
+    int generate_open;           /* Generate calls admitted, not freed */
+    uint64_t calls_total;
+    srv_call *generate_list;
+    srv_call *watch_list;
+    int shutdown_done;
+    char shutdown_tag;           /* its address tags the shutdown event */
+    atomic_ullong next_request_seq;
+};
+
+/* ---- helpers (server.c) ------------------------------------------------ */
+
+int64_t cinfer_server_now_ns(void);
+
+void cinfer_call_ref(srv_call *c);
+void cinfer_call_unref(srv_call *c);
+
+/* A tag for one of the call's operations. */
+static inline void *cinfer_call_tag(srv_call *c, int op)
+{
+    return (void *)((uintptr_t)c | (uintptr_t)op);
+}
+
+/* Posts RECV_MESSAGE (OP_STEP); state RECEIVING. */
+void cinfer_call_recv(srv_call *c);
+/* Sends a message (with the initial metadata the first time) without
+ * status, on `op` (OP_STEP: state SENDING, on_sent follows; OP_SEND:
+ * on_send follows). Takes ownership of msg. Returns 0 if the batch could
+ * not start (the call is gone). */
+int cinfer_call_send_message(srv_call *c, int op, grpc_byte_buffer *msg);
+/* Sends {initial metadata if not yet sent, msg if not NULL, status} on
+ * `op`; the gRPC code comes from cinfer_server_grpc_status(st) and
+ * `details` is the status message. Takes ownership of msg. Returns 0 if
+ * the batch could not start. On OP_STEP the state becomes FINISHING. */
+int cinfer_call_send_status(srv_call *c, int op, grpc_byte_buffer *msg,
+                            cinfer_status st, const char *details);
+
+/* Copies a received message into one malloc'd buffer (*out, *len; free
+ * it). Returns 0 on allocation failure. */
+int cinfer_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
+/* Wraps a malloc'd buffer (taking ownership) as a byte buffer. */
+grpc_byte_buffer *cinfer_bb_wrap(uint8_t *data, size_t len);
+/* Packs a protobuf-c message into a byte buffer; NULL when out of
+ * memory. */
+grpc_byte_buffer *cinfer_bb_pack(const ProtobufCMessage *m);
+
+/* Logs a rejected or failed call (info level for client errors, warn for
+ * server faults). */
+void cinfer_call_log_status(srv_call *c, cinfer_status st,
+                            const char *details);
+
+/* Assigns c->request_id: the client's id if given, else "req-<n>". */
+void cinfer_call_set_request_id(srv_call *c, const char *client_id);
+
+/* ---- methods (one file each) ------------------------------------------- */
+
+extern const rpc_method cinfer_rpc_generate;       /* generate.c */
+extern const rpc_method cinfer_rpc_tokenize;       /* tokenize.c */
+extern const rpc_method cinfer_rpc_detokenize;     /* tokenize.c */
+extern const rpc_method cinfer_rpc_model_info;     /* model_info.c */
+extern const rpc_method cinfer_rpc_health_check;   /* health.c */
+extern const rpc_method cinfer_rpc_health_watch;   /* health.c */
+extern const rpc_method cinfer_rpc_reflection_v1;  /* reflection.c */
+extern const rpc_method cinfer_rpc_reflection_v1alpha;
+
+/* Runs a unary method's body: decodes nothing itself; on_message of a
+ * unary method calls this with its handler, which fills a packed reply or
+ * returns an error (message via cinfer_set_error). */
+typedef cinfer_status (*cinfer_unary_fn)(srv_call *c, const uint8_t *req,
+                                         size_t len, grpc_byte_buffer **out);
+void cinfer_call_unary(srv_call *c, grpc_byte_buffer *msg, cinfer_unary_fn fn);
+
+/* Text (input_case 0; add_special: BOS/EOS as the vocabulary adds them,
+ * special-token strings parsed, as cinfer-run does) or chat messages
+ * (input_case 1, through the model's template) to token ids; *ids is
+ * malloc'd (generate.c). */
+cinfer_status cinfer_server_encode_input(const cinfer_server *s,
+                                         int input_case, const char *text,
+                                         const Cinfer__V1__Chat *chat,
+                                         int add_special, int32_t **ids,
+                                         size_t *n);
+
+/* Health: tells every Watch stream the serving status changed (health.c).
+ * Called with srv->mu not held. */
+void cinfer_health_notify(cinfer_server *s);
+
+/* Generate: cancels the engine request of every admitted Generate call
+ * (server destroy); they end with UNAVAILABLE (generate.c). */
+void cinfer_generate_abort_all(cinfer_server *s);
+
+#endif /* CINFER_SERVER_IMPL_H */
