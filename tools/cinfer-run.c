@@ -392,7 +392,8 @@ int main(int argc, char **argv)
                         "exceed the context of %d\n", n_ids, n_gen, I->n_ctx);
         goto out;
     }
-    if (cinfer_sampler_create(&sp, I->n_vocab, &smp) != CINFER_OK) {
+    sp.n_vocab = I->n_vocab;
+    if (cinfer_sampler_create(&sp, &smp) != CINFER_OK) {
         fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
         goto out;
     }
@@ -407,7 +408,7 @@ int main(int argc, char **argv)
 
     cinfer_detok dt;
     cinfer_detok_init(&dt);
-    char piece[256];
+    char piece[1024];
     size_t piece_len;
     int n_done = 0, n_forward = 0;
     double t1 = now_s();
@@ -436,7 +437,7 @@ int main(int argc, char **argv)
         }
         n_forward++;
     }
-    if (cinfer_detok_flush(tk, &dt, piece, sizeof piece, &piece_len) ==
+    if (cinfer_detok_flush(&dt, piece, sizeof piece, &piece_len) ==
             CINFER_OK &&
         piece_len)
         fwrite(piece, 1, piece_len, stdout);
