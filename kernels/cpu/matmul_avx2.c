@@ -561,7 +561,7 @@ void cinfer_cpu_matmul_compute_avx2(cinfer_dtype wt, const void *w,
                 const int64_t nn = ce - (c + nc) < ct ? ce - (c + nc) : ct;
                 const size_t pf_bytes = (size_t)(nn > 0 ? nn : 0) * w_row_bytes;
                 t.pf = wb + (size_t)(c + nc) * w_row_bytes;
-                t.pf_step = (pf_bytes / (size_t)iters + 63) / 64 * 64;
+                t.pf_step = (pf_bytes / (size_t)(iters > 0 ? iters : 1) + 63) / 64 * 64;
                 t.pf_lines = (int)(t.pf_step / 64);
                 for (int i = 0; i < rows; i++)
                     t.o[i] = out + (r + i) * out_stride + c;

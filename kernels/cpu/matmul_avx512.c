@@ -254,24 +254,26 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
                                             0, 0, 0, 0);
     const __m512i idx_d2 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1,
                                             0, 0, 0, 0);
-    const __m256i idx_m = _mm256_set_epi32(7, 5, 3, 1, 7, 5, 3, 1);
 
+    /* Q4_1's summs accumulate in the odd lanes of a [d0 m0 d1 m1 ...]
+     * vector (the even lanes collect d * s and are ignored), which saves a
+     * permute per block. */
     __m512 acc_lo[4][4], acc_hi[4][4];
-    __m128 summs[4][4];
+    __m256 summs[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
             acc_lo[r][g] = _mm512_setzero_ps();
             acc_hi[r][g] = _mm512_setzero_ps();
-            summs[r][g] = _mm_setzero_ps();
+            summs[r][g] = _mm256_setzero_ps();
         }
 
     for (int64_t b = 0; b < t->nb; b++) {
         prefetch_next(t, b);
         __m512i wlo[4], whi[4];
         __m512 dvec[4];
-        __m128 mvec[4];
+        __m256 dmvec[4];
         const size_t wo = (size_t)b * wbs;
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
@@ -283,18 +285,19 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
             raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p3 + wqo)), 3);
             wlo[g] = _mm512_and_si512(raw, m0f);
             whi[g] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);
+            /* The four columns' scales, combined in general registers. */
             if (q41) {
-                __m128i dm = _mm_set_epi32((int)ld32(p3), (int)ld32(p2),
-                                           (int)ld32(p1), (int)ld32(p0));
-                __m256 f = _mm256_cvtph_ps(dm); /* d0 m0 d1 m1 d2 m2 d3 m3 */
+                uint64_t lo = ld32(p0) | (uint64_t)ld32(p1) << 32;
+                uint64_t hi = ld32(p2) | (uint64_t)ld32(p3) << 32;
+                __m256 f = _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
                 dvec[g] = _mm512_permutexvar_ps(idx_d4, _mm512_castps256_ps512(f));
-                mvec[g] = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(f, idx_m));
+                dmvec[g] = f; /* d0 m0 d1 m1 d2 m2 d3 m3 */
             } else {
-                __m128i dd = _mm_set_epi16(0, 0, 0, 0, (short)ld16(p3), (short)ld16(p2),
-                                           (short)ld16(p1), (short)ld16(p0));
-                __m128 f = _mm_cvtph_ps(dd);
+                uint64_t dd = ld16(p0) | (uint64_t)ld16(p1) << 16 |
+                              (uint64_t)ld16(p2) << 32 | (uint64_t)ld16(p3) << 48;
+                __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dd));
                 dvec[g] = _mm512_permutexvar_ps(idx_d2, _mm512_castps128_ps512(f));
-                mvec[g] = f;
+                dmvec[g] = _mm256_castps128_ps256(f);
             }
         }
         const size_t ao = (size_t)b * abs_;
@@ -310,7 +313,7 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
                 slo = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, alo));
                 shi = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, ahi));
             }
-            __m128 sa = _mm_permute_ps(ds, _MM_SHUFFLE(1, 1, 1, 1));
+            __m256 sa = _mm256_broadcastss_ps(_mm_movehdup_ps(ds));
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) {
                 __m512i plo = _mm512_dpbusd_epi32(slo, wlo[g], alo);
@@ -319,7 +322,7 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
                 acc_lo[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(plo), acc_lo[r][g]);
                 acc_hi[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(phi), acc_hi[r][g]);
                 if (q41)
-                    summs[r][g] = _mm_fmadd_ps(mvec[g], sa, summs[r][g]);
+                    summs[r][g] = _mm256_fmadd_ps(dmvec[g], sa, summs[r][g]);
             }
         }
     }
@@ -330,8 +333,11 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
         for (int g = 0; g < G; g++) {
             __m512 v = hsum4_lanes(_mm512_add_ps(acc_lo[r][g], acc_hi[r][g]));
             __m128 s = _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, v));
-            if (q41)
-                s = _mm_add_ps(s, summs[r][g]);
+            if (q41) {
+                __m256 m = _mm256_permutevar8x32_ps(summs[r][g],
+                                                    _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
+                s = _mm_add_ps(s, _mm256_castps256_ps128(m));
+            }
             store_cols(t, r, 4 * g, s, 4);
         }
 }
@@ -603,7 +609,7 @@ void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
                 const int64_t nn = ce - (c + nc) < ct ? ce - (c + nc) : ct;
                 const size_t pf_bytes = (size_t)(nn > 0 ? nn : 0) * w_row_bytes;
                 t.pf = wb + (size_t)(c + nc) * w_row_bytes;
-                t.pf_step = (pf_bytes / (size_t)iters + 63) / 64 * 64;
+                t.pf_step = (pf_bytes / (size_t)(iters > 0 ? iters : 1) + 63) / 64 * 64;
                 t.pf_lines = (int)(t.pf_step / 64);
                 for (int i = 0; i < 4; i++) {
                     int64_t rr = r + (i < rows ? i : rows - 1);

@@ -412,10 +412,34 @@ static void test_prepare_edges(void)
     }
 }
 
+/* n_in = 0 is a whole number of blocks: every output is zero. */
+static void test_empty_inner(void)
+{
+    uint8_t w[64] = {0}, act[64] = {0};
+    float x[4] = {0};
+    for (int ii = 0; ii < N_ISAS; ii++) {
+        if (!cinfer_cpu_isa_supported(k_isas[ii]))
+            continue;
+        for (int t = 0; t < N_WTYPES; t++) {
+            float out[2 * 5];
+            for (int i = 0; i < 10; i++)
+                out[i] = 9.0f;
+            cinfer_dtype at = cinfer_cpu_matmul_act_type(k_wtypes[t]);
+            cinfer_cpu_matmul_prepare(k_isas[ii], at, x, 0, 0, 2, act);
+            cinfer_cpu_matmul_compute(k_isas[ii], k_wtypes[t], w, 0, act, 2, 0,
+                                      out, 5, 1, 4);
+            for (int r = 0; r < 2; r++)
+                for (int o = 0; o < 5; o++)
+                    CHECK_EQ_INT(out[r * 5 + o] == 0.0f, o >= 1 && o < 4);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_supported_and_pairs);
     RUN(test_prepare_edges);
+    RUN(test_empty_inner);
     RUN(test_f32);
     RUN(test_f16);
     RUN(test_bf16);

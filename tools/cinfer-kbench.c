@@ -1,0 +1,631 @@
+/*
+ * cinfer-kbench - micro-benchmark of the CPU matrix-product kernels
+ * (kernels/cpu/matmul.h) against the machine's own floors.
+ *
+ * Floors, measured in the same run:
+ *   - read bandwidth: a plain vector sum over a 256 MB buffer, 1 and 2
+ *     threads (what a decode step, which streams every weight once, can
+ *     approach);
+ *   - peak fp32 FMA: independent fused multiply-adds in registers, per ISA.
+ * Kernels, per ISA and weight type, at 1 and 2 threads:
+ *   - decode (n = 1): one pass over distinct matrices totalling about the
+ *     default model's weight bytes (93 MB), so the weights come from DRAM,
+ *     not cache; reported as GB/s of weights and % of the bandwidth floor;
+ *   - prefill (n = 128, 512): GFLOP/s (2 n n_out n_in / time) including the
+ *     activation prepare, and % of the FMA floor.
+ * Threads are plain pthreads, each taking a contiguous range of output
+ * columns (rows of the activation for prepare), with a spinning barrier
+ * between phases, as the backend's pool does.
+ *
+ *     cinfer-kbench                      all ISAs, all types
+ *     cinfer-kbench --isa avx512 --types q4_1,q8_0 --threads 2
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/cpu/matmul.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KB_X86 1
+#endif
+
+#define MAX_THREADS 2
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------------- */
+/* a tiny spinning thread team                                            */
+/* ---------------------------------------------------------------------- */
+
+typedef void (*team_fn)(void *ctx, int ith, int nth);
+
+typedef struct {
+    int nth;
+    pthread_t th[MAX_THREADS];
+    _Atomic unsigned gen;       /* bumped to start a job */
+    _Atomic int done;           /* workers finished the current job */
+    _Atomic int quit;
+    team_fn fn;
+    void *ctx;
+    _Atomic int bar_count;      /* barrier inside a job */
+    _Atomic unsigned bar_gen;
+} team;
+
+typedef struct {
+    team *tm;
+    int ith;
+} worker_arg;
+
+static worker_arg g_wargs[MAX_THREADS];
+
+static void team_barrier(team *tm)
+{
+    if (tm->nth == 1)
+        return;
+    unsigned g = atomic_load(&tm->bar_gen);
+    if (atomic_fetch_add(&tm->bar_count, 1) == tm->nth - 1) {
+        atomic_store(&tm->bar_count, 0);
+        atomic_fetch_add(&tm->bar_gen, 1);
+    } else {
+        while (atomic_load(&tm->bar_gen) == g)
+            ;
+    }
+}
+
+static void *worker_main(void *p)
+{
+    worker_arg *wa = p;
+    team *tm = wa->tm;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        long spins = 0;
+        /* Spin while jobs come back to back; sleep when idle so a waiting
+         * team does not hold a core. */
+        while ((g = atomic_load(&tm->gen)) == seen && !atomic_load(&tm->quit)) {
+            if (++spins > 2000000) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        if (atomic_load(&tm->quit))
+            return NULL;
+        seen = g;
+        tm->fn(tm->ctx, wa->ith, tm->nth);
+        atomic_fetch_add(&tm->done, 1);
+    }
+}
+
+static void team_start(team *tm, int nth)
+{
+    memset(tm, 0, sizeof(*tm));
+    tm->nth = nth;
+    for (int i = 1; i < nth; i++) {
+        g_wargs[i].tm = tm;
+        g_wargs[i].ith = i;
+        pthread_create(&tm->th[i], NULL, worker_main, &g_wargs[i]);
+    }
+}
+
+/* Runs fn on every thread (the caller is thread 0) and waits. */
+static void team_run(team *tm, team_fn fn, void *ctx)
+{
+    tm->fn = fn;
+    tm->ctx = ctx;
+    atomic_store(&tm->done, 0);
+    atomic_fetch_add(&tm->gen, 1);
+    fn(ctx, 0, tm->nth);
+    while (atomic_load(&tm->done) != tm->nth - 1)
+        ;
+}
+
+static void team_stop(team *tm)
+{
+    atomic_store(&tm->quit, 1);
+    for (int i = 1; i < tm->nth; i++)
+        pthread_join(tm->th[i], NULL);
+}
+
+/* ---------------------------------------------------------------------- */
+/* floors                                                                 */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    const float *buf;
+    size_t n;           /* floats */
+    float sums[MAX_THREADS];
+} bw_ctx;
+
+#ifdef KB_X86
+__attribute__((target("avx2"))) static float sum_avx2(const float *p, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(p + i + 24));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+static float sum_plain(const float *p, size_t n)
+{
+    float s[8] = {0};
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            s[j] += p[i + j];
+    return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+static void bw_job(void *p, int ith, int nth)
+{
+    bw_ctx *c = p;
+    size_t per = c->n / (size_t)nth / 32 * 32;
+    const float *b = c->buf + per * (size_t)ith;
+#ifdef KB_X86
+    if (cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX2)) {
+        c->sums[ith] = sum_avx2(b, per);
+        return;
+    }
+#endif
+    c->sums[ith] = sum_plain(b, per);
+}
+
+static double measure_bw(team *tm, const float *buf, size_t bytes)
+{
+    bw_ctx c = {.buf = buf, .n = bytes / 4};
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        team_run(tm, bw_job, &c);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    return (double)bytes / best / 1e9;
+}
+
+typedef struct {
+    cinfer_cpu_isa isa;
+    long iters;
+    float sink[MAX_THREADS];
+} fma_ctx;
+
+#ifdef KB_X86
+__attribute__((target("avx512f"))) static float fma_avx512(long iters)
+{
+    __m512 a[12];
+    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm512_set1_ps((float)i);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm512_fmadd_ps(a[i], m, c);
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) static float fma_avx2(long iters)
+{
+    __m256 a[12];
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps((float)i);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], m, c);
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_ps(s, a[i]);
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    return t[0] + t[7];
+}
+#endif
+
+static float fma_plain(long iters)
+{
+    float a[16];
+    for (int i = 0; i < 16; i++)
+        a[i] = (float)i;
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            a[i] = a[i] * 0.999999f + 1e-7f;
+    return a[0] + a[15];
+}
+
+/* FLOPs of one inner step of each variant. */
+static double fma_flops_per_iter(cinfer_cpu_isa isa)
+{
+    switch (isa) {
+    case CINFER_CPU_ISA_AVX512: return 12.0 * 16 * 2;
+    case CINFER_CPU_ISA_AVX2: return 12.0 * 8 * 2;
+    default: return 16.0 * 2;
+    }
+}
+
+static void fma_job(void *p, int ith, int nth)
+{
+    fma_ctx *c = p;
+    switch (c->isa) {
+#ifdef KB_X86
+    case CINFER_CPU_ISA_AVX512: c->sink[ith] = fma_avx512(c->iters); return;
+    case CINFER_CPU_ISA_AVX2: c->sink[ith] = fma_avx2(c->iters); return;
+#endif
+    default: c->sink[ith] = fma_plain(c->iters); return;
+    }
+}
+
+/* Aggregate GFLOP/s of all the team's threads. */
+static double measure_fma(team *tm, cinfer_cpu_isa isa)
+{
+    fma_ctx c = {.isa = isa, .iters = 20000000};
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_s();
+        team_run(tm, fma_job, &c);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    return fma_flops_per_iter(isa) * (double)c.iters * tm->nth / best / 1e9;
+}
+
+/* ---------------------------------------------------------------------- */
+/* kernels                                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    cinfer_cpu_isa isa;
+    cinfer_dtype wt;
+    int n_mats;
+    const uint8_t *const *w; /* n_mats weight matrices */
+    size_t w_row_bytes;
+    int64_t n_out, n_in, n;
+    const float *x;          /* [n, n_in] */
+    void *act;               /* prepared activations */
+    float *out;              /* [n, n_out] */
+    team *tm;
+} mm_ctx;
+
+/* Column range of thread ith, in multiples of 16 columns. */
+static void split_cols(int64_t n_out, int ith, int nth, int64_t *o0, int64_t *o1)
+{
+    int64_t units = (n_out + 15) / 16;
+    int64_t a = units * ith / nth * 16, b = units * (ith + 1) / nth * 16;
+    *o0 = a < n_out ? a : n_out;
+    *o1 = b < n_out ? b : n_out;
+}
+
+static void mm_job(void *p, int ith, int nth)
+{
+    mm_ctx *c = p;
+    cinfer_dtype at = cinfer_cpu_matmul_act_type(c->wt);
+    int64_t r0 = c->n * ith / nth, r1 = c->n * (ith + 1) / nth;
+    int64_t o0, o1;
+    split_cols(c->n_out, ith, nth, &o0, &o1);
+    for (int m = 0; m < c->n_mats; m++) {
+        /* Decode re-prepares the same input per matrix, as the model does
+         * per op; it is a few hundred bytes. */
+        cinfer_cpu_matmul_prepare(c->isa, at, c->x, c->n_in, r0, r1, c->act);
+        team_barrier(c->tm);
+        cinfer_cpu_matmul_compute(c->isa, c->wt, c->w[m], c->w_row_bytes,
+                                  c->act, c->n, c->n_in, c->out, c->n_out, o0,
+                                  o1);
+        team_barrier(c->tm);
+    }
+}
+
+static uint8_t *make_matrix(cinfer_dtype wt, int64_t n_out, int64_t n_in,
+                            uint64_t *seed)
+{
+    size_t rb = cinfer_dtype_row_bytes(wt, n_in);
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    float *row = malloc(sizeof(float) * (size_t)n_in);
+    if (!w || !row) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++) {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            row[i] = (float)((*seed >> 40) * (1.0 / 8388608.0)) - 1.0f;
+        }
+        cinfer_quantize_row(wt, row, w + rb * (size_t)o, n_in);
+    }
+    free(row);
+    return w;
+}
+
+/* ---------------------------------------------------------------------- */
+/* main                                                                   */
+/* ---------------------------------------------------------------------- */
+
+static const cinfer_dtype k_types[] = {
+    CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
+    CINFER_DTYPE_F16,  CINFER_DTYPE_BF16, CINFER_DTYPE_F32,
+};
+#define N_TYPES (int)(sizeof(k_types) / sizeof(k_types[0]))
+
+static void cpu_model(char *buf, size_t n)
+{
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ')
+                    c++;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, n, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static int parse_isa(const char *s, cinfer_cpu_isa *out)
+{
+    if (!strcmp(s, "portable"))
+        *out = CINFER_CPU_ISA_PORTABLE;
+    else if (!strcmp(s, "avx2"))
+        *out = CINFER_CPU_ISA_AVX2;
+    else if (!strcmp(s, "avx512"))
+        *out = CINFER_CPU_ISA_AVX512;
+    else
+        return 0;
+    return 1;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: cinfer-kbench [--isa all|portable|avx2|avx512] "
+            "[--types q4_1,q8_0,q4_0,f16,bf16,f32] [--threads 1|2|1,2]\n"
+            "                     [--decode-mb MB] [--no-prefill] [--no-decode]\n");
+}
+
+int main(int argc, char **argv)
+{
+    int isa_on[4] = {0, 1, 1, 1}; /* indexed by cinfer_cpu_isa */
+    int type_on[N_TYPES];
+    for (int i = 0; i < N_TYPES; i++)
+        type_on[i] = 1;
+    int thr_on[MAX_THREADS + 1] = {0, 1, 1};
+    double decode_mb = 93.0;
+    int do_prefill = 1, do_decode = 1;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--isa") && v) {
+            i++;
+            if (strcmp(v, "all") != 0) {
+                cinfer_cpu_isa isa;
+                if (!parse_isa(v, &isa)) {
+                    usage();
+                    return 2;
+                }
+                memset(isa_on, 0, sizeof(isa_on));
+                isa_on[isa] = 1;
+            }
+        } else if (!strcmp(a, "--types") && v) {
+            i++;
+            for (int t = 0; t < N_TYPES; t++) {
+                char name[16];
+                snprintf(name, sizeof(name), "%s", cinfer_dtype_name(k_types[t]));
+                for (char *c = name; *c; c++)
+                    *c = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+                type_on[t] = strstr(v, name) != NULL;
+            }
+        } else if (!strcmp(a, "--threads") && v) {
+            i++;
+            thr_on[1] = strchr(v, '1') != NULL;
+            thr_on[2] = strchr(v, '2') != NULL;
+        } else if (!strcmp(a, "--decode-mb") && v) {
+            i++;
+            decode_mb = atof(v);
+        } else if (!strcmp(a, "--no-prefill")) {
+            do_prefill = 0;
+        } else if (!strcmp(a, "--no-decode")) {
+            do_decode = 0;
+        } else {
+            usage();
+            return 2;
+        }
+    }
+
+    char model[256];
+    cpu_model(model, sizeof(model));
+    const char *coretype = getenv("OPENBLAS_CORETYPE");
+    time_t tnow = time(NULL);
+    char date[64];
+    strftime(date, sizeof(date), "%Y-%m-%d %H:%M", localtime(&tnow));
+    printf("cinfer-kbench  %s\n", date);
+    printf("cpu: %s, %ld online\n", model, (long)sysconf(_SC_NPROCESSORS_ONLN));
+    printf("OPENBLAS_CORETYPE: %s\n", coretype ? coretype : "(unset)");
+
+    team teams[MAX_THREADS + 1];
+    for (int nt = 1; nt <= MAX_THREADS; nt++)
+        team_start(&teams[nt], nt);
+
+    /* floors */
+    double bw[MAX_THREADS + 1] = {0};
+    {
+        size_t bytes = (size_t)256 << 20;
+        float *buf = malloc(bytes);
+        if (!buf) {
+            fprintf(stderr, "out of memory\n");
+            return 1;
+        }
+        for (size_t i = 0; i < bytes / 4; i++)
+            buf[i] = (float)(i & 1023);
+        printf("\nfloors\n");
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            bw[nt] = measure_bw(&teams[nt], buf, bytes);
+            printf("  read bandwidth (256 MB sum)  %d thr  %7.1f GB/s\n", nt, bw[nt]);
+        }
+        free(buf);
+    }
+    double peak[4][MAX_THREADS + 1] = {{0}};
+    for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+        if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
+            continue;
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            peak[isa][nt] = measure_fma(&teams[nt], (cinfer_cpu_isa)isa);
+            printf("  peak fp32 FMA %-8s          %d thr  %7.1f GFLOP/s\n",
+                   cinfer_cpu_isa_name((cinfer_cpu_isa)isa), nt, peak[isa][nt]);
+        }
+    }
+
+    uint64_t seed = 0x12345678abcdefull;
+    const int64_t d_out = 1536, d_in = 576; /* the default model's FFN */
+
+    if (do_decode) {
+        printf("\ndecode: n = 1, one pass over distinct [%lld x %lld] matrices "
+               "totalling ~%.0f MB\n",
+               (long long)d_out, (long long)d_in, decode_mb);
+        printf("  %-8s %-5s %3s %9s %8s %10s\n", "isa", "type", "thr", "GB/s",
+               "% of bw", "us/pass");
+        for (int t = 0; t < N_TYPES; t++) {
+            if (!type_on[t])
+                continue;
+            cinfer_dtype wt = k_types[t];
+            size_t rb = cinfer_dtype_row_bytes(wt, d_in);
+            size_t mat_bytes = rb * (size_t)d_out;
+            int n_mats = (int)(decode_mb * 1e6 / (double)mat_bytes + 0.5);
+            if (n_mats < 1)
+                n_mats = 1;
+            uint8_t **w = malloc(sizeof(*w) * (size_t)n_mats);
+            for (int m = 0; m < n_mats; m++)
+                w[m] = make_matrix(wt, d_out, d_in, &seed);
+            float *x = malloc(sizeof(float) * (size_t)d_in);
+            for (int64_t i = 0; i < d_in; i++)
+                x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in));
+            float *out = malloc(sizeof(float) * (size_t)d_out);
+            for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+                if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
+                    continue;
+                for (int nt = 1; nt <= MAX_THREADS; nt++) {
+                    if (!thr_on[nt])
+                        continue;
+                    mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = n_mats,
+                                .w = (const uint8_t *const *)w, .w_row_bytes = rb,
+                                .n_out = d_out, .n_in = d_in, .n = 1, .x = x,
+                                .act = act, .out = out, .tm = &teams[nt]};
+                    int reps = isa == CINFER_CPU_ISA_PORTABLE ? 2 : 8;
+                    double best = 1e30;
+                    for (int rep = 0; rep < reps; rep++) {
+                        double t0 = now_s();
+                        team_run(&teams[nt], mm_job, &c);
+                        double dt = now_s() - t0;
+                        best = dt < best ? dt : best;
+                    }
+                    double gbs = (double)mat_bytes * n_mats / best / 1e9;
+                    printf("  %-8s %-5s %3d %9.1f %7.0f%% %10.0f\n",
+                           cinfer_cpu_isa_name((cinfer_cpu_isa)isa),
+                           cinfer_dtype_name(wt), nt, gbs, 100.0 * gbs / bw[nt],
+                           best * 1e6);
+                    fflush(stdout);
+                }
+            }
+            for (int m = 0; m < n_mats; m++)
+                free(w[m]);
+            free(w);
+            free(x);
+            free(act);
+            free(out);
+        }
+    }
+
+    if (do_prefill) {
+        printf("\nprefill: w [%lld x %lld], n rows, prepare + compute\n",
+               (long long)d_out, (long long)d_in);
+        printf("  %-8s %-5s %3s %4s %9s %8s %10s\n", "isa", "type", "thr", "n",
+               "GFLOP/s", "% peak", "ms");
+        const int64_t ns[2] = {128, 512};
+        for (int t = 0; t < N_TYPES; t++) {
+            if (!type_on[t])
+                continue;
+            cinfer_dtype wt = k_types[t];
+            size_t rb = cinfer_dtype_row_bytes(wt, d_in);
+            uint8_t *w = make_matrix(wt, d_out, d_in, &seed);
+            for (int ni = 0; ni < 2; ni++) {
+                int64_t n = ns[ni];
+                float *x = malloc(sizeof(float) * (size_t)(n * d_in));
+                for (int64_t i = 0; i < n * d_in; i++)
+                    x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+                void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in) *
+                                   (size_t)n);
+                float *out = malloc(sizeof(float) * (size_t)(n * d_out));
+                for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+                    if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
+                        continue;
+                    if (isa == CINFER_CPU_ISA_PORTABLE && n > 128)
+                        continue; /* seconds per run; n = 128 says enough */
+                    for (int nt = 1; nt <= MAX_THREADS; nt++) {
+                        if (!thr_on[nt])
+                            continue;
+                        const uint8_t *wl[1] = {w};
+                        mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = 1,
+                                    .w = wl, .w_row_bytes = rb, .n_out = d_out,
+                                    .n_in = d_in, .n = n, .x = x, .act = act,
+                                    .out = out, .tm = &teams[nt]};
+                        double best = 1e30, total = 0.0;
+                        int reps = 0;
+                        while (reps < 3 || (total < 0.3 && reps < 200)) {
+                            double t0 = now_s();
+                            team_run(&teams[nt], mm_job, &c);
+                            double dt = now_s() - t0;
+                            best = dt < best ? dt : best;
+                            total += dt;
+                            reps++;
+                        }
+                        double gf = 2.0 * (double)n * (double)d_out * (double)d_in / best / 1e9;
+                        printf("  %-8s %-5s %3d %4lld %9.1f %7.0f%% %10.3f\n",
+                               cinfer_cpu_isa_name((cinfer_cpu_isa)isa),
+                               cinfer_dtype_name(wt), nt, (long long)n, gf,
+                               100.0 * gf / peak[isa][nt], best * 1e3);
+                        fflush(stdout);
+                    }
+                }
+                free(x);
+                free(act);
+                free(out);
+            }
+            free(w);
+        }
+    }
+
+    for (int nt = 1; nt <= MAX_THREADS; nt++)
+        team_stop(&teams[nt]);
+    return 0;
+}
