@@ -611,6 +611,10 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->tk = cinfer_model_tokenizer(p->model);
     e->max_seqs = p->max_seqs ? p->max_seqs : 64;
     e->max_batched = p->max_batched_tokens ? p->max_batched_tokens : 512;
+    /* Every running sequence must fit one decode row in a step; more would
+     * sit on their blocks without progressing. */
+    if (e->max_seqs > e->max_batched)
+        e->max_seqs = e->max_batched;
     e->max_queued = p->max_queued;
     e->prefix_cache = p->prefix_cache ? 1 : 0;
     e->now_ns = p->now_ns;

@@ -60,9 +60,11 @@ typedef struct cinfer_engine cinfer_engine;
 
 typedef struct {
     cinfer_model *model;      /* borrowed; must outlive the engine */
-    int max_seqs;             /* sequences running at once; 0 = 64 */
+    int max_seqs;             /* sequences running at once; 0 = 64;
+                                 at most max_batched_tokens */
     int max_batched_tokens;   /* rows per step (decodes + prefill chunks);
-                                 0 = 512 */
+                                 0 = 512; must not exceed the model's
+                                 max_batch_rows */
     int max_queued;           /* waiting requests before submit refuses
                                  with CINFER_E_EXHAUSTED; 0 = unbounded */
     int prefix_cache;         /* 1 = reuse KV blocks of shared prefixes */
@@ -100,7 +102,8 @@ typedef struct {
     cinfer_event_kind kind;
     uint64_t request_id;
     int sample_index;              /* 0..n-1 when n > 1 samples */
-    /* TOKENS: */
+    /* TOKENS: (n_ids is 0 for text released at the end, after the last
+     * token: text withheld as a possible stop string start) */
     const int32_t *ids;            /* new token ids */
     size_t n_ids;
     const char *text;              /* their text delta: whole UTF-8 chars,
