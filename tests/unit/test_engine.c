@@ -93,6 +93,7 @@ typedef struct {
     size_t text_len;
     int finished;
     int after_finish; /* events seen after FINISH: must stay 0 */
+    int finish_order; /* 1 = first sample to finish since reset_events */
     cinfer_engine_event fin;
 } sample_rec;
 
@@ -154,6 +155,7 @@ static void on_event(void *user, const cinfer_engine_event *ev)
         s->fin.text = NULL;
         s->fin.message = NULL;
         ev_finished++;
+        s->finish_order = ev_finished;
         pthread_cond_broadcast(&ev_cv);
     } else {
         ev_bad++;
@@ -759,6 +761,42 @@ static void test_cancel_and_deadline(void)
     cinfer_model_destroy(m);
 }
 
+/* One sequence at a time: requests run by priority, then arrival. */
+static void test_priority_order(void)
+{
+    cinfer_model *m = tiny_model(0, 16, 256);
+    if (!m)
+        return;
+    cinfer_engine *e = make_engine(m, 1, 0, 0, NULL);
+    enum { N = 6 };
+    static job jobs[N];
+    static req_rec recs[N];
+    make_jobs(jobs, N, 20, 4, cinfer_model_get_info(m)->n_vocab, 8);
+    static const int prio[N] = {0, 2, -1, 2, 0, 5};
+    static const int order[N] = {4, 2, 6, 3, 5, 1}; /* expected finish */
+    reset_events();
+    cinfer_engine_pause(e, 1);
+    for (int i = 0; i < N; i++) {
+        memset(&recs[i], 0, sizeof recs[i]);
+        recs[i].e = e;
+        jobs[i].priority = prio[i];
+        cinfer_request_params rp = greedy_params(&jobs[i], &recs[i]);
+        pthread_mutex_lock(&ev_mu);
+        CHECK_OK(cinfer_engine_submit(e, &rp, &recs[i].id));
+        pthread_mutex_unlock(&ev_mu);
+    }
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.waiting, N);
+    cinfer_engine_pause(e, 0);
+    wait_finished(N);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ_INT(recs[i].s[0].finish_order, order[i]);
+    check_idle(e);
+    cinfer_engine_destroy(e);
+    cinfer_model_destroy(m);
+}
+
 static void test_validation(void)
 {
     cinfer_model *m = tiny_model(0, 16, 64);
@@ -849,6 +887,7 @@ typedef struct {
     req_rec *recs;
     test_clock *clk;
     int n_vocab;
+    int n; /* requests to submit, <= RN */
 } rand_ctx;
 
 static void *rand_submitter(void *arg)
@@ -857,7 +896,7 @@ static void *rand_submitter(void *arg)
     uint64_t rng = 2024;
     int32_t prompt[64];
     static const char *stops[] = {"e", "th", "\n"};
-    for (int i = 0; i < RN; i++) {
+    for (int i = 0; i < c->n; i++) {
         req_rec *rr = &c->recs[i];
         rr->e = c->e;
         int n = 1 + (int)(harness_rand(&rng) % 48);
@@ -900,7 +939,7 @@ static void *rand_submitter(void *arg)
     return NULL;
 }
 
-static void test_random_invariants(void)
+static void random_invariants(int n_req, int prefix)
 {
     cinfer_model_params mp = cinfer_model_default_params();
     char path[300];
@@ -929,23 +968,23 @@ static void test_random_invariants(void)
     static req_rec recs[RN];
     memset(recs, 0, sizeof recs);
     test_clock clk = {.t = 1, .tick = 50};
-    cinfer_engine *e = make_engine(m, 16, 64, 1, &clk);
+    cinfer_engine *e = make_engine(m, 16, 64, prefix, &clk);
     reset_events();
-    rand_ctx c = {e, recs, &clk, cinfer_model_get_info(m)->n_vocab};
+    rand_ctx c = {e, recs, &clk, cinfer_model_get_info(m)->n_vocab, n_req};
     pthread_t th;
     pthread_create(&th, NULL, rand_submitter, &c);
     pthread_join(th, NULL);
     int samples = 0, submitted = 0;
-    for (int i = 0; i < RN; i++) {
+    for (int i = 0; i < n_req; i++) {
         samples += recs[i].n_samples;
         submitted += recs[i].id != 0;
     }
-    CHECK_EQ_INT(submitted, RN);
+    CHECK_EQ_INT(submitted, n_req);
     wait_finished(samples);
     cinfer_engine_stats st;
     int counts[CINFER_FINISH_ERROR + 1] = {0};
     int bad = 0;
-    for (int i = 0; i < RN; i++) {
+    for (int i = 0; i < n_req; i++) {
         for (int k = 0; k < MAXS; k++) {
             sample_rec *s = &recs[i].s[k];
             if (k >= recs[i].n_samples) {
@@ -985,12 +1024,18 @@ static void test_random_invariants(void)
             (unsigned long long)st.steps, (unsigned long long)st.preemptions,
             (unsigned long long)st.cached_tokens);
     CHECK(st.preemptions > 0);
-    CHECK_EQ_INT(st.requests_finished, RN);
+    CHECK_EQ_INT(st.requests_finished, n_req);
     check_idle(e);
     CHECK_EQ_INT(st.kv_blocks_used, 0);
     cinfer_engine_destroy(e);
     cinfer_model_destroy(m);
     unlink(path);
+}
+
+static void test_random_invariants(void) { random_invariants(RN, 1); }
+static void test_random_invariants_no_prefix_cache(void)
+{
+    random_invariants(RN / 2, 0);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1064,8 +1109,10 @@ int main(void)
     RUN(test_n_samples);
     RUN(test_stop_conditions);
     RUN(test_cancel_and_deadline);
+    RUN(test_priority_order);
     RUN(test_validation);
     RUN(test_random_invariants);
+    RUN(test_random_invariants_no_prefix_cache);
     RUN(test_default_model_batch);
     unlink(tiny_file());
     return harness_done();
