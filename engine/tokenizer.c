@@ -480,24 +480,39 @@ static long byte_decode(const byte_alphabet *a, const char *s, size_t n,
 #define WS "\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
            "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
+/* llama.cpp's character classes come from Unicode 15.1; PCRE2 10.42 knows
+ * Unicode 14. The letters, numbers and punctuation added since are listed
+ * here so both agree on every code point (checked over all of them). */
+#define L_NEW "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}" \
+              "\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}" \
+              "\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}" \
+              "\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{2B739}" \
+              "\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define N_NEW "\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}"
+#define P_NEW "\\x{11B00}-\\x{11B09}\\x{11F43}-\\x{11F4F}"
+/* class bodies, for use inside [...] */
+#define UL "\\p{L}" L_NEW
+#define UN "\\p{N}" N_NEW
+#define UP "\\p{P}" P_NEW
+
 /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
 static const char RE_GPT2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+"
+    "'s|'t|'re|'ve|'m|'ll|'d| ?[" UL "]+| ?[" UN "]+| ?[^" WS UL UN "]+"
     "|[" WS "]+(?![^" WS "])|[" WS "]+";
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
  *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
 static const char RE_LLAMA3[] =
     "'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+"
+    "|[^\\r\\n" UL UN "]?[" UL "]+|[" UN "]{1,3}"
+    "| ?[^" WS UL UN "]+[\\r\\n]*|[" WS "]*[\\r\\n]+"
     "|[" WS "]+(?![^" WS "])|[" WS "]+";
 
 /* As llama3 with single digits. */
 static const char RE_QWEN2[] =
     "'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+"
+    "|[^\\r\\n" UL UN "]?[" UL "]+|[" UN "]"
+    "| ?[^" WS UL UN "]+[\\r\\n]*|[" WS "]*[\\r\\n]+"
     "|[" WS "]+(?![^" WS "])|[" WS "]+";
 
 typedef struct {
@@ -513,7 +528,7 @@ typedef struct {
 static const pre_def PRE_DEFS[] = {
     /* llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT */
     {"default",
-     {"[\\p{P}$+<=>^~|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"},
+     {"[" UP "$+<=>^~|]+", RE_GPT2, "[" UN "]+", "[0-9][0-9][0-9]"},
      0,
      0},
     {"gpt-2|phi-2|mpt|olmo|jais|exaone4|trillion|granite-docling|a.x-4.0|"
@@ -522,7 +537,7 @@ static const pre_def PRE_DEFS[] = {
      0,
      0},
     {"smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b|mellum2",
-     {"\\p{N}", RE_GPT2, NULL, NULL},
+     {"[" UN "]", RE_GPT2, NULL, NULL},
      0,
      0},
     {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2",

@@ -184,6 +184,7 @@ HAND = [
     "\u00ad soft hyphen",
     "\ufffd replacement char",
     "\ue000 private use \U000F0000",
+    "unicode 15: \U0001E4D0\U0001E4D1x \U00031350\U00031351 \U00011F50\U00011F51 \U0001D2C0 \U00011F43!",
     "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
     "<|im_start|>assistant\nSure, here's the code:\n```python\nprint(1)\n```<|im_end|>",
