@@ -309,6 +309,7 @@ struct cinfer_tokenizer {
     char *text_arena;
     size_t *text_off;   /* [n_vocab] */
     uint32_t *text_len; /* [n_vocab] */
+    uint32_t max_text;  /* longest token string */
     strtab texts;       /* string -> id (the last id of a duplicate) */
 
     /* Pieces: the bytes each token stands for with special rendering on;
@@ -924,6 +925,8 @@ static cinfer_status load_tokens(cinfer_tokenizer *t, const cinfer_gguf *g)
                                     "tokenizer: out of memory");
         t->texts.val[k] = i;
         t->attr[i] = ATTR_NORMAL;
+        if (t->text_len[i] > t->max_text)
+            t->max_text = t->text_len[i];
     }
 
     cinfer_gguf_arr arr;
@@ -1805,6 +1808,8 @@ static int spm_add_bigram(const cinfer_tokenizer *t, scratch *s, int32_t l,
     if (l < 0 || r < 0)
         return 0;
     const symbol *sl = &s->sym[l], *sr = &s->sym[r];
+    if (sl->len + sr->len > t->max_text)
+        return 0; /* longer than any token */
     int32_t tok = text_token(t, s->buf + sl->start, sl->len + sr->len);
     if (tok < 0)
         return 0;
