@@ -398,10 +398,14 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
     int last = s->n_generated >= r->max_tokens || s->n_tokens >= s->cap;
     const char *text = "";
     size_t len = 0;
-    if (eligible && !r->ignore_eos && cinfer_tokenizer_is_eog(e->tk, tok)) {
+    if (eligible && !r->ignore_eos && cinfer_tokenizer_is_eog(e->tk, tok))
         why = CINFER_FINISH_EOS;
-    } else if (eligible && is_stop_id(r, tok)) {
+    else if (eligible && is_stop_id(r, tok))
         why = CINFER_FINISH_STOP_TOKEN;
+    if (why != CINFER_FINISH_NONE) {
+        /* the ending token adds no text; withheld text comes out with it */
+        if (cinfer_textstream_finish(s->text, &text, &len) != CINFER_OK)
+            len = 0;
     } else {
         int stopped = 0;
         st = cinfer_textstream_push(s->text, tok, eligible, last, &text, &len,

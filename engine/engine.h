@@ -102,8 +102,9 @@ typedef struct {
     cinfer_event_kind kind;
     uint64_t request_id;
     int sample_index;              /* 0..n-1 when n > 1 samples */
-    /* TOKENS: (n_ids is 0 for text released at the end, after the last
-     * token: text withheld as a possible stop string start) */
+    /* TOKENS: (n_ids is 0 only for text released when a request is
+     * cancelled or times out: text that was withheld as a possible start
+     * of a stop string) */
     const int32_t *ids;            /* new token ids */
     size_t n_ids;
     const char *text;              /* their text delta: whole UTF-8 chars,
