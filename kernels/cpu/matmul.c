@@ -157,103 +157,143 @@ static float hsum16(const float *l)
     return h2a + h2b;
 }
 
-static float f16(uint16_t h) { return cinfer_fp16_to_fp32(h); }
-
-/* The weight block's 32 quants as signed ints (Q4_0 offset by -8). */
-static void unpack_q4(const uint8_t *qs, int offset, int *q)
+/* fp16 -> fp32 (exact), inline: the portable loops call it per block. */
+static inline float f16(uint16_t h)
 {
-    for (int j = 0; j < CINFER_QK / 2; j++) {
-        q[j] = (qs[j] & 15) - offset;
-        q[j + 16] = (qs[j] >> 4) - offset;
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        float f = (float)man * 5.9604644775390625e-8f; /* man * 2^-24 */
+        return sign ? -f : f;
     }
+    if (exp == 31)
+        u = sign | 0x7f800000u | (man << 13);
+    else
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-static float dot_q(cinfer_dtype wt, const void *wrow, const void *arow,
-                   int64_t nb)
+static inline float bf16(uint16_t h)
 {
-    float acc[8] = {0};
-    float summs = 0.0f;
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Rows computed together, sharing each decoded weight block. */
+#define PT_ROWS 4
+
+/* Int8 block types: column o against rows [r0, r0 + rt). */
+static void col_q(cinfer_dtype wt, const uint8_t *wrow, const uint8_t *act,
+                  size_t arb, int64_t r0, int rt, int64_t nb, float *out,
+                  int64_t out_stride, int64_t o)
+{
+    float acc[PT_ROWS][8] = {{0}};
+    float summs[PT_ROWS] = {0};
     for (int64_t b = 0; b < nb; b++) {
         int qw[CINFER_QK];
-        const int8_t *qa;
-        float dd;
-        if (wt == CINFER_DTYPE_Q4_1) {
-            const cinfer_block_q4_1 *wb = (const cinfer_block_q4_1 *)wrow + b;
-            const cinfer_block_q8_1 *ab = (const cinfer_block_q8_1 *)arow + b;
-            unpack_q4(wb->qs, 0, qw);
-            qa = ab->qs;
-            dd = f16(wb->d) * f16(ab->d);
-            float ms = f16(wb->m) * f16(ab->s);
-            summs = summs + ms;
+        float dw, mw = 0.0f;
+        if (wt == CINFER_DTYPE_Q4_1 || wt == CINFER_DTYPE_Q4_0) {
+            const cinfer_block_q4_1 *b1 = (const cinfer_block_q4_1 *)wrow + b;
+            const cinfer_block_q4_0 *b0 = (const cinfer_block_q4_0 *)wrow + b;
+            const uint8_t *qs = wt == CINFER_DTYPE_Q4_1 ? b1->qs : b0->qs;
+            int off = wt == CINFER_DTYPE_Q4_1 ? 0 : 8;
+            for (int j = 0; j < CINFER_QK / 2; j++) {
+                qw[j] = (qs[j] & 15) - off;
+                qw[j + 16] = (qs[j] >> 4) - off;
+            }
+            dw = f16(wt == CINFER_DTYPE_Q4_1 ? b1->d : b0->d);
+            if (wt == CINFER_DTYPE_Q4_1)
+                mw = f16(b1->m);
         } else {
-            const cinfer_block_q8_0 *ab = (const cinfer_block_q8_0 *)arow + b;
-            qa = ab->qs;
-            if (wt == CINFER_DTYPE_Q4_0) {
-                const cinfer_block_q4_0 *wb =
-                    (const cinfer_block_q4_0 *)wrow + b;
-                unpack_q4(wb->qs, 8, qw);
-                dd = f16(wb->d) * f16(ab->d);
+            const cinfer_block_q8_0 *b8 = (const cinfer_block_q8_0 *)wrow + b;
+            for (int j = 0; j < CINFER_QK; j++)
+                qw[j] = b8->qs[j];
+            dw = f16(b8->d);
+        }
+        for (int r = 0; r < rt; r++) {
+            const uint8_t *arow = act + (size_t)(r0 + r) * arb;
+            const int8_t *qa;
+            float da;
+            if (wt == CINFER_DTYPE_Q4_1) {
+                const cinfer_block_q8_1 *ab = (const cinfer_block_q8_1 *)arow + b;
+                qa = ab->qs;
+                da = f16(ab->d);
+                float ms = mw * f16(ab->s); /* exact */
+                summs[r] = summs[r] + ms;
             } else {
-                const cinfer_block_q8_0 *wb =
-                    (const cinfer_block_q8_0 *)wrow + b;
-                for (int j = 0; j < CINFER_QK; j++)
-                    qw[j] = wb->qs[j];
-                dd = f16(wb->d) * f16(ab->d);
+                const cinfer_block_q8_0 *ab = (const cinfer_block_q8_0 *)arow + b;
+                qa = ab->qs;
+                da = f16(ab->d);
+            }
+            float dd = dw * da; /* exact */
+            for (int l = 0; l < 8; l++) {
+                int isum = qw[4 * l] * qa[4 * l] + qw[4 * l + 1] * qa[4 * l + 1] +
+                           qw[4 * l + 2] * qa[4 * l + 2] +
+                           qw[4 * l + 3] * qa[4 * l + 3];
+                acc[r][l] = fmaf(dd, (float)isum, acc[r][l]);
             }
         }
-        for (int l = 0; l < 8; l++) {
-            int isum = 0;
-            for (int j = 4 * l; j < 4 * l + 4; j++)
-                isum += qw[j] * qa[j];
-            acc[l] = fmaf(dd, (float)isum, acc[l]);
-        }
     }
-    float s = hsum8(acc);
-    if (wt == CINFER_DTYPE_Q4_1)
-        s = s + summs;
-    return s;
-}
-
-/* Element i of a float-type row widened to fp32. */
-static float load_elem(cinfer_dtype t, const void *row, int64_t i)
-{
-    switch (t) {
-    case CINFER_DTYPE_F16:
-        return cinfer_fp16_to_fp32(((const uint16_t *)row)[i]);
-    case CINFER_DTYPE_BF16:
-        return cinfer_bf16_to_fp32(((const uint16_t *)row)[i]);
-    default:
-        return ((const float *)row)[i];
+    for (int r = 0; r < rt; r++) {
+        float v = hsum8(acc[r]);
+        if (wt == CINFER_DTYPE_Q4_1)
+            v = v + summs[r];
+        out[(r0 + r) * out_stride + o] = v;
     }
 }
 
-static float dot_f(cinfer_dtype wt, const void *wrow, const void *arow,
-                   int64_t n_in)
+/* `count` elements of a float-type row from element i, widened to fp32 and
+ * zero padded to `chunk`. */
+static void load_chunk(cinfer_dtype t, const uint8_t *row, int64_t i,
+                       int64_t n_in, int chunk, float *dst)
 {
-    float acc[16] = {0};
-    if (wt == CINFER_DTYPE_BF16) {
-        for (int64_t c = 0; c < n_in; c += 32) {
-            for (int l = 0; l < 16; l++) {
-                int64_t e = c + 2 * l, o = e + 1;
-                float we = e < n_in ? load_elem(wt, wrow, e) : 0.0f;
-                float ae = e < n_in ? load_elem(wt, arow, e) : 0.0f;
-                float wo = o < n_in ? load_elem(wt, wrow, o) : 0.0f;
-                float ao = o < n_in ? load_elem(wt, arow, o) : 0.0f;
-                acc[l] = fmaf(wo, ao, acc[l]);
-                acc[l] = fmaf(we, ae, acc[l]);
-            }
+    for (int k = 0; k < chunk; k++) {
+        int64_t e = i + k;
+        if (e >= n_in) {
+            dst[k] = 0.0f;
+        } else if (t == CINFER_DTYPE_F16) {
+            uint16_t h;
+            memcpy(&h, row + 2 * e, 2);
+            dst[k] = f16(h);
+        } else if (t == CINFER_DTYPE_BF16) {
+            uint16_t h;
+            memcpy(&h, row + 2 * e, 2);
+            dst[k] = bf16(h);
+        } else {
+            memcpy(&dst[k], row + 4 * e, 4);
         }
-    } else {
-        for (int64_t c = 0; c < n_in; c += 16) {
-            for (int l = 0; l < 16; l++) {
-                int64_t e = c + l;
-                float we = e < n_in ? load_elem(wt, wrow, e) : 0.0f;
-                float ae = e < n_in ? load_elem(wt, arow, e) : 0.0f;
-                acc[l] = fmaf(we, ae, acc[l]);
+    }
+}
+
+/* F32 / F16 / BF16: column o against rows [r0, r0 + rt). */
+static void col_f(cinfer_dtype wt, const uint8_t *wrow, const uint8_t *act,
+                  size_t arb, int64_t r0, int rt, int64_t n_in, float *out,
+                  int64_t out_stride, int64_t o)
+{
+    float acc[PT_ROWS][16] = {{0}};
+    const int chunk = wt == CINFER_DTYPE_BF16 ? 32 : 16;
+    for (int64_t i = 0; i < n_in; i += chunk) {
+        float wv[32], av[32];
+        load_chunk(wt, wrow, i, n_in, chunk, wv);
+        for (int r = 0; r < rt; r++) {
+            load_chunk(wt, act + (size_t)(r0 + r) * arb, i, n_in, chunk, av);
+            if (wt == CINFER_DTYPE_BF16) {
+                for (int l = 0; l < 16; l++) {
+                    acc[r][l] = fmaf(wv[2 * l + 1], av[2 * l + 1], acc[r][l]);
+                    acc[r][l] = fmaf(wv[2 * l], av[2 * l], acc[r][l]);
+                }
+            } else {
+                for (int l = 0; l < 16; l++)
+                    acc[r][l] = fmaf(wv[l], av[l], acc[r][l]);
             }
         }
     }
-    return hsum16(acc);
+    for (int r = 0; r < rt; r++)
+        out[(r0 + r) * out_stride + o] = hsum16(acc[r]);
 }
 
 void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
@@ -267,11 +307,14 @@ void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
     int quant = cinfer_dtype_block_elems(wt) > 1;
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *wrow = (const uint8_t *)w + (size_t)o * w_row_bytes;
-        for (int64_t r = 0; r < n; r++) {
-            const uint8_t *arow = (const uint8_t *)act + (size_t)r * arb;
-            out[r * out_stride + o] =
-                quant ? dot_q(wt, wrow, arow, n_in / CINFER_QK)
-                      : dot_f(wt, wrow, arow, n_in);
+        for (int64_t r0 = 0; r0 < n; r0 += PT_ROWS) {
+            int rt = n - r0 < PT_ROWS ? (int)(n - r0) : PT_ROWS;
+            if (quant)
+                col_q(wt, wrow, (const uint8_t *)act, arb, r0, rt,
+                      n_in / CINFER_QK, out, out_stride, o);
+            else
+                col_f(wt, wrow, (const uint8_t *)act, arb, r0, rt, n_in, out,
+                      out_stride, o);
         }
     }
 }
