@@ -484,14 +484,17 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
         goto fail;
     if (n_prompt == 0) {
         st = cinfer_set_error(CINFER_E_INVALID_ARG,
-                              "text tokenizes to no tokens");
+                              "text: tokenizes to no tokens");
         goto fail;
     }
     if (n_prompt >= (size_t)lim.n_ctx) {
-        st = cinfer_set_error(CINFER_E_INVALID_ARG,
-                              "the prompt is %zu tokens; the context holds "
-                              "%d (prompt plus at least one generated token)",
-                              n_prompt, (int)lim.n_ctx);
+        st = cinfer_set_error(
+            CINFER_E_INVALID_ARG,
+            "%s: the prompt is %zu tokens; the context holds %d (prompt plus "
+            "at least one generated token)",
+            r->input_case == CINFER__V1__GENERATE_REQUEST__INPUT_TEXT ? "text"
+                                                                      : "chat",
+            n_prompt, (int)lim.n_ctx);
         goto fail;
     }
 
@@ -530,6 +533,7 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
             rp.sampling.seed = sp->seed;
     }
     rp.sampling.n_logprobs = g->n_top;
+    rp.logprobs = g->want_logprobs;
     rp.max_tokens = cinfer_validate_max_tokens(r, &lim);
     const Cinfer__V1__StoppingCriteria *sc = r->stopping;
     int64_t time_limit_ns = 0;
