@@ -3,9 +3,10 @@
  *
  * cpu_backend.c owns the object: lifecycle, tensors, the step metadata and
  * the argument checks of every op. ops.c holds the arithmetic, run over the
- * thread pool once the arguments are known to be good; the hot inner loops of
- * attention have one implementation per instruction set (ops.c: portable,
- * ops_avx2.c, ops_avx512.c) behind cinfer_cpu_vec_kernels.
+ * thread pool once the arguments are known to be good; the hot inner loops
+ * (attention dot products and V sums, exp, half conversions) have one
+ * implementation per instruction set (ops.c: portable, ops_avx2.c,
+ * ops_avx512.c) behind cinfer_cpu_vec_kernels.
  *
  * Batch invariance: every op splits work only across independent outputs
  * (rows, heads, output columns), and each output is computed by the same
@@ -32,19 +33,27 @@ struct cinfer_tensor {
     int is_weight;           /* read-only; data borrowed from the caller */
 };
 
-/* Attention inner loops for one query head over n consecutive positions of
- * one KV block (rows `stride` elements apart). */
+/* Inner loops with one implementation per instruction set. Within one ISA
+ * each output is computed by the same operations wherever it falls in a
+ * call (a group of positions or a tail, one head or several), so the callers
+ * may chunk work freely without changing any bit. */
 typedef struct {
-    /* scores[j] = dot(q, k + j * stride) * scale, j < n */
-    void (*qk_f32)(const float *q, const float *k, int64_t stride, int n,
-                   int head_dim, float scale, float *scores);
-    void (*qk_f16)(const float *q, const uint16_t *k, int64_t stride, int n,
-                   int head_dim, float scale, float *scores);
-    /* acc[d] += p[j] * v[j * stride + d], j ascending */
-    void (*pv_f32)(float *acc, const float *p, const float *v, int64_t stride,
-                   int n, int head_dim);
-    void (*pv_f16)(float *acc, const float *p, const uint16_t *v,
-                   int64_t stride, int n, int head_dim);
+    /* scores[j] = dot(q, k + j * stride) * scale, j < n (attention QK) */
+    void (*qk)(const float *q, const float *k, int64_t stride, int n,
+               int head_dim, float scale, float *scores);
+    /* acc[d] += p[j] * v[j * stride + d] for j = 0..n-1 in order */
+    void (*pv)(float *acc, const float *p, const float *v, int64_t stride,
+               int n, int head_dim);
+    /* dst[j * head_dim + d] = f16 src[j * stride + d]: widens n cached rows */
+    void (*widen_rows)(const uint16_t *src, int64_t stride, int n,
+                       int head_dim, float *dst);
+    /* s[j] = exp(s[j] - max(s)) for j < n (n >= 1); returns their sum */
+    double (*softmax_exp)(float *s, int n);
+    /* out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] */
+    void (*silu_mul)(const float *gate, const float *up, float *out,
+                     int64_t n);
+    /* dst[i] = f16 of src[i], rounded to nearest even */
+    void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
 } cinfer_cpu_vec_kernels;
 
 extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable;

@@ -138,22 +138,27 @@ void cinfer_cpu_op_add(cinfer_cpu_backend *cb, const float *a, const float *b,
     run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems, add_chunks, &c);
 }
 
+typedef struct {
+    const cinfer_cpu_vec_kernels *vk;
+    const float *gate, *up;
+    float *out;
+    int64_t n;
+} silu_ctx;
+
 static void silu_chunks(void *p, int64_t t0, int64_t t1, int thread)
 {
-    const ew_ctx *c = p;
+    const silu_ctx *c = p;
     int64_t i1 = t1 * CHUNK < c->n ? t1 * CHUNK : c->n;
-    for (int64_t i = t0 * CHUNK; i < i1; i++) {
-        float g = c->a[i];
-        c->out[i] = g / (1.0f + expf(-g)) * c->b[i];
-    }
+    c->vk->silu_mul(c->gate + t0 * CHUNK, c->up + t0 * CHUNK,
+                    c->out + t0 * CHUNK, i1 - t0 * CHUNK);
 }
 
 void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
                             const float *up, float *out, int64_t n_elems)
 {
-    ew_ctx c = {gate, up, out, n_elems};
-    /* expf makes each element cost like several adds */
-    run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems * 8, silu_chunks, &c);
+    silu_ctx c = {cb->vec, gate, up, out, n_elems};
+    /* exp makes each element cost like several adds */
+    run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems * 4, silu_chunks, &c);
 }
 
 typedef struct {
@@ -269,6 +274,7 @@ cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
 /* ---------------------------------------------------------------------- */
 
 typedef struct {
+    const cinfer_cpu_vec_kernels *vk;
     const float *k, *v;
     const int32_t *slots;
     int64_t width;
@@ -276,24 +282,21 @@ typedef struct {
     cinfer_dtype kdt, vdt;
 } kv_ctx;
 
-static void store_row(const float *src, void *cache, cinfer_dtype dt,
-                      int64_t slot, int64_t width)
+static void store_row(const kv_ctx *c, const float *src, void *cache,
+                      cinfer_dtype dt, int64_t slot)
 {
-    if (dt == CINFER_DTYPE_F32) {
-        memcpy((float *)cache + slot * width, src, (size_t)width * 4);
-    } else {
-        uint16_t *dst = (uint16_t *)cache + slot * width;
-        for (int64_t i = 0; i < width; i++)
-            dst[i] = cinfer_fp32_to_fp16(src[i]);
-    }
+    if (dt == CINFER_DTYPE_F32)
+        memcpy((float *)cache + slot * c->width, src, (size_t)c->width * 4);
+    else
+        c->vk->to_f16(src, (uint16_t *)cache + slot * c->width, c->width);
 }
 
 static void kv_rows(void *p, int64_t r0, int64_t r1, int thread)
 {
     const kv_ctx *c = p;
     for (int64_t r = r0; r < r1; r++) {
-        store_row(c->k + r * c->width, c->kc, c->kdt, c->slots[r], c->width);
-        store_row(c->v + r * c->width, c->vc, c->vdt, c->slots[r], c->width);
+        store_row(c, c->k + r * c->width, c->kc, c->kdt, c->slots[r]);
+        store_row(c, c->v + r * c->width, c->vc, c->vdt, c->slots[r]);
     }
 }
 
@@ -302,61 +305,37 @@ void cinfer_cpu_op_kv_store(cinfer_cpu_backend *cb, const float *k,
                             int64_t width, void *k_cache, cinfer_dtype kdt,
                             void *v_cache, cinfer_dtype vdt)
 {
-    kv_ctx c = {k, v, slots, width, k_cache, v_cache, kdt, vdt};
-    run(cb, n, n * width * 4, kv_rows, &c);
+    kv_ctx c = {cb->vec, k, v, slots, width, k_cache, v_cache, kdt, vdt};
+    run(cb, n, n * width * 2, kv_rows, &c);
 }
 
 /* ---------------------------------------------------------------------- */
 /* attention                                                               */
 /* ---------------------------------------------------------------------- */
 
-/* Portable inner loops. Each dot product sums 8 lanes over the head
+/* Portable inner loops. A dot product sums 8 lanes over the head
  * dimension, then adds the lanes in a fixed tree. */
 
-static float dot8_f32(const float *a, const float *b, int n)
+static void qk_portable(const float *q, const float *k, int64_t stride, int n,
+                        int head_dim, float scale, float *scores)
 {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            acc[l] += a[i + l] * b[i + l];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-              ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + j * stride;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int d = 0;
+        for (; d + 8 <= head_dim; d += 8)
+            for (int l = 0; l < 8; l++)
+                acc[l] += q[d + l] * kj[d + l];
+        float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
+                  ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        for (; d < head_dim; d++)
+            s += q[d] * kj[d];
+        scores[j] = s * scale;
+    }
 }
 
-static float dot8_f16(const float *a, const uint16_t *b, int n)
-{
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++)
-            acc[l] += a[i + l] * cinfer_fp16_to_fp32(b[i + l]);
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
-              ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * cinfer_fp16_to_fp32(b[i]);
-    return s;
-}
-
-static void qk_f32_portable(const float *q, const float *k, int64_t stride,
-                            int n, int head_dim, float scale, float *scores)
-{
-    for (int j = 0; j < n; j++)
-        scores[j] = dot8_f32(q, k + j * stride, head_dim) * scale;
-}
-
-static void qk_f16_portable(const float *q, const uint16_t *k, int64_t stride,
-                            int n, int head_dim, float scale, float *scores)
-{
-    for (int j = 0; j < n; j++)
-        scores[j] = dot8_f16(q, k + j * stride, head_dim) * scale;
-}
-
-static void pv_f32_portable(float *acc, const float *p, const float *v,
-                            int64_t stride, int n, int head_dim)
+static void pv_portable(float *acc, const float *p, const float *v,
+                        int64_t stride, int n, int head_dim)
 {
     for (int j = 0; j < n; j++) {
         const float *vj = v + j * stride;
@@ -366,23 +345,55 @@ static void pv_f32_portable(float *acc, const float *p, const float *v,
     }
 }
 
-static void pv_f16_portable(float *acc, const float *p, const uint16_t *v,
-                            int64_t stride, int n, int head_dim)
+static void widen_rows_portable(const uint16_t *src, int64_t stride, int n,
+                                int head_dim, float *dst)
 {
-    for (int j = 0; j < n; j++) {
-        const uint16_t *vj = v + j * stride;
-        const float pj = p[j];
+    for (int j = 0; j < n; j++)
         for (int d = 0; d < head_dim; d++)
-            acc[d] += pj * cinfer_fp16_to_fp32(vj[d]);
+            dst[j * head_dim + d] = cinfer_fp16_to_fp32(src[j * stride + d]);
+}
+
+static double softmax_exp_portable(float *s, int n)
+{
+    float max = -INFINITY;
+    for (int j = 0; j < n; j++)
+        max = s[j] > max ? s[j] : max;
+    double sum = 0.0;
+    for (int j = 0; j < n; j++) {
+        float e = expf(s[j] - max);
+        s[j] = e;
+        sum += (double)e;
+    }
+    return sum;
+}
+
+static void silu_mul_portable(const float *gate, const float *up, float *out,
+                              int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
 
+static void to_f16_portable(const float *src, uint16_t *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = cinfer_fp32_to_fp16(src[i]);
+}
+
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
-    qk_f32_portable,
-    qk_f16_portable,
-    pv_f32_portable,
-    pv_f16_portable,
+    qk_portable,       pv_portable,       widen_rows_portable,
+    softmax_exp_portable, silu_mul_portable, to_f16_portable,
 };
+
+/*
+ * Attention. The unit of work is a (row, query head) pair; a thread takes a
+ * contiguous run of them (row-major) and handles the heads of a run that
+ * share a KV head together, so each F16 K/V block is widened once for all of
+ * them. Per pair the arithmetic is the same whichever heads it is grouped
+ * with: scores for every position, softmax, weighted sum of V, scale.
+ */
 
 /* Work of one (row, head) pair: its context length plus a fixed overhead. */
 #define ATTN_PAIR_OVERHEAD 8
@@ -392,79 +403,98 @@ typedef struct {
     const cinfer_cpu_attn_args *a;
     const cinfer_step *s;
     const int64_t *bounds; /* [n_parts + 1] flat (row, head) indices */
-    size_t acc_offset;     /* floats from the scratch start to acc */
+    int group;             /* query heads per KV head */
+    size_t ctx_stride;     /* floats per head of scores */
 } attn_ctx;
 
-static void attend(const attn_ctx *c, int64_t r, int h, float *scores,
-                   float *acc)
+/* Query heads [h0, h1) of row r, all of KV head h0 / group. */
+static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
 {
     const cinfer_cpu_attn_args *a = c->a;
     const cinfer_step *s = c->s;
     const cinfer_cpu_vec_kernels *vk = c->cb->vec;
-    const int hd = a->head_dim;
-    const int bs = s->block_size;
+    const int hd = a->head_dim, bs = s->block_size, nq = h1 - h0;
     const int32_t len = s->positions[r] + 1;
     const int32_t *bt = s->block_tables + (int64_t)s->row_seq[r] * s->max_blocks;
-    const int g = h / (a->n_heads / a->n_kv_heads);
-    const float *q = a->q + (r * a->n_heads + h) * (int64_t)hd;
-    const int64_t stride = (int64_t)a->n_kv_heads * hd;
-    const int64_t block_elems = (int64_t)bs * stride;
+    const int g = h0 / c->group;
+    const int64_t kv_stride = (int64_t)a->n_kv_heads * hd;
+    const int64_t block_elems = (int64_t)bs * kv_stride;
+    const size_t cs = c->ctx_stride;
+    float *scores = ws;                       /* [group][ctx_stride] */
+    float *acc = ws + (size_t)c->group * cs;  /* [group][hd] */
+    float *inv = acc + (size_t)c->group * hd;  /* [group] */
+    float *wide = inv + c->group;              /* [bs][hd] */
 
     for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
         int n = len - j0 < bs ? len - j0 : bs;
         int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
-        if (a->k_dtype == CINFER_DTYPE_F32)
-            vk->qk_f32(q, (const float *)a->k_cache + base, stride, n, hd,
-                       a->scale, scores + j0);
-        else
-            vk->qk_f16(q, (const uint16_t *)a->k_cache + base, stride, n, hd,
-                       a->scale, scores + j0);
+        const float *k = (const float *)a->k_cache + base;
+        int64_t stride = kv_stride;
+        if (a->k_dtype == CINFER_DTYPE_F16) {
+            vk->widen_rows((const uint16_t *)a->k_cache + base, kv_stride, n,
+                           hd, wide);
+            k = wide;
+            stride = hd;
+        }
+        for (int i = 0; i < nq; i++)
+            vk->qk(a->q + (r * a->n_heads + h0 + i) * (int64_t)hd, k, stride,
+                   n, hd, a->scale, scores + i * cs + j0);
     }
 
-    float max = -INFINITY;
-    for (int32_t j = 0; j < len; j++)
-        max = scores[j] > max ? scores[j] : max;
-    double sum = 0.0;
-    for (int32_t j = 0; j < len; j++) {
-        float e = expf(scores[j] - max);
-        scores[j] = e;
-        sum += (double)e;
+    for (int i = 0; i < nq; i++) {
+        inv[i] = (float)(1.0 / vk->softmax_exp(scores + i * cs, len));
     }
 
-    memset(acc, 0, (size_t)hd * sizeof(float));
+    memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)hd);
     for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
         int n = len - j0 < bs ? len - j0 : bs;
         int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
-        if (a->v_dtype == CINFER_DTYPE_F32)
-            vk->pv_f32(acc, scores + j0, (const float *)a->v_cache + base,
-                       stride, n, hd);
-        else
-            vk->pv_f16(acc, scores + j0, (const uint16_t *)a->v_cache + base,
-                       stride, n, hd);
+        const float *v = (const float *)a->v_cache + base;
+        int64_t stride = kv_stride;
+        if (a->v_dtype == CINFER_DTYPE_F16) {
+            vk->widen_rows((const uint16_t *)a->v_cache + base, kv_stride, n,
+                           hd, wide);
+            v = wide;
+            stride = hd;
+        }
+        for (int i = 0; i < nq; i++)
+            vk->pv(acc + i * hd, scores + i * cs + j0, v, stride, n, hd);
     }
-    const float inv = (float)(1.0 / sum);
-    float *o = a->out + (r * a->n_heads + h) * (int64_t)hd;
-    for (int d = 0; d < hd; d++)
-        o[d] = acc[d] * inv;
+    for (int i = 0; i < nq; i++) {
+        float *o = a->out + (r * a->n_heads + h0 + i) * (int64_t)hd;
+        for (int d = 0; d < hd; d++)
+            o[d] = acc[i * hd + d] * inv[i];
+    }
 }
 
 static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
 {
     const attn_ctx *c = p;
-    float *scores = thread_scratch(c->cb, thread);
-    float *acc = scores + c->acc_offset;
+    float *ws = thread_scratch(c->cb, thread);
     const int nh = c->a->n_heads;
-    for (int64_t t = t0; t < t1; t++)
-        for (int64_t f = c->bounds[t]; f < c->bounds[t + 1]; f++)
-            attend(c, f / nh, (int)(f % nh), scores, acc);
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t f = c->bounds[t], end = c->bounds[t + 1];
+        while (f < end) {
+            int64_t r = f / nh;
+            int h0 = (int)(f % nh);
+            int h1 = (h0 / c->group + 1) * c->group; /* end of the KV group */
+            if (h1 - h0 > end - f)
+                h1 = h0 + (int)(end - f);
+            attend(c, r, h0, h1, ws);
+            f += h1 - h0;
+        }
+    }
 }
 
 cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
                                       const cinfer_cpu_attn_args *a)
 {
     const cinfer_step *s = &cb->step;
+    int group = a->n_heads / a->n_kv_heads;
     size_t ctx = ((size_t)cb->max_position + 1 + 15) & ~(size_t)15;
-    cinfer_status st = cinfer_cpu_thread_scratch(cb, ctx + (size_t)a->head_dim);
+    size_t hd = (size_t)a->head_dim;
+    cinfer_status st = cinfer_cpu_thread_scratch(
+        cb, (size_t)group * (ctx + hd + 1) + (size_t)s->block_size * hd);
     if (st != CINFER_OK)
         return st;
     int n_parts = cb->n_threads;
@@ -496,7 +526,7 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     for (; part <= n_parts; part++)
         bounds[part] = (int64_t)s->n_rows * nh;
 
-    attn_ctx c = {cb, a, s, bounds, ctx};
+    attn_ctx c = {cb, a, s, bounds, group, ctx};
     run(cb, n_parts, total * a->head_dim, attn_parts, &c);
     return CINFER_OK;
 }
