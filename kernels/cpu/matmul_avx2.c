@@ -61,11 +61,12 @@ static ALWAYS_INLINE float hsum16(__m256 lo, __m256 hi)
     return hsum8(_mm256_add_ps(lo, hi));
 }
 
-static int64_t col_block(size_t w_row_bytes, int64_t ct)
+static int64_t col_block(size_t w_row_bytes)
 {
+    /* a multiple of every tile width (16, 8, 6, 4, 3) */
     int64_t cols = (int64_t)((192u * 1024u) / (w_row_bytes ? w_row_bytes : 1));
-    cols = cols / ct * ct;
-    return cols < ct ? ct : cols;
+    cols = cols / 48 * 48;
+    return cols < 48 ? 48 : cols;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -539,8 +540,8 @@ void cinfer_cpu_matmul_compute_avx2(cinfer_dtype wt, const void *w,
     const uint8_t *wb = (const uint8_t *)w;
     const uint8_t *ab = (const uint8_t *)act;
 
-    const int rows_max = n >= 2 ? 2 : 1;
-    const int64_t cblk = col_block(w_row_bytes, tile_cols(k, rows_max));
+    /* Column blocks only pay when several row tiles reuse them. */
+    const int64_t cblk = n > 2 ? col_block(w_row_bytes) : o1 - o0;
     for (int64_t cb = o0; cb < o1; cb += cblk) {
         const int64_t ce = cb + cblk < o1 ? cb + cblk : o1;
         for (int64_t r = 0; r < n; r += 2) {
