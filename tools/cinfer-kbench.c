@@ -11,6 +11,8 @@
  *   - decode (n = 1): one pass over distinct matrices totalling about the
  *     default model's weight bytes (93 MB), so the weights come from DRAM,
  *     not cache; reported as GB/s of weights and % of the bandwidth floor;
+ *   - decode of the default model's own matmul shapes for one token (30
+ *     layers of Q4_1 projections and the 49152 x 576 Q8_0 output);
  *   - prefill (n = 128, 512): GFLOP/s (2 n n_out n_in / time) including the
  *     activation prepare, and % of the FMA floor.
  * Threads are plain pthreads, each taking a contiguous range of output
@@ -305,6 +307,10 @@ typedef struct {
     void *act;               /* prepared activations */
     float *out;              /* [n, n_out] */
     team *tm;
+    /* Optional per-matrix shapes and types (the model mix); when set they
+     * override wt, n_out, n_in and w_row_bytes. */
+    const cinfer_dtype *m_wt;
+    const int64_t *m_out, *m_in;
 } mm_ctx;
 
 /* Column range of thread ith, in multiples of 16 columns. */
@@ -319,18 +325,21 @@ static void split_cols(int64_t n_out, int ith, int nth, int64_t *o0, int64_t *o1
 static void mm_job(void *p, int ith, int nth)
 {
     mm_ctx *c = p;
-    cinfer_dtype at = cinfer_cpu_matmul_act_type(c->wt);
     int64_t r0 = c->n * ith / nth, r1 = c->n * (ith + 1) / nth;
-    int64_t o0, o1;
-    split_cols(c->n_out, ith, nth, &o0, &o1);
     for (int m = 0; m < c->n_mats; m++) {
-        /* Decode re-prepares the same input per matrix, as the model does
-         * per op; it is a few hundred bytes. */
-        cinfer_cpu_matmul_prepare(c->isa, at, c->x, c->n_in, r0, r1, c->act);
+        cinfer_dtype wt = c->m_wt ? c->m_wt[m] : c->wt;
+        int64_t n_out = c->m_out ? c->m_out[m] : c->n_out;
+        int64_t n_in = c->m_in ? c->m_in[m] : c->n_in;
+        size_t wrb = c->m_wt ? cinfer_dtype_row_bytes(wt, n_in) : c->w_row_bytes;
+        cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
+        int64_t o0, o1;
+        split_cols(n_out, ith, nth, &o0, &o1);
+        /* Each matrix prepares its input, as the model does per op (a few
+         * hundred bytes at decode). */
+        cinfer_cpu_matmul_prepare(c->isa, at, c->x, n_in, r0, r1, c->act);
         team_barrier(c->tm);
-        cinfer_cpu_matmul_compute(c->isa, c->wt, c->w[m], c->w_row_bytes,
-                                  c->act, c->n, c->n_in, c->out, c->n_out, o0,
-                                  o1);
+        cinfer_cpu_matmul_compute(c->isa, wt, c->w[m], wrb, c->act, c->n, n_in,
+                                  c->out, n_out, o0, o1);
         team_barrier(c->tm);
     }
 }
@@ -409,7 +418,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: cinfer-kbench [--isa all|portable|avx2|avx512] "
             "[--types q4_1,q8_0,q4_0,f16,bf16,f32] [--threads 1|2|1,2]\n"
-            "                     [--decode-mb MB] [--no-prefill] [--no-decode]\n");
+            "                     [--decode-mb MB] [--no-prefill] [--no-decode] [--no-model]\n");
 }
 
 int main(int argc, char **argv)
@@ -420,7 +429,7 @@ int main(int argc, char **argv)
         type_on[i] = 1;
     int thr_on[MAX_THREADS + 1] = {0, 1, 1};
     double decode_mb = 93.0;
-    int do_prefill = 1, do_decode = 1;
+    int do_prefill = 1, do_decode = 1, do_model = 1;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -456,6 +465,8 @@ int main(int argc, char **argv)
             do_prefill = 0;
         } else if (!strcmp(a, "--no-decode")) {
             do_decode = 0;
+        } else if (!strcmp(a, "--no-model")) {
+            do_model = 0;
         } else {
             usage();
             return 2;
@@ -564,6 +575,68 @@ int main(int argc, char **argv)
             free(act);
             free(out);
         }
+    }
+
+    if (do_decode && do_model) {
+        /* The default model's matmuls for one decode token: per layer
+         * q, k, v, o, gate, up, down (Q4_1), then the tied Q8_0 output. */
+        static const int64_t lay_out[7] = {576, 192, 192, 576, 1536, 1536, 576};
+        static const int64_t lay_in[7] = {576, 576, 576, 576, 576, 576, 1536};
+        enum { N_LAYERS = 30, N_M = N_LAYERS * 7 + 1 };
+        cinfer_dtype *m_wt = malloc(sizeof(*m_wt) * N_M);
+        int64_t *m_out = malloc(sizeof(int64_t) * N_M), *m_in = malloc(sizeof(int64_t) * N_M);
+        uint8_t **w = malloc(sizeof(*w) * N_M);
+        double bytes = 0.0;
+        for (int m = 0; m < N_M; m++) {
+            int last = m == N_M - 1;
+            m_wt[m] = last ? CINFER_DTYPE_Q8_0 : CINFER_DTYPE_Q4_1;
+            m_out[m] = last ? 49152 : lay_out[m % 7];
+            m_in[m] = last ? 576 : lay_in[m % 7];
+            w[m] = make_matrix(m_wt[m], m_out[m], m_in[m], &seed);
+            bytes += (double)cinfer_dtype_row_bytes(m_wt[m], m_in[m]) * (double)m_out[m];
+        }
+        float *x = malloc(sizeof(float) * 1536);
+        for (int i = 0; i < 1536; i++)
+            x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+        void *act = malloc(cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_1, 1536));
+        float *out = malloc(sizeof(float) * 49152);
+        printf("\ndecode, default model shapes: 30 x (q k v o gate up down) Q4_1 + "
+               "49152 x 576 Q8_0 output = %.1f MB per token\n", bytes / 1e6);
+        printf("  %-8s %3s %9s %8s %12s\n", "isa", "thr", "GB/s", "% of bw", "ms/token");
+        for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+            if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
+                continue;
+            for (int nt = 1; nt <= MAX_THREADS; nt++) {
+                if (!thr_on[nt])
+                    continue;
+                mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .n_mats = N_M,
+                            .w = (const uint8_t *const *)w, .n = 1, .x = x,
+                            .act = act, .out = out, .tm = &teams[nt],
+                            .m_wt = m_wt, .m_out = m_out, .m_in = m_in};
+                int reps = isa == CINFER_CPU_ISA_PORTABLE ? 2 : 10;
+                double best = 1e30;
+                for (int rep = 0; rep < reps; rep++) {
+                    double t0 = now_s();
+                    team_run(&teams[nt], mm_job, &c);
+                    double dt = now_s() - t0;
+                    best = dt < best ? dt : best;
+                }
+                double gbs = bytes / best / 1e9;
+                printf("  %-8s %3d %9.1f %7.0f%% %12.2f\n",
+                       cinfer_cpu_isa_name((cinfer_cpu_isa)isa), nt, gbs,
+                       100.0 * gbs / bw[nt], best * 1e3);
+                fflush(stdout);
+            }
+        }
+        for (int m = 0; m < N_M; m++)
+            free(w[m]);
+        free(w);
+        free(m_wt);
+        free(m_out);
+        free(m_in);
+        free(x);
+        free(act);
+        free(out);
     }
 
     if (do_prefill) {
