@@ -219,19 +219,27 @@ static void reuse_prefix(cinfer_engine *e, eng_seq *s)
     s->n_computed = s->n_blocks * bs;
 }
 
-/* A sample waits while a sibling is still computing the prompt it could
- * share. */
+/* A sample waits while a running sibling is still computing the prompt
+ * blocks it could share, and none has them yet. */
 static int wait_for_sibling(const cinfer_engine *e, const eng_seq *s)
 {
     const eng_request *r = s->req;
-    if (r->n_samples < 2 || r->n_prompt <= e->block_size)
+    int32_t bs = e->block_size;
+    int32_t target = (s->n_tokens - 1) / bs;
+    if (target > r->n_prompt / bs)
+        target = r->n_prompt / bs;
+    if (r->n_samples < 2 || target == 0)
         return 0;
+    int computing = 0;
     for (int k = 0; k < r->n_samples; k++) {
         const eng_seq *o = &r->seqs[k];
-        if (o != s && o->state == SEQ_RUNNING && o->n_computed < r->n_prompt)
-            return 1;
+        if (o == s || o->state != SEQ_RUNNING)
+            continue;
+        if (o->n_computed / bs >= target)
+            return 0;
+        computing = 1;
     }
-    return 0;
+    return computing;
 }
 
 static void add_sched(cinfer_engine *e, eng_seq *s, int32_t rows)
