@@ -406,7 +406,8 @@ int cinfer_kv_cache_check(const cinfer_kv_cache *kv)
         int chained = 0;
         for (uint64_t i = 0; i <= kv->bucket_mask; i++) {
             for (int32_t b = kv->buckets[i]; b != NIL; b = kv->hnext[b]) {
-                if (!kv->registered[b] || (kv->hash[b] & kv->bucket_mask) != i ||
+                if (!kv->registered[b] ||
+                    (kv->hash[b] & kv->bucket_mask) != i ||
                     ++chained > kv->n_blocks)
                     return 0;
             }

@@ -247,7 +247,8 @@ static void make_jobs(job *jobs, int n, int max_prompt, int max_gen,
             len = max_prompt - (int)(harness_rand(&rng) % 8);
         j->n_prompt = len;
         for (int k = 0; k < 600; k++)
-            j->prompt[k] = (int32_t)(harness_rand(&rng) % (uint64_t)(n_vocab - 3));
+            j->prompt[k] =
+                (int32_t)(harness_rand(&rng) % (uint64_t)(n_vocab - 3));
         j->max_tokens = 1 + (int)(harness_rand(&rng) % (uint64_t)max_gen);
         j->priority = (int)(harness_rand(&rng) % 3);
     }
@@ -618,7 +619,8 @@ static void test_stop_conditions(void)
     run_one(e, &rp, &r, 1);
     CHECK_EQ_INT(r.s[0].fin.finish, CINFER_FINISH_STOP_TOKEN);
     CHECK_EQ_INT(r.s[0].n_ids, first + 1);
-    CHECK(memcmp(r.s[0].ids, base.s[0].ids, sizeof(int32_t) * (size_t)(first + 1)) == 0);
+    CHECK(memcmp(r.s[0].ids, base.s[0].ids,
+                 sizeof(int32_t) * (size_t)(first + 1)) == 0);
 
     /* stop string: two bytes of the text starting on a character; the
      * output is cut before their first occurrence */
@@ -929,9 +931,10 @@ static void *rand_submitter(void *arg)
         pthread_mutex_unlock(&ev_mu);
         CHECK_OK(st);
         /* cancel an earlier request now and then (maybe finished) */
-        if (i > 10 && harness_rand(&rng) % 10 == 0)
-            cinfer_engine_cancel(c->e,
-                                 c->recs[i - 1 - (int)(harness_rand(&rng) % 10)].id);
+        if (i > 10 && harness_rand(&rng) % 10 == 0) {
+            int back = 1 + (int)(harness_rand(&rng) % 10);
+            cinfer_engine_cancel(c->e, c->recs[i - back].id);
+        }
         /* let the queue build up and drain in bursts */
         if (i % 100 == 99)
             sched_yield();

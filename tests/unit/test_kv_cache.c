@@ -198,7 +198,8 @@ static void test_lru_eviction(void)
     /* the evicted block can be registered under a new key */
     int32_t t4[2] = {4, 4};
     uint64_t h4 = cinfer_kv_cache_hash(CINFER_KV_ROOT_HASH, t4, 2);
-    CHECK_EQ_INT(cinfer_kv_cache_publish(kv, x, CINFER_KV_ROOT_HASH, h4, t4), 1);
+    CHECK_EQ_INT(cinfer_kv_cache_publish(kv, x, CINFER_KV_ROOT_HASH, h4, t4),
+                 1);
     cinfer_kv_cache_release(kv, x);
     cinfer_kv_cache_release(kv, y);
     cinfer_kv_cache_release(kv, b[0]);
