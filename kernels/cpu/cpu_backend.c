@@ -10,7 +10,9 @@
  * Row counts come from the tensors: an op over activations [n, d] processes
  * all n rows. Ops that read the step (embed, rope, kv_store, attention,
  * gather_rows) require their row-indexed tensors to have exactly
- * step.n_rows rows (gather_rows' output: step.n_out).
+ * step.n_rows rows (gather_rows' output: step.n_out). tensor_set_rows
+ * changes a tensor's row count in place, within what it was created with,
+ * so activation buffers sized for the largest step serve every step.
  *
  * Tensors are 64-byte aligned heap buffers. Weight tensors borrow the
  * caller's memory (the mmapped GGUF file) in place: it must outlive the
@@ -300,6 +302,7 @@ static cinfer_status cpu_tensor_create(cinfer_backend *be,
     }
     t->desc = *desc;
     t->nbytes = nbytes;
+    t->cap_bytes = nbytes;
     t->is_weight = 0;
     *out = t;
     return CINFER_OK;
@@ -326,30 +329,31 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
     t->desc = *desc;
     t->data = (void *)data; /* never written: is_weight */
     t->nbytes = nbytes;
+    t->cap_bytes = nbytes;
     t->is_weight = 1;
     *out = t;
     return CINFER_OK;
 }
 
-/* Capacity is what the allocation holds (nbytes), so a tensor shrunk by
- * set_rows can grow back up to its creation size. */
+/* The allocation (cap_bytes) keeps the row count the tensor was created
+ * with, so a tensor shrunk by set_rows can grow back up to it. Rows keep
+ * their byte offsets: the data is not moved. */
 static cinfer_status cpu_tensor_set_rows(cinfer_backend *be, cinfer_tensor *t,
                                          int64_t rows)
 {
-    (void)be;
-    if (!t)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "tensor_set_rows: tensor is NULL");
+    TRY(need_tensor("tensor_set_rows", "t", t));
+    TRY(need_writable("tensor_set_rows", "t", t));
     cinfer_tensor_desc one = t->desc;
     one.shape[0] = 1;
     size_t row_bytes = cinfer_tensor_desc_nbytes(&one);
-    if (t->is_weight || row_bytes == 0 || rows < 1 ||
-        (uint64_t)rows > t->nbytes / row_bytes)
+    size_t cap_rows = row_bytes ? t->cap_bytes / row_bytes : 0;
+    if (rows < 1 || (uint64_t)rows > cap_rows)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "tensor_set_rows: %lld rows outside 1..%zu",
-                                (long long)rows,
-                                row_bytes ? t->nbytes / row_bytes : 0);
+                                "tensor_set_rows: rows %lld is outside 1..%zu "
+                                "(the rows it was created with)",
+                                (long long)rows, cap_rows);
     t->desc.shape[0] = rows;
+    t->nbytes = (size_t)rows * row_bytes;
     return CINFER_OK;
 }
 

@@ -29,7 +29,8 @@ extern "C" {
 struct cinfer_tensor {
     cinfer_tensor_desc desc; /* first: cinfer_tensor_get_desc reads it */
     void *data;              /* 64-byte aligned unless a weight */
-    size_t nbytes;
+    size_t nbytes;           /* bytes of the current shape */
+    size_t cap_bytes;        /* bytes allocated (the shape at creation) */
     int is_weight;           /* read-only; data borrowed from the caller */
 };
 

@@ -285,6 +285,35 @@ static void test_tensors(void)
     CHECK_EQ_INT(be->ops->fill_zero(be, w), CINFER_E_INVALID_ARG);
     be->ops->tensor_destroy(be, w);
 
+    /* set_rows: a shorter view of the same rows, up to the creation size */
+    t = tnew(be, CINFER_DTYPE_F32, 2, 7, 769, 0, 0);
+    cinfer_tensor *tn3 = tnew(be, CINFER_DTYPE_F32, 2, 7, 769, 0, 0);
+    cinfer_tensor *wn = wnew(be, CINFER_DTYPE_F32, 1, 769, 0, x);
+    put(be, t, x);
+    put(be, tn3, y);
+    CHECK_OK(be->ops->tensor_set_rows(be, t, 3));
+    CHECK_OK(be->ops->tensor_set_rows(be, tn3, 3));
+    CHECK_EQ_INT(cinfer_tensor_get_desc(t)->shape[0], 3);
+    CHECK_EQ_INT(tbytes(t), 3 * 769 * 4);
+    CHECK_EQ_INT(be->ops->download(be, t, 3 * 769 * 4, back, 4),
+                 CINFER_E_INVALID_ARG);
+    CHECK_OK(be->ops->rms_norm(be, t, wn, 1e-5f, tn3)); /* 3 rows only */
+    CHECK_EQ_INT(be->ops->tensor_set_rows(be, t, 8), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(be->ops->tensor_set_rows(be, t, 0), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(be->ops->tensor_set_rows(be, wn, 1), CINFER_E_INVALID_ARG);
+    CHECK_OK(be->ops->tensor_set_rows(be, t, 7));
+    CHECK_OK(be->ops->tensor_set_rows(be, tn3, 7));
+    float *z = malloc(sizeof(float) * 7 * 769);
+    get(be, t, z);
+    CHECK(memcmp(z, x, sizeof(float) * 7 * 769) == 0); /* rows kept */
+    get(be, tn3, z);
+    CHECK(memcmp(z + 3 * 769, y + 3 * 769, sizeof(float) * 4 * 769) == 0);
+    CHECK(memcmp(z, y, sizeof(float) * 3 * 769) != 0);
+    free(z);
+    be->ops->tensor_destroy(be, t);
+    be->ops->tensor_destroy(be, tn3);
+    be->ops->tensor_destroy(be, wn);
+
     /* bad descriptors */
     cinfer_tensor *bad = (cinfer_tensor *)&d;
     int64_t s2[2] = {4, 33};
