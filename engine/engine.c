@@ -615,6 +615,9 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->tk = cinfer_model_tokenizer(p->model);
     e->max_seqs = p->max_seqs ? p->max_seqs : 64;
     e->max_batched = p->max_batched_tokens ? p->max_batched_tokens : 512;
+    /* A step can not carry more rows than the model's buffers hold. */
+    if (e->max_batched > e->info->max_batch_rows)
+        e->max_batched = e->info->max_batch_rows;
     /* Every running sequence must fit one decode row in a step; more would
      * sit on their blocks without progressing. */
     if (e->max_seqs > e->max_batched)

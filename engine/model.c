@@ -474,6 +474,7 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
     I->n_kv_blocks = p->n_kv_blocks ? p->n_kv_blocks
                                     : blocks_per_seq * max_seqs;
     m->max_rows = p->max_batch_rows ? p->max_batch_rows : 512;
+    I->max_batch_rows = m->max_rows;
     if (I->n_ctx > (1 << 24) || I->block_size > 4096 ||
         I->n_kv_blocks > (1 << 24) || m->max_rows > 65536) {
         st = cinfer_set_error(CINFER_E_INVALID_ARG,

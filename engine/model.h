@@ -78,6 +78,7 @@ typedef struct {
     int block_size;         /* KV block size in tokens */
     int n_kv_blocks;        /* KV blocks in the cache */
     uint64_t kv_bytes;      /* bytes of the whole KV cache */
+    int max_batch_rows;     /* most rows one forward step may carry */
 } cinfer_model_info;
 
 /* Loads a model: maps the file, checks every tensor the architecture needs
