@@ -246,6 +246,7 @@ static void cpu_destroy(cinfer_backend *be)
         cinfer_cpu_buf_free(&cb->act[i]);
     cinfer_cpu_buf_free(&cb->thread_buf);
     cinfer_cpu_buf_free(&cb->bounds_buf);
+    cinfer_cpu_buf_free(&cb->rope_buf);
     free(cb);
 }
 
@@ -578,6 +579,7 @@ static cinfer_status cpu_set_step(cinfer_backend *be, const cinfer_step *s)
     cb->max_block_seq = max_seq;
     cb->max_block_idx = max_idx;
     cb->has_step = 1;
+    cb->rope_valid = 0;
     return CINFER_OK;
 }
 

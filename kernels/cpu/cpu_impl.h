@@ -93,6 +93,13 @@ typedef struct {
     int32_t max_block_seq, max_block_idx;
     int32_t max_position;
 
+    /* rope's cos/sin table for the current step ([n_rows, rot_dim]); valid
+     * until the next set_step. */
+    cinfer_cpu_buf rope_buf;
+    int rope_valid;
+    float rope_theta;
+    int rope_dim;
+
     /* Scratch, grown on demand and reused. */
     cinfer_cpu_buf act[4];       /* prepared matmul activations */
     cinfer_cpu_buf thread_buf;   /* per-thread floats, thread_stride apart */
@@ -122,7 +129,6 @@ void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
 void cinfer_cpu_op_gather_rows(cinfer_cpu_backend *cb, const float *x,
                                const int32_t *rows, int64_t n_out, int64_t d,
                                float *out);
-/* Needs rot_dim floats of thread scratch. */
 cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
                                  const int32_t *positions, int64_t n,
                                  int n_heads, int head_dim, int rot_dim,

@@ -215,33 +215,40 @@ void cinfer_cpu_op_gather_rows(cinfer_cpu_backend *cb, const float *x,
 /* rope                                                                    */
 /* ---------------------------------------------------------------------- */
 
+/* The cos/sin table of a step (row r: rot_dim floats, cos and sin of each
+ * pair) depends only on the positions, theta and rot_dim, so it is built by
+ * the first rope of a step and reused by the others (two per layer). */
+
 typedef struct {
-    cinfer_cpu_backend *cb;
     float *x;
+    float *table;
     const int32_t *positions;
     int n_heads, head_dim, rot_dim;
     float theta_scale;
     cinfer_rope_mode mode;
+    int fill; /* build the table rows first */
 } rope_ctx;
 
 static void rope_rows(void *p, int64_t r0, int64_t r1, int thread)
 {
     const rope_ctx *c = p;
-    float *cs = thread_scratch(c->cb, thread); /* cos, sin per pair */
-    int n_pairs = c->rot_dim / 2;
-    int64_t width = (int64_t)c->n_heads * c->head_dim;
+    const int n_pairs = c->rot_dim / 2;
+    const int64_t width = (int64_t)c->n_heads * c->head_dim;
+    /* NORM pairs (x[2i], x[2i+1]); NEOX pairs (x[i], x[i + n/2]) */
+    const int stride = c->mode == CINFER_ROPE_NORM ? 2 : 1;
+    const int offset = c->mode == CINFER_ROPE_NORM ? 1 : n_pairs;
     for (int64_t r = r0; r < r1; r++) {
-        float theta = (float)c->positions[r];
-        for (int i = 0; i < n_pairs; i++) {
-            cs[2 * i] = cosf(theta);
-            cs[2 * i + 1] = sinf(theta);
-            theta *= c->theta_scale;
+        float *cs = c->table + r * c->rot_dim;
+        if (c->fill) {
+            float theta = (float)c->positions[r];
+            for (int i = 0; i < n_pairs; i++) {
+                cs[2 * i] = cosf(theta);
+                cs[2 * i + 1] = sinf(theta);
+                theta *= c->theta_scale;
+            }
         }
         for (int h = 0; h < c->n_heads; h++) {
             float *x = c->x + r * width + (int64_t)h * c->head_dim;
-            /* NORM pairs (x[2i], x[2i+1]); NEOX pairs (x[i], x[i + n/2]) */
-            int stride = c->mode == CINFER_ROPE_NORM ? 2 : 1;
-            int offset = c->mode == CINFER_ROPE_NORM ? 1 : n_pairs;
             for (int i = 0; i < n_pairs; i++) {
                 float *e = x + i * stride;
                 const float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
@@ -258,14 +265,22 @@ cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
                                  int n_heads, int head_dim, int rot_dim,
                                  float theta, cinfer_rope_mode mode)
 {
-    cinfer_status st = cinfer_cpu_thread_scratch(cb, (size_t)rot_dim);
-    if (st != CINFER_OK)
-        return st;
-    rope_ctx c = {cb,        x,    positions,
-                  n_heads,   head_dim,
-                  rot_dim,   powf(theta, -2.0f / (float)rot_dim),
-                  mode};
-    run(cb, n, n * (int64_t)n_heads * rot_dim, rope_rows, &c);
+    int fill = !cb->rope_valid || cb->rope_theta != theta ||
+               cb->rope_dim != rot_dim;
+    if (fill) {
+        cb->rope_valid = 0;
+        if (cinfer_cpu_buf_reserve(&cb->rope_buf, sizeof(float) * (size_t)n *
+                                                      (size_t)rot_dim) != 0)
+            return cinfer_set_error(CINFER_E_NOMEM,
+                                    "rope: no memory for the cos/sin table");
+    }
+    rope_ctx c = {x,       cb->rope_buf.p, positions,
+                  n_heads, head_dim,       rot_dim,
+                  powf(theta, -2.0f / (float)rot_dim), mode, fill};
+    run(cb, n, n * (int64_t)n_heads * rot_dim * (fill ? 2 : 1), rope_rows, &c);
+    cb->rope_valid = 1;
+    cb->rope_theta = theta;
+    cb->rope_dim = rot_dim;
     return CINFER_OK;
 }
 

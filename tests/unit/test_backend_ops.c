@@ -805,6 +805,14 @@ static void test_rope(void)
             CHECK_OK(be->ops->rope(be, tx, n_heads, hd, rd, cases[k].theta,
                                    cases[k].mode));
             get(be, tx, got);
+            /* a second rope in the step reuses the cos/sin table */
+            float *again = malloc(sizeof(float) * (size_t)(n * width));
+            put(be, tx, x);
+            CHECK_OK(be->ops->rope(be, tx, n_heads, hd, rd, cases[k].theta,
+                                   cases[k].mode));
+            get(be, tx, again);
+            CHECK(memcmp(again, got, sizeof(float) * (size_t)(n * width)) == 0);
+            free(again);
             /* The angle is built by repeated float products (as GGML does),
              * so its error grows with the position: about pos * 2^-23. */
             for (int r = 0; r < n; r++) {
