@@ -27,46 +27,53 @@ static const char *find(const char *s, size_t n, const char *needle)
 }
 
 /* The default system turn: a string literal in the template that holds
- * "<|im_start|>system\n" TEXT "<|im_end|>", with TEXT free of quotes and
- * template syntax (so it is a constant, not an expression). Returns a
- * malloc'd TEXT, NULL when there is none; *nomem on allocation failure. */
-static char *default_system(const char *s, size_t n, int *nomem)
+ * "<|im_start|>system\n" TEXT "<|im_end|>", with TEXT free of quotes,
+ * backslashes and template syntax (so it is a constant, not an
+ * expression). Returns 1 and a malloc'd *text (NULL when the template has
+ * no such literal), 0 when a system turn is built some way this module
+ * cannot reproduce (an expression, several different texts): the template
+ * is then not recognised, rather than rendered without its system turn.
+ * *nomem is set on allocation failure. */
+static int default_system(const char *s, size_t n, char **text, int *nomem)
 {
     static const char head[] = "<|im_start|>system\n";
     size_t hl = sizeof head - 1;
+    *text = NULL;
     *nomem = 0;
     for (size_t off = 0; off < n;) {
         const char *h = find(s + off, n - off, head);
         if (!h)
-            return NULL;
+            return 1;
         off = (size_t)(h - s) + hl;
         if (h == s || (h[-1] != '\'' && h[-1] != '"'))
-            continue;
-        char quote = h[-1];
-        const char *text = h + hl;
-        const char *end = find(text, n - (size_t)(text - s), IM_END);
+            continue; /* not the start of a literal */
+        const char *t = h + hl;
+        const char *end = find(t, n - (size_t)(t - s), IM_END);
         if (!end)
-            return NULL;
-        int literal = 1;
-        for (const char *p = text; p < end; p++) {
-            if (*p == quote || *p == '{' || *p == '}' || *p == '\\') {
-                literal = 0;
-                break;
-            }
-        }
-        if (!literal)
+            goto unsupported;
+        for (const char *p = t; p < end; p++)
+            if (*p == '\'' || *p == '"' || *p == '{' || *p == '}' ||
+                *p == '\\')
+                goto unsupported;
+        size_t len = (size_t)(end - t);
+        if (*text) {
+            if (strlen(*text) != len || memcmp(*text, t, len) != 0)
+                goto unsupported;
             continue;
-        size_t len = (size_t)(end - text);
-        char *d = malloc(len + 1);
-        if (!d) {
-            *nomem = 1;
-            return NULL;
         }
-        memcpy(d, text, len);
-        d[len] = '\0';
-        return d;
+        *text = malloc(len + 1);
+        if (!*text) {
+            *nomem = 1;
+            return 0;
+        }
+        memcpy(*text, t, len);
+        (*text)[len] = '\0';
     }
-    return NULL;
+    return 1;
+unsupported:
+    free(*text);
+    *text = NULL;
+    return 0;
 }
 
 cinfer_status cinfer_chat_template_detect(cinfer_chat_template *t,
@@ -82,10 +89,11 @@ cinfer_status cinfer_chat_template_detect(cinfer_chat_template *t,
         !find(tmpl, len, "add_generation_prompt"))
         return CINFER_OK;
     int nomem;
-    t->default_system = default_system(tmpl, len, &nomem);
+    int ok = default_system(tmpl, len, &t->default_system, &nomem);
     if (nomem)
         return cinfer_set_error(CINFER_E_NOMEM, "chat template: no memory");
-    t->format = CINFER_CHAT_CHATML;
+    if (ok)
+        t->format = CINFER_CHAT_CHATML;
     return CINFER_OK;
 }
 

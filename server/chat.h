@@ -15,7 +15,9 @@
  * when the first message is not a system one (SmolLM2's "You are a helpful
  * AI assistant named SmolLM, trained by Hugging Face"); the text of that
  * turn is read from the string literal `'<|im_start|>system\n...<|im_end|>`
- * in the template, so the rendering matches the Jinja one.
+ * in the template, so the rendering matches the Jinja one. A template that
+ * builds its system turn from an expression (tools, dates) is not
+ * recognised: rendering it without that turn would be a guess.
  *
  * Encoding keeps the structure out of the user's hands: the markers are
  * emitted as their special token ids and every text piece (role, content,

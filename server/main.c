@@ -344,7 +344,6 @@ int main(int argc, char **argv)
             cinfer_log_str(&l, "error", cinfer_last_error());
             cinfer_log_end(&l);
         }
-        fprintf(stderr, "cinfer-server: %s\n", cinfer_last_error());
         return 1;
     }
     {

@@ -410,7 +410,8 @@ cinfer_status cinfer_refl_index_create(const uint8_t *set, size_t len,
         st = bad_set("FileDescriptorSet");
         goto fail;
     }
-    qsort(ix->syms, ix->n_syms, sizeof *ix->syms, cmp_sym);
+    if (ix->n_syms)
+        qsort(ix->syms, ix->n_syms, sizeof *ix->syms, cmp_sym);
     *out = ix;
     return CINFER_OK;
 fail:
@@ -451,6 +452,8 @@ const char *cinfer_refl_index_service(const cinfer_refl_index *ix, size_t i)
 int cinfer_refl_index_find_symbol(const cinfer_refl_index *ix,
                                   const char *symbol)
 {
+    if (ix->n_syms == 0)
+        return -1;
     refl_symbol key = {(char *)symbol, 0};
     const refl_symbol *s =
         bsearch(&key, ix->syms, ix->n_syms, sizeof *ix->syms, cmp_sym);
@@ -518,8 +521,38 @@ cinfer_status cinfer_refl_answer(const cinfer_refl_index *ix,
     char msg[320];
     cinfer_status st = CINFER_OK;
 
+    /* The echo is a fresh copy of the known fields: protobuf-c would
+     * re-emit unknown ones verbatim, including ones no parser accepts
+     * (field number 0). */
+    Grpc__Reflection__V1__ServerReflectionRequest echo =
+        GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__INIT;
+    Grpc__Reflection__V1__ExtensionRequest echo_ext =
+        GRPC__REFLECTION__V1__EXTENSION_REQUEST__INIT;
+    echo.host = rq->host;
+    echo.message_request_case = rq->message_request_case;
+    switch (rq->message_request_case) {
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
+        if (rq->file_containing_extension) {
+            echo_ext.containing_type =
+                rq->file_containing_extension->containing_type;
+            echo_ext.extension_number =
+                rq->file_containing_extension->extension_number;
+        }
+        echo.file_containing_extension = &echo_ext;
+        break;
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
+    case GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
+        echo.list_services = rq->list_services; /* the union's string */
+        break;
+    default:
+        echo.message_request_case =
+            GRPC__REFLECTION__V1__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST__NOT_SET;
+        break;
+    }
     resp.valid_host = rq->host;
-    resp.original_request = rq;
+    resp.original_request = &echo;
 
     int file = -1;
     const char *what = NULL;

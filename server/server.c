@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/log.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -525,6 +526,21 @@ static void *worker_main(void *arg)
 /* Lifecycle                                                              */
 /* ---------------------------------------------------------------------- */
 
+/* gRPC's own log lines, as JSON lines like ours (stderr stays parseable). */
+static void grpc_log_to_json(gpr_log_func_args *a)
+{
+    cinfer_log_level lvl = a->severity == GPR_LOG_SEVERITY_ERROR ? CINFER_LOG_ERROR
+                           : a->severity == GPR_LOG_SEVERITY_INFO ? CINFER_LOG_INFO
+                                                                  : CINFER_LOG_DEBUG;
+    cinfer_log_line l;
+    if (!cinfer_log_begin(&l, lvl, "grpc", NULL))
+        return;
+    cinfer_log_str(&l, "detail", a->message);
+    cinfer_log_str(&l, "file", a->file);
+    cinfer_log_int(&l, "line", a->line);
+    cinfer_log_end(&l);
+}
+
 int cinfer_server_port(const cinfer_server *s)
 {
     return s->port;
@@ -582,6 +598,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     if (st != CINFER_OK)
         goto fail_alloc;
 
+    gpr_set_log_function(grpc_log_to_json);
     grpc_init();
     grpc_arg args[2];
     memset(args, 0, sizeof args);

@@ -12,8 +12,9 @@
  *   3  ServerReflectionRequest
  *                         answered from the real descriptor set; the
  *                         answer decodes as a ServerReflectionResponse
- *   4  chat template text recognised; a ChatML one never yields a default
- *                         system text containing a quote or brace
+ *   4  chat template text recognised; a default system text is only
+ *                         found in a ChatML template and never holds a
+ *                         quote, brace or backslash
  *   5  UTF-8 sanitising: the output is valid UTF-8 and valid input passes
  *                         unchanged
  * Every failure is a status with a message, never a crash (ASan and UBSan

@@ -113,12 +113,18 @@ class Server:
             self.wait_health("SERVING", 300)
         return self
 
-    def __exit__(self, *exc):
-        self.stop()
+    def __exit__(self, exc_type, exc, tb):
+        stopped_by_us = self.stop()
+        # A server told to stop must exit 0: sanitizer reports (leaks, UB at
+        # shutdown) and crashes during shutdown fail the case.
+        if exc_type is None and stopped_by_us and self.proc.returncode != 0:
+            raise AssertionError("%s exited %d after SIGTERM:\n%s" % (
+                self.name, self.proc.returncode, self.log_text()[-6000:]))
         return False
 
     def log_text(self):
-        self.log_file.flush()
+        if not self.log_file.closed:
+            self.log_file.flush()
         with open(self.log_path) as f:
             return f.read()
 
@@ -179,21 +185,24 @@ class Server:
             raise AssertionError("server did not exit within %ss" % timeout)
 
     def stop(self):
+        """Stops the server if it still runs; True if it had to."""
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        ours = False
         if self.proc and self.proc.poll() is None:
+            ours = True
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         if self.proc and self.proc.returncode not in (0, None):
-            log("%s exit code %s; log:\n%s" % (self.name,
-                                               self.proc.returncode,
-                                               self.log_text()[-4000:]))
+            log("%s exit code %s; log tail:\n%s" % (
+                self.name, self.proc.returncode, self.log_text()[-4000:]))
         self.log_file.close()
+        return ours
 
 
 def need_model():
@@ -486,6 +495,22 @@ def case_concurrent():
         ids = sorted(l.get("request_id") for l in done)
         check_eq(ids, sorted("c-%d" % i for i in range(32)),
                  "request ids in the log")
+
+        # A reader that reads nothing does not hold the engine back: its
+        # request finishes in the engine while no message has been read,
+        # another stream completes meanwhile, and the unread stream still
+        # delivers the whole text afterwards.
+        before = info.stats
+        slow = stub.Generate(greedy_request(pb, PROMPTS[0], n,
+                                            request_id="slow"), timeout=900)
+        text, final, _ = collect(stub.Generate(
+            greedy_request(pb, PROMPTS[1], n), timeout=900))
+        check_eq(text + "\n", want[PROMPTS[1]], "stream next to a slow one")
+        wait_engine_idle(srv, 120, since=before, want_gone=2)
+        text, final, chunks = collect(slow)
+        check_eq(text + "\n", want[PROMPTS[0]], "the slow reader's text")
+        log("ok: an unread stream finished in the engine; %d chunks read "
+            "late" % chunks)
 
 
 def long_request(pb, prompt="Tell me a very long story"):

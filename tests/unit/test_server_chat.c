@@ -73,12 +73,25 @@ static void test_detect(void)
     const char *half = "<|im_start|>{{ x }}<|im_end|>";
     CHECK_OK(cinfer_chat_template_detect(&t, half, strlen(half)));
     CHECK_EQ_INT(t.format, CINFER_CHAT_NONE);
-    /* A system literal built from an expression is not a default turn. */
+    /* A system turn built from an expression: not something to guess. */
     const char *expr = "add_generation_prompt '<|im_start|>system\n' + "
                        "x + '<|im_end|>'";
     CHECK_OK(cinfer_chat_template_detect(&t, expr, strlen(expr)));
-    CHECK_EQ_INT(t.format, CINFER_CHAT_CHATML);
+    CHECK_EQ_INT(t.format, CINFER_CHAT_NONE);
     CHECK(t.default_system == NULL);
+    /* Two different default texts: ambiguous, not recognised. */
+    const char *two = "add_generation_prompt <|im_end|> "
+                      "'<|im_start|>system\nA<|im_end|>' "
+                      "'<|im_start|>system\nB<|im_end|>'";
+    CHECK_OK(cinfer_chat_template_detect(&t, two, strlen(two)));
+    CHECK_EQ_INT(t.format, CINFER_CHAT_NONE);
+    /* The same text twice (two branches) is fine. */
+    const char *same = "add_generation_prompt "
+                       "'<|im_start|>system\nA<|im_end|>' "
+                       "\"<|im_start|>system\nA<|im_end|>\"";
+    CHECK_OK(cinfer_chat_template_detect(&t, same, strlen(same)));
+    CHECK_EQ_INT(t.format, CINFER_CHAT_CHATML);
+    CHECK_EQ_STR(t.default_system, "A");
     cinfer_chat_template_cleanup(&t);
 }
 
