@@ -575,7 +575,7 @@ def case_deadline():
         code = None
         t0 = time.time()
         try:
-            for resp in stub.Generate(long_request(pb), timeout=3.0):
+            for resp in stub.Generate(long_request(pb), timeout=5.0):
                 if resp.HasField("chunk"):
                     chunks += 1
         except grpc.RpcError as e:
@@ -588,7 +588,7 @@ def case_deadline():
             chunks)
 
         before = srv.info().stats
-        rc, out, err = cli(srv, "--timeout", "2", "generate", "-p",
+        rc, out, err = cli(srv, "--timeout", "3", "generate", "-p",
                            "Tell me a story", "-n", "4000", "--temperature",
                            "0", "--ignore-eos")
         check_eq(rc, 4, "cinfer-cli exit code = DEADLINE_EXCEEDED (%s)" % err)
