@@ -605,6 +605,9 @@ static cinfer_status cpu_embed(cinfer_backend *be, const cinfer_tensor *table,
     int64_t vocab = td->shape[0], d = td->shape[1];
     TRY(need_f32_matrix(op, "out", out, cb->step.n_rows, d));
     TRY(need_writable(op, "out", out));
+    if (out == table)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "embed: out aliases table");
     for (int32_t r = 0; r < cb->step.n_rows; r++)
         if (cb->step.tokens[r] >= vocab)
             return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -682,6 +685,10 @@ static cinfer_status cpu_matmul(cinfer_backend *be, int n_w,
         if (out[i] == x)
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "matmul: out[%d] aliases x", i);
+        for (int j = 0; j < n_w; j++)
+            if (out[i] == w[j])
+                return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                        "matmul: out[%d] aliases w[%d]", i, j);
         for (int j = 0; j < i; j++)
             if (out[j] == out[i])
                 return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -768,6 +775,10 @@ static cinfer_status cpu_kv_store(cinfer_backend *be, const cinfer_tensor *k,
     TRY(need_cache(op, "v_cache", cb, v_cache));
     TRY(need_writable(op, "k_cache", k_cache));
     TRY(need_writable(op, "v_cache", v_cache));
+    if (k_cache == v_cache)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "kv_store: k_cache and v_cache are the same "
+                                "tensor");
     if (!same_shape(&k_cache->desc, &v_cache->desc)) {
         char b1[96], b2[96];
         return cinfer_set_error(CINFER_E_INVALID_ARG,

@@ -1535,6 +1535,13 @@ static void test_validation(void)
     cinfer_tensor *oalias[1] = {x};
     const cinfer_tensor *wsq[1] = {ro};
     CHECK_BAD(o->matmul(be, 1, wsq, x, oalias), "matmul");
+    cinfer_tensor *x33 = tnew(be, CINFER_DTYPE_F32, 2, n, n, 0, 0);
+    CHECK_OK(o->fill_zero(be, x33));
+    CHECK_OK(o->fill_zero(be, o33));
+    const cinfer_tensor *wself[1] = {o33};
+    cinfer_tensor *oself[1] = {o33};
+    CHECK_BAD(o->matmul(be, 1, wself, x33, oself), "aliases w[0]");
+    be->ops->tensor_destroy(be, x33);
 
     /* step metadata */
     step_buf sb;
@@ -1636,6 +1643,7 @@ static void test_validation(void)
     CHECK_BAD(o->kv_store(be, x, y, kc, vc1), "kv_store");
     CHECK_BAD(o->kv_store(be, x4, y, kc, vc), "kv_store");
     CHECK_BAD(o->kv_store(be, x16, y, kc, vc), "kv_store");
+    CHECK_BAD(o->kv_store(be, x, y, kc, kc), "kv_store");
     CHECK_OK(o->attention(be, x, kc, vc, 2, 2, 32, 0.2f, y));
     CHECK_BAD(o->attention(be, x, kc, vc, 2, 1, 32, 0.2f, y), "k_cache");
     CHECK_BAD(o->attention(be, x, kc, vc, 3, 2, 32, 0.2f, y), "attention");
