@@ -11,13 +11,20 @@
  * Numerics follow GGML's CPU ops so logits track llama.cpp's:
  *   rms_norm  sum of squares in double, in element order; scale in float.
  *   rope      theta_i = pos * base^(-2i/rot_dim) by repeated float products,
- *             cosf / sinf.
- *   silu      x / (1 + expf(-x)) in float.
- *   attention scores in float, softmax with max subtraction and a double
- *             sum, V weighted in float; normalised once at the end.
+ *             cosf / sinf (one table per step, shared by every layer).
+ *   silu      x / (1 + exp(-x)) in float.
+ *   attention scores in float (q stays F32; F16 K/V are widened exactly),
+ *             softmax with max subtraction and a double sum, V weighted in
+ *             float, normalised once at the end.
+ * (llama.cpp rounds q and the probabilities to F16 in attention; this code
+ * keeps them in float.)
+ * exp() is libm's expf in portable code and a vector polynomial (about 1 ulp)
+ * in the AVX2 / AVX-512 code, so those ISAs differ from portable in the last
+ * bits of silu and softmax; each ISA is deterministic on its own.
  *
- * This file is compiled for baseline x86-64 (SSE2); the attention inner
- * loops also exist for AVX2 and AVX-512 in ops_avx2.c and ops_avx512.c.
+ * This file is compiled for baseline x86-64 (SSE2); the inner loops of
+ * attention, exp and the F16 conversions also exist for AVX2 and AVX-512 in
+ * ops_avx2.c and ops_avx512.c.
  */
 #include <math.h>
 #include <string.h>
