@@ -70,7 +70,8 @@ typedef struct {
     size_t cap;
 } cinfer_cpu_buf;
 
-/* 0 on success, -1 if out of memory (the old contents are then kept). */
+/* Makes b hold at least n_bytes: 0 on success, -1 if out of memory (then b
+ * is unchanged). Growing does not keep the contents; it is scratch. */
 int cinfer_cpu_buf_reserve(cinfer_cpu_buf *b, size_t n_bytes);
 void cinfer_cpu_buf_free(cinfer_cpu_buf *b);
 
