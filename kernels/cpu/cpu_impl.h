@@ -45,6 +45,12 @@ typedef struct {
     /* acc[d] += p[j] * v[j * stride + d] for j = 0..n-1 in order */
     void (*pv)(float *acc, const float *p, const float *v, int64_t stride,
                int n, int head_dim);
+    /* The same over F16 rows, widening as they load (NULL: callers widen
+     * the rows with widen_rows and use qk / pv) */
+    void (*qk_f16)(const float *q, const uint16_t *k, int64_t stride, int n,
+                   int head_dim, float scale, float *scores);
+    void (*pv_f16)(float *acc, const float *p, const uint16_t *v,
+                   int64_t stride, int n, int head_dim);
     /* dst[j * head_dim + d] = f16 src[j * stride + d]: widens n cached rows */
     void (*widen_rows)(const uint16_t *src, int64_t stride, int n,
                        int head_dim, float *dst);

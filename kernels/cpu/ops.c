@@ -405,7 +405,7 @@ static void to_f16_portable(const float *src, uint16_t *dst, int64_t n)
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
-    qk_portable,       pv_portable,       widen_rows_portable,
+    qk_portable,       pv_portable,       NULL, NULL, widen_rows_portable,
     softmax_exp_portable, silu_mul_portable, to_f16_portable,
 };
 
@@ -452,6 +452,13 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
         int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
         const float *k = (const float *)a->k_cache + base;
         int64_t stride = kv_stride;
+        if (a->k_dtype == CINFER_DTYPE_F16 && vk->qk_f16) {
+            const uint16_t *k16 = (const uint16_t *)a->k_cache + base;
+            for (int i = 0; i < nq; i++)
+                vk->qk_f16(a->q + (r * a->n_heads + h0 + i) * (int64_t)hd, k16,
+                           kv_stride, n, hd, a->scale, scores + i * cs + j0);
+            continue;
+        }
         if (a->k_dtype == CINFER_DTYPE_F16) {
             vk->widen_rows((const uint16_t *)a->k_cache + base, kv_stride, n,
                            hd, wide);
@@ -473,6 +480,13 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
         int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
         const float *v = (const float *)a->v_cache + base;
         int64_t stride = kv_stride;
+        if (a->v_dtype == CINFER_DTYPE_F16 && vk->pv_f16) {
+            const uint16_t *v16 = (const uint16_t *)a->v_cache + base;
+            for (int i = 0; i < nq; i++)
+                vk->pv_f16(acc + i * hd, scores + i * cs + j0, v16, kv_stride,
+                           n, hd);
+            continue;
+        }
         if (a->v_dtype == CINFER_DTYPE_F16) {
             vk->widen_rows((const uint16_t *)a->v_cache + base, kv_stride, n,
                            hd, wide);

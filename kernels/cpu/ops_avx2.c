@@ -45,6 +45,15 @@ static inline __m256 hsum8x8(const __m256 *v)
     return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* Loads of 8 K/V elements and single elements, widened to float. */
+static inline __m256 ld_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 ld_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline float el_f32(float x) { return x; }
+static inline float el_f16(uint16_t x) { return _cvtsh_ss(x); }
+
 static void qk(const float *q, const float *k, int64_t stride, int n,
                int head_dim, float scale, float *scores)
 {
@@ -60,13 +69,13 @@ static void qk(const float *q, const float *k, int64_t stride, int n,
             UNROLL
             for (int p = 0; p < 8; p++)
                 acc[p] = _mm256_fmadd_ps(
-                    qv, _mm256_loadu_ps(k + (j + p) * stride + d), acc[p]);
+                    qv, ld_f32(k + (j + p) * stride + d), acc[p]);
         }
         float s[8];
         _mm256_storeu_ps(s, hsum8x8(acc));
         for (int p = 0; p < 8; p++) {
             for (int d = d8; d < head_dim; d++)
-                s[p] = fmaf(q[d], k[(j + p) * stride + d], s[p]);
+                s[p] = fmaf(q[d], el_f32(k[(j + p) * stride + d]), s[p]);
             scores[j + p] = s[p] * scale;
         }
     }
@@ -74,10 +83,47 @@ static void qk(const float *q, const float *k, int64_t stride, int n,
         __m256 acc = _mm256_setzero_ps();
         for (int d = 0; d < d8; d += 8)
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
-                                  _mm256_loadu_ps(k + j * stride + d), acc);
+                                  ld_f32(k + j * stride + d), acc);
         float s = hsum8(acc);
         for (int d = d8; d < head_dim; d++)
-            s = fmaf(q[d], k[j * stride + d], s);
+            s = fmaf(q[d], el_f32(k[j * stride + d]), s);
+        scores[j] = s * scale;
+    }
+}
+
+static void qk_f16(const float *q, const uint16_t *k, int64_t stride, int n,
+               int head_dim, float scale, float *scores)
+{
+    const int d8 = head_dim & ~7;
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 acc[8];
+        UNROLL
+        for (int p = 0; p < 8; p++)
+            acc[p] = _mm256_setzero_ps();
+        for (int d = 0; d < d8; d += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d);
+            UNROLL
+            for (int p = 0; p < 8; p++)
+                acc[p] = _mm256_fmadd_ps(
+                    qv, ld_f16(k + (j + p) * stride + d), acc[p]);
+        }
+        float s[8];
+        _mm256_storeu_ps(s, hsum8x8(acc));
+        for (int p = 0; p < 8; p++) {
+            for (int d = d8; d < head_dim; d++)
+                s[p] = fmaf(q[d], el_f16(k[(j + p) * stride + d]), s[p]);
+            scores[j + p] = s[p] * scale;
+        }
+    }
+    for (; j < n; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int d = 0; d < d8; d += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
+                                  ld_f16(k + j * stride + d), acc);
+        float s = hsum8(acc);
+        for (int d = d8; d < head_dim; d++)
+            s = fmaf(q[d], el_f16(k[j * stride + d]), s);
         scores[j] = s * scale;
     }
 }
@@ -95,10 +141,10 @@ static void pv(float *acc, const float *p, const float *v, int64_t stride,
         for (int j = 0; j < n; j++) {
             const float *vj = v + j * stride + d;
             __m256 pj = _mm256_set1_ps(p[j]);
-            a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
-            a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
-            a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
-            a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+            a0 = _mm256_fmadd_ps(pj, ld_f32(vj), a0);
+            a1 = _mm256_fmadd_ps(pj, ld_f32(vj + 8), a1);
+            a2 = _mm256_fmadd_ps(pj, ld_f32(vj + 16), a2);
+            a3 = _mm256_fmadd_ps(pj, ld_f32(vj + 24), a3);
         }
         _mm256_storeu_ps(acc + d, a0);
         _mm256_storeu_ps(acc + d + 8, a1);
@@ -109,13 +155,50 @@ static void pv(float *acc, const float *p, const float *v, int64_t stride,
         __m256 a0 = _mm256_loadu_ps(acc + d);
         for (int j = 0; j < n; j++)
             a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]),
-                                 _mm256_loadu_ps(v + j * stride + d), a0);
+                                 ld_f32(v + j * stride + d), a0);
         _mm256_storeu_ps(acc + d, a0);
     }
     for (; d < head_dim; d++) {
         float a0 = acc[d];
         for (int j = 0; j < n; j++)
-            a0 = fmaf(p[j], v[j * stride + d], a0);
+            a0 = fmaf(p[j], el_f32(v[j * stride + d]), a0);
+        acc[d] = a0;
+    }
+}
+
+static void pv_f16(float *acc, const float *p, const uint16_t *v, int64_t stride,
+               int n, int head_dim)
+{
+    int d = 0;
+    for (; d + 32 <= head_dim; d += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + d);
+        __m256 a1 = _mm256_loadu_ps(acc + d + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + d + 16);
+        __m256 a3 = _mm256_loadu_ps(acc + d + 24);
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vj = v + j * stride + d;
+            __m256 pj = _mm256_set1_ps(p[j]);
+            a0 = _mm256_fmadd_ps(pj, ld_f16(vj), a0);
+            a1 = _mm256_fmadd_ps(pj, ld_f16(vj + 8), a1);
+            a2 = _mm256_fmadd_ps(pj, ld_f16(vj + 16), a2);
+            a3 = _mm256_fmadd_ps(pj, ld_f16(vj + 24), a3);
+        }
+        _mm256_storeu_ps(acc + d, a0);
+        _mm256_storeu_ps(acc + d + 8, a1);
+        _mm256_storeu_ps(acc + d + 16, a2);
+        _mm256_storeu_ps(acc + d + 24, a3);
+    }
+    for (; d + 8 <= head_dim; d += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + d);
+        for (int j = 0; j < n; j++)
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]),
+                                 ld_f16(v + j * stride + d), a0);
+        _mm256_storeu_ps(acc + d, a0);
+    }
+    for (; d < head_dim; d++) {
+        float a0 = acc[d];
+        for (int j = 0; j < n; j++)
+            a0 = fmaf(p[j], el_f16(v[j * stride + d]), a0);
         acc[d] = a0;
     }
 }
@@ -247,6 +330,6 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2 = {
-    qk, pv, widen_rows, softmax_exp, silu_mul, to_f16,
+    qk, pv, qk_f16, pv_f16, widen_rows, softmax_exp, silu_mul, to_f16,
 };
 #endif

@@ -63,6 +63,21 @@ static inline __mmask16 lanes(int64_t left)
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
 }
 
+/* Loads of 16 K/V elements (or the first lanes of m), widened to float. */
+static inline __m512 ld_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 ldm_f32(__mmask16 m, const float *p)
+{
+    return _mm512_maskz_loadu_ps(m, p);
+}
+static inline __m512 ld_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline __m512 ldm_f16(__mmask16 m, const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
 /* Dot products over the head dimension: whole 16-lane chunks, then one
  * masked chunk for the rest (zero lanes add nothing). */
 static void qk(const float *q, const float *k, int64_t stride, int n,
@@ -83,14 +98,14 @@ static void qk(const float *q, const float *k, int64_t stride, int n,
             UNROLL
             for (int p = 0; p < 16; p++)
                 acc[p] = _mm512_fmadd_ps(
-                    qv, _mm512_loadu_ps(kj + p * stride + d), acc[p]);
+                    qv, ld_f32(kj + p * stride + d), acc[p]);
         }
         if (mt) {
             __m512 qv = _mm512_maskz_loadu_ps(mt, q + d16);
             UNROLL
             for (int p = 0; p < 16; p++)
                 acc[p] = _mm512_fmadd_ps(
-                    qv, _mm512_maskz_loadu_ps(mt, kj + p * stride + d16),
+                    qv, ldm_f32(mt, kj + p * stride + d16),
                     acc[p]);
         }
         _mm512_storeu_ps(scores + j, _mm512_mul_ps(hsum16x16(acc), vs));
@@ -100,10 +115,53 @@ static void qk(const float *q, const float *k, int64_t stride, int n,
         __m512 acc = _mm512_setzero_ps();
         for (int d = 0; d < d16; d += 16)
             acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d),
-                                  _mm512_loadu_ps(kj + d), acc);
+                                  ld_f32(kj + d), acc);
         if (mt)
             acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, q + d16),
-                                  _mm512_maskz_loadu_ps(mt, kj + d16), acc);
+                                  ldm_f32(mt, kj + d16), acc);
+        scores[j] = hsum16(acc) * scale;
+    }
+}
+
+static void qk_f16(const float *q, const uint16_t *k, int64_t stride, int n,
+               int head_dim, float scale, float *scores)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    const int d16 = head_dim & ~15;
+    const __mmask16 mt = lanes(head_dim - d16);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const uint16_t *kj = k + j * stride;
+        __m512 acc[16];
+        UNROLL
+        for (int p = 0; p < 16; p++)
+            acc[p] = _mm512_setzero_ps();
+        for (int d = 0; d < d16; d += 16) {
+            __m512 qv = _mm512_loadu_ps(q + d);
+            UNROLL
+            for (int p = 0; p < 16; p++)
+                acc[p] = _mm512_fmadd_ps(
+                    qv, ld_f16(kj + p * stride + d), acc[p]);
+        }
+        if (mt) {
+            __m512 qv = _mm512_maskz_loadu_ps(mt, q + d16);
+            UNROLL
+            for (int p = 0; p < 16; p++)
+                acc[p] = _mm512_fmadd_ps(
+                    qv, ldm_f16(mt, kj + p * stride + d16),
+                    acc[p]);
+        }
+        _mm512_storeu_ps(scores + j, _mm512_mul_ps(hsum16x16(acc), vs));
+    }
+    for (; j < n; j++) {
+        const uint16_t *kj = k + j * stride;
+        __m512 acc = _mm512_setzero_ps();
+        for (int d = 0; d < d16; d += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d),
+                                  ld_f16(kj + d), acc);
+        if (mt)
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, q + d16),
+                                  ldm_f16(mt, kj + d16), acc);
         scores[j] = hsum16(acc) * scale;
     }
 }
@@ -121,10 +179,10 @@ static void pv(float *acc, const float *p, const float *v, int64_t stride,
         for (int j = 0; j < n; j++) {
             const float *vj = v + j * stride + d;
             __m512 pj = _mm512_set1_ps(p[j]);
-            a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
-            a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
-            a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
-            a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+            a0 = _mm512_fmadd_ps(pj, ld_f32(vj), a0);
+            a1 = _mm512_fmadd_ps(pj, ld_f32(vj + 16), a1);
+            a2 = _mm512_fmadd_ps(pj, ld_f32(vj + 32), a2);
+            a3 = _mm512_fmadd_ps(pj, ld_f32(vj + 48), a3);
         }
         _mm512_storeu_ps(acc + d, a0);
         _mm512_storeu_ps(acc + d + 16, a1);
@@ -136,7 +194,40 @@ static void pv(float *acc, const float *p, const float *v, int64_t stride,
         __m512 a0 = _mm512_maskz_loadu_ps(m, acc + d);
         for (int j = 0; j < n; j++)
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]),
-                                 _mm512_maskz_loadu_ps(m, v + j * stride + d),
+                                 ldm_f32(m, v + j * stride + d),
+                                 a0);
+        _mm512_mask_storeu_ps(acc + d, m, a0);
+    }
+}
+
+static void pv_f16(float *acc, const float *p, const uint16_t *v, int64_t stride,
+               int n, int head_dim)
+{
+    int d = 0;
+    for (; d + 64 <= head_dim; d += 64) {
+        __m512 a0 = _mm512_loadu_ps(acc + d);
+        __m512 a1 = _mm512_loadu_ps(acc + d + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + d + 32);
+        __m512 a3 = _mm512_loadu_ps(acc + d + 48);
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vj = v + j * stride + d;
+            __m512 pj = _mm512_set1_ps(p[j]);
+            a0 = _mm512_fmadd_ps(pj, ld_f16(vj), a0);
+            a1 = _mm512_fmadd_ps(pj, ld_f16(vj + 16), a1);
+            a2 = _mm512_fmadd_ps(pj, ld_f16(vj + 32), a2);
+            a3 = _mm512_fmadd_ps(pj, ld_f16(vj + 48), a3);
+        }
+        _mm512_storeu_ps(acc + d, a0);
+        _mm512_storeu_ps(acc + d + 16, a1);
+        _mm512_storeu_ps(acc + d + 32, a2);
+        _mm512_storeu_ps(acc + d + 48, a3);
+    }
+    for (; d < head_dim; d += 16) {
+        __mmask16 m = lanes(head_dim - d);
+        __m512 a0 = _mm512_maskz_loadu_ps(m, acc + d);
+        for (int j = 0; j < n; j++)
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]),
+                                 ldm_f16(m, v + j * stride + d),
                                  a0);
         _mm512_mask_storeu_ps(acc + d, m, a0);
     }
@@ -235,6 +326,6 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
-    qk, pv, widen_rows, softmax_exp, silu_mul, to_f16,
+    qk, pv, qk_f16, pv_f16, widen_rows, softmax_exp, silu_mul, to_f16,
 };
 #endif

@@ -1197,7 +1197,9 @@ static void attention_case(config c, const attn_case *ac)
     snprintf(what, sizeof what, "attention h%d kv%d hd%d bs%d %s/%s", n_heads,
              n_kv, hd, bs, cinfer_dtype_name(ac->kdt),
              cinfer_dtype_name(ac->vdt));
-    check_close(what, c, got, want, n * qw, 2e-5);
+    /* float error here is ~1e-7; peaky softmaxes (scale 2) amplify score
+     * errors, which keeps this bound meaningful */
+    check_close(what, c, got, want, n * qw, 3e-6);
 
     /* block ids outside the cache are caught by attention */
     step_buf bad;
@@ -1246,6 +1248,8 @@ static void test_attention(void)
         {9, 3, 20, 5, CINFER_DTYPE_F16, CINFER_DTYPE_F32, 0.3f},
         {4, 1, 72, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.2f},
         {3, 1, 136, 2, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.1f},
+        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 2.0f},
+        {4, 1, 40, 16, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 2.0f},
     };
     for (int ci = 0; ci < g_n_configs; ci++)
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
