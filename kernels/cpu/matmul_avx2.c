@@ -221,13 +221,19 @@ typedef struct {
     const uint8_t *pf; /* next tile's weights, see matmul_avx512.c */
     size_t pf_step;
     int pf_lines;
+    int pf_nta;
 } tile;
 
 static ALWAYS_INLINE void prefetch_next(const tile *t, int64_t it)
 {
     const uint8_t *p = t->pf + (size_t)it * t->pf_step;
-    for (int i = 0; i < t->pf_lines; i++)
-        _mm_prefetch((const char *)(p + 64 * i), _MM_HINT_T0);
+    if (t->pf_nta) {
+        for (int i = 0; i < t->pf_lines; i++)
+            _mm_prefetch((const char *)(p + 64 * i), _MM_HINT_NTA);
+    } else {
+        for (int i = 0; i < t->pf_lines; i++)
+            _mm_prefetch((const char *)(p + 64 * i), _MM_HINT_T0);
+    }
 }
 
 /* Weight kinds of the int8 tile. */
@@ -549,6 +555,7 @@ void cinfer_cpu_matmul_compute_avx2(cinfer_dtype wt, const void *w,
             const int ct = tile_cols(k, rows);
             tile t;
             t.nb = nb;
+            t.pf_nta = n <= 2;
             for (int i = 0; i < 2; i++) {
                 int64_t rr = r + (i < rows ? i : rows - 1);
                 t.a[i] = ab + (size_t)rr * arb;
