@@ -285,7 +285,7 @@ static cinfer_status cpu_tensor_create(cinfer_backend *be,
                                        const cinfer_tensor_desc *desc,
                                        cinfer_tensor **out)
 {
-    size_t nbytes;
+    size_t nbytes = 0;
     if (!out)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "tensor_create: out is NULL");
@@ -314,7 +314,7 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
                                               const void *data,
                                               cinfer_tensor **out)
 {
-    size_t nbytes;
+    size_t nbytes = 0;
     if (!out)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "tensor_create_weight: out is NULL");
