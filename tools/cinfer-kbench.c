@@ -516,6 +516,17 @@ int main(int argc, char **argv)
         }
     }
 
+    /* Another process on the cores makes every 2-thread number
+     * meaningless; the FMA floor shows it. */
+    for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+        if (peak[isa][1] > 0.0 && peak[isa][2] < 1.7 * peak[isa][1]) {
+            printf("  WARNING: 2-thread FMA floor is %.2fx the 1-thread one: another "
+                   "process holds a core; 2-thread results are unreliable\n",
+                   peak[isa][2] / peak[isa][1]);
+            break;
+        }
+    }
+
     uint64_t seed = 0x12345678abcdefull;
     const int64_t d_out = 1536, d_in = 576; /* the default model's FFN */
 
