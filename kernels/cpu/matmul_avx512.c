@@ -527,19 +527,27 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
 
 typedef enum { K_Q41, K_Q40, K_Q8, K_F32, K_F16, K_BF16 } kind;
 
+/* Tile shapes by row count R (1..4): 4-column groups for Q4, column pairs
+ * for Q8_0, columns for the float kernels. Decode (R = 1) takes wider
+ * tiles: it has registers to spare and amortizes the activation's
+ * broadcasts over more columns. */
+#define Q4_GROUPS(R) ((R) == 1 ? 4 : 2)
+#define Q8_PAIRS(R) 4
+#define F_COLS(R) ((R) <= 2 ? 8 : 6)
+
 /* Columns per tile for a row count, per kernel kind. */
 static int tile_cols(kind k, int rows)
 {
     switch (k) {
     case K_Q41:
     case K_Q40:
-        return rows == 1 ? 16 : 8;
+        return 4 * Q4_GROUPS(rows);
     case K_Q8:
-        return rows == 1 ? 8 : 8;
+        return 2 * Q8_PAIRS(rows);
     case K_BF16:
     case K_F32:
     case K_F16:
-        return rows == 1 ? 8 : rows == 2 ? 8 : 6;
+        return F_COLS(rows);
     }
     return 4;
 }
@@ -551,12 +559,12 @@ static int tile_cols(kind k, int rows)
     static __attribute__((noinline)) void name##_r2(const tile *t) { call(2); } \
     static __attribute__((noinline)) void name##_r3(const tile *t) { call(3); } \
     static __attribute__((noinline)) void name##_r4(const tile *t) { call(4); }
-#define Q41_CALL(R) tile_q4(t, R, R == 1 ? 4 : 2, 1)
-#define Q40_CALL(R) tile_q4(t, R, R == 1 ? 4 : 2, 0)
-#define Q8_CALL(R) tile_q8(t, R, 4)
-#define F32_CALL(R) tile_f(t, R, R <= 2 ? 8 : 6, 0)
-#define F16_CALL(R) tile_f(t, R, R <= 2 ? 8 : 6, 1)
-#define BF16_CALL(R) tile_bf16(t, R, R <= 2 ? 8 : 6)
+#define Q41_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 1)
+#define Q40_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 0)
+#define Q8_CALL(R) tile_q8(t, R, Q8_PAIRS(R))
+#define F32_CALL(R) tile_f(t, R, F_COLS(R), 0)
+#define F16_CALL(R) tile_f(t, R, F_COLS(R), 1)
+#define BF16_CALL(R) tile_bf16(t, R, F_COLS(R))
 TILE_FNS(q41, Q41_CALL)
 TILE_FNS(q40, Q40_CALL)
 TILE_FNS(q8, Q8_CALL)
