@@ -658,10 +658,12 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->s_row_seq = malloc(sizeof(int32_t) * rows);
     e->s_slots = malloc(sizeof(int32_t) * rows);
     e->s_out_rows = malloc(sizeof(int32_t) * rows);
+    e->s_gen = malloc(rows);
     e->s_tables = malloc(sizeof(int32_t) * seqs * (size_t)e->max_blocks);
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
     if (!e->running || !e->sched || !e->s_tokens || !e->s_pos ||
-        !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_tables ||
+        !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
+        !e->s_tables ||
         !e->logits) {
         st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
         goto fail;
@@ -696,6 +698,7 @@ fail:
     free(e->s_row_seq);
     free(e->s_slots);
     free(e->s_out_rows);
+    free(e->s_gen);
     free(e->s_tables);
     free(e->logits);
     free(e);
@@ -726,6 +729,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->s_row_seq);
     free(e->s_slots);
     free(e->s_out_rows);
+    free(e->s_gen);
     free(e->s_tables);
     free(e->logits);
     free(e);

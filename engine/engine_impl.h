@@ -144,6 +144,7 @@ struct cinfer_engine {
 
     /* step scratch */
     int32_t *s_tokens, *s_pos, *s_row_seq, *s_slots, *s_out_rows;
+    uint8_t *s_gen; /* per row: 1 = a generated token (cinfer_step.row_gen) */
     int32_t *s_tables;   /* [max_seqs, max_blocks] */
     float *logits;       /* [max_out, n_vocab] */
     int max_out;

@@ -688,6 +688,10 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
                                 pos0 + n, I->n_kv_blocks);
     int R = m->max_rows;
     int32_t *buf = malloc(sizeof(int32_t) * (size_t)R * 4);
+    /* One token after position 0 is the decode of a generated token: its
+     * row is marked so attention takes the single-token arithmetic (see
+     * cinfer_step.row_gen), as the engine marks generated tokens' rows. */
+    uint8_t gen_row = n == 1 && pos0 > 0;
     if (!buf)
         return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
     int32_t *pos = buf, *rs = buf + R, *slots = buf + 2 * R, *outr = buf + 3 * R;
@@ -711,6 +715,7 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
             .row_seq = rs,
             .slots = slots,
             .block_tables = m->single_tables,
+            .row_gen = gen_row ? &gen_row : NULL,
         };
         int last_chunk = done + c == n;
         float *dst;

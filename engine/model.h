@@ -107,7 +107,9 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
 /* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ... :
  * evaluates tokens at positions pos0 .. pos0+n-1 (in chunks of at most
  * max_batch_rows) and writes the logits of every row (all_logits = 1,
- * [n, n_vocab]) or of the last row only ([n_vocab]). */
+ * [n, n_vocab]) or of the last row only ([n_vocab]). A call with one token
+ * at a position > 0 is taken for the decode of a generated token
+ * (cinfer_step.row_gen); any other call for prompt tokens. */
 cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
                                        int n, int pos0, int all_logits,
                                        float *logits);

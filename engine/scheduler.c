@@ -359,6 +359,8 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
             e->s_pos[n] = pos;
             e->s_row_seq[n] = k;
             e->s_slots[n] = s->blocks[pos / bs] * bs + pos % bs;
+            /* generated tokens (also when recomputed after preemption) */
+            e->s_gen[n] = pos >= s->req->n_prompt;
         }
         if (s->n_computed + s->step_rows == s->n_tokens) {
             s->step_out = n_out;
@@ -383,6 +385,7 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
     }
     step->n_out = n_out;
     step->out_rows = e->s_out_rows;
+    step->row_gen = e->s_gen;
 }
 
 void sched_commit(cinfer_engine *e)

@@ -83,6 +83,14 @@ typedef struct {
     const int32_t *block_tables; /* [n_seqs, max_blocks] KV block ids */
     int32_t n_out;               /* rows whose outputs are wanted */
     const int32_t *out_rows;     /* [n_out] indices into the rows, ascending */
+    const uint8_t *row_gen;      /* [n_rows] 1 = the row's token was generated
+                                    (sampled), 0 = given (prompt); NULL = all
+                                    0. Attention computes generated rows with
+                                    llama.cpp's single-token arithmetic and
+                                    given rows with its batched arithmetic,
+                                    so a stream matches llama.cpp's token for
+                                    token; either way a row's result depends
+                                    on nothing else in the batch. */
 } cinfer_step;
 
 typedef enum {

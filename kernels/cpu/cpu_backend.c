@@ -544,8 +544,9 @@ static cinfer_status cpu_set_step(cinfer_backend *be, const cinfer_step *s)
         }
     }
 
-    /* Copy: tokens, positions, row_seq, slots, out_rows, block_tables. */
-    size_t total = (size_t)(4 * n + n_out + n_table) * sizeof(int32_t);
+    /* Copy: tokens, positions, row_seq, slots, out_rows, block_tables,
+     * row_gen. */
+    size_t total = (size_t)(5 * n + n_out + n_table) * sizeof(int32_t);
     if (cinfer_cpu_buf_reserve(&cb->step_buf, total) != 0)
         return cinfer_set_error(CINFER_E_NOMEM, "set_step: no memory");
     int32_t *p = cb->step_buf.p;
@@ -569,6 +570,13 @@ static cinfer_status cpu_set_step(cinfer_backend *be, const cinfer_step *s)
     p += n_out;
     memcpy(p, s->block_tables, (size_t)n_table * 4);
     c->block_tables = p;
+    p += n_table;
+    if (s->row_gen) {
+        uint8_t *g = (uint8_t *)p;
+        for (int64_t r = 0; r < n; r++)
+            g[r] = s->row_gen[r] ? 1 : 0;
+        c->row_gen = g;
+    }
 
     cb->max_slot = max_slot;
     cb->max_position = max_pos;

@@ -34,29 +34,56 @@ struct cinfer_tensor {
     int is_weight;           /* read-only; data borrowed from the caller */
 };
 
-/* Inner loops with one implementation per instruction set. Within one ISA
- * each output is computed by the same operations wherever it falls in a
- * call (a group of positions or a tail, one head or several), so the callers
- * may chunk work freely without changing any bit. */
+/* Inner loops with one implementation per instruction set. Every ISA
+ * computes every output with the same float operations in the same order,
+ * so the ISAs agree bit for bit (and the callers may chunk work freely).
+ *
+ * The arithmetic is GGML's CPU path on an AVX-512 machine (the one
+ * llama.cpp takes for this model family with flash attention off), so that
+ * logits agree with llama.cpp's bit for bit:
+ *   - QK: 16 lanes, lane l accumulating fma(k[d], q[d]) for d = l, l + 16,
+ *     ... (q rounded to F16 first when K is F16), then the lanes added in
+ *     the tree of GCC's _mm512_reduce_add_ps: (l + l+8), (+ l+4), (+ l+2),
+ *     (+ l+1); times scale.
+ *   - softmax: max; e = ggml_v_expf(s - max); the sum in double of each
+ *     16-position chunk's tree sum; p = e * (float)(1 / sum), rounded to F16
+ *     when V is F16.
+ *   - PV: 16 lane accumulators per output dimension, position j going to
+ *     lane j % 16 with fma(v, p), then the same tree.
+ *   - silu(x) = x / (1 + ggml_v_expf(0 - x)).
+ * That is GGML's batched path (tinyBLAS). For a single token GGML takes
+ * ggml_vec_dot_f16 instead, and rows the step marks as generated use its
+ * arithmetic ("dot" below): 64 lanes (four 16-lane registers), element i
+ * going to lane i % 64, chained over i / 64; the lanes folded as
+ * (r0 + r2) + (r1 + r3) and then the 16-lane tree; elements past the last
+ * whole 64 added in double after it. PV uses the same 64-lane scheme over
+ * positions.
+ */
 typedef struct {
-    /* scores[j] = dot(q, k + j * stride) * scale, j < n (attention QK) */
-    void (*qk)(const float *q, const float *k, int64_t stride, int n,
-               int head_dim, float scale, float *scores);
-    /* acc[d] += p[j] * v[j * stride + d] for j = 0..n-1 in order */
-    void (*pv)(float *acc, const float *p, const float *v, int64_t stride,
-               int n, int head_dim);
-    /* The same over F16 rows, widening as they load (NULL: callers widen
-     * the rows with widen_rows and use qk / pv) */
+    /* scores[j] = tree16(lanes) * scale, lanes as above, j < n; K rows are
+     * `stride` elements apart. q already rounded as the caller wants. */
+    void (*qk_f32)(const float *q, const float *k, int64_t stride, int n,
+                   int head_dim, float scale, float *scores);
     void (*qk_f16)(const float *q, const uint16_t *k, int64_t stride, int n,
                    int head_dim, float scale, float *scores);
-    void (*pv_f16)(float *acc, const float *p, const uint16_t *v,
-                   int64_t stride, int n, int head_dim);
-    /* dst[j * head_dim + d] = f16 src[j * stride + d]: widens n cached rows */
-    void (*widen_rows)(const uint16_t *src, int64_t stride, int n,
-                       int head_dim, float *dst);
-    /* s[j] = exp(s[j] - max(s)) for j < n (n >= 1); returns their sum */
-    double (*softmax_exp)(float *s, int n);
-    /* out[i] = gate[i] / (1 + exp(-gate[i])) * up[i] */
+    /* The same in the "dot" arithmetic. */
+    void (*qk_dot_f32)(const float *q, const float *k, int64_t stride, int n,
+                       int head_dim, float scale, float *scores);
+    void (*qk_dot_f16)(const float *q, const uint16_t *k, int64_t stride,
+                       int n, int head_dim, float scale, float *scores);
+    /* s[j] = ggml_v_expf(s[j] - max) for j < n; returns the sum over
+     * 16-position chunks (from j = 0) of (double)tree16(chunk). */
+    double (*softmax_exp)(float *s, int n, float max);
+    /* lanes[((j0 + j) % n_lanes) * head_dim + d] =
+     *     fma(v[j * stride + d], p[j], same) for j = 0..n-1 in order;
+     * n_lanes is 16 or 64. */
+    void (*pv_f32)(float *lanes, int n_lanes, int j0, const float *p,
+                   const float *v, int64_t stride, int n, int head_dim);
+    void (*pv_f16)(float *lanes, int n_lanes, int j0, const float *p,
+                   const uint16_t *v, int64_t stride, int n, int head_dim);
+    /* out[d] = tree16(lanes[l * head_dim + d] for l = 0..15) */
+    void (*lanes_sum)(const float *lanes, int head_dim, float *out);
+    /* out[i] = silu(gate[i]) * up[i] */
     void (*silu_mul)(const float *gate, const float *up, float *out,
                      int64_t n);
     /* dst[i] = f16 of src[i], rounded to nearest even */
@@ -64,6 +91,10 @@ typedef struct {
 } cinfer_cpu_vec_kernels;
 
 extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable;
+
+/* GGML's ggml_v_expf for one value (the reference the vector versions
+ * reproduce). */
+float cinfer_cpu_ggml_expf(float x);
 #if defined(__x86_64__) || defined(__i386__)
 extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2;
 extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512;

@@ -8,19 +8,19 @@
  * Small ops run on the calling thread alone: waking the pool costs more than
  * a decode-sized row.
  *
- * Numerics follow GGML's CPU ops so logits track llama.cpp's:
+ * Numerics are GGML's CPU ops', as llama.cpp runs them on an AVX-512
+ * machine, so that logits agree with llama.cpp's bit for bit:
  *   rms_norm  sum of squares in double, in element order; scale in float.
  *   rope      theta_i = pos * base^(-2i/rot_dim) by repeated float products,
- *             cosf / sinf (one table per step, shared by every layer).
- *   silu      x / (1 + exp(-x)) in float.
- *   attention scores in float (q stays F32; F16 K/V are widened exactly),
- *             softmax with max subtraction and a double sum, V weighted in
- *             float, normalised once at the end.
- * (llama.cpp rounds q and the probabilities to F16 in attention; this code
- * keeps them in float.)
- * exp() is libm's expf in portable code and a vector polynomial (about 1 ulp)
- * in the AVX2 / AVX-512 code, so those ISAs differ from portable in the last
- * bits of silu and softmax; each ISA is deterministic on its own.
+ *             cosf / sinf (one table per step, shared by every layer);
+ *             x0 cos - x1 sin as fma(x0, cos, -(x1 sin)) and x0 sin + x1 cos
+ *             as fma(x0, sin, x1 cos), the contraction GGML's build makes.
+ *   silu      x / (1 + ggml_v_expf(-x)).
+ *   attention see cpu_impl.h: 16-lane dot products with GCC's reduction
+ *             tree, q and the probabilities rounded to F16 against an F16
+ *             cache, GGML's vector exp, probabilities normalised before V.
+ * Every ISA reproduces the portable arithmetic exactly (the tests check it),
+ * so results do not depend on the machine either.
  *
  * This file is compiled for baseline x86-64 (SSE2); the inner loops of
  * attention, exp and the F16 conversions also exist for AVX2 and AVX-512 in
@@ -260,8 +260,9 @@ static void rope_rows(void *p, int64_t r0, int64_t r1, int thread)
                 float *e = x + i * stride;
                 const float cos_t = cs[2 * i], sin_t = cs[2 * i + 1];
                 const float x0 = e[0], x1 = e[offset];
-                e[0] = x0 * cos_t - x1 * sin_t;
-                e[offset] = x0 * sin_t + x1 * cos_t;
+                /* the contraction GGML's compiled rope performs */
+                e[0] = fmaf(x0, cos_t, -(x1 * sin_t));
+                e[offset] = fmaf(x0, sin_t, x1 * cos_t);
             }
         }
     }
@@ -335,58 +336,165 @@ void cinfer_cpu_op_kv_store(cinfer_cpu_backend *cb, const float *k,
 /* attention                                                               */
 /* ---------------------------------------------------------------------- */
 
-/* Portable inner loops. A dot product sums 8 lanes over the head
- * dimension, then adds the lanes in a fixed tree. */
+/* Portable inner loops: the reference arithmetic every ISA reproduces
+ * (cpu_impl.h). */
 
-static void qk_portable(const float *q, const float *k, int64_t stride, int n,
-                        int head_dim, float scale, float *scores)
+/* The lane tree of GCC's _mm512_reduce_add_ps. */
+static float tree16(const float *v)
+{
+    float t8[8], t4[4];
+    for (int i = 0; i < 8; i++)
+        t8[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; i++)
+        t4[i] = t8[i] + t8[i + 4];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/* 2^e as a float, e in [-126, 127]. */
+static float pow2i(int e)
+{
+    uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* GGML's ggml_v_expf, one lane: exp(x) from a degree-5 polynomial on
+ * x - n ln2 scaled by 2^n. The scaling by 2^n is done as two exact-power
+ * multiplies, the first exact, so it rounds once as vscalefps does. */
+float cinfer_cpu_ggml_expf(float x)
+{
+    const float r = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, r);
+    const float n = z - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                              fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (isnan(n))
+        return j; /* NaN in, NaN out */
+    if (fabsf(n) > 192.0f)
+        return n <= 0.0f ? 0.0f : INFINITY;
+    int ni = (int)n, n1 = ni >> 1;
+    return (j * pow2i(n1)) * pow2i(ni - n1);
+}
+
+static void qk_f32_portable(const float *q, const float *k, int64_t stride,
+                            int n, int head_dim, float scale, float *scores)
 {
     for (int j = 0; j < n; j++) {
         const float *kj = k + j * stride;
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int d = 0;
-        for (; d + 8 <= head_dim; d += 8)
-            for (int l = 0; l < 8; l++)
-                acc[l] += q[d + l] * kj[d + l];
-        float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
-                  ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-        for (; d < head_dim; d++)
-            s += q[d] * kj[d];
-        scores[j] = s * scale;
+        float lane[16] = {0};
+        for (int d = 0; d < head_dim; d++)
+            lane[d & 15] = fmaf(kj[d], q[d], lane[d & 15]);
+        scores[j] = tree16(lane) * scale;
     }
 }
 
-static void pv_portable(float *acc, const float *p, const float *v,
-                        int64_t stride, int n, int head_dim)
+static void qk_f16_portable(const float *q, const uint16_t *k, int64_t stride,
+                            int n, int head_dim, float scale, float *scores)
 {
     for (int j = 0; j < n; j++) {
-        const float *vj = v + j * stride;
-        const float pj = p[j];
+        const uint16_t *kj = k + j * stride;
+        float lane[16] = {0};
         for (int d = 0; d < head_dim; d++)
-            acc[d] += pj * vj[d];
+            lane[d & 15] =
+                fmaf(cinfer_fp16_to_fp32(kj[d]), q[d], lane[d & 15]);
+        scores[j] = tree16(lane) * scale;
     }
 }
 
-static void widen_rows_portable(const uint16_t *src, int64_t stride, int n,
-                                int head_dim, float *dst)
+/* The 64-lane fold of the "dot" arithmetic: (r0 + r2) + (r1 + r3). */
+static float fold64(const float *v)
 {
-    for (int j = 0; j < n; j++)
-        for (int d = 0; d < head_dim; d++)
-            dst[j * head_dim + d] = cinfer_fp16_to_fp32(src[j * stride + d]);
+    float t[16];
+    for (int l = 0; l < 16; l++)
+        t[l] = (v[l] + v[l + 32]) + (v[l + 16] + v[l + 48]);
+    return tree16(t);
 }
 
-static double softmax_exp_portable(float *s, int n)
+static void qk_dot_f32_portable(const float *q, const float *k, int64_t stride,
+                                int n, int head_dim, float scale,
+                                float *scores)
 {
-    float max = -INFINITY;
-    for (int j = 0; j < n; j++)
-        max = s[j] > max ? s[j] : max;
+    const int d64 = head_dim & ~63;
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + j * stride;
+        float lane[64] = {0};
+        for (int d = 0; d < d64; d++)
+            lane[d & 63] = fmaf(kj[d], q[d], lane[d & 63]);
+        double sum = (double)fold64(lane);
+        for (int d = d64; d < head_dim; d++)
+            sum += (double)(kj[d] * q[d]);
+        scores[j] = (float)sum * scale;
+    }
+}
+
+static void qk_dot_f16_portable(const float *q, const uint16_t *k,
+                                int64_t stride, int n, int head_dim,
+                                float scale, float *scores)
+{
+    const int d64 = head_dim & ~63;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *kj = k + j * stride;
+        float lane[64] = {0};
+        for (int d = 0; d < d64; d++)
+            lane[d & 63] =
+                fmaf(cinfer_fp16_to_fp32(kj[d]), q[d], lane[d & 63]);
+        double sum = (double)fold64(lane);
+        for (int d = d64; d < head_dim; d++)
+            sum += (double)(cinfer_fp16_to_fp32(kj[d]) * q[d]);
+        scores[j] = (float)sum * scale;
+    }
+}
+
+static double softmax_exp_portable(float *s, int n, float max)
+{
     double sum = 0.0;
-    for (int j = 0; j < n; j++) {
-        float e = expf(s[j] - max);
-        s[j] = e;
-        sum += (double)e;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        float e[16] = {0};
+        for (int l = 0; l < 16 && j0 + l < n; l++) {
+            e[l] = cinfer_cpu_ggml_expf(s[j0 + l] - max);
+            s[j0 + l] = e[l];
+        }
+        sum += (double)tree16(e);
     }
     return sum;
+}
+
+static void pv_f32_portable(float *lanes, int n_lanes, int j0, const float *p,
+                            const float *v, int64_t stride, int n,
+                            int head_dim)
+{
+    for (int j = 0; j < n; j++) {
+        float *l = lanes + (size_t)((j0 + j) & (n_lanes - 1)) * (size_t)head_dim;
+        const float *vj = v + j * stride;
+        for (int d = 0; d < head_dim; d++)
+            l[d] = fmaf(vj[d], p[j], l[d]);
+    }
+}
+
+static void pv_f16_portable(float *lanes, int n_lanes, int j0, const float *p,
+                            const uint16_t *v, int64_t stride, int n,
+                            int head_dim)
+{
+    for (int j = 0; j < n; j++) {
+        float *l = lanes + (size_t)((j0 + j) & (n_lanes - 1)) * (size_t)head_dim;
+        const uint16_t *vj = v + j * stride;
+        for (int d = 0; d < head_dim; d++)
+            l[d] = fmaf(cinfer_fp16_to_fp32(vj[d]), p[j], l[d]);
+    }
+}
+
+static void lanes_sum_portable(const float *lanes, int head_dim, float *out)
+{
+    for (int d = 0; d < head_dim; d++) {
+        float v[16];
+        for (int l = 0; l < 16; l++)
+            v[l] = lanes[l * head_dim + d];
+        out[d] = tree16(v);
+    }
 }
 
 static void silu_mul_portable(const float *gate, const float *up, float *out,
@@ -394,7 +502,7 @@ static void silu_mul_portable(const float *gate, const float *up, float *out,
 {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = g / (1.0f + cinfer_cpu_ggml_expf(0.0f - g)) * up[i];
     }
 }
 
@@ -405,16 +513,17 @@ static void to_f16_portable(const float *src, uint16_t *dst, int64_t n)
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
-    qk_portable,       pv_portable,       NULL, NULL, widen_rows_portable,
-    softmax_exp_portable, silu_mul_portable, to_f16_portable,
+    qk_f32_portable,     qk_f16_portable,      qk_dot_f32_portable,
+    qk_dot_f16_portable, softmax_exp_portable, pv_f32_portable,
+    pv_f16_portable,     lanes_sum_portable,   silu_mul_portable,
+    to_f16_portable,
 };
 
 /*
  * Attention. The unit of work is a (row, query head) pair; a thread takes a
  * contiguous run of them (row-major) and handles the heads of a run that
- * share a KV head together, so each F16 K/V block is widened once for all of
- * them. Per pair the arithmetic is the same whichever heads it is grouped
- * with: scores for every position, softmax, weighted sum of V, scale.
+ * share a KV head together. Per pair the arithmetic is fixed (cpu_impl.h):
+ * it does not depend on the grouping, the thread, or the batch.
  */
 
 /* Work of one (row, head) pair: its context length plus a fixed overhead. */
@@ -442,64 +551,64 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
     const int64_t kv_stride = (int64_t)a->n_kv_heads * hd;
     const int64_t block_elems = (int64_t)bs * kv_stride;
     const size_t cs = c->ctx_stride;
-    float *scores = ws;                       /* [group][ctx_stride] */
-    float *acc = ws + (size_t)c->group * cs;  /* [group][hd] */
-    float *inv = acc + (size_t)c->group * hd;  /* [group] */
-    float *wide = inv + c->group;              /* [bs][hd] */
-
-    for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
-        int n = len - j0 < bs ? len - j0 : bs;
-        int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
-        const float *k = (const float *)a->k_cache + base;
-        int64_t stride = kv_stride;
-        if (a->k_dtype == CINFER_DTYPE_F16 && vk->qk_f16) {
-            const uint16_t *k16 = (const uint16_t *)a->k_cache + base;
-            for (int i = 0; i < nq; i++)
-                vk->qk_f16(a->q + (r * a->n_heads + h0 + i) * (int64_t)hd, k16,
-                           kv_stride, n, hd, a->scale, scores + i * cs + j0);
-            continue;
-        }
-        if (a->k_dtype == CINFER_DTYPE_F16) {
-            vk->widen_rows((const uint16_t *)a->k_cache + base, kv_stride, n,
-                           hd, wide);
-            k = wide;
-            stride = hd;
-        }
-        for (int i = 0; i < nq; i++)
-            vk->qk(a->q + (r * a->n_heads + h0 + i) * (int64_t)hd, k, stride,
-                   n, hd, a->scale, scores + i * cs + j0);
-    }
+    const int k16 = a->k_dtype == CINFER_DTYPE_F16;
+    const int v16 = a->v_dtype == CINFER_DTYPE_F16;
+    /* a generated token's row: GGML's single-token ("dot") arithmetic */
+    const int dot = s->row_gen && s->row_gen[r];
+    const int n_lanes = dot ? 64 : 16;
+    float *scores = ws;                        /* [group][ctx_stride] */
+    float *lanes = ws + (size_t)c->group * cs; /* [64][hd] */
+    float *qr = lanes + (size_t)64 * hd;       /* [hd] */
 
     for (int i = 0; i < nq; i++) {
-        inv[i] = (float)(1.0 / vk->softmax_exp(scores + i * cs, len));
-    }
+        const float *q = a->q + (r * a->n_heads + h0 + i) * (int64_t)hd;
+        float *sc = scores + i * cs;
+        /* GGML multiplies F16 K by q converted to F16 */
+        if (k16)
+            for (int d = 0; d < hd; d++)
+                qr[d] = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(q[d]));
+        for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
+            int n = len - j0 < bs ? len - j0 : bs;
+            int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
+            if (k16)
+                (dot ? vk->qk_dot_f16 : vk->qk_f16)(
+                    qr, (const uint16_t *)a->k_cache + base, kv_stride, n, hd,
+                    a->scale, sc + j0);
+            else
+                (dot ? vk->qk_dot_f32 : vk->qk_f32)(
+                    q, (const float *)a->k_cache + base, kv_stride, n, hd,
+                    a->scale, sc + j0);
+        }
+        float max = -INFINITY;
+        for (int32_t j = 0; j < len; j++)
+            max = sc[j] > max ? sc[j] : max;
+        double sum = vk->softmax_exp(sc, len, max);
+        const float inv = (float)(1.0 / sum);
+        for (int32_t j = 0; j < len; j++)
+            sc[j] *= inv;
+        if (v16) /* GGML multiplies F16 V by the probabilities in F16 */
+            for (int32_t j = 0; j < len; j++)
+                sc[j] = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(sc[j]));
 
-    memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)hd);
-    for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
-        int n = len - j0 < bs ? len - j0 : bs;
-        int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
-        const float *v = (const float *)a->v_cache + base;
-        int64_t stride = kv_stride;
-        if (a->v_dtype == CINFER_DTYPE_F16 && vk->pv_f16) {
-            const uint16_t *v16 = (const uint16_t *)a->v_cache + base;
-            for (int i = 0; i < nq; i++)
-                vk->pv_f16(acc + i * hd, scores + i * cs + j0, v16, kv_stride,
-                           n, hd);
-            continue;
+        memset(lanes, 0, sizeof(float) * (size_t)n_lanes * (size_t)hd);
+        for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
+            int n = len - j0 < bs ? len - j0 : bs;
+            int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
+            if (v16)
+                vk->pv_f16(lanes, n_lanes, j0, sc + j0,
+                           (const uint16_t *)a->v_cache + base, kv_stride, n,
+                           hd);
+            else
+                vk->pv_f32(lanes, n_lanes, j0, sc + j0,
+                           (const float *)a->v_cache + base, kv_stride, n, hd);
         }
-        if (a->v_dtype == CINFER_DTYPE_F16) {
-            vk->widen_rows((const uint16_t *)a->v_cache + base, kv_stride, n,
-                           hd, wide);
-            v = wide;
-            stride = hd;
-        }
-        for (int i = 0; i < nq; i++)
-            vk->pv(acc + i * hd, scores + i * cs + j0, v, stride, n, hd);
-    }
-    for (int i = 0; i < nq; i++) {
-        float *o = a->out + (r * a->n_heads + h0 + i) * (int64_t)hd;
-        for (int d = 0; d < hd; d++)
-            o[d] = acc[i * hd + d] * inv[i];
+        if (dot) /* fold 64 lanes to 16: (r0 + r2) + (r1 + r3) */
+            for (size_t e = 0; e < (size_t)16 * hd; e++)
+                lanes[e] = (lanes[e] + lanes[e + 32 * (size_t)hd]) +
+                           (lanes[e + 16 * (size_t)hd] +
+                            lanes[e + 48 * (size_t)hd]);
+        vk->lanes_sum(lanes, hd,
+                      a->out + (r * a->n_heads + h0 + i) * (int64_t)hd);
     }
 }
 
@@ -530,7 +639,7 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     size_t ctx = ((size_t)cb->max_position + 1 + 15) & ~(size_t)15;
     size_t hd = (size_t)a->head_dim;
     cinfer_status st = cinfer_cpu_thread_scratch(
-        cb, (size_t)group * (ctx + hd + 1) + (size_t)s->block_size * hd);
+        cb, (size_t)group * ctx + 65 * hd);
     if (st != CINFER_OK)
         return st;
     int n_parts = cb->n_threads;

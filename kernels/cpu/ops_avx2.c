@@ -1,12 +1,13 @@
 /*
  * ops_avx2.c - the backend's inner loops for AVX2 + FMA + F16C.
  *
- * Same structure as ops_avx512.c with 8 lanes: attention QK reduces eight
- * positions at once through a transpose-and-add network that adds, for each
- * position, exactly as hsum8() does (lanes i + i+4, + i+2, + i+1); a head
- * dimension that is not a multiple of 8 is finished with scalar FMAs after
- * the reduction, in both paths. Tails of the flat loops go through a padded
- * 8-lane buffer so every element takes the vector code.
+ * The arithmetic is the portable reference's (cpu_impl.h, ops.c), bit for
+ * bit, with 8-wide registers: the reference's 16 dot-product lanes are two
+ * registers (lanes 0-7 and 8-15), whose sum is the tree's first level, so
+ * hsum8(lo + hi) is the reference's tree16. Element tails go through
+ * zero-padded buffers so every element takes the vector code. exp is GGML's
+ * ggml_v_expf with its final scaling by 2^n done as two exact-power
+ * multiplies (AVX2 has no vscalefps), which rounds once as vscalefps does.
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -15,9 +16,7 @@
 
 #include "cpu_impl.h"
 
-/* Fully unrolled loops keep accumulator arrays in registers. */
-#define UNROLL _Pragma("GCC unroll 16")
-
+/* (v0 + v4) ..., then (0 + 2) + (1 + 3): the last three levels of tree16. */
 static inline float hsum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v),
@@ -27,271 +26,254 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Lane j of the result = hsum8(v[j]), bit for bit. */
-static inline __m256 hsum8x8(const __m256 *v)
-{
-    __m256 w[4], x[2];
-    UNROLL
-    for (int k = 0; k < 4; k++) /* lanes i + i+4 */
-        w[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
-    UNROLL
-    for (int k = 0; k < 2; k++) /* + i+2 */
-        x[k] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
-                             _mm256_shuffle_ps(w[2 * k], w[2 * k + 1], 0xee));
-    __m256 z = _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], 0x88), /* + i+1 */
-                             _mm256_shuffle_ps(x[0], x[1], 0xdd));
-    /* lane 4h + i holds position h + 2i */
-    return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* Loads of 8 K/V elements and single elements, widened to float. */
-static inline __m256 ld_f32(const float *p) { return _mm256_loadu_ps(p); }
 static inline __m256 ld_f16(const uint16_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
-static inline float el_f32(float x) { return x; }
-static inline float el_f16(uint16_t x) { return _cvtsh_ss(x); }
 
-static void qk(const float *q, const float *k, int64_t stride, int n,
-               int head_dim, float scale, float *scores)
+/* Copies elements [d0, head_dim) of a row into a zeroed 16-float buffer. */
+static inline void tail_f32(const float *src, int d0, int head_dim, float *t)
 {
-    const int d8 = head_dim & ~7;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 acc[8];
-        UNROLL
-        for (int p = 0; p < 8; p++)
-            acc[p] = _mm256_setzero_ps();
-        for (int d = 0; d < d8; d += 8) {
-            __m256 qv = _mm256_loadu_ps(q + d);
-            UNROLL
-            for (int p = 0; p < 8; p++)
-                acc[p] = _mm256_fmadd_ps(
-                    qv, ld_f32(k + (j + p) * stride + d), acc[p]);
+    memset(t, 0, 16 * sizeof(float));
+    memcpy(t, src + d0, sizeof(float) * (size_t)(head_dim - d0));
+}
+
+static inline void tail_f16(const uint16_t *src, int d0, int head_dim,
+                            float *t)
+{
+    memset(t, 0, 16 * sizeof(float));
+    for (int d = d0; d < head_dim; d++)
+        t[d - d0] = _cvtsh_ss(src[d]);
+}
+
+static void qk_f32(const float *q, const float *k, int64_t stride, int n,
+                   int head_dim, float scale, float *scores)
+{
+    const int d16 = head_dim & ~15;
+    float qt[16], kt[16];
+    if (d16 < head_dim)
+        tail_f32(q, d16, head_dim, qt);
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + j * stride;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (int d = 0; d < d16; d += 16) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(kj + d),
+                                 _mm256_loadu_ps(q + d), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(kj + d + 8),
+                                 _mm256_loadu_ps(q + d + 8), hi);
         }
-        float s[8];
-        _mm256_storeu_ps(s, hsum8x8(acc));
-        for (int p = 0; p < 8; p++) {
-            for (int d = d8; d < head_dim; d++)
-                s[p] = fmaf(q[d], el_f32(k[(j + p) * stride + d]), s[p]);
-            scores[j + p] = s[p] * scale;
+        if (d16 < head_dim) {
+            tail_f32(kj, d16, head_dim, kt);
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(kt), _mm256_loadu_ps(qt), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(kt + 8),
+                                 _mm256_loadu_ps(qt + 8), hi);
         }
-    }
-    for (; j < n; j++) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int d = 0; d < d8; d += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
-                                  ld_f32(k + j * stride + d), acc);
-        float s = hsum8(acc);
-        for (int d = d8; d < head_dim; d++)
-            s = fmaf(q[d], el_f32(k[j * stride + d]), s);
-        scores[j] = s * scale;
+        scores[j] = hsum8(_mm256_add_ps(lo, hi)) * scale;
     }
 }
 
 static void qk_f16(const float *q, const uint16_t *k, int64_t stride, int n,
-               int head_dim, float scale, float *scores)
+                   int head_dim, float scale, float *scores)
 {
-    const int d8 = head_dim & ~7;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 acc[8];
-        UNROLL
-        for (int p = 0; p < 8; p++)
-            acc[p] = _mm256_setzero_ps();
-        for (int d = 0; d < d8; d += 8) {
-            __m256 qv = _mm256_loadu_ps(q + d);
-            UNROLL
-            for (int p = 0; p < 8; p++)
-                acc[p] = _mm256_fmadd_ps(
-                    qv, ld_f16(k + (j + p) * stride + d), acc[p]);
+    const int d16 = head_dim & ~15;
+    float qt[16], kt[16];
+    if (d16 < head_dim)
+        tail_f32(q, d16, head_dim, qt);
+    for (int j = 0; j < n; j++) {
+        const uint16_t *kj = k + j * stride;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (int d = 0; d < d16; d += 16) {
+            lo = _mm256_fmadd_ps(ld_f16(kj + d), _mm256_loadu_ps(q + d), lo);
+            hi = _mm256_fmadd_ps(ld_f16(kj + d + 8), _mm256_loadu_ps(q + d + 8),
+                                 hi);
         }
-        float s[8];
-        _mm256_storeu_ps(s, hsum8x8(acc));
-        for (int p = 0; p < 8; p++) {
-            for (int d = d8; d < head_dim; d++)
-                s[p] = fmaf(q[d], el_f16(k[(j + p) * stride + d]), s[p]);
-            scores[j + p] = s[p] * scale;
+        if (d16 < head_dim) {
+            tail_f16(kj, d16, head_dim, kt);
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(kt), _mm256_loadu_ps(qt), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(kt + 8),
+                                 _mm256_loadu_ps(qt + 8), hi);
         }
-    }
-    for (; j < n; j++) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int d = 0; d < d8; d += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
-                                  ld_f16(k + j * stride + d), acc);
-        float s = hsum8(acc);
-        for (int d = d8; d < head_dim; d++)
-            s = fmaf(q[d], el_f16(k[j * stride + d]), s);
-        scores[j] = s * scale;
+        scores[j] = hsum8(_mm256_add_ps(lo, hi)) * scale;
     }
 }
 
-/* Up to 32 accumulator lanes stay in registers across the positions. */
-static void pv(float *acc, const float *p, const float *v, int64_t stride,
-               int n, int head_dim)
+/* The "dot" arithmetic (cpu_impl.h): 64 lanes as eight registers, folded
+ * (a0 + a2) + (a1 + a3) per half, the halves added (the tree's first
+ * level), the rest of the tree, the elements past the last 64 in double. */
+static inline float fold64(const __m256 *a)
 {
-    int d = 0;
-    for (; d + 32 <= head_dim; d += 32) {
-        __m256 a0 = _mm256_loadu_ps(acc + d);
-        __m256 a1 = _mm256_loadu_ps(acc + d + 8);
-        __m256 a2 = _mm256_loadu_ps(acc + d + 16);
-        __m256 a3 = _mm256_loadu_ps(acc + d + 24);
-        for (int j = 0; j < n; j++) {
-            const float *vj = v + j * stride + d;
-            __m256 pj = _mm256_set1_ps(p[j]);
-            a0 = _mm256_fmadd_ps(pj, ld_f32(vj), a0);
-            a1 = _mm256_fmadd_ps(pj, ld_f32(vj + 8), a1);
-            a2 = _mm256_fmadd_ps(pj, ld_f32(vj + 16), a2);
-            a3 = _mm256_fmadd_ps(pj, ld_f32(vj + 24), a3);
-        }
-        _mm256_storeu_ps(acc + d, a0);
-        _mm256_storeu_ps(acc + d + 8, a1);
-        _mm256_storeu_ps(acc + d + 16, a2);
-        _mm256_storeu_ps(acc + d + 24, a3);
-    }
-    for (; d + 8 <= head_dim; d += 8) {
-        __m256 a0 = _mm256_loadu_ps(acc + d);
-        for (int j = 0; j < n; j++)
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]),
-                                 ld_f32(v + j * stride + d), a0);
-        _mm256_storeu_ps(acc + d, a0);
-    }
-    for (; d < head_dim; d++) {
-        float a0 = acc[d];
-        for (int j = 0; j < n; j++)
-            a0 = fmaf(p[j], el_f32(v[j * stride + d]), a0);
-        acc[d] = a0;
+    __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]),
+                              _mm256_add_ps(a[2], a[6]));
+    __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]),
+                              _mm256_add_ps(a[3], a[7]));
+    return hsum8(_mm256_add_ps(lo, hi));
+}
+
+static void qk_dot_f32(const float *q, const float *k, int64_t stride, int n,
+                       int head_dim, float scale, float *scores)
+{
+    const int d64 = head_dim & ~63;
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + j * stride;
+        __m256 a[8];
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_setzero_ps();
+        for (int d = 0; d < d64; d += 64)
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(kj + d + 8 * i),
+                                       _mm256_loadu_ps(q + d + 8 * i), a[i]);
+        double sum = (double)fold64(a);
+        for (int d = d64; d < head_dim; d++)
+            sum += (double)(kj[d] * q[d]);
+        scores[j] = (float)sum * scale;
     }
 }
 
-static void pv_f16(float *acc, const float *p, const uint16_t *v, int64_t stride,
-               int n, int head_dim)
+static void qk_dot_f16(const float *q, const uint16_t *k, int64_t stride,
+                       int n, int head_dim, float scale, float *scores)
 {
-    int d = 0;
-    for (; d + 32 <= head_dim; d += 32) {
-        __m256 a0 = _mm256_loadu_ps(acc + d);
-        __m256 a1 = _mm256_loadu_ps(acc + d + 8);
-        __m256 a2 = _mm256_loadu_ps(acc + d + 16);
-        __m256 a3 = _mm256_loadu_ps(acc + d + 24);
-        for (int j = 0; j < n; j++) {
-            const uint16_t *vj = v + j * stride + d;
-            __m256 pj = _mm256_set1_ps(p[j]);
-            a0 = _mm256_fmadd_ps(pj, ld_f16(vj), a0);
-            a1 = _mm256_fmadd_ps(pj, ld_f16(vj + 8), a1);
-            a2 = _mm256_fmadd_ps(pj, ld_f16(vj + 16), a2);
-            a3 = _mm256_fmadd_ps(pj, ld_f16(vj + 24), a3);
-        }
-        _mm256_storeu_ps(acc + d, a0);
-        _mm256_storeu_ps(acc + d + 8, a1);
-        _mm256_storeu_ps(acc + d + 16, a2);
-        _mm256_storeu_ps(acc + d + 24, a3);
-    }
-    for (; d + 8 <= head_dim; d += 8) {
-        __m256 a0 = _mm256_loadu_ps(acc + d);
-        for (int j = 0; j < n; j++)
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]),
-                                 ld_f16(v + j * stride + d), a0);
-        _mm256_storeu_ps(acc + d, a0);
-    }
-    for (; d < head_dim; d++) {
-        float a0 = acc[d];
-        for (int j = 0; j < n; j++)
-            a0 = fmaf(p[j], el_f16(v[j * stride + d]), a0);
-        acc[d] = a0;
+    const int d64 = head_dim & ~63;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *kj = k + j * stride;
+        __m256 a[8];
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_setzero_ps();
+        for (int d = 0; d < d64; d += 64)
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_fmadd_ps(ld_f16(kj + d + 8 * i),
+                                       _mm256_loadu_ps(q + d + 8 * i), a[i]);
+        double sum = (double)fold64(a);
+        for (int d = d64; d < head_dim; d++)
+            sum += (double)(_cvtsh_ss(kj[d]) * q[d]);
+        scores[j] = (float)sum * scale;
     }
 }
 
-static void widen_rows(const uint16_t *src, int64_t stride, int n,
-                       int head_dim, float *dst)
+/* 2^e for integer lanes e in [-126, 127]. */
+static inline __m256 pow2i8(__m256i e)
+{
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+}
+
+/* GGML's ggml_v_expf. */
+static inline __m256 gexp8(__m256 x)
+{
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(
+        n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b,
+                                        _mm256_set1_ps(0x1.573e2ep-5f)),
+                        u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b,
+                                        _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u,
+        _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b,
+                        _mm256_set1_ps(1.0f)));
+    /* j * 2^n: n is integral; |n| <= 192 splits into two halves whose
+     * powers are normal floats, the first multiply exact */
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256 res = _mm256_mul_ps(_mm256_mul_ps(j, pow2i8(n1)), pow2i8(n2));
+    const __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 d = _mm256_cmp_ps(absn, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    if (_mm256_testz_ps(d, d))
+        return res;
+    const __m256 alt = _mm256_blendv_ps(
+        _mm256_set1_ps(INFINITY), _mm256_setzero_ps(),
+        _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+    return _mm256_blendv_ps(res, alt, d);
+}
+
+static double softmax_exp(float *s, int n, float max)
+{
+    const __m256 vmax = _mm256_set1_ps(max);
+    double sum = 0.0;
+    for (int j = 0; j < n; j += 16) {
+        float x[16] = {0}, e[16];
+        int m = n - j < 16 ? n - j : 16;
+        memcpy(x, s + j, sizeof(float) * (size_t)m);
+        __m256 lo = gexp8(_mm256_sub_ps(_mm256_loadu_ps(x), vmax));
+        __m256 hi = gexp8(_mm256_sub_ps(_mm256_loadu_ps(x + 8), vmax));
+        _mm256_storeu_ps(e, lo);
+        _mm256_storeu_ps(e + 8, hi);
+        for (int l = m; l < 16; l++) /* positions past n add nothing */
+            e[l] = 0.0f;
+        memcpy(s + j, e, sizeof(float) * (size_t)m);
+        sum += (double)hsum8(
+            _mm256_add_ps(_mm256_loadu_ps(e), _mm256_loadu_ps(e + 8)));
+    }
+    return sum;
+}
+
+static void pv_f32(float *lanes, int n_lanes, int j0, const float *p,
+                   const float *v, int64_t stride, int n, int head_dim)
 {
     const int d8 = head_dim & ~7;
     for (int j = 0; j < n; j++) {
-        const uint16_t *s = src + j * stride;
-        float *o = dst + j * head_dim;
-        for (int d = 0; d < d8; d += 8)
-            _mm256_storeu_ps(o + d, _mm256_cvtph_ps(_mm_loadu_si128(
-                                        (const __m128i *)(s + d))));
-        for (int d = d8; d < head_dim; d++)
-            o[d] = _cvtsh_ss(s[d]);
+        float *l = lanes + (size_t)((j0 + j) & (n_lanes - 1)) * (size_t)head_dim;
+        const float *vj = v + j * stride;
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        int d = 0;
+        for (; d < d8; d += 8)
+            _mm256_storeu_ps(l + d, _mm256_fmadd_ps(_mm256_loadu_ps(vj + d), pj,
+                                                    _mm256_loadu_ps(l + d)));
+        for (; d < head_dim; d++)
+            l[d] = fmaf(vj[d], p[j], l[d]);
     }
 }
 
-static inline __m256 exp8(__m256 x)
+static void pv_f16(float *lanes, int n_lanes, int j0, const float *p,
+                   const uint16_t *v, int64_t stride, int n, int head_dim)
 {
-    /* max/min return their second operand for NaN: NaN passes through */
-    x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);
-    x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
-    __m256 n = _mm256_round_ps(
-        _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r),
-                        _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i n1 = _mm256_srai_epi32(ni, 1);
-    __m256i n2 = _mm256_sub_epi32(ni, n1);
-    const __m256i bias = _mm256_set1_epi32(127);
-    __m256 s1 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    __m256 s2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    const int d8 = head_dim & ~7;
+    for (int j = 0; j < n; j++) {
+        float *l = lanes + (size_t)((j0 + j) & (n_lanes - 1)) * (size_t)head_dim;
+        const uint16_t *vj = v + j * stride;
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        int d = 0;
+        for (; d < d8; d += 8)
+            _mm256_storeu_ps(l + d, _mm256_fmadd_ps(ld_f16(vj + d), pj,
+                                                    _mm256_loadu_ps(l + d)));
+        for (; d < head_dim; d++)
+            l[d] = fmaf(_cvtsh_ss(vj[d]), p[j], l[d]);
+    }
 }
 
-static double softmax_exp(float *s, int n)
+static void lanes_sum(const float *lanes, int head_dim, float *out)
 {
-    float max = -INFINITY;
-    int j = 0;
-    if (n >= 8) {
-        __m256 vm = _mm256_loadu_ps(s);
-        for (j = 8; j + 8 <= n; j += 8)
-            vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
-        float l[8];
-        _mm256_storeu_ps(l, vm);
-        for (int i = 0; i < 8; i++)
-            max = l[i] > max ? l[i] : max;
+    const int d8 = head_dim & ~7;
+    int d = 0;
+    for (; d < d8; d += 8) {
+        __m256 v[16];
+        for (int l = 0; l < 16; l++)
+            v[l] = _mm256_loadu_ps(lanes + (size_t)l * head_dim + d);
+        for (int l = 0; l < 8; l++)
+            v[l] = _mm256_add_ps(v[l], v[l + 8]);
+        for (int l = 0; l < 4; l++)
+            v[l] = _mm256_add_ps(v[l], v[l + 4]);
+        _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_add_ps(v[0], v[2]),
+                                                _mm256_add_ps(v[1], v[3])));
     }
-    for (; j < n; j++)
-        max = s[j] > max ? s[j] : max;
-
-    const __m256 vmax = _mm256_set1_ps(max);
-    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-    for (j = 0; j < n; j += 8) {
-        float pad[8];
-        int m = n - j < 8 ? n - j : 8;
-        const float *src = s + j;
-        if (m < 8) { /* -inf lanes become exp() = 0 */
-            for (int i = 0; i < 8; i++)
-                pad[i] = i < m ? s[j + i] : -INFINITY;
-            src = pad;
-        }
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(src), vmax));
-        if (m < 8) {
-            _mm256_storeu_ps(pad, e);
-            memcpy(s + j, pad, sizeof(float) * (size_t)m);
-        } else {
-            _mm256_storeu_ps(s + j, e);
-        }
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    for (; d < head_dim; d++) {
+        float t8[8], t4[4];
+        for (int l = 0; l < 8; l++)
+            t8[l] = lanes[l * head_dim + d] + lanes[(l + 8) * head_dim + d];
+        for (int l = 0; l < 4; l++)
+            t4[l] = t8[l] + t8[l + 4];
+        out[d] = (t4[0] + t4[2]) + (t4[1] + t4[3]);
     }
-    double l[4];
-    _mm256_storeu_pd(l, _mm256_add_pd(lo, hi));
-    return (l[0] + l[2]) + (l[1] + l[3]);
 }
 
 static inline __m256 silu8(__m256 g, __m256 u)
 {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    __m256 e = gexp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
     return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
                          u);
 }
@@ -330,6 +312,7 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2 = {
-    qk, pv, qk_f16, pv_f16, widen_rows, softmax_exp, silu_mul, to_f16,
+    qk_f32, qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
+    pv_f32, pv_f16, lanes_sum,  silu_mul,   to_f16,
 };
 #endif

@@ -1,16 +1,13 @@
 /*
- * ops_avx512.c - the backend's inner loops for AVX-512 (F, BW, VL).
+ * ops_avx512.c - the backend's inner loops for AVX-512 (F, BW, VL, DQ).
  *
- * Attention QK: a dot product over the head dimension leaves 16 partial
- * sums per position. Sixteen positions are reduced together by a
+ * The arithmetic is the portable reference's (cpu_impl.h, ops.c), bit for
+ * bit. Attention QK: a dot product over the head dimension leaves 16 partial
+ * sums per position; sixteen positions are reduced together by a
  * transpose-and-add network whose additions for each position form the same
- * tree as hsum16() (lanes i + i+8, then + i+4, + i+2, + i+1), so a position
- * gets the same bits in a group of 16 or alone at the end of a block. A head
- * dimension that is not a multiple of 16 is finished with masked loads.
- *
- * exp: Cephes' expf polynomial on x - n ln2 (n = round(x log2 e), ln2 split
- * in two), scaled by 2^n in two steps so subnormal results round once;
- * within about 1 ulp of the true value, NaN in NaN out.
+ * tree as hsum16() (lanes i + i+8, then + i+4, + i+2, + i+1). A head
+ * dimension that is not a multiple of 16 is finished with masked loads
+ * (lane l takes the elements d = l mod 16). exp is GGML's ggml_v_expf.
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -58,7 +55,7 @@ static inline __m512 hsum16x16(const __m512 *v)
     return _mm512_permutexvar_ps(idx, z);
 }
 
-static inline __mmask16 lanes(int64_t left)
+static inline __mmask16 tail_mask(int64_t left)
 {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
 }
@@ -85,7 +82,7 @@ static void qk(const float *q, const float *k, int64_t stride, int n,
 {
     const __m512 vs = _mm512_set1_ps(scale);
     const int d16 = head_dim & ~15;
-    const __mmask16 mt = lanes(head_dim - d16);
+    const __mmask16 mt = tail_mask(head_dim - d16);
     int j = 0;
     for (; j + 16 <= n; j += 16) {
         const float *kj = k + j * stride;
@@ -128,7 +125,7 @@ static void qk_f16(const float *q, const uint16_t *k, int64_t stride, int n,
 {
     const __m512 vs = _mm512_set1_ps(scale);
     const int d16 = head_dim & ~15;
-    const __mmask16 mt = lanes(head_dim - d16);
+    const __mmask16 mt = tail_mask(head_dim - d16);
     int j = 0;
     for (; j + 16 <= n; j += 16) {
         const uint16_t *kj = k + j * stride;
@@ -166,148 +163,162 @@ static void qk_f16(const float *q, const uint16_t *k, int64_t stride, int n,
     }
 }
 
-/* Up to 64 accumulator lanes stay in registers across the positions. */
-static void pv(float *acc, const float *p, const float *v, int64_t stride,
-               int n, int head_dim)
+/* The "dot" arithmetic (cpu_impl.h): four 16-lane accumulators over each
+ * 64 elements, folded (a0 + a2) + (a1 + a3), the tree, the rest in double. */
+static void qk_dot_f32(const float *q, const float *k, int64_t stride, int n,
+                       int head_dim, float scale, float *scores)
 {
-    int d = 0;
-    for (; d + 64 <= head_dim; d += 64) {
-        __m512 a0 = _mm512_loadu_ps(acc + d);
-        __m512 a1 = _mm512_loadu_ps(acc + d + 16);
-        __m512 a2 = _mm512_loadu_ps(acc + d + 32);
-        __m512 a3 = _mm512_loadu_ps(acc + d + 48);
-        for (int j = 0; j < n; j++) {
-            const float *vj = v + j * stride + d;
-            __m512 pj = _mm512_set1_ps(p[j]);
-            a0 = _mm512_fmadd_ps(pj, ld_f32(vj), a0);
-            a1 = _mm512_fmadd_ps(pj, ld_f32(vj + 16), a1);
-            a2 = _mm512_fmadd_ps(pj, ld_f32(vj + 32), a2);
-            a3 = _mm512_fmadd_ps(pj, ld_f32(vj + 48), a3);
-        }
-        _mm512_storeu_ps(acc + d, a0);
-        _mm512_storeu_ps(acc + d + 16, a1);
-        _mm512_storeu_ps(acc + d + 32, a2);
-        _mm512_storeu_ps(acc + d + 48, a3);
-    }
-    for (; d < head_dim; d += 16) {
-        __mmask16 m = lanes(head_dim - d);
-        __m512 a0 = _mm512_maskz_loadu_ps(m, acc + d);
-        for (int j = 0; j < n; j++)
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]),
-                                 ldm_f32(m, v + j * stride + d),
-                                 a0);
-        _mm512_mask_storeu_ps(acc + d, m, a0);
+    const int d64 = head_dim & ~63;
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + j * stride;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int d = 0; d < d64; d += 64)
+            for (int i = 0; i < 4; i++)
+                a[i] = _mm512_fmadd_ps(ld_f32(kj + d + 16 * i),
+                                       _mm512_loadu_ps(q + d + 16 * i), a[i]);
+        double sum = (double)hsum16(_mm512_add_ps(_mm512_add_ps(a[0], a[2]),
+                                                  _mm512_add_ps(a[1], a[3])));
+        for (int d = d64; d < head_dim; d++)
+            sum += (double)(kj[d] * q[d]);
+        scores[j] = (float)sum * scale;
     }
 }
 
-static void pv_f16(float *acc, const float *p, const uint16_t *v, int64_t stride,
-               int n, int head_dim)
+static void qk_dot_f16(const float *q, const uint16_t *k, int64_t stride,
+                       int n, int head_dim, float scale, float *scores)
 {
-    int d = 0;
-    for (; d + 64 <= head_dim; d += 64) {
-        __m512 a0 = _mm512_loadu_ps(acc + d);
-        __m512 a1 = _mm512_loadu_ps(acc + d + 16);
-        __m512 a2 = _mm512_loadu_ps(acc + d + 32);
-        __m512 a3 = _mm512_loadu_ps(acc + d + 48);
-        for (int j = 0; j < n; j++) {
-            const uint16_t *vj = v + j * stride + d;
-            __m512 pj = _mm512_set1_ps(p[j]);
-            a0 = _mm512_fmadd_ps(pj, ld_f16(vj), a0);
-            a1 = _mm512_fmadd_ps(pj, ld_f16(vj + 16), a1);
-            a2 = _mm512_fmadd_ps(pj, ld_f16(vj + 32), a2);
-            a3 = _mm512_fmadd_ps(pj, ld_f16(vj + 48), a3);
-        }
-        _mm512_storeu_ps(acc + d, a0);
-        _mm512_storeu_ps(acc + d + 16, a1);
-        _mm512_storeu_ps(acc + d + 32, a2);
-        _mm512_storeu_ps(acc + d + 48, a3);
-    }
-    for (; d < head_dim; d += 16) {
-        __mmask16 m = lanes(head_dim - d);
-        __m512 a0 = _mm512_maskz_loadu_ps(m, acc + d);
-        for (int j = 0; j < n; j++)
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]),
-                                 ldm_f16(m, v + j * stride + d),
-                                 a0);
-        _mm512_mask_storeu_ps(acc + d, m, a0);
+    const int d64 = head_dim & ~63;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *kj = k + j * stride;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int d = 0; d < d64; d += 64)
+            for (int i = 0; i < 4; i++)
+                a[i] = _mm512_fmadd_ps(ld_f16(kj + d + 16 * i),
+                                       _mm512_loadu_ps(q + d + 16 * i), a[i]);
+        double sum = (double)hsum16(_mm512_add_ps(_mm512_add_ps(a[0], a[2]),
+                                                  _mm512_add_ps(a[1], a[3])));
+        for (int d = d64; d < head_dim; d++)
+            sum += (double)(_cvtsh_ss(kj[d]) * q[d]);
+        scores[j] = (float)sum * scale;
     }
 }
 
-static void widen_rows(const uint16_t *src, int64_t stride, int n,
-                       int head_dim, float *dst)
+/* lanes[(j0 + j) % n_lanes][d] = fma(v[j][d], p[j], same) */
+static void pv_f32(float *lanes, int n_lanes, int j0, const float *p,
+                   const float *v, int64_t stride, int n, int head_dim)
 {
     const int d16 = head_dim & ~15;
-    const __mmask16 mt = lanes(head_dim - d16);
+    const __mmask16 mt = tail_mask(head_dim - d16);
     for (int j = 0; j < n; j++) {
-        const uint16_t *s = src + j * stride;
-        float *o = dst + j * head_dim;
+        float *l = lanes + (size_t)((j0 + j) & (n_lanes - 1)) * (size_t)head_dim;
+        const float *vj = v + j * stride;
+        const __m512 pj = _mm512_set1_ps(p[j]);
         for (int d = 0; d < d16; d += 16)
-            _mm512_storeu_ps(o + d, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                        (const __m256i *)(s + d))));
+            _mm512_storeu_ps(l + d, _mm512_fmadd_ps(ld_f32(vj + d), pj,
+                                                    _mm512_loadu_ps(l + d)));
         if (mt)
             _mm512_mask_storeu_ps(
-                o + d16, mt,
-                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mt, s + d16)));
+                l + d16, mt,
+                _mm512_fmadd_ps(ldm_f32(mt, vj + d16), pj,
+                                _mm512_maskz_loadu_ps(mt, l + d16)));
     }
 }
 
-static inline __m512 exp16(__m512 x)
+static void pv_f16(float *lanes, int n_lanes, int j0, const float *p,
+                   const uint16_t *v, int64_t stride, int n, int head_dim)
 {
-    /* max/min return their second operand for NaN: NaN passes through */
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
-    __m512 n = _mm512_roundscale_ps(
-        _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r),
-                        _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i ni = _mm512_cvtps_epi32(n);
-    __m512i n1 = _mm512_srai_epi32(ni, 1);
-    __m512i n2 = _mm512_sub_epi32(ni, n1);
-    const __m512i bias = _mm512_set1_epi32(127);
-    __m512 s1 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-    __m512 s2 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    const int d16 = head_dim & ~15;
+    const __mmask16 mt = tail_mask(head_dim - d16);
+    for (int j = 0; j < n; j++) {
+        float *l = lanes + (size_t)((j0 + j) & (n_lanes - 1)) * (size_t)head_dim;
+        const uint16_t *vj = v + j * stride;
+        const __m512 pj = _mm512_set1_ps(p[j]);
+        for (int d = 0; d < d16; d += 16)
+            _mm512_storeu_ps(l + d, _mm512_fmadd_ps(ld_f16(vj + d), pj,
+                                                    _mm512_loadu_ps(l + d)));
+        if (mt)
+            _mm512_mask_storeu_ps(
+                l + d16, mt,
+                _mm512_fmadd_ps(ldm_f16(mt, vj + d16), pj,
+                                _mm512_maskz_loadu_ps(mt, l + d16)));
+    }
 }
 
-static double softmax_exp(float *s, int n)
+/* out[d] = tree over the 16 lanes, elementwise across d. */
+static void lanes_sum(const float *lanes, int head_dim, float *out)
 {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int j = 0; j < n; j += 16)
-        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, lanes(n - j),
-                                                        s + j));
-    vmax = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+    for (int d = 0; d < head_dim; d += 16) {
+        const __mmask16 m = tail_mask(head_dim - d);
+        __m512 v[16];
+        UNROLL
+        for (int l = 0; l < 16; l++)
+            v[l] = _mm512_maskz_loadu_ps(m, lanes + (size_t)l * head_dim + d);
+        UNROLL
+        for (int l = 0; l < 8; l++)
+            v[l] = _mm512_add_ps(v[l], v[l + 8]);
+        UNROLL
+        for (int l = 0; l < 4; l++)
+            v[l] = _mm512_add_ps(v[l], v[l + 4]);
+        _mm512_mask_storeu_ps(out + d, m,
+                              _mm512_add_ps(_mm512_add_ps(v[0], v[2]),
+                                            _mm512_add_ps(v[1], v[3])));
+    }
+}
+
+/* GGML's ggml_v_expf. */
+static inline __m512 gexp16(__m512 x)
+{
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(
+        n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b,
+                                        _mm512_set1_ps(0x1.573e2ep-5f)),
+                        u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b,
+                                        _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u,
+        _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b,
+                        _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n),
+                                           _mm512_set1_ps(192.0f),
+                                           _CMP_GT_OQ);
+    if (!d)
+        return res;
+    const __m512 alt = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+        _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(d, res, alt);
+}
+
+static double softmax_exp(float *s, int n, float max)
+{
+    const __m512 vmax = _mm512_set1_ps(max);
+    double sum = 0.0;
     for (int j = 0; j < n; j += 16) {
-        __mmask16 m = lanes(n - j);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmax));
+        const __mmask16 m = tail_mask(n - j);
+        __m512 e = gexp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmax));
         e = _mm512_maskz_mov_ps(m, e);
         _mm512_mask_storeu_ps(s + j, m, e);
-        lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+        sum += (double)hsum16(e);
     }
-    double l[8];
-    _mm512_storeu_pd(l, _mm512_add_pd(lo, hi));
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    return sum;
 }
 
 static void silu_mul(const float *gate, const float *up, float *out, int64_t n)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = lanes(n - i);
+        __mmask16 m = tail_mask(n - i);
         __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 e = gexp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
         __m512 y = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)),
                                  _mm512_maskz_loadu_ps(m, up + i));
         _mm512_mask_storeu_ps(out + i, m, y);
@@ -317,7 +328,7 @@ static void silu_mul(const float *gate, const float *up, float *out, int64_t n)
 static void to_f16(const float *src, uint16_t *dst, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = lanes(n - i);
+        __mmask16 m = tail_mask(n - i);
         __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i),
                                     _MM_FROUND_TO_NEAREST_INT |
                                         _MM_FROUND_NO_EXC);
@@ -326,6 +337,7 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
-    qk, pv, qk_f16, pv_f16, widen_rows, softmax_exp, silu_mul, to_f16,
+    qk,        qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
+    pv_f32,    pv_f16, lanes_sum,  silu_mul,   to_f16,
 };
 #endif

@@ -51,6 +51,7 @@ static cinfer_engine *fake_engine(int n_blocks, int bs, int max_seqs,
     e->s_row_seq = calloc(rows, sizeof(int32_t));
     e->s_slots = calloc(rows, sizeof(int32_t));
     e->s_out_rows = calloc(rows, sizeof(int32_t));
+    e->s_gen = calloc(rows, 1);
     e->s_tables = calloc((size_t)max_seqs * (size_t)e->max_blocks,
                          sizeof(int32_t));
     free(kvmem);
@@ -69,6 +70,7 @@ static void fake_engine_free(cinfer_engine *e)
     free(e->s_row_seq);
     free(e->s_slots);
     free(e->s_out_rows);
+    free(e->s_gen);
     free(e->s_tables);
     free(e);
     free(kvmem);
