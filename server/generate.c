@@ -338,11 +338,11 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     }
     pump(c, g);
     int finished = ev->kind == CINFER_EVENT_FINISH;
+    if (finished)
+        log_done(c, g); /* reads the sink: under the lock */
     pthread_mutex_unlock(&c->mu);
-    if (finished) {
-        log_done(c, g);
+    if (finished)
         cinfer_call_unref(c); /* the engine's hold */
-    }
 }
 
 /* ---------------------------------------------------------------------- */
