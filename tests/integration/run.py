@@ -958,7 +958,7 @@ def case_health():
         finally:
             stop.set()
             feeder.join()
-        check(code != 0, "a failed load exits non-zero")
+        check_eq(code, 1, "a failed load exits 1 (not a crash)")
         check(any(l.get("msg") == "model load failed" for l in
                   srv.log_lines()), "the log says why")
     log("ok: NOT_SERVING/UNAVAILABLE while loading; failed load exits %d"
