@@ -410,7 +410,6 @@ def case_streams():
         # Logprobs: one entry per token, with the asked alternatives.
         pb, _, _, _ = stubs()
         req = greedy_request(pb, PROMPTS[0], 4, logprobs=3)
-        text, final, _ = collect(srv.stub().Generate(req, timeout=300))
         lp_count = 0
         for resp in srv.stub().Generate(req, timeout=300):
             if resp.HasField("chunk"):
@@ -1095,6 +1094,12 @@ def main():
         ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-%s-" % ARGS.case)
     os.makedirs(ARGS.work, exist_ok=True)
     try:
+        try:
+            import grpc  # noqa: F401
+            import grpc_tools  # noqa: F401
+        except ImportError:
+            raise Skip("grpcio / grpcio-tools not installed "
+                       "(scripts/install-deps.sh installs them)")
         CASES[ARGS.case]()
     except Skip as e:
         print("SKIP: %s" % e, file=sys.stderr)
