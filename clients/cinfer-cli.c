@@ -865,7 +865,10 @@ int main(int argc, char **argv)
         {0, 0, 0, 0},
     };
     int opt, bad = 0;
-    while ((opt = getopt_long(argc, argv, "hvp:n:", longopts, NULL)) != -1) {
+    for (;;) {
+        opt = getopt_long(argc, argv, "hvp:n:", longopts, NULL);
+        if (opt == -1)
+            break;
         long l;
         switch (opt) {
         case 'h': usage(stdout); return 0;

@@ -289,7 +289,10 @@ int main(int argc, char **argv)
     longopts[N_FLAGS + 1] = (struct option){"version", no_argument, 0, 'V'};
     longopts[N_FLAGS + 2] = (struct option){0, 0, 0, 0};
     int opt;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    for (;;) {
+        opt = getopt_long(argc, argv, "h", longopts, NULL);
+        if (opt == -1)
+            break;
         if (opt == 'h') {
             usage(stdout);
             return 0;

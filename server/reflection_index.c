@@ -179,7 +179,7 @@ static int msg_name(const uint8_t *p, size_t n, const uint8_t **name,
     int r;
     *name = NULL;
     *len = 0;
-    while ((r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); r == 1; r = next_field(&w, &f)) {
         if (f.field == 1 && f.type == 2) {
             *name = f.data;
             *len = f.len;
@@ -208,7 +208,7 @@ static cinfer_status index_enum(cinfer_refl_index *ix, const char *scope,
     wire w = {p, p + n};
     wire_field f;
     int r;
-    while ((r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); r == 1; r = next_field(&w, &f)) {
         if (f.field == 2 && f.type == 2) {
             const uint8_t *vn;
             size_t vl;
@@ -247,7 +247,7 @@ static cinfer_status index_message(cinfer_refl_index *ix, const char *scope,
     wire w = {p, p + n};
     wire_field f;
     int r;
-    while ((r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); r == 1; r = next_field(&w, &f)) {
         if (f.type != 2)
             continue;
         if (f.field == 2 || f.field == 8) { /* field, oneof_decl */
@@ -300,7 +300,7 @@ static cinfer_status index_service(cinfer_refl_index *ix, const char *scope,
     wire w = {p, p + n};
     wire_field f;
     int r;
-    while ((r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); r == 1; r = next_field(&w, &f)) {
         if (f.field == 2 && f.type == 2) {
             const uint8_t *mn;
             size_t ml;
@@ -323,7 +323,7 @@ static cinfer_status index_file(cinfer_refl_index *ix, int fi)
     int r;
     cinfer_status st = CINFER_OK;
     /* Pass 1: name, package, dependencies. */
-    while ((r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); r == 1; r = next_field(&w, &f)) {
         if (f.type != 2)
             continue;
         if (f.field == 1) {
@@ -354,7 +354,8 @@ static cinfer_status index_file(cinfer_refl_index *ix, int fi)
     /* Pass 2: declarations. */
     const char *scope = package ? package : "";
     w.p = file->bytes;
-    while (st == CINFER_OK && (r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); st == CINFER_OK && r == 1;
+         r = next_field(&w, &f)) {
         if (f.type != 2)
             continue;
         if (f.field == 4)
@@ -388,7 +389,7 @@ cinfer_status cinfer_refl_index_create(const uint8_t *set, size_t len,
     wire w = {set, set + len};
     wire_field f;
     int r;
-    while ((r = next_field(&w, &f)) == 1) {
+    for (r = next_field(&w, &f); r == 1; r = next_field(&w, &f)) {
         if (f.field != 1 || f.type != 2)
             continue;
         refl_file *nf = realloc(ix->files, (ix->n_files + 1) * sizeof *nf);
