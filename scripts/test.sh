@@ -1,7 +1,8 @@
 #!/bin/sh
 # The test command: installs dependencies, then builds and tests twice:
-#   build/release  gcc, -Werror, optimized: unit tests
-#   build/asan     clang, ASan + UBSan + libFuzzer targets: unit tests and
+#   build/release  gcc, -Werror, optimized: unit and integration tests
+#   build/asan     clang, ASan + UBSan + libFuzzer targets: unit and
+#                  integration tests, and
 #                  each fuzz target for CINFER_FUZZ_SECONDS (default 30)
 # The output ends with ctest's summary of the sanitizer run; the exit code is
 # non-zero if either run failed.
@@ -17,7 +18,7 @@ echo "== release build (gcc, -Werror)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DCINFER_WERROR=ON >/dev/null &&
   cmake --build build/release -j "$JOBS" >build/release-build.log 2>&1 || {
     tail -50 build/release-build.log; echo "release build failed"; exit 1; }
-(cd build/release && ctest -j "$JOBS" -L unit --output-on-failure) || rc=1
+(cd build/release && ctest -j "$JOBS" -L "unit|integration" --output-on-failure) || rc=1
 
 echo "== sanitizer build (clang, ASan + UBSan, fuzz targets)"
 CC=clang CXX=clang++ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -28,5 +29,5 @@ CC=clang CXX=clang++ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo 
 if [ $rc -ne 0 ]; then echo "release tests failed (see above)"; fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-(cd build/asan && ctest -j "$JOBS" -L "unit|fuzz" --output-on-failure) || rc=1
+(cd build/asan && ctest -j "$JOBS" -L "unit|integration|fuzz" --output-on-failure) || rc=1
 exit $rc
