@@ -58,10 +58,12 @@ def cinfer_bench(build, model, threads):
 
 def floors(build, threads):
     """Read bandwidth (GB/s) and peak FMA rate (GFLOP/s) from cinfer-kbench."""
-    out = sh([os.path.join(build, "tools", "cinfer-kbench"), "--floors-only",
-              "--threads", str(threads)]).stdout
-    bw = float(re.search(r"read bandwidth.*?([\d.]+) GB/s", out).group(1))
-    fma = float(re.search(r"peak fp32 FMA.*?([\d.]+) GFLOP/s", out).group(1))
+    out = sh([os.path.join(build, "tools", "cinfer-kbench"), "--threads", "2",
+              "--isa", "avx512", "--no-decode", "--no-prefill"]).stdout
+    bw = float(re.search(r"read bandwidth, 256 MB sum +%d thr +([\d.]+) GB/s" % threads,
+                         out).group(1))
+    fma = float(re.search(r"peak fp32 FMA, avx512 +%d thr +([\d.]+) GFLOP/s" % threads,
+                          out).group(1))
     return bw, fma
 
 
