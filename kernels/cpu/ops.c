@@ -27,6 +27,7 @@
  * ops_avx2.c and ops_avx512.c.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "cpu_impl.h"
@@ -726,6 +727,31 @@ static void mm_compute(void *p, int64_t u0, int64_t u1, int thread)
     }
 }
 
+/* Output units are handed out in chunks from a shared counter rather than
+ * split statically: a thread that loses its core for a while (a shared
+ * machine) then delays the op by one chunk, not by its whole share. Which
+ * thread computes a column does not change its bits. */
+typedef struct {
+    mm_ctx *c;
+    _Atomic int64_t next;
+    int64_t total, chunk;
+} mm_dyn_ctx;
+
+static void mm_dynamic(void *p, int64_t t0, int64_t t1, int thread)
+{
+    mm_dyn_ctx *d = p;
+    (void)t0;
+    (void)t1;
+    for (;;) {
+        int64_t u0 = atomic_fetch_add_explicit(&d->next, d->chunk,
+                                               memory_order_relaxed);
+        if (u0 >= d->total)
+            break;
+        int64_t u1 = u0 + d->chunk < d->total ? u0 + d->chunk : d->total;
+        mm_compute(d->c, u0, u1, thread);
+    }
+}
+
 cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
                                    const cinfer_tensor *const *w,
                                    const cinfer_tensor *x,
@@ -778,6 +804,11 @@ cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
     }
     if (c.n_act > 0)
         run(cb, c.n, c.n * c.n_in * c.n_act, mm_prepare, &c);
-    run(cb, c.unit0[n_w], macs, mm_compute, &c);
+    mm_dyn_ctx d = {&c, 0, c.unit0[n_w], 1};
+    /* about eight chunks per thread */
+    d.chunk = d.total / ((int64_t)cb->n_threads * 8);
+    if (d.chunk < 1)
+        d.chunk = 1;
+    run(cb, cb->n_threads, macs, mm_dynamic, &d);
     return CINFER_OK;
 }
