@@ -449,8 +449,9 @@ int main(int argc, char **argv)
         return EXIT_BROKEN;
     }
     cinfer_bench_model_info mi;
-    st = llama ? cinfer_bench_http_model_info(d, 30, &mi)
-               : cinfer_bench_grpc_model_info(d, 30, &mi);
+    double info_timeout_s = o.timeout_s > 0 ? o.timeout_s : 30;
+    st = llama ? cinfer_bench_http_model_info(d, info_timeout_s, &mi)
+               : cinfer_bench_grpc_model_info(d, info_timeout_s, &mi);
     if (st != CINFER_OK) {
         fprintf(stderr, "cinfer-bench: %s\n", cinfer_last_error());
         goto fail_driver;
