@@ -2,8 +2,8 @@
  * breaker.c - circuit breaker with resilience4j's semantics (resilience.h).
  *
  * The window is a ring of time buckets, each bucket_ns wide; the bucket of
- * time t is epoch(t) % n where epoch(t) = t / bucket_ns (on an unsigned
- * offset of t, so negative times order correctly). Moving to a later epoch
+ * time t is epoch(t) % n where epoch(t) = floor(t / bucket_ns) (shifted to
+ * unsigned, so negative times order correctly). Moving to a later epoch
  * clears the buckets passed over and subtracts them from the running
  * totals, at most n buckets per move, so recording is O(1) amortised and
  * memory is fixed. The window thus covers the current bucket and the n - 1
@@ -101,10 +101,14 @@ cinfer_status cinfer_breaker_init(cinfer_breaker *b,
 /* Time and window                                                        */
 /* ---------------------------------------------------------------------- */
 
+/* floor(t / bucket_ns), shifted to unsigned so that order is kept and
+ * bucket boundaries fall on multiples of bucket_ns. */
 static uint64_t epoch_of(const cinfer_breaker *b, int64_t t)
 {
-    uint64_t u = (uint64_t)t ^ (1ull << 63); /* order-preserving */
-    return u / (uint64_t)b->bucket_ns;
+    int64_t q = t / b->bucket_ns;
+    if (t % b->bucket_ns < 0)
+        q--;
+    return (uint64_t)q ^ (1ull << 63);
 }
 
 /* The effective time: never earlier than one already seen. */
