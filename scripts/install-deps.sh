@@ -8,7 +8,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 DEB_PACKAGES="build-essential cmake pkg-config git clang libclang-rt-14-dev \
-  llvm libpcre2-dev libopenblas-dev libjemalloc-dev python3 python3-pip \
+  llvm libpcre2-dev libjemalloc-dev python3 python3-pip \
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler"
 
 missing=""

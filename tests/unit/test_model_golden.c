@@ -12,7 +12,11 @@
  *   - at the last position the relative L2 error of the full vector is under
  *     FULL_REL_L2_BOUND;
  *   - greedy continuations of 64 tokens are identical, token for token.
- * The errors measured are printed so the bounds can be reviewed.
+ * The errors measured are printed so the bounds can be reviewed. Measured:
+ * 2.6e-6 over the top 256 (the goldens are printed with 6 significant
+ * digits) and 2.2e-4 over the full vectors (stored as float16): the CPU
+ * backend reproduces llama.cpp's arithmetic, so the logits are the same up
+ * to the goldens' own rounding.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +25,8 @@
 #include "engine/model.h"
 #include "harness.h"
 
-#define TOP_REL_L2_BOUND 0.02
-#define FULL_REL_L2_BOUND 0.02
+#define TOP_REL_L2_BOUND 1e-4
+#define FULL_REL_L2_BOUND 1e-3
 
 #define MAX_PROMPTS 16
 #define MAX_TOKENS 256
