@@ -1,0 +1,114 @@
+/*
+ * metrics.h - Prometheus metrics of the server, served over HTTP.
+ *
+ * Counters and histograms are recorded by the gRPC threads as requests end
+ * (thread-safe, cheap: atomics or a short mutex); gauges that live in other
+ * subsystems (engine statistics, admission and breaker state) are pulled at
+ * scrape time through a collector callback, so nothing polls. The text
+ * exposition format is served by libmicrohttpd on --metrics-listen
+ * (default 127.0.0.1:9090) at /metrics. Names follow vLLM's (prefix
+ * `cinfer:`), e.g. cinfer:time_to_first_token_seconds.
+ *
+ *     cinfer_metrics_params p = cinfer_metrics_default_params();
+ *     p.listen = "127.0.0.1:9090";
+ *     cinfer_metrics *m;
+ *     cinfer_metrics_create(&p, &m);
+ *     cinfer_metrics_set_collector(m, collect_fn, server);
+ *     ...
+ *     cinfer_metrics_request_done(m, "Generate", 0);
+ *     cinfer_metrics_observe(m, CINFER_HIST_TTFT, 0.012);
+ *     cinfer_metrics_destroy(m);
+ *
+ * Every recording function accepts m == NULL (metrics off) and does nothing.
+ */
+#ifndef CINFER_SERVER_METRICS_H
+#define CINFER_SERVER_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cinfer_metrics cinfer_metrics;
+
+typedef struct {
+    const char *listen; /* "HOST:PORT" for /metrics; NULL or "" = no HTTP
+                           listener (recording still works, for tests) */
+} cinfer_metrics_params;
+
+cinfer_metrics_params cinfer_metrics_default_params(void);
+
+/* Starts the HTTP listener (if any). CINFER_E_IO if the address can not be
+ * bound, with the address in the message. */
+cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
+                                    cinfer_metrics **out);
+/* Stops the listener and frees everything. NULL is fine. */
+void cinfer_metrics_destroy(cinfer_metrics *m);
+
+/* The port the listener is bound to (useful with port 0), or 0. */
+int cinfer_metrics_port(const cinfer_metrics *m);
+
+/* ---- recording (thread-safe) ------------------------------------------ */
+
+/* cinfer:request_total{method, code} - every finished RPC, by gRPC method
+ * name ("Generate", "Tokenize", ...) and status code name ("OK",
+ * "RESOURCE_EXHAUSTED", ...). */
+void cinfer_metrics_request_done(cinfer_metrics *m, const char *method,
+                                 int grpc_code);
+
+typedef enum {
+    CINFER_HIST_TTFT = 0,   /* cinfer:time_to_first_token_seconds */
+    CINFER_HIST_ITL,        /* cinfer:inter_token_latency_seconds */
+    CINFER_HIST_E2E,        /* cinfer:e2e_request_latency_seconds */
+    CINFER_HIST_QUEUE,      /* cinfer:request_queue_time_seconds */
+    CINFER_HIST_REJECT,     /* cinfer:rejection_latency_seconds (time to
+                               answer a rejected call) */
+    CINFER_HIST_COUNT_
+} cinfer_hist;
+
+void cinfer_metrics_observe(cinfer_metrics *m, cinfer_hist h, double seconds);
+
+/* cinfer:prompt_tokens_total, cinfer:generation_tokens_total */
+void cinfer_metrics_add_tokens(cinfer_metrics *m, uint64_t prompt,
+                               uint64_t generated);
+
+/* cinfer:rejected_requests_total{reason} - limiter, breaker and shedder
+ * rejections, by the admission layer's reason name ("rate_limited_global",
+ * "breaker_open", "shed_queue_full", ...). */
+void cinfer_metrics_rejected(cinfer_metrics *m, const char *reason);
+
+/* ---- gauges pulled at scrape time ------------------------------------- */
+
+typedef struct {
+    int requests_running;          /* cinfer:num_requests_running */
+    int requests_waiting;          /* cinfer:num_requests_waiting */
+    double kv_cache_usage;         /* cinfer:kv_cache_usage_perc, 0..1 */
+    uint64_t prefix_cache_queries; /* cinfer:prefix_cache_queries_total
+                                      (prompt tokens looked up) */
+    uint64_t prefix_cache_hits;    /* cinfer:prefix_cache_hits_total */
+    uint64_t preemptions;          /* cinfer:num_preemptions_total */
+    int breaker_state;             /* cinfer:breaker_state (0 closed,
+                                      1 open, 2 half-open) */
+    uint64_t breaker_transitions;  /* cinfer:breaker_transitions_total */
+    int serving;                   /* cinfer:health_serving (1/0) */
+} cinfer_metrics_snapshot;
+
+typedef void (*cinfer_metrics_collect_fn)(void *user,
+                                          cinfer_metrics_snapshot *out);
+
+/* Sets the callback called (from the HTTP thread) at each scrape. The user
+ * pointer must stay valid until destroy. */
+void cinfer_metrics_set_collector(cinfer_metrics *m,
+                                  cinfer_metrics_collect_fn fn, void *user);
+
+/* The exposition text (malloc'd, caller frees), as /metrics serves it. */
+char *cinfer_metrics_render(cinfer_metrics *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_SERVER_METRICS_H */
