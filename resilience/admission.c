@@ -263,10 +263,9 @@ static void shed_queued(cinfer_admission *a, cinfer_admission_ticket *t,
 {
     int expired = r == CINFER_REJECT_SHED_DEADLINE && t->entry.deadline_ns &&
                   a->shedder.last_ns >= t->entry.deadline_ns;
-    cinfer_breaker_record(&a->breaker, &t->permit,
-                          expired ? CINFER_OUTCOME_FAILURE
-                                  : CINFER_OUTCOME_IGNORED,
-                          now_ns);
+    cinfer_breaker_record(
+        &a->breaker, &t->permit,
+        expired ? CINFER_OUTCOME_FAILURE : CINFER_OUTCOME_IGNORED, now_ns);
     a->rejected[r]++;
     t->state = CINFER_TICKET_DONE;
 }
@@ -302,8 +301,8 @@ cinfer_admission_check_queued(cinfer_admission *a, cinfer_admission_ticket *t,
     int64_t pushback = 0;
     pthread_mutex_lock(&a->mu);
     if (t->state == CINFER_TICKET_QUEUED) {
-        d.reason = cinfer_shedder_check(&a->shedder, &t->entry, now_ns,
-                                        &pushback);
+        d.reason =
+            cinfer_shedder_check(&a->shedder, &t->entry, now_ns, &pushback);
         if (d.reason != CINFER_REJECT_NONE) {
             cinfer_shedder_remove(&a->shedder, &t->entry, now_ns);
             shed_queued(a, t, d.reason, now_ns);
@@ -320,8 +319,7 @@ void cinfer_admission_finish(cinfer_admission *a, cinfer_admission_ticket *t,
     if ((unsigned)o >= CINFER_OUTCOME_COUNT)
         o = CINFER_OUTCOME_IGNORED;
     pthread_mutex_lock(&a->mu);
-    if (t->state == CINFER_TICKET_QUEUED ||
-        t->state == CINFER_TICKET_RUNNING) {
+    if (t->state == CINFER_TICKET_QUEUED || t->state == CINFER_TICKET_RUNNING) {
         if (t->state == CINFER_TICKET_QUEUED)
             cinfer_shedder_remove(&a->shedder, &t->entry, now_ns);
         else
@@ -370,8 +368,7 @@ void cinfer_admission_stats_get(cinfer_admission *a, int64_t now_ns,
                           &out->breaker_window_failures);
     out->service_rate_tokens_per_s =
         a->shedder.rate_known ? (double)a->shedder.rate_mtps / 1000.0 : -1.0;
-    out->codel_overloaded =
-        cinfer_codel_overloaded(&a->shedder.codel, now_ns);
+    out->codel_overloaded = cinfer_codel_overloaded(&a->shedder.codel, now_ns);
     out->kv_usage_permille = a->shedder.kv_permille;
     if (a->clients) {
         out->clients = cinfer_client_table_size(a->clients);

@@ -67,8 +67,7 @@ cinfer_status cinfer_breaker_init(cinfer_breaker *b,
     if (p->window_buckets > CINFER_BREAKER_MAX_BUCKETS)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "breaker: window_buckets %u exceeds %d",
-                                p->window_buckets,
-                                CINFER_BREAKER_MAX_BUCKETS);
+                                p->window_buckets, CINFER_BREAKER_MAX_BUCKETS);
     cinfer_breaker_params r = *p;
     if (!r.min_calls)
         r.min_calls = 1;
@@ -262,8 +261,7 @@ void cinfer_breaker_record(cinfer_breaker *b, cinfer_breaker_permit *permit,
             b->failures++;
         }
         if (b->calls >= b->p.min_calls &&
-            (u128)b->failures * 100 >=
-                (u128)b->p.failure_rate_pct * b->calls)
+            (u128)b->failures * 100 >= (u128)b->p.failure_rate_pct * b->calls)
             trip(b, t);
         return;
     }
@@ -287,8 +285,8 @@ cinfer_breaker_state cinfer_breaker_get_state(const cinfer_breaker *b)
     return b->state;
 }
 
-void cinfer_breaker_window(cinfer_breaker *b, int64_t now_ns,
-                           uint64_t *calls, uint64_t *failures)
+void cinfer_breaker_window(cinfer_breaker *b, int64_t now_ns, uint64_t *calls,
+                           uint64_t *failures)
 {
     int64_t t = see(b, now_ns);
     advance(b, t);

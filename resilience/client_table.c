@@ -124,8 +124,8 @@ cinfer_status cinfer_client_table_create(const cinfer_client_table_params *p,
     size_t max_id = p->max_id_bytes ? p->max_id_bytes : DEFAULT_MAX_ID_BYTES;
     if (cap > MAX_CLIENTS_LIMIT)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "client table: max_clients %zu exceeds %u",
-                                cap, MAX_CLIENTS_LIMIT);
+                                "client table: max_clients %zu exceeds %u", cap,
+                                MAX_CLIENTS_LIMIT);
     if (max_id > MAX_ID_BYTES_LIMIT)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "client table: max_id_bytes %zu exceeds %d",

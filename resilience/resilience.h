@@ -161,8 +161,7 @@ int64_t cinfer_tb_wait_ns(cinfer_tb *tb, uint64_t n, int64_t now_ns);
 /* Takes n tokens if they are all there (returns 1) or none (returns 0).
  * *wait_ns (may be NULL) gets cinfer_tb_wait_ns() as it was before the
  * take: 0 on success. n = 0 always succeeds. */
-int cinfer_tb_take(cinfer_tb *tb, uint64_t n, int64_t now_ns,
-                   int64_t *wait_ns);
+int cinfer_tb_take(cinfer_tb *tb, uint64_t n, int64_t now_ns, int64_t *wait_ns);
 
 /* ---------------------------------------------------------------------- */
 /* Client table                                                           */
@@ -276,9 +275,9 @@ cinfer_breaker_params cinfer_breaker_default_params(void);
 
 /* What an acquire hands out; pass it back to cinfer_breaker_record(). */
 typedef struct {
-    uint64_t gen;  /* state generation it was issued in */
-    int probe;     /* 1 = a HALF_OPEN probe */
-    int valid;     /* 0 = refused, or already recorded */
+    uint64_t gen; /* state generation it was issued in */
+    int probe;    /* 1 = a HALF_OPEN probe */
+    int valid;    /* 0 = refused, or already recorded */
 } cinfer_breaker_permit;
 
 typedef struct {
@@ -289,11 +288,11 @@ typedef struct {
 
 /* A breaker. Fields are private; it owns no resources (no cleanup). */
 typedef struct {
-    cinfer_breaker_params p;  /* with the 0 defaults resolved */
+    cinfer_breaker_params p; /* with the 0 defaults resolved */
     int64_t bucket_ns;
     cinfer_breaker_state state;
-    uint64_t gen;             /* bumped on every transition */
-    int64_t last_ns;          /* latest time seen */
+    uint64_t gen;    /* bumped on every transition */
+    int64_t last_ns; /* latest time seen */
     int started;
     /* CLOSED: the window */
     cinfer_breaker_bucket buckets[CINFER_BREAKER_MAX_BUCKETS];
@@ -301,13 +300,13 @@ typedef struct {
     uint64_t calls, failures; /* totals over the live buckets */
     /* OPEN */
     int64_t open_until_ns;
-    uint32_t trips;           /* trips since the breaker last closed */
+    uint32_t trips; /* trips since the breaker last closed */
     /* HALF_OPEN */
-    uint32_t probes_out;      /* permits handed out and not yet recorded */
-    uint32_t probes_ok;       /* successes so far */
+    uint32_t probes_out; /* permits handed out and not yet recorded */
+    uint32_t probes_ok;  /* successes so far */
     /* counters */
     uint64_t transitions[CINFER_BREAKER_STATE_COUNT]; /* into each state */
-    uint64_t stale_outcomes;  /* outcomes of another generation */
+    uint64_t stale_outcomes; /* outcomes of another generation */
 } cinfer_breaker;
 
 /* CINFER_E_INVALID_ARG (naming the field) for out-of-range params. */
@@ -330,8 +329,8 @@ void cinfer_breaker_record(cinfer_breaker *b, cinfer_breaker_permit *permit,
 cinfer_breaker_state cinfer_breaker_get_state(const cinfer_breaker *b);
 
 /* Expires old buckets up to now_ns and returns the window's totals. */
-void cinfer_breaker_window(cinfer_breaker *b, int64_t now_ns,
-                           uint64_t *calls, uint64_t *failures);
+void cinfer_breaker_window(cinfer_breaker *b, int64_t now_ns, uint64_t *calls,
+                           uint64_t *failures);
 
 /* ---------------------------------------------------------------------- */
 /* CoDel                                                                  */
@@ -358,13 +357,13 @@ cinfer_codel_params cinfer_codel_default_params(void);
 
 /* Fields are private; it owns no resources (no cleanup). */
 typedef struct {
-    int64_t target_ns;       /* 0 = off */
+    int64_t target_ns; /* 0 = off */
     int64_t interval_ns;
     int64_t interval_end_ns; /* end of the current interval */
     int64_t min_wait_ns;     /* smallest wait seen in it */
     int64_t last_ns;         /* latest time seen */
     int started;
-    int overloaded;          /* verdict on the last full interval */
+    int overloaded; /* verdict on the last full interval */
     uint64_t drops;
 } cinfer_codel;
 
@@ -423,24 +422,24 @@ int64_t cinfer_codel_slough_ns(const cinfer_codel *c);
 #define CINFER_PRIORITY_LEVELS (CINFER_PRIORITY_MAX - CINFER_PRIORITY_MIN + 1)
 
 typedef struct {
-    uint64_t max_queued_requests;      /* waiting requests; 0 = unbounded */
-    uint64_t max_queued_tokens;        /* waiting tokens; 0 = unbounded */
-    uint32_t kv_shed_permille;         /* KV usage at which newcomers are
-                                          shed while one waits, 1..1000;
-                                          0 = off */
-    uint32_t low_priority_spread_pct;  /* share of each bound taken away
-                                          from priority -100 (linear to 0 at
-                                          priority 0), 0..100; 0 = priority
-                                          does not change the bounds */
-    int64_t rate_sample_ms;            /* backlog time per service-rate
-                                          sample; 0 = 1000 */
-    uint32_t rate_ewma_pct;            /* weight of a new sample, 1..100;
-                                          0 = 25 */
-    int64_t pushback_min_ms;           /* shortest shed pushback; 0 = 0 */
-    int64_t pushback_max_ms;           /* longest; 0 = 30000 */
-    int64_t pushback_unknown_ms;       /* before the rate is known;
-                                          0 = 1000 */
-    cinfer_codel_params codel;         /* target 0 = CoDel off */
+    uint64_t max_queued_requests;     /* waiting requests; 0 = unbounded */
+    uint64_t max_queued_tokens;       /* waiting tokens; 0 = unbounded */
+    uint32_t kv_shed_permille;        /* KV usage at which newcomers are
+                                         shed while one waits, 1..1000;
+                                         0 = off */
+    uint32_t low_priority_spread_pct; /* share of each bound taken away
+                                         from priority -100 (linear to 0 at
+                                         priority 0), 0..100; 0 = priority
+                                         does not change the bounds */
+    int64_t rate_sample_ms;           /* backlog time per service-rate
+                                         sample; 0 = 1000 */
+    uint32_t rate_ewma_pct;           /* weight of a new sample, 1..100;
+                                         0 = 25 */
+    int64_t pushback_min_ms;          /* shortest shed pushback; 0 = 0 */
+    int64_t pushback_max_ms;          /* longest; 0 = 30000 */
+    int64_t pushback_unknown_ms;      /* before the rate is known;
+                                         0 = 1000 */
+    cinfer_codel_params codel;        /* target 0 = CoDel off */
 } cinfer_shedder_params;
 
 /* 1024 requests, tokens unbounded, KV shedding at 990 permille, spread 50,
@@ -458,8 +457,8 @@ typedef struct {
 /* A queued request's record; the caller keeps it (in its call context)
  * from admit to dequeue or remove. */
 typedef struct {
-    int queued;          /* 1 while counted in the queue */
-    int level;           /* priority - CINFER_PRIORITY_MIN */
+    int queued; /* 1 while counted in the queue */
+    int level;  /* priority - CINFER_PRIORITY_MIN */
     uint64_t tokens;
     uint64_t ahead_mark; /* tokens enqueued at its level before it */
     int64_t enqueued_ns;
@@ -468,7 +467,7 @@ typedef struct {
 
 /* Fields are private; it owns no resources (no cleanup). */
 typedef struct {
-    cinfer_shedder_params p;  /* with the 0 defaults resolved */
+    cinfer_shedder_params p; /* with the 0 defaults resolved */
     cinfer_codel codel;
     uint64_t queued_requests, queued_tokens;
     uint64_t level_requests[CINFER_PRIORITY_LEVELS];
@@ -477,7 +476,7 @@ typedef struct {
     uint64_t level_out[CINFER_PRIORITY_LEVELS]; /* tokens ever left */
     uint32_t kv_permille;
     /* service rate */
-    int64_t last_ns;          /* latest time seen */
+    int64_t last_ns; /* latest time seen */
     int started;
     int64_t backlog_ns;       /* time with a non-empty queue this sample */
     uint64_t departed_tokens; /* tokens dequeued this sample */
@@ -561,16 +560,16 @@ int64_t cinfer_shedder_predicted_wait_ns(cinfer_shedder *s, int priority,
 typedef struct cinfer_admission cinfer_admission;
 
 typedef struct {
-    cinfer_tb_params global;        /* --rate-limit-qps/-burst; rate 0 = off */
-    cinfer_tb_params client;        /* --client-rate-limit-qps/-burst, each
-                                       client's bucket; rate 0 = off */
-    size_t max_clients;             /* client table entries (LRU beyond);
-                                       0 = 10000 */
-    size_t max_client_id_bytes;     /* longer ids are refused; 0 = 128 */
-    uint64_t hash_seed[2];          /* client table SipHash key; random in
-                                       production; {0, 0} = fixed */
-    cinfer_breaker_params breaker;  /* failure_rate_pct 0 = off */
-    cinfer_shedder_params shedder;  /* bounds 0 = unbounded */
+    cinfer_tb_params global;       /* --rate-limit-qps/-burst; rate 0 = off */
+    cinfer_tb_params client;       /* --client-rate-limit-qps/-burst, each
+                                      client's bucket; rate 0 = off */
+    size_t max_clients;            /* client table entries (LRU beyond);
+                                      0 = 10000 */
+    size_t max_client_id_bytes;    /* longer ids are refused; 0 = 128 */
+    uint64_t hash_seed[2];         /* client table SipHash key; random in
+                                      production; {0, 0} = fixed */
+    cinfer_breaker_params breaker; /* failure_rate_pct 0 = off */
+    cinfer_shedder_params shedder; /* bounds 0 = unbounded */
 } cinfer_admission_params;
 
 /* Limiters off, the breaker, shedder and CoDel defaults above. */
@@ -613,22 +612,22 @@ typedef struct {
 
 /* Counters for Prometheus, read as one consistent snapshot. */
 typedef struct {
-    uint64_t admitted;                      /* requests admitted */
-    uint64_t rejected[CINFER_REJECT_COUNT]; /* by reason, at admission and
-                                               while queued; [NONE] = 0 */
-    uint64_t started;                       /* dequeued to run */
+    uint64_t admitted;                       /* requests admitted */
+    uint64_t rejected[CINFER_REJECT_COUNT];  /* by reason, at admission and
+                                                while queued; [NONE] = 0 */
+    uint64_t started;                        /* dequeued to run */
     uint64_t finished[CINFER_OUTCOME_COUNT]; /* by outcome */
-    uint64_t running;                       /* started, not finished */
-    uint64_t queued_requests;               /* waiting now */
+    uint64_t running;                        /* started, not finished */
+    uint64_t queued_requests;                /* waiting now */
     uint64_t queued_tokens;
-    cinfer_breaker_state breaker_state;     /* stored (lazy) state */
+    cinfer_breaker_state breaker_state; /* stored (lazy) state */
     uint64_t breaker_transitions[CINFER_BREAKER_STATE_COUNT]; /* into each */
-    uint64_t breaker_window_calls;          /* outcomes in the window */
+    uint64_t breaker_window_calls; /* outcomes in the window */
     uint64_t breaker_window_failures;
-    double service_rate_tokens_per_s;       /* measured; -1 = unknown */
-    int codel_overloaded;                   /* 1 while CoDel sheds */
-    uint32_t kv_usage_permille;             /* last value set */
-    uint64_t clients;                       /* client table entries */
+    double service_rate_tokens_per_s; /* measured; -1 = unknown */
+    int codel_overloaded;             /* 1 while CoDel sheds */
+    uint32_t kv_usage_permille;       /* last value set */
+    uint64_t clients;                 /* client table entries */
     uint64_t client_evictions;
     int draining;
 } cinfer_admission_stats;

@@ -214,18 +214,18 @@ static void sample(cinfer_shedder *s)
     int64_t need = cinfer_ms_to_ns(s->p.rate_sample_ms);
     if (s->backlog_ns < need)
         return;
-    u128 r = (u128)s->departed_tokens * UNITS_PER_TOKEN /
-             (uint64_t)s->backlog_ns;
+    u128 r =
+        (u128)s->departed_tokens * UNITS_PER_TOKEN / (uint64_t)s->backlog_ns;
     uint64_t x = r > UINT64_MAX ? UINT64_MAX : (uint64_t)r;
     if (!s->rate_known) {
         s->rate_mtps = x;
         s->rate_known = 1;
     } else if (x >= s->rate_mtps) {
-        s->rate_mtps += (uint64_t)((u128)(x - s->rate_mtps) *
-                                   s->p.rate_ewma_pct / 100);
+        s->rate_mtps +=
+            (uint64_t)((u128)(x - s->rate_mtps) * s->p.rate_ewma_pct / 100);
     } else {
-        s->rate_mtps -= (uint64_t)((u128)(s->rate_mtps - x) *
-                                   s->p.rate_ewma_pct / 100);
+        s->rate_mtps -=
+            (uint64_t)((u128)(s->rate_mtps - x) * s->p.rate_ewma_pct / 100);
     }
     s->backlog_ns = 0;
     s->departed_tokens = 0;
@@ -303,8 +303,8 @@ int64_t cinfer_shedder_predicted_wait_ns(cinfer_shedder *s, int priority,
     see(s, now_ns);
     sample(s);
     int level = level_of(priority);
-    return predict(s, add_sat_u64(tokens_above(s, level),
-                                  s->level_tokens[level]));
+    return predict(s,
+                   add_sat_u64(tokens_above(s, level), s->level_tokens[level]));
 }
 
 void cinfer_shedder_set_kv_usage(cinfer_shedder *s, uint32_t permille)
@@ -325,8 +325,8 @@ cinfer_reject cinfer_shedder_admit(cinfer_shedder *s,
     sample(s);
     memset(entry, 0, sizeof *entry);
     int level = level_of(rq->priority);
-    uint64_t ahead = add_sat_u64(tokens_above(s, level),
-                                 s->level_tokens[level]);
+    uint64_t ahead =
+        add_sat_u64(tokens_above(s, level), s->level_tokens[level]);
     int64_t predicted = predict(s, ahead);
     cinfer_reject r = CINFER_REJECT_NONE;
     uint64_t lr = bound_for(s, s->p.max_queued_requests, level);
@@ -374,10 +374,10 @@ static void take_out(cinfer_shedder *s, cinfer_shed_entry *e)
     CINFER_ASSERT(s->queued_requests > 0 && s->level_requests[l] > 0);
     s->queued_requests--;
     s->level_requests[l]--;
-    s->queued_tokens -= e->tokens < s->queued_tokens ? e->tokens
-                                                     : s->queued_tokens;
-    s->level_tokens[l] -= e->tokens < s->level_tokens[l] ? e->tokens
-                                                         : s->level_tokens[l];
+    s->queued_tokens -=
+        e->tokens < s->queued_tokens ? e->tokens : s->queued_tokens;
+    s->level_tokens[l] -=
+        e->tokens < s->level_tokens[l] ? e->tokens : s->level_tokens[l];
     s->level_out[l] += e->tokens;
     e->queued = 0;
 }
@@ -396,9 +396,8 @@ cinfer_reject cinfer_shedder_check(cinfer_shedder *s,
     /* its own level: enqueued before it and not gone yet */
     int64_t diff = (int64_t)(e->ahead_mark - s->level_out[l]); /* mod 2^64 */
     uint64_t same = diff > 0 ? (uint64_t)diff : 0;
-    uint64_t others = s->level_tokens[l] > e->tokens
-                          ? s->level_tokens[l] - e->tokens
-                          : 0;
+    uint64_t others =
+        s->level_tokens[l] > e->tokens ? s->level_tokens[l] - e->tokens : 0;
     if (same > others)
         same = others;
     int64_t predicted = predict(s, add_sat_u64(tokens_above(s, l), same));
@@ -434,8 +433,8 @@ cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
         s->departed_tokens = add_sat_u64(s->departed_tokens, e->tokens);
     sample(s);
     if (pushback && r != CINFER_REJECT_NONE) {
-        uint64_t ahead = add_sat_u64(tokens_above(s, e->level),
-                                     s->level_tokens[e->level]);
+        uint64_t ahead =
+            add_sat_u64(tokens_above(s, e->level), s->level_tokens[e->level]);
         *pushback = pushback_ns(s, predict(s, ahead));
     }
     return r;

@@ -136,8 +136,7 @@ int64_t cinfer_tb_wait_ns(cinfer_tb *tb, uint64_t n, int64_t now_ns)
     return wait_for(tb, n);
 }
 
-int cinfer_tb_take(cinfer_tb *tb, uint64_t n, int64_t now_ns,
-                   int64_t *wait_ns)
+int cinfer_tb_take(cinfer_tb *tb, uint64_t n, int64_t now_ns, int64_t *wait_ns)
 {
     int64_t w = cinfer_tb_wait_ns(tb, n, now_ns);
     if (wait_ns)

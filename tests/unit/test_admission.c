@@ -38,8 +38,7 @@ static cinfer_reject adm(cinfer_admission *a, const char *client, int64_t t,
                          cinfer_admission_ticket *tk, int64_t *ms)
 {
     cinfer_admission_request rq = {.client_id = client,
-                                   .client_id_len = client ? strlen(client)
-                                                           : 0,
+                                   .client_id_len = client ? strlen(client) : 0,
                                    .cost = 1,
                                    .tokens = 1};
     cinfer_admission_decision d = {CINFER_REJECT_COUNT, -1};
@@ -271,7 +270,7 @@ static void test_pushback_exact_ms_rounded_up(void)
     CHECK_OK(cinfer_admission_admit(a, &rq, 0, &d, &t));
     CHECK_EQ_INT(d.reason, CINFER_REJECT_RATE_LIMITED_GLOBAL);
     CHECK_EQ_INT(d.retry_after_ms, 1000); /* a full bucket again */
-    rq.cost = 0; /* = 1 */
+    rq.cost = 0;                          /* = 1 */
     CHECK_OK(cinfer_admission_admit(a, &rq, 0, &d, &t));
     CHECK_EQ_INT(d.retry_after_ms, 100);
     cinfer_admission_destroy(a);

@@ -121,13 +121,11 @@ static void test_lower_priority_shed_first(void)
     CHECK_EQ_INT(admit(&s, 100, -100, 0, 0, NULL), CINFER_REJECT_NONE);
     /* -50: at most 750 tokens, KV threshold 743 permille */
     cinfer_shedder_set_kv_usage(&s, 743);
-    CHECK_EQ_INT(admit(&s, 1, -50, 0, 0, NULL),
-                 CINFER_REJECT_SHED_KV_PRESSURE);
+    CHECK_EQ_INT(admit(&s, 1, -50, 0, 0, NULL), CINFER_REJECT_SHED_KV_PRESSURE);
     cinfer_shedder_set_kv_usage(&s, 742);
     CHECK_EQ_INT(admit(&s, 1, -50, 0, 0, NULL), CINFER_REJECT_NONE);
     cinfer_shedder_set_kv_usage(&s, 989);
-    CHECK_EQ_INT(admit(&s, 1, -50, 0, 0, NULL),
-                 CINFER_REJECT_SHED_KV_PRESSURE);
+    CHECK_EQ_INT(admit(&s, 1, -50, 0, 0, NULL), CINFER_REJECT_SHED_KV_PRESSURE);
     CHECK_EQ_INT(admit(&s, 1, 0, 0, 0, NULL), CINFER_REJECT_NONE);
 
     /* spread 0: priority does not change the bounds */
@@ -160,8 +158,7 @@ static void test_littles_law_predicted_wait_equal_to_deadline(void)
                  CINFER_REJECT_SHED_DEADLINE);
     CHECK_EQ_INT(pb, 500 * MS); /* the predicted wait */
     rq.deadline_ns = t + 500 * MS;
-    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t, &b, &pb),
-                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t, &b, &pb), CINFER_REJECT_NONE);
     CHECK_EQ_INT(pb, 0);
     /* the queue's own wait moves the line: 507 tokens ahead now */
     CHECK_EQ_INT(admit(&s, 1, 0, t + 507 * MS, t, NULL), CINFER_REJECT_NONE);
@@ -246,7 +243,8 @@ static void test_service_rate_measured_over_backlog(void)
     /* a stuck queue: a second of backlog with no departure pulls it down */
     t += 10 * S;
     CHECK_EQ_INT(admit(&s, 10, 0, 0, t, &e), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, t + S), 10 * MS * 4 / 3);
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, t + S),
+                 10 * MS * 4 / 3);
     CHECK_EQ_INT(s.rate_mtps, 750 * 1000);
     for (int i = 2; i < 40; i++)
         cinfer_shedder_predicted_wait_ns(&s, 0, t + i * S);
@@ -321,8 +319,7 @@ static void test_kv_pressure(void)
     CHECK_EQ_INT(admit(&s, 1, 0, 0, 0, NULL), CINFER_REJECT_NONE);
     cinfer_shedder_set_kv_usage(&s, 5000); /* clamped to 1000 */
     CHECK_EQ_INT(s.kv_permille, 1000);
-    CHECK_EQ_INT(admit(&s, 1, 100, 0, 0, NULL),
-                 CINFER_REJECT_SHED_KV_PRESSURE);
+    CHECK_EQ_INT(admit(&s, 1, 100, 0, 0, NULL), CINFER_REJECT_SHED_KV_PRESSURE);
 }
 
 static void test_codel_at_admission_while_queued_and_at_dequeue(void)
