@@ -177,6 +177,28 @@ static void test_overflow(void)
     CHECK_EQ_INT(cinfer_tb_wait_ns(&slow, UINT64_MAX, INT64_MAX), INT64_MAX);
 }
 
+/* clock.h: the time source and the saturating arithmetic the buckets,
+ * breaker and shedder rely on. */
+static void test_time_arithmetic_saturates(void)
+{
+    int64_t a = cinfer_clock_now_ns();
+    int64_t b = cinfer_clock_now_ns();
+    CHECK(a > 0 && b >= a);
+    CHECK_EQ_INT(cinfer_ns_add_sat(INT64_MAX - 1, 5), INT64_MAX);
+    CHECK_EQ_INT(cinfer_ns_add_sat(INT64_MIN + 1, -5), INT64_MIN);
+    CHECK_EQ_INT(cinfer_ns_add_sat(5, -7), -2);
+    CHECK_EQ_INT(cinfer_ms_to_ns(INT64_MAX / 1000000),
+                 INT64_MAX / 1000000 * 1000000);
+    CHECK_EQ_INT(cinfer_ms_to_ns(INT64_MAX / 1000000 + 1), INT64_MAX);
+    CHECK_EQ_INT(cinfer_ms_to_ns(-3), 0);
+    CHECK_EQ_INT(cinfer_ns_to_ms_ceil(1), 1);
+    CHECK_EQ_INT(cinfer_ns_to_ms_ceil(1000000), 1);
+    CHECK_EQ_INT(cinfer_ns_to_ms_ceil(1000001), 2);
+    CHECK_EQ_INT(cinfer_ns_to_ms_ceil(0), 0);
+    CHECK_EQ_INT(cinfer_ns_to_ms_ceil(-1), 0);
+    CHECK_EQ_INT(cinfer_ns_to_ms_ceil(INT64_MAX), INT64_MAX / 1000000 + 1);
+}
+
 static void test_params(void)
 {
     cinfer_tb tb;
@@ -216,6 +238,7 @@ int main(void)
     RUN(test_cost_over_capacity_never);
     RUN(test_clock_going_backwards);
     RUN(test_overflow);
+    RUN(test_time_arithmetic_saturates);
     RUN(test_params);
     return harness_done();
 }
