@@ -1092,6 +1092,28 @@ static int test_default_model(void)
     check_idle(e);
     cinfer_engine_destroy(e);
     cinfer_model_destroy(m);
+
+    /* A KV cache of 10 blocks of 16 tokens for 8 sequences of up to 3
+     * blocks: requests are preempted and recomputed (their generated tokens
+     * as rows marked generated), and every one still gives the tokens it
+     * gave alone. */
+    mp.n_kv_blocks = 10;
+    m = NULL;
+    CHECK_OK(cinfer_model_create(&mp, &m));
+    if (!m)
+        return 1;
+    static req_rec pre[N];
+    e = make_engine(m, 8, 24, 0, NULL);
+    run_together(e, jobs, N, pre);
+    compare_runs(alone, pre, jobs, N);
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(e, &st);
+    fprintf(stderr, "  default model, 10 KV blocks: %llu preemptions\n",
+            (unsigned long long)st.preemptions);
+    CHECK(st.preemptions > 0);
+    check_idle(e);
+    cinfer_engine_destroy(e);
+    cinfer_model_destroy(m);
     return 1;
 }
 
