@@ -25,10 +25,29 @@
  * Cancellation: RECV_CLOSE_ON_SERVER completing with cancelled=1 (client
  * gone, deadline passed) cancels the engine request; its FINISH event then
  * frees the engine's hold and the call is freed when nothing else is in
- * flight. The call's deadline is also handed to the engine, so a request
- * whose deadline passes stops at the engine's next step even before gRPC
- * notices.
+ * flight. The call's deadline (capped by max_request_time_ms) is also
+ * handed to the engine, so a request whose deadline passes stops at the
+ * engine's next step even before gRPC notices, whether it waits, prefills
+ * or streams, and its KV blocks are freed there.
+ *
+ * Admission (resilience.h), after validation and tokenization (a request
+ * may cost its prompt plus max_tokens): a deadline the server could not
+ * meet even idle is refused at once (DEADLINE_EXCEEDED), then the token
+ * buckets, the breaker and the shedder decide. A refused call gets its
+ * status Trailers-Only with a pushback. An admitted call holds a ticket
+ * (under c->mu) through its life:
+ *
+ *   QUEUED  from admission to its first token: the shedder's queue is the
+ *           time to first token, which is what a deadline and CoDel judge;
+ *           the watchdog re-checks it (cinfer_generate_check_queued) and a
+ *           shed cancels it in the engine, ending the call Trailers-Only
+ *   RUNNING from the first token (cinfer_admission_dequeue)
+ *   DONE    at FINISH, with the outcome the breaker counts: FAILURE for an
+ *           engine fault or a deadline that passed while the server held
+ *           the request, IGNORED for a client's cancel or a bad request,
+ *           SUCCESS otherwise
  */
+#include <grpc/support/alloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,11 +56,16 @@
 #include "server/log.h"
 #include "server/server_impl.h"
 
+/* gRPC may notice a deadline this much before our clock reads it. */
+#define DEADLINE_SLACK_NS 5000000
+
 typedef struct {
     /* Fixed at admission. */
     int want_logprobs;     /* request asked for logprobs */
     int n_top;             /* alternatives per token */
-    int deadline_is_call;  /* the engine deadline is the call's deadline */
+    int deadline_is_hard;  /* the engine deadline is the call's deadline
+                              or max_request_time, not time_limit_ms */
+    int64_t call_deadline_ns; /* the call's own deadline; 0 = none */
     int32_t n_prompt;
 
     /* Sink, under c->mu. */
@@ -59,6 +83,13 @@ typedef struct {
     int gone;              /* client went away or a send failed */
     int aborted;           /* cancelled by server shutdown */
     int oom;               /* a token could not be buffered */
+    cinfer_admission_ticket ticket; /* valid when the server admits calls */
+    int started;           /* the first token came (ticket dequeued) */
+    int64_t last_token_ns; /* arrival of the latest token */
+    cinfer_reject shed;    /* shed after admission: the call ends with
+                              this reason's status and pushback */
+    int64_t shed_retry_ms;
+    int deadline_passed;   /* gRPC ended the call at its deadline */
     cinfer_finish_reason finish;
     cinfer_status fin_status;
     char fin_message[256];
@@ -235,6 +266,73 @@ static int sink_append(gen_state *g, const cinfer_engine_event *ev)
     return 1;
 }
 
+/* The status message of a rejection. client: the client id of a client
+ * rate limit, else NULL. */
+static void reject_message(cinfer_reject r, int64_t retry_ms,
+                           const char *client, char *buf, size_t n)
+{
+    const char *what = "overloaded";
+    switch (r) {
+    case CINFER_REJECT_RATE_LIMITED_GLOBAL:
+        what = "rate limited: the server's request rate limit is exceeded";
+        break;
+    case CINFER_REJECT_RATE_LIMITED_CLIENT:
+        snprintf(buf, n,
+                 "rate limited: client %.128s exceeds its request rate "
+                 "limit; retry in %lld ms",
+                 client ? client : "?", (long long)retry_ms);
+        return;
+    case CINFER_REJECT_BREAKER_OPEN:
+        what = "the server is failing: circuit breaker open";
+        break;
+    case CINFER_REJECT_SHED_QUEUE_FULL:
+        what = "overloaded: the request queue is full";
+        break;
+    case CINFER_REJECT_SHED_TOKENS:
+        what = "overloaded: the queued tokens exceed the limit";
+        break;
+    case CINFER_REJECT_SHED_DEADLINE:
+        what = "the deadline cannot be met: the predicted wait exceeds the "
+               "time left";
+        break;
+    case CINFER_REJECT_SHED_CODEL:
+        what = "overloaded: requests wait longer than the queue target";
+        break;
+    case CINFER_REJECT_SHED_KV_PRESSURE:
+        what = "overloaded: the KV cache is full";
+        break;
+    case CINFER_REJECT_DRAINING:
+        what = "the server is shutting down";
+        break;
+    default:
+        break;
+    }
+    snprintf(buf, n, "%s; retry in %lld ms", what, (long long)retry_ms);
+}
+
+/* The breaker's view of how a request ended. */
+static cinfer_outcome classify(const gen_state *g,
+                               const cinfer_engine_event *ev)
+{
+    switch (ev->finish) {
+    case CINFER_FINISH_ERROR:
+        return ev->status == CINFER_E_INVALID_ARG ||
+                       ev->status == CINFER_E_RANGE
+                   ? CINFER_OUTCOME_IGNORED
+                   : CINFER_OUTCOME_FAILURE;
+    case CINFER_FINISH_TIME_LIMIT:
+        return g->deadline_is_hard ? CINFER_OUTCOME_FAILURE
+                                   : CINFER_OUTCOME_SUCCESS;
+    case CINFER_FINISH_CANCELLED:
+        /* A client's cancel or the server's shutdown count for nothing; a
+         * deadline that gRPC enforced is the server's slowness. */
+        return g->deadline_passed && !g->aborted ? CINFER_OUTCOME_FAILURE
+                                                 : CINFER_OUTCOME_IGNORED;
+    default:
+        return CINFER_OUTCOME_SUCCESS;
+    }
+}
+
 /* Starts the next send if none is in flight. c->mu held. */
 static void pump(srv_call *c, gen_state *g)
 {
@@ -260,19 +358,28 @@ static void pump(srv_call *c, gen_state *g)
     const char *detail = NULL;
     char msg[320];
     grpc_byte_buffer *fin = NULL;
+    cinfer_pushback pb = {.reason = g->shed,
+                          .retry_after_ms = g->shed_retry_ms};
     if (g->oom) {
         st = CINFER_E_NOMEM;
         detail = "out of memory buffering the output";
+    } else if (g->shed != CINFER_REJECT_NONE) {
+        st = cinfer_reject_status(g->shed);
+        reject_message(g->shed, pb.retry_after_ms, NULL, msg, sizeof msg);
+        detail = msg;
     } else if (g->finish == CINFER_FINISH_ERROR) {
         st = g->fin_status != CINFER_OK ? g->fin_status : CINFER_E_INTERNAL;
         snprintf(msg, sizeof msg, "engine error: %s", g->fin_message);
         detail = msg;
     } else if (g->finish == CINFER_FINISH_CANCELLED) {
-        st = g->aborted ? CINFER_E_UNAVAILABLE : CINFER_E_CANCELLED;
+        st = g->aborted           ? CINFER_E_UNAVAILABLE
+             : g->deadline_passed ? CINFER_E_TIMEOUT
+                                  : CINFER_E_CANCELLED;
         detail = g->aborted ? "the server shut down before the request "
                               "finished"
-                            : "the request was cancelled";
-    } else if (g->finish == CINFER_FINISH_TIME_LIMIT && g->deadline_is_call) {
+                 : g->deadline_passed ? "deadline exceeded"
+                                      : "the request was cancelled";
+    } else if (g->finish == CINFER_FINISH_TIME_LIMIT && g->deadline_is_hard) {
         st = CINFER_E_TIMEOUT;
         snprintf(msg, sizeof msg,
                  "deadline exceeded after %d generated tokens",
@@ -287,7 +394,9 @@ static void pump(srv_call *c, gen_state *g)
     }
     g->status_sent = 1;
     g->in_flight = 1;
-    if (!cinfer_call_send_status(c, OP_SEND, fin, st, detail)) {
+    if (!cinfer_call_send_status_ex(c, OP_SEND, fin, st, detail,
+                                    g->shed != CINFER_REJECT_NONE ? &pb
+                                                                  : NULL)) {
         g->in_flight = 0;
         g->gone = 1;
     }
@@ -307,6 +416,8 @@ static void log_done(srv_call *c, gen_state *g)
     cinfer_log_double(&l, "ttft_ms", (double)g->ttft_ns * 1e-6);
     cinfer_log_double(&l, "total_ms", (double)g->total_ns * 1e-6);
     cinfer_log_int(&l, "chunks", g->chunks_sent);
+    if (g->shed != CINFER_REJECT_NONE)
+        cinfer_log_str(&l, "shed", cinfer_reject_name(g->shed));
     if (g->gone)
         cinfer_log_str(&l, "client", "gone");
     if (g->finish == CINFER_FINISH_ERROR)
@@ -314,16 +425,89 @@ static void log_done(srv_call *c, gen_state *g)
     cinfer_log_end(&l);
 }
 
+/* A TOKENS event's timing: the first token leaves the shedder's queue
+ * (which may shed it: then *cancel is set and its tokens are dropped) and
+ * is the TTFT; later ones give the inter-token latency. c->mu held. */
+static void on_tokens_timing(srv_call *c, gen_state *g,
+                             const cinfer_engine_event *ev, int64_t now,
+                             int *cancel)
+{
+    cinfer_server *s = c->srv;
+    if (ev->n_ids == 0 || g->shed != CINFER_REJECT_NONE)
+        return;
+    if (!g->started) {
+        g->started = 1;
+        if (s->adm) {
+            cinfer_admission_decision d =
+                cinfer_admission_dequeue(s->adm, &g->ticket, now);
+            if (d.reason != CINFER_REJECT_NONE) {
+                g->shed = d.reason;
+                g->shed_retry_ms = d.retry_after_ms;
+                *cancel = 1;
+                return;
+            }
+        }
+        cinfer_metrics_observe(s->metrics, CINFER_HIST_TTFT,
+                               (double)(now - c->start_ns) * 1e-9);
+    } else {
+        double gap = (double)(now - g->last_token_ns) * 1e-9 /
+                     (double)ev->n_ids;
+        for (size_t i = 0; i < ev->n_ids; i++)
+            cinfer_metrics_observe(s->metrics, CINFER_HIST_ITL, gap);
+        if (ev->n_ids == 1)
+            cinfer_service_time_record(s, 1, now - g->last_token_ns);
+    }
+    g->last_token_ns = now;
+}
+
+/* A FINISH event's accounting: the breaker outcome, the metrics, the
+ * device-fault run health watches, the service-time bound. c->mu held. */
+static void on_finish_accounting(srv_call *c, gen_state *g,
+                                 const cinfer_engine_event *ev, int64_t now)
+{
+    cinfer_server *s = c->srv;
+    if (s->adm)
+        cinfer_admission_finish(s->adm, &g->ticket, classify(g, ev), now);
+    if (g->shed == CINFER_REJECT_NONE) {
+        cinfer_metrics_observe(s->metrics, CINFER_HIST_E2E,
+                               (double)(now - c->start_ns) * 1e-9);
+        if (g->started)
+            cinfer_metrics_observe(s->metrics, CINFER_HIST_QUEUE,
+                                   (double)ev->queue_ns * 1e-9);
+    }
+    cinfer_metrics_add_tokens(s->metrics,
+                              (uint64_t)(ev->prompt_tokens > 0
+                                             ? ev->prompt_tokens
+                                             : 0),
+                              (uint64_t)(ev->completion_tokens > 0
+                                             ? ev->completion_tokens
+                                             : 0));
+    int fault = ev->finish == CINFER_FINISH_ERROR &&
+                ev->status == CINFER_E_DEVICE;
+    int ok = ev->completion_tokens > 0 && ev->finish != CINFER_FINISH_ERROR;
+    cinfer_watchdog_note_outcome(s, fault, ok);
+    if (ok && ev->ttft_ns > ev->queue_ns) {
+        int64_t uncached = (int64_t)ev->prompt_tokens - ev->cached_tokens;
+        cinfer_service_time_record(s, uncached > 0 ? uncached : 1,
+                                   ev->ttft_ns - ev->queue_ns);
+    }
+}
+
 /* Engine thread. */
 static void on_event(void *user, const cinfer_engine_event *ev)
 {
     srv_call *c = user;
     gen_state *g = c->rpc;
+    int64_t now = cinfer_server_now_ns();
+    int cancel = 0;
     pthread_mutex_lock(&c->mu);
     if (ev->kind == CINFER_EVENT_TOKENS) {
-        if (!g->gone && !g->oom && !sink_append(g, ev))
+        on_tokens_timing(c, g, ev, now, &cancel);
+        if (g->shed == CINFER_REJECT_NONE && !g->gone && !g->oom &&
+            !sink_append(g, ev))
             g->oom = 1;
     } else {
+        on_finish_accounting(c, g, ev, now);
         g->finished = 1;
         g->finish = ev->finish;
         g->fin_status = ev->status;
@@ -341,6 +525,11 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     if (finished)
         log_done(c, g); /* reads the sink: under the lock */
     pthread_mutex_unlock(&c->mu);
+    if (cancel) {
+        cinfer_log(CINFER_LOG_INFO, "shed at first token; cancelling",
+                   c->request_id);
+        cinfer_engine_cancel(c->srv->engine, ev->request_id);
+    }
     if (finished)
         cinfer_call_unref(c); /* the engine's hold */
 }
@@ -418,6 +607,111 @@ static int64_t call_deadline_ns(const srv_call *c)
 static void reject(srv_call *c, cinfer_status st)
 {
     cinfer_call_send_status(c, OP_STEP, NULL, st, cinfer_last_error());
+}
+
+/* The client a per-client bucket is keyed by: the x-client-id metadata,
+ * else the peer's address without its port (a client's connections share
+ * a bucket). *peer is gpr_malloc'd when the peer was used (gpr_free it). */
+static const char *client_key(srv_call *c, size_t *len, char **peer)
+{
+    *peer = NULL;
+    for (size_t i = 0; i < c->request_md.count; i++) {
+        const grpc_metadata *md = &c->request_md.metadata[i];
+        if (GRPC_SLICE_LENGTH(md->key) == 11 &&
+            memcmp(GRPC_SLICE_START_PTR(md->key), "x-client-id", 11) == 0 &&
+            GRPC_SLICE_LENGTH(md->value) > 0) {
+            *len = GRPC_SLICE_LENGTH(md->value);
+            return (const char *)GRPC_SLICE_START_PTR(md->value);
+        }
+    }
+    char *p = grpc_call_get_peer(c->call);
+    if (!p)
+        return NULL;
+    *peer = p;
+    size_t n = strlen(p);
+    if (strncmp(p, "ipv4:", 5) == 0 || strncmp(p, "ipv6:", 5) == 0) {
+        char *colon = strrchr(p, ':');
+        if (colon && colon > p + 4)
+            n = (size_t)(colon - p);
+    }
+    *len = n;
+    return p;
+}
+
+/* Admission of a Generate call: the idle service-time bound against the
+ * deadline, then the token buckets, the breaker and the shedder. Returns 1
+ * with g->ticket QUEUED, or 0 when the call was answered (refused). */
+static int admit(srv_call *c, gen_state *g, int priority, int64_t tokens,
+                 size_t n_prompt, int64_t deadline_ns, int64_t now)
+{
+    cinfer_server *s = c->srv;
+    char msg[320];
+
+    /* A deadline shorter than the fastest this server ever served such a
+     * request to its first token can not be met even idle. */
+    if (deadline_ns) {
+        int64_t min_ns = cinfer_service_time_min(
+            s, s->params.prefix_cache ? 1 : (int64_t)n_prompt);
+        if (min_ns > 0 && cinfer_ns_add_sat(now, min_ns) > deadline_ns) {
+            snprintf(msg, sizeof msg,
+                     "the deadline cannot be met: %.1f ms left, the first "
+                     "token takes at least %.1f ms on an idle server",
+                     (double)(deadline_ns - now) * 1e-6,
+                     (double)min_ns * 1e-6);
+            cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_DEADLINE,
+                                  .retry_after_ms = 0};
+            cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_TIMEOUT,
+                                       msg, &pb);
+            return 0;
+        }
+    }
+
+    char *peer = NULL;
+    size_t id_len = 0;
+    const char *id = client_key(c, &id_len, &peer);
+    cinfer_admission_request rq = {
+        .client_id = id,
+        .client_id_len = id_len,
+        .cost = s->params.rate_limit_tokens ? (uint64_t)tokens : 1,
+        .tokens = (uint64_t)tokens,
+        .priority = priority,
+        .deadline_ns = deadline_ns,
+    };
+    cinfer_admission_decision d;
+    cinfer_status st = cinfer_admission_admit(s->adm, &rq, now, &d,
+                                              &g->ticket);
+    if (st != CINFER_OK) {
+        if (peer)
+            gpr_free(peer);
+        cinfer_call_send_status(c, OP_STEP, NULL, st, cinfer_last_error());
+        return 0;
+    }
+    if (d.reason == CINFER_REJECT_NONE) {
+        if (peer)
+            gpr_free(peer);
+        return 1;
+    }
+    char subject[160];
+    cinfer_pushback pb = {.reason = d.reason,
+                          .retry_after_ms = d.retry_after_ms};
+    char client[132];
+    snprintf(client, sizeof client, "%.*s", (int)(id_len > 128 ? 128 : id_len),
+             id ? id : "");
+    if (d.reason == CINFER_REJECT_RATE_LIMITED_GLOBAL) {
+        pb.quota_subject = "server";
+        pb.quota_desc = "the server's request rate limit (--rate-limit-qps)";
+    } else if (d.reason == CINFER_REJECT_RATE_LIMITED_CLIENT) {
+        snprintf(subject, sizeof subject, "client:%s", client);
+        pb.quota_subject = subject;
+        pb.quota_desc = "the client's request rate limit "
+                        "(--client-rate-limit-qps)";
+    }
+    reject_message(d.reason, d.retry_after_ms, client, msg, sizeof msg);
+    if (peer)
+        gpr_free(peer);
+    cinfer_call_send_status_ex(c, OP_STEP, NULL, cinfer_reject_status(d.reason),
+                               msg, &pb);
+    return 0;
 }
 
 static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
@@ -551,23 +845,42 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
                 c->start_ns + (int64_t)sc->time_limit_ms * 1000000;
     }
     rp.priority = r->priority;
-    int64_t call_dl = call_deadline_ns(c);
+    int64_t now = cinfer_server_now_ns();
+    g->call_deadline_ns = call_deadline_ns(c);
+    int64_t hard_dl = g->call_deadline_ns;
+    if (s->params.max_request_time_ms > 0) {
+        int64_t cap = cinfer_ns_add_sat(
+            c->start_ns, cinfer_ms_to_ns(s->params.max_request_time_ms));
+        if (!hard_dl || cap < hard_dl)
+            hard_dl = cap;
+    }
     rp.deadline_ns = time_limit_ns;
-    if (call_dl && (!time_limit_ns || call_dl < time_limit_ns)) {
-        rp.deadline_ns = call_dl;
-        g->deadline_is_call = 1;
+    if (hard_dl && (!time_limit_ns || hard_dl <= time_limit_ns)) {
+        rp.deadline_ns = hard_dl;
+        g->deadline_is_hard = 1;
     }
     rp.on_event = on_event;
     rp.user = c;
     c->rpc = g;
 
-    /* Admission races with drain: decide under the server lock. */
+    if (s->adm) {
+        int64_t total = (int64_t)n_prompt + rp.max_tokens;
+        if (!admit(c, g, r->priority, total, n_prompt, hard_dl, now))
+            goto out; /* answered */
+    }
+
+    /* Listing races with drain: decide under the server lock. */
     pthread_mutex_lock(&s->mu);
     if (atomic_load(&s->state) != SERVER_SERVING) {
         pthread_mutex_unlock(&s->mu);
-        st = cinfer_set_error(CINFER_E_UNAVAILABLE,
-                              "the server is shutting down");
-        goto fail;
+        if (s->adm)
+            cinfer_admission_finish(s->adm, &g->ticket, CINFER_OUTCOME_IGNORED,
+                                    cinfer_server_now_ns());
+        cinfer_pushback pb = {.reason = CINFER_REJECT_DRAINING,
+                              .retry_after_ms = 0};
+        cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_UNAVAILABLE,
+                                   "the server is shutting down", &pb);
+        goto out;
     }
     c->listed = 1;
     c->prev = NULL;
@@ -585,12 +898,23 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     if (st != CINFER_OK) {
         cinfer_call_unref(c); /* never the last: this handler holds one */
         c->state = CALL_RECEIVING;
+        if (s->adm) {
+            pthread_mutex_lock(&c->mu);
+            cinfer_admission_finish(s->adm, &g->ticket,
+                                    CINFER_OUTCOME_IGNORED,
+                                    cinfer_server_now_ns());
+            pthread_mutex_unlock(&c->mu);
+        }
         goto fail;
     }
     pthread_mutex_lock(&c->mu);
     g->engine_id = id;
     g->submitted = 1;
+    /* The watchdog may have shed it between listing and now. */
+    int shed_early = g->shed != CINFER_REJECT_NONE && !g->finished;
     pthread_mutex_unlock(&c->mu);
+    if (shed_early)
+        cinfer_engine_cancel(s->engine, id);
 
     cinfer_log_line l;
     if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "generate start",
@@ -598,8 +922,12 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
         cinfer_log_int(&l, "prompt_tokens", (int64_t)n_prompt);
         cinfer_log_int(&l, "max_tokens", rp.max_tokens);
         cinfer_log_double(&l, "temperature", rp.sampling.temperature);
+        if (hard_dl)
+            cinfer_log_double(&l, "deadline_ms",
+                              (double)(hard_dl - now) * 1e-6);
         cinfer_log_end(&l);
     }
+out:
     free(prompt);
     cinfer__v1__generate_request__free_unpacked(r, NULL);
     return;
@@ -635,16 +963,22 @@ static void generate_on_close(srv_call *c)
     gen_state *g = c->rpc;
     if (!g)
         return;
+    int64_t now = cinfer_server_now_ns();
     pthread_mutex_lock(&c->mu);
     int cancel = 0;
     uint64_t id = g->engine_id;
     if (c->close_cancelled) {
         g->gone = 1;
+        /* gRPC ends a call at its deadline with cancelled=1 too. */
+        g->deadline_passed = g->call_deadline_ns &&
+                             now + DEADLINE_SLACK_NS >= g->call_deadline_ns;
         cancel = g->submitted && !g->finished;
     }
     pthread_mutex_unlock(&c->mu);
     if (cancel) {
-        cinfer_log(CINFER_LOG_INFO, "client gone; cancelling",
+        cinfer_log(CINFER_LOG_INFO,
+                   g->deadline_passed ? "deadline passed; cancelling"
+                                      : "client gone; cancelling",
                    c->request_id);
         cinfer_engine_cancel(c->srv->engine, id);
     }
@@ -694,6 +1028,88 @@ void cinfer_generate_abort_all(cinfer_server *s)
         }
     }
     free(ids);
+}
+
+void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns)
+{
+    if (!s->adm)
+        return;
+    /* Decide under the locks, cancel outside them (as abort_all). */
+    uint64_t small[64];
+    uint64_t *ids = small;
+    size_t n = 0, cap = 64;
+    pthread_mutex_lock(&s->mu);
+    for (srv_call *c = s->generate_list; c; c = c->next) {
+        if (n == cap) {
+            /* Room for one more id first; without memory the rest wait
+             * for the next round. */
+            uint64_t *more = malloc(2 * cap * sizeof *more);
+            if (!more)
+                break;
+            memcpy(more, ids, n * sizeof *ids);
+            if (ids != small)
+                free(ids);
+            ids = more;
+            cap *= 2;
+        }
+        gen_state *g = c->rpc;
+        pthread_mutex_lock(&c->mu);
+        if (g && g->shed == CINFER_REJECT_NONE && !g->started &&
+            !g->finished) {
+            cinfer_admission_decision d =
+                cinfer_admission_check_queued(s->adm, &g->ticket, now_ns);
+            if (d.reason != CINFER_REJECT_NONE) {
+                g->shed = d.reason;
+                g->shed_retry_ms = d.retry_after_ms;
+                /* Not yet submitted: the submitter cancels it. */
+                if (g->submitted)
+                    ids[n++] = g->engine_id;
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        cinfer_engine_cancel(s->engine, ids[i]);
+    if (ids != small)
+        free(ids);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Service-time bound                                                     */
+/* ---------------------------------------------------------------------- */
+
+static int size_class(int64_t tokens)
+{
+    int k = 0;
+    while (k < 31 && tokens >= ((int64_t)2 << k))
+        k++;
+    return k;
+}
+
+void cinfer_service_time_record(cinfer_server *s, int64_t tokens,
+                                int64_t first_ns)
+{
+    if (tokens < 1 || first_ns <= 0)
+        return;
+    int k = size_class(tokens);
+    pthread_mutex_lock(&s->prefill_mu);
+    if (!s->min_first_ns[k] || first_ns < s->min_first_ns[k])
+        s->min_first_ns[k] = first_ns;
+    pthread_mutex_unlock(&s->prefill_mu);
+}
+
+int64_t cinfer_service_time_min(cinfer_server *s, int64_t tokens)
+{
+    /* More prompt tokens never take less time: every class whose largest
+     * size is <= tokens bounds it from below. */
+    int64_t best = 0;
+    pthread_mutex_lock(&s->prefill_mu);
+    for (int k = 0; k < 31 && ((int64_t)2 << k) - 1 <= tokens; k++)
+        if (s->min_first_ns[k] > best)
+            best = s->min_first_ns[k];
+    pthread_mutex_unlock(&s->prefill_mu);
+    return best;
 }
 
 const rpc_method cinfer_rpc_generate = {

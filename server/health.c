@@ -2,8 +2,12 @@
  * health.c - grpc.health.v1.Health: Check (unary) and Watch (stream).
  *
  * The server's status is SERVING only between attach (model loaded) and
- * drain; before and after it is NOT_SERVING, so load balancers and
- * Kubernetes probes route around a replica that is loading or stopping.
+ * drain, and while the engine works: the watchdog (watchdog.c) turns it
+ * NOT_SERVING while the engine is stuck or keeps failing with device
+ * faults. Before and after, and then, it is NOT_SERVING, so load balancers
+ * and Kubernetes probes route around a replica that is loading, stopping or
+ * broken. Health calls pass no admission control: they answer however
+ * loaded the server is.
  * Service names: "" (the whole server) and every service the server
  * exports share that status; any other name is NOT_FOUND for Check and
  * SERVICE_UNKNOWN for Watch, as the protocol asks.
@@ -41,7 +45,7 @@ static int service_known(const cinfer_server *s, const char *name)
 static Grpc__Health__V1__HealthCheckResponse__ServingStatus
 server_status(const cinfer_server *s)
 {
-    return atomic_load(&((cinfer_server *)s)->state) == SERVER_SERVING
+    return cinfer_server_healthy(s)
                ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 }

@@ -9,6 +9,13 @@
  * tags posted on it, and runs every call accepted there; calls are spread
  * over the queues by whichever queue's accept fires. See server_impl.h for
  * the state machine and the locking rules.
+ *
+ * Every status goes out through cinfer_call_send_status_ex, which also
+ * counts it in the metrics and, for a rejection, adds the trailers a
+ * client's retry policy and a mesh sidecar read (grpc-retry-pushback-ms,
+ * grpc-status-details-bin). A rejection sent before any message is one
+ * batch of SEND_INITIAL_METADATA (empty) and SEND_STATUS_FROM_SERVER, which
+ * gRPC core writes as a single HEADERS frame: Trailers-Only.
  */
 #include "server/server_impl.h"
 
@@ -18,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +39,14 @@
 /* How long destroy waits for cancelled Generate streams to send their
  * UNAVAILABLE status before cancelling the calls outright. */
 #define ABORT_GRACE_MS 5000
+
+/* CoDel on the time to first token: a standing queue is one whose fastest
+ * request in CODEL_INTERVAL waited more than CODEL_TARGET. */
+#define SERVER_CODEL_TARGET_MS 500
+#define SERVER_CODEL_INTERVAL_MS 5000
+
+/* Pushback of calls refused while the model loads. */
+#define LOADING_PUSHBACK_MS 1000
 
 static const rpc_method *const methods[] = {
     &cinfer_rpc_generate,          &cinfer_rpc_tokenize,
@@ -54,6 +70,16 @@ cinfer_server_params cinfer_server_default_params(void)
     p.grpc_threads = 2;
     p.max_receive_message_bytes = 4 << 20;
     p.default_max_tokens = 256;
+    p.resilience = 1;
+    p.admission = cinfer_admission_default_params();
+    /* The shedder's queue is admission to first token, prefill included:
+     * CoDel judges time to first token, so its target is a TTFT. */
+    p.admission.shedder.codel.target_ms = SERVER_CODEL_TARGET_MS;
+    p.admission.shedder.codel.interval_ms = SERVER_CODEL_INTERVAL_MS;
+    p.max_request_time_ms = 0;
+    p.watchdog_ms = 30000;
+    p.unhealthy_after_faults = 5;
+    p.prefix_cache = 1;
     return p;
 }
 
@@ -166,6 +192,10 @@ static void call_free(srv_call *c)
         grpc_byte_buffer_destroy(c->send_buf);
     if (c->has_status_details)
         grpc_slice_unref(c->status_details);
+    for (size_t i = 0; i < c->n_trailers; i++) {
+        grpc_slice_unref(c->trailers[i].key);
+        grpc_slice_unref(c->trailers[i].value);
+    }
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->request_md);
     if (c->call)
@@ -255,8 +285,63 @@ int cinfer_call_send_message(srv_call *c, int op, grpc_byte_buffer *msg)
     return 1;
 }
 
+const char *cinfer_call_method_name(const srv_call *c)
+{
+    if (!c->method)
+        return "unknown";
+    const char *slash = strrchr(c->method->path, '/');
+    return slash ? slash + 1 : c->method->path;
+}
+
+/* The trailers of a rejection: grpc-retry-pushback-ms and
+ * grpc-status-details-bin. Returns 0 when out of memory (the status is then
+ * sent without them). */
+static int put_trailers(srv_call *c, cinfer_status st, const char *details,
+                        const cinfer_pushback *pb)
+{
+    CINFER_ASSERT(c->n_trailers == 0);
+    grpc_slice bin;
+    if (!cinfer_rpc_status_pack((int)cinfer_server_grpc_status(st), details,
+                                pb, &bin))
+        return 0;
+    char ms[32];
+    snprintf(ms, sizeof ms, "%lld",
+             (long long)(pb->retry_after_ms > 0 ? pb->retry_after_ms : 0));
+    c->trailers[0].key = grpc_slice_from_static_string("grpc-retry-pushback-ms");
+    c->trailers[0].value = grpc_slice_from_copied_string(ms);
+    c->trailers[1].key =
+        grpc_slice_from_static_string("grpc-status-details-bin");
+    c->trailers[1].value = bin;
+    c->n_trailers = 2;
+    return 1;
+}
+
+/* Counts a status in the metrics: every call's code, and for a rejection
+ * its reason and how long the server took to answer. */
+static void count_status(srv_call *c, cinfer_status st,
+                         const cinfer_pushback *pb)
+{
+    cinfer_metrics *m = c->srv->metrics;
+    if (!m)
+        return;
+    cinfer_metrics_request_done(m, cinfer_call_method_name(c),
+                                (int)cinfer_server_grpc_status(st));
+    if (pb && pb->reason != CINFER_REJECT_NONE) {
+        cinfer_metrics_rejected(m, cinfer_reject_name(pb->reason));
+        int64_t ns = cinfer_server_now_ns() - c->start_ns;
+        cinfer_metrics_observe(m, CINFER_HIST_REJECT, (double)ns * 1e-9);
+    }
+}
+
 int cinfer_call_send_status(srv_call *c, int op, grpc_byte_buffer *msg,
                             cinfer_status st, const char *details)
+{
+    return cinfer_call_send_status_ex(c, op, msg, st, details, NULL);
+}
+
+int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
+                               cinfer_status st, const char *details,
+                               const cinfer_pushback *pb)
 {
     grpc_op ops[3];
     size_t n = 0;
@@ -279,11 +364,35 @@ int cinfer_call_send_status(srv_call *c, int op, grpc_byte_buffer *msg,
     ops[n].data.send_status_from_server.status = cinfer_server_grpc_status(st);
     ops[n].data.send_status_from_server.status_details =
         st == CINFER_OK ? NULL : &c->status_details;
+    if (pb && st != CINFER_OK && put_trailers(c, st, details, pb)) {
+        ops[n].data.send_status_from_server.trailing_metadata_count =
+            c->n_trailers;
+        ops[n].data.send_status_from_server.trailing_metadata = c->trailers;
+    }
     n++;
     if (op == OP_STEP)
         c->state = CALL_FINISHING;
-    if (st != CINFER_OK)
-        cinfer_call_log_status(c, st, details);
+    count_status(c, st, pb);
+    if (st != CINFER_OK) {
+        if (pb) {
+            cinfer_log_line l;
+            if (cinfer_log_begin(&l, CINFER_LOG_INFO, "call rejected",
+                                 c->request_id)) {
+                cinfer_log_str(&l, "method", c->method ? c->method->path : "?");
+                cinfer_log_str(&l, "status", cinfer_status_name(st));
+                cinfer_log_int(&l, "grpc_status",
+                               (int)cinfer_server_grpc_status(st));
+                cinfer_log_str(&l, "reason", pb->reason != CINFER_REJECT_NONE
+                                                 ? cinfer_reject_name(pb->reason)
+                                                 : "loading");
+                cinfer_log_int(&l, "retry_after_ms", pb->retry_after_ms);
+                cinfer_log_str(&l, "detail", details ? details : "");
+                cinfer_log_end(&l);
+            }
+        } else {
+            cinfer_call_log_status(c, st, details);
+        }
+    }
     if (!call_start(c, op, ops, n)) {
         if (msg) {
             *slot = NULL;
@@ -413,11 +522,18 @@ static void dispatch(srv_call *c)
     if (c->method->needs_model) {
         int state = atomic_load(&s->state);
         if (state != SERVER_SERVING) {
+            /* Retry at once on another replica while draining; after a
+             * second while the model loads. */
+            int loading = state == SERVER_LOADING;
+            cinfer_pushback pb = {
+                .reason = loading ? CINFER_REJECT_NONE : CINFER_REJECT_DRAINING,
+                .retry_after_ms = loading ? LOADING_PUSHBACK_MS : 0,
+            };
             cinfer_call_set_request_id(c, NULL);
-            cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_UNAVAILABLE,
-                                    state == SERVER_LOADING
-                                        ? "the model is loading"
-                                        : "the server is shutting down");
+            cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_UNAVAILABLE,
+                                       loading ? "the model is loading"
+                                               : "the server is shutting down",
+                                       &pb);
             return;
         }
     }
@@ -552,6 +668,42 @@ static void set_state(cinfer_server *s, server_state st)
     cinfer_health_notify(s);
 }
 
+int cinfer_server_healthy(const cinfer_server *s)
+{
+    cinfer_server *m = (cinfer_server *)s;
+    return atomic_load(&m->state) == SERVER_SERVING &&
+           !atomic_load(&m->stuck) && !atomic_load(&m->faulted);
+}
+
+/* The metrics collector: gauges read at scrape time (HTTP thread). */
+static void collect(void *user, cinfer_metrics_snapshot *out)
+{
+    cinfer_server *s = user;
+    memset(out, 0, sizeof *out);
+    out->serving = cinfer_server_healthy(s);
+    /* The engine is published by attach before SERVING. */
+    if (atomic_load(&s->state) != SERVER_LOADING && s->engine) {
+        cinfer_engine_stats es;
+        cinfer_engine_get_stats(s->engine, &es);
+        out->requests_running = es.running;
+        out->requests_waiting = es.waiting;
+        out->kv_cache_usage = es.kv_blocks_total > 0
+                                  ? (double)es.kv_blocks_used /
+                                        (double)es.kv_blocks_total
+                                  : 0.0;
+        out->prefix_cache_queries = es.prompt_tokens + es.cached_tokens;
+        out->prefix_cache_hits = es.cached_tokens;
+        out->preemptions = es.preemptions;
+    }
+    if (s->adm) {
+        cinfer_admission_stats as;
+        cinfer_admission_stats_get(s->adm, cinfer_server_now_ns(), &as);
+        out->breaker_state = (int)as.breaker_state;
+        for (int i = 0; i < CINFER_BREAKER_STATE_COUNT; i++)
+            out->breaker_transitions += as.breaker_transitions[i];
+    }
+}
+
 cinfer_status cinfer_server_create(const cinfer_server_params *p,
                                    cinfer_server **out)
 {
@@ -570,6 +722,11 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
         sp.max_receive_message_bytes = d.max_receive_message_bytes;
     if (sp.default_max_tokens <= 0)
         sp.default_max_tokens = d.default_max_tokens;
+    if (sp.max_request_time_ms < 0 || sp.watchdog_ms < 0 ||
+        sp.unhealthy_after_faults < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "max_request_time_ms, watchdog_ms and "
+                                "unhealthy_after_faults must be >= 0");
 
     cinfer_server *s = calloc(1, sizeof *s);
     if (!s)
@@ -586,11 +743,34 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&s->prefill_mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->wd_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&s->stuck, 0);
+    atomic_init(&s->faulted, 0);
+    atomic_init(&s->fault_run, 0);
+    atomic_init(&s->probe_ok, 0);
+    s->health_reported = 1;
+    s->metrics = sp.metrics;
     cinfer_chat_template_detect(&s->chat, NULL, 0);
     cinfer_status st = CINFER_OK;
     if (!s->listen) {
         st = cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
         goto fail_alloc;
+    }
+
+    if (sp.resilience) {
+        cinfer_admission_params ap = sp.admission;
+        if (getrandom(ap.hash_seed, sizeof ap.hash_seed, GRND_NONBLOCK) !=
+            (ssize_t)sizeof ap.hash_seed) {
+            ap.hash_seed[0] = (uint64_t)cinfer_server_now_ns();
+            ap.hash_seed[1] = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+        }
+        st = cinfer_admission_create(&ap, &s->adm);
+        if (st != CINFER_OK)
+            goto fail_alloc;
     }
 
     st = cinfer_refl_index_create(cinfer_proto_descriptor_set,
@@ -657,6 +837,8 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     for (int i = 0; i < s->n_workers; i++)
         for (int k = 0; k < ACCEPTS_PER_CQ; k++)
             post_accept(s, &s->workers[i]);
+    if (s->metrics)
+        cinfer_metrics_set_collector(s->metrics, collect, s);
     *out = s;
     return CINFER_OK;
 
@@ -685,6 +867,9 @@ fail_grpc:
     grpc_shutdown_blocking();
     cinfer_refl_index_destroy(s->refl);
 fail_alloc:
+    cinfer_admission_destroy(s->adm);
+    pthread_mutex_destroy(&s->prefill_mu);
+    pthread_cond_destroy(&s->wd_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->listen);
@@ -738,6 +923,10 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
                                 : "none");
         cinfer_log_end(&l);
     }
+    /* The watchdog reads s->engine: start it once that is set. */
+    st = cinfer_watchdog_start(s);
+    if (st != CINFER_OK)
+        return st;
     /* Publishes model/engine/limits to the worker threads: they read them
      * only after seeing SERVING (sequentially consistent atomics). */
     set_state(s, SERVER_SERVING);
@@ -774,6 +963,8 @@ static int all_freed(cinfer_server *s)
 
 int cinfer_server_drain(cinfer_server *s, int64_t timeout_ms)
 {
+    if (s->adm)
+        cinfer_admission_set_draining(s->adm, 1);
     if (atomic_load(&s->state) < SERVER_DRAINING)
         set_state(s, SERVER_DRAINING);
     pthread_mutex_lock(&s->mu);
@@ -803,9 +994,17 @@ void cinfer_server_destroy(cinfer_server *s)
 {
     if (!s)
         return;
+    /* No scrape reads the server from here on. */
+    if (s->metrics)
+        cinfer_metrics_set_collector(s->metrics, NULL, NULL);
+    if (s->adm)
+        cinfer_admission_set_draining(s->adm, 1);
     if (atomic_load(&s->state) < SERVER_DRAINING)
         set_state(s, SERVER_DRAINING);
     atomic_store(&s->state, SERVER_STOPPING);
+    /* The watchdog stops first: it holds an engine request of its own (the
+     * health probe) and walks the Generate list. */
+    cinfer_watchdog_stop(s);
 
     /* Streams still running: stop them in the engine; each sends
      * UNAVAILABLE once its FINISH arrives. */
@@ -834,6 +1033,9 @@ void cinfer_server_destroy(cinfer_server *s)
     free(s->workers);
     cinfer_refl_index_destroy(s->refl);
     cinfer_chat_template_cleanup(&s->chat);
+    cinfer_admission_destroy(s->adm);
+    pthread_mutex_destroy(&s->prefill_mu);
+    pthread_cond_destroy(&s->wd_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     cinfer_log(CINFER_LOG_INFO, "stopped", NULL);

@@ -22,11 +22,20 @@
  *
  * Threads: `grpc_threads` threads each poll their own completion queue and
  * run the state machines of the calls bound to it; the engine thread feeds
- * Generate streams through a per-call sink (see generate.c). No call ever
- * blocks a completion-queue thread.
+ * Generate streams through a per-call sink (see generate.c); a watchdog
+ * thread (from attach to destroy) re-checks queued requests against the
+ * shedder, feeds it the KV-cache usage and turns health NOT_SERVING while
+ * the engine is stuck or faulting (watchdog.c). No call ever blocks a
+ * completion-queue thread.
  *
- * Ownership: the model and the engine are borrowed; they must outlive
- * cinfer_server_destroy.
+ * Resilience: every Generate call passes admission (resilience.h: token
+ * buckets, breaker, shedder) after validation; a rejection is sent
+ * Trailers-Only with grpc-retry-pushback-ms and a google.rpc.Status in
+ * grpc-status-details-bin (rejection.c). params.resilience = 0 switches
+ * admission off (deadlines are still honoured).
+ *
+ * Ownership: the model, the engine and the metrics are borrowed; they must
+ * outlive cinfer_server_destroy.
  *
  * Thread safety: create/attach/drain/destroy are called by one thread (the
  * main thread); cinfer_server_port may be called from any thread.
@@ -38,6 +47,8 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
+#include "resilience/resilience.h"
+#include "server/metrics.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,6 +71,28 @@ typedef struct {
                                        engine's limit); 0 = unknown */
     int max_batched_tokens;         /* reported in GetModelInfo; 0 =
                                        unknown */
+    int resilience;                 /* 1 = Generate calls pass admission
+                                       (rate limits, breaker, shedder);
+                                       0 = every valid call goes to the
+                                       engine */
+    cinfer_admission_params admission; /* the limits; used when
+                                       resilience = 1 */
+    int rate_limit_tokens;          /* 1 = a call costs prompt + max_tokens
+                                       bucket tokens; 0 = one */
+    int64_t max_request_time_ms;    /* cap on a Generate call's deadline
+                                       (none = this long); 0 = no cap */
+    int64_t watchdog_ms;            /* health NOT_SERVING while the engine
+                                       has work and finishes no step for
+                                       this long; 0 = off */
+    int unhealthy_after_faults;     /* health NOT_SERVING after this many
+                                       device faults in a row, until the
+                                       engine serves again; 0 = off */
+    int prefix_cache;               /* the engine reuses prompt prefixes
+                                       (the idle service-time bound then
+                                       assumes a cached prompt) */
+    cinfer_metrics *metrics;        /* borrowed, outlives the server; the
+                                       server records into it and installs
+                                       its collector; NULL = none */
 } cinfer_server_params;
 
 cinfer_server_params cinfer_server_default_params(void);
@@ -91,6 +124,24 @@ int cinfer_server_drain(cinfer_server *s, int64_t timeout_ms);
  * (they end with UNAVAILABLE), cancels every other call, waits until every
  * call's state is freed, joins the threads. NULL is fine. */
 void cinfer_server_destroy(cinfer_server *s);
+
+/* ---- the program --------------------------------------------------------
+ * cinfer-server's main (run.c): flags and environment, metrics, model
+ * loading, signals, drain. Test programs call it with hooks to run the real
+ * server over another backend. */
+typedef struct {
+    /* Makes the backend the model runs on (n_threads: --threads, 0 = all
+     * cores); the program destroys it after the model. NULL = the model's
+     * own CPU backend. */
+    cinfer_status (*create_backend)(void *user, int n_threads,
+                                    cinfer_backend **out);
+    void *user;
+} cinfer_server_main_hooks;
+
+/* Runs the program; returns its exit code (0 after a drain, 1 on a start
+ * failure, 2 on bad flags). hooks may be NULL. */
+int cinfer_server_main(int argc, char **argv,
+                       const cinfer_server_main_hooks *hooks);
 
 #ifdef __cplusplus
 }

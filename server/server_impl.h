@@ -28,8 +28,9 @@
  *
  * Locks: srv->mu guards the server's counters and lists; c->mu guards the
  * per-method state that the engine thread or the main thread touch (the
- * Generate sink, a Watch's send state). Order: srv->mu before c->mu. No
- * engine function is called with either held (the engine thread frees
+ * Generate sink and its admission ticket, a Watch's send state). Order:
+ * srv->mu before c->mu before the admission object's own lock. No engine
+ * function is called with srv->mu or c->mu held (the engine thread frees
  * calls, which takes srv->mu).
  */
 #ifndef CINFER_SERVER_IMPL_H
@@ -105,6 +106,9 @@ struct srv_call {
     grpc_byte_buffer *send_buf;  /* message of the SEND batch in flight */
     grpc_slice status_details;   /* of the one status batch */
     int has_status_details;
+    grpc_metadata trailers[2];   /* of a rejection's status batch (keys
+                                    and values owned) */
+    size_t n_trailers;
     int close_cancelled;         /* RECV_CLOSE_ON_SERVER result */
     int closed;                  /* RECV_CLOSE_ON_SERVER completed (mu) */
     int initial_md_sent;
@@ -158,6 +162,34 @@ struct cinfer_server {
 
     cinfer_refl_index *refl;
 
+    /* Resilience (fixed at create). */
+    cinfer_admission *adm;       /* NULL = admission off */
+    cinfer_metrics *metrics;     /* borrowed; NULL = none */
+
+    /* Health beyond the lifecycle state: SERVING needs both clear. */
+    atomic_int stuck;            /* the engine made no step for watchdog_ms
+                                    while it had work */
+    atomic_int faulted;          /* unhealthy_after_faults device faults in
+                                    a row, no success since */
+    atomic_int fault_run;        /* device faults in a row */
+    int health_reported;         /* last health notified (watchdog thread) */
+
+    /* Watchdog thread (watchdog.c), from attach to destroy. */
+    pthread_t watchdog;
+    pthread_cond_t wd_cv;        /* wakes the watchdog to stop (mu) */
+    int watchdog_started;
+    int watchdog_stop;           /* under mu */
+    int probe_inflight;          /* a health probe runs in the engine (mu) */
+    uint64_t probe_id;           /* its engine id (mu) */
+    atomic_int probe_ok;         /* the last probe produced a token */
+
+    /* Lower bounds of the service time to a first token, by prompt size:
+     * min_first_ns[k] is the fastest submit-to-first-token minus queue time
+     * seen for a request with 2^k .. 2^(k+1)-1 uncached prompt tokens
+     * (0 = none seen). Under prefill_mu. */
+    pthread_mutex_t prefill_mu;
+    int64_t min_first_ns[32];
+
     pthread_mutex_t mu;
     pthread_cond_t cv;           /* counters below changed */
     int calls_live;              /* srv_call structs allocated */
@@ -207,10 +239,39 @@ grpc_byte_buffer *cinfer_bb_wrap(uint8_t *data, size_t len);
  * memory. */
 grpc_byte_buffer *cinfer_bb_pack(const ProtobufCMessage *m);
 
+/* What a rejection adds to its status: the pushback (trailer
+ * grpc-retry-pushback-ms and a google.rpc.RetryInfo in the
+ * grpc-status-details-bin google.rpc.Status), and for rate limits a
+ * google.rpc.QuotaFailure. */
+typedef struct {
+    cinfer_reject reason;       /* counted in the rejection metrics unless
+                                   CINFER_REJECT_NONE (e.g. "loading") */
+    int64_t retry_after_ms;     /* >= 0 */
+    const char *quota_subject;  /* QuotaFailure subject; NULL = none */
+    const char *quota_desc;     /* its description */
+} cinfer_pushback;
+
+/* cinfer_call_send_status, plus the rejection's trailers when pb is not
+ * NULL. Sent before any message, SEND_INITIAL_METADATA and
+ * SEND_STATUS_FROM_SERVER go in one batch: a Trailers-Only response. */
+int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
+                               cinfer_status st, const char *details,
+                               const cinfer_pushback *pb);
+
+/* Serializes a google.rpc.Status {code, message, details: RetryInfo,
+ * QuotaFailure if pb names a subject} (rejection.c). Returns 0 when out of
+ * memory. */
+int cinfer_rpc_status_pack(int grpc_code, const char *message,
+                           const cinfer_pushback *pb, grpc_slice *out);
+
 /* Logs a rejected or failed call (info level for client errors, warn for
  * server faults). */
 void cinfer_call_log_status(srv_call *c, cinfer_status st,
                             const char *details);
+
+/* The method's short name ("Generate"), for metrics; "unknown" when the
+ * call has no method. */
+const char *cinfer_call_method_name(const srv_call *c);
 
 /* Assigns c->request_id: the client's id if given, else "req-<n>". */
 void cinfer_call_set_request_id(srv_call *c, const char *client_id);
@@ -250,5 +311,31 @@ void cinfer_health_notify(cinfer_server *s);
 /* Generate: cancels the engine request of every admitted Generate call
  * (server destroy); they end with UNAVAILABLE (generate.c). */
 void cinfer_generate_abort_all(cinfer_server *s);
+
+/* Generate: re-checks every queued call against the shedder; the ones it
+ * sheds are cancelled in the engine and end with the shed's status and
+ * pushback (generate.c; the watchdog calls it). */
+void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns);
+
+/* 1 when health is SERVING: attached, not draining, the engine neither
+ * stuck nor faulted. */
+int cinfer_server_healthy(const cinfer_server *s);
+
+/* Watchdog (watchdog.c): started by attach, stopped by destroy before the
+ * server lets the engine go. */
+cinfer_status cinfer_watchdog_start(cinfer_server *s);
+void cinfer_watchdog_stop(cinfer_server *s);
+
+/* A Generate request ended: feeds the device-fault run that health
+ * watches (watchdog.c). fault = a device error; ok = the engine produced
+ * output normally. */
+void cinfer_watchdog_note_outcome(cinfer_server *s, int fault, int ok);
+
+/* Records the service time to the first token of a request with `tokens`
+ * uncached prompt tokens, and bounds from below the one of a new request
+ * with `tokens` prompt tokens (0 = nothing known). generate.c. */
+void cinfer_service_time_record(cinfer_server *s, int64_t tokens,
+                                int64_t first_ns);
+int64_t cinfer_service_time_min(cinfer_server *s, int64_t tokens);
 
 #endif /* CINFER_SERVER_IMPL_H */

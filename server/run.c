@@ -1,0 +1,722 @@
+/*
+ * run.c - cinfer-server's program: flags and environment, metrics, model
+ * loading, signals (main.c calls cinfer_server_main; test programs call it
+ * with hooks, e.g. to run the real server over a fault-injecting backend).
+ *
+ *   cinfer-server [--listen 127.0.0.1:50051] [--model PATH] [--threads N] ...
+ *
+ * Every flag can also come from an environment variable (CINFER_LISTEN,
+ * CINFER_MODEL, ...; see --help), as container deployments expect; a flag on
+ * the command line wins over the environment.
+ *
+ * Order of events: the port is bound first and health reports NOT_SERVING
+ * while the model loads; then the engine starts and health turns SERVING.
+ * SIGTERM or SIGINT drains: health NOT_SERVING, new calls UNAVAILABLE,
+ * running streams get --drain-timeout seconds to finish, then the process
+ * exits 0. The signals are blocked in every thread and taken synchronously
+ * by the main thread with sigwait, so no handler runs inside gRPC or the
+ * engine.
+ *
+ * Resilience flags (rate limits, breaker, shedder, CoDel, deadlines, the
+ * watchdog) fill the server's params; --resilience off switches admission
+ * off altogether, for comparison. /metrics is served on --metrics-listen
+ * unless it is "" or "off"; when the default address cannot be bound (a
+ * second server on the machine) the server logs an error and runs without
+ * it, while an address given explicitly must bind.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <grpc/grpc.h>
+
+#include "engine/engine.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+#ifndef CINFER_VERSION
+#define CINFER_VERSION "0.1.0"
+#endif
+
+typedef struct {
+    const char *listen;
+    const char *model;
+    long threads;
+    long grpc_threads;
+    long max_seqs;
+    long max_batched_tokens;
+    long max_queued;
+    long ctx_size;
+    long default_max_tokens;
+    long long kv_cache_mem;
+    double drain_timeout_s;
+    long max_receive_message_bytes;
+    long prefix_cache;
+    const char *log_level;
+    /* resilience */
+    int resilience;
+    double rate_limit_qps;
+    long rate_limit_burst;
+    double client_rate_limit_qps;
+    long client_rate_limit_burst;
+    long max_clients;
+    long rate_limit_tokens;
+    long max_queued_requests;
+    long long max_queued_tokens;
+    long kv_shed_percent;
+    long low_priority_spread;
+    long breaker_failure_rate;
+    long breaker_min_calls;
+    long breaker_window_ms;
+    long breaker_wait_ms;
+    long breaker_max_wait_ms;
+    long breaker_half_open_probes;
+    long codel_target_ms;
+    long codel_interval_ms;
+    double max_request_time_s;
+    double watchdog_timeout_s;
+    long unhealthy_after_faults;
+    const char *metrics_listen;
+    int metrics_listen_given;
+} config;
+
+/* One row per flag: its name, environment variable, argument and help. */
+typedef struct {
+    const char *name;
+    const char *env;
+    const char *arg;
+    const char *help;
+} flag_doc;
+
+static const flag_doc flags[] = {
+    {"listen", "CINFER_LISTEN", "HOST:PORT",
+     "address to serve on (default 127.0.0.1:50051; 0.0.0.0:PORT in "
+     "containers; port 0 picks a free one)"},
+    {"model", "CINFER_MODEL", "PATH", "GGUF model (default: %s)"},
+    {"threads", "CINFER_THREADS", "N", "CPU threads for the model (default: all cores)"},
+    {"grpc-threads", "CINFER_GRPC_THREADS", "N",
+     "completion-queue threads (default 2)"},
+    {"max-seqs", "CINFER_MAX_SEQS", "N",
+     "sequences decoded together (default 64)"},
+    {"max-batched-tokens", "CINFER_MAX_BATCHED_TOKENS", "N",
+     "tokens per engine step, prefill chunks included (default 512)"},
+    {"max-queued", "CINFER_MAX_QUEUED", "N",
+     "waiting requests before new ones get RESOURCE_EXHAUSTED (default 0 = "
+     "no limit)"},
+    {"ctx-size", "CINFER_CTX_SIZE", "N",
+     "tokens per sequence (default: the model's, at most 8192)"},
+    {"kv-cache-mem", "CINFER_KV_CACHE_MEM", "BYTES",
+     "KV cache size, with K/M/G suffix (default 512M)"},
+    {"default-max-tokens", "CINFER_DEFAULT_MAX_TOKENS", "N",
+     "max_tokens of requests that leave it unset (default 256)"},
+    {"drain-timeout", "CINFER_DRAIN_TIMEOUT", "SECONDS",
+     "on SIGTERM, how long running streams may take to finish (default 30)"},
+    {"max-receive-message-bytes", "CINFER_MAX_RECEIVE_MESSAGE_BYTES", "N",
+     "largest request message (default 4194304)"},
+    {"prefix-cache", "CINFER_PREFIX_CACHE", "0|1",
+     "reuse the KV cache of shared prompt prefixes (default 1)"},
+    {"log-level", "CINFER_LOG_LEVEL", "LEVEL",
+     "debug, info, warn, error or off (default info)"},
+    {"metrics-listen", "CINFER_METRICS_LISTEN", "HOST:PORT",
+     "Prometheus /metrics address (default 127.0.0.1:9090; \"\" or off = "
+     "none)"},
+    {"resilience", "CINFER_RESILIENCE", "on|off",
+     "admission control of Generate: rate limits, circuit breaker, load "
+     "shedding (default on; off = every valid request goes to the engine)"},
+    {"rate-limit-qps", "CINFER_RATE_LIMIT_QPS", "RATE",
+     "requests per second the server admits, a token bucket "
+     "(RESOURCE_EXHAUSTED beyond; default 0 = no limit)"},
+    {"rate-limit-burst", "CINFER_RATE_LIMIT_BURST", "N",
+     "the bucket's size (default 0 = one second's worth)"},
+    {"client-rate-limit-qps", "CINFER_CLIENT_RATE_LIMIT_QPS", "RATE",
+     "requests per second per client (x-client-id metadata, else the peer "
+     "address; default 0 = no limit)"},
+    {"client-rate-limit-burst", "CINFER_CLIENT_RATE_LIMIT_BURST", "N",
+     "each client's bucket size (default 0 = one second's worth)"},
+    {"max-clients", "CINFER_MAX_CLIENTS", "N",
+     "clients tracked for the per-client limit, least recently seen "
+     "forgotten beyond (default 10000)"},
+    {"rate-limit-tokens", "CINFER_RATE_LIMIT_TOKENS", "0|1",
+     "1 = a request costs its prompt plus max_tokens in the buckets, so the "
+     "rates and bursts count tokens (default 0 = one per request)"},
+    {"max-queued-requests", "CINFER_MAX_QUEUED_REQUESTS", "N",
+     "requests waiting for their first token before new ones are shed "
+     "(UNAVAILABLE; default 1024, 0 = no bound)"},
+    {"max-queued-tokens", "CINFER_MAX_QUEUED_TOKENS", "N",
+     "their prompt plus max_tokens, summed (default 0 = no bound)"},
+    {"kv-shed-percent", "CINFER_KV_SHED_PERCENT", "PCT",
+     "KV-cache usage at which newcomers are shed while requests wait "
+     "(default 99, 0 = off)"},
+    {"low-priority-spread", "CINFER_LOW_PRIORITY_SPREAD", "PCT",
+     "share of the queue bounds taken from priority -100 (linearly less up "
+     "to priority 0), so lower priorities are shed first (default 50)"},
+    {"breaker-failure-rate", "CINFER_BREAKER_FAILURE_RATE", "PCT",
+     "server-fault rate that opens the circuit breaker (UNAVAILABLE while "
+     "open; default 50, 0 = no breaker)"},
+    {"breaker-min-calls", "CINFER_BREAKER_MIN_CALLS", "N",
+     "outcomes in the window before the rate is judged (default 20)"},
+    {"breaker-window-ms", "CINFER_BREAKER_WINDOW_MS", "MS",
+     "sliding window of outcomes (default 10000)"},
+    {"breaker-wait-ms", "CINFER_BREAKER_WAIT_MS", "MS",
+     "time open after a trip, doubling with each trip in a row (default "
+     "5000)"},
+    {"breaker-max-wait-ms", "CINFER_BREAKER_MAX_WAIT_MS", "MS",
+     "cap of the growing open time (default 60000)"},
+    {"breaker-half-open-probes", "CINFER_BREAKER_HALF_OPEN_PROBES", "N",
+     "requests let through after the wait; all must succeed to close "
+     "(default 3)"},
+    {"codel-target-ms", "CINFER_CODEL_TARGET_MS", "MS",
+     "CoDel on the time to first token: when even the fastest request "
+     "waited longer than this for an interval, requests waiting over twice "
+     "it are shed (default 500, 0 = off)"},
+    {"codel-interval-ms", "CINFER_CODEL_INTERVAL_MS", "MS",
+     "CoDel's judging interval (default 5000)"},
+    {"max-request-time", "CINFER_MAX_REQUEST_TIME", "SECONDS",
+     "cap on every Generate call's deadline; past it the call ends with "
+     "DEADLINE_EXCEEDED (default 0 = none)"},
+    {"watchdog-timeout", "CINFER_WATCHDOG_TIMEOUT", "SECONDS",
+     "health NOT_SERVING while the engine has work and completes no step "
+     "for this long (default 30, 0 = off)"},
+    {"unhealthy-after-faults", "CINFER_UNHEALTHY_AFTER_FAULTS", "N",
+     "health NOT_SERVING after N device faults in a row, until the engine "
+     "serves again (default 5, 0 = off)"},
+};
+#define N_FLAGS (int)(sizeof flags / sizeof flags[0])
+
+static void usage(FILE *f)
+{
+    const char *dm = cinfer_model_default_path();
+    fprintf(f, "usage: cinfer-server [options]\n\n"
+               "Serves a GGUF model over gRPC: cinfer.v1.Inference (Generate, "
+               "Tokenize,\nDetokenize, GetModelInfo), grpc.health.v1.Health "
+               "and server reflection.\nLogs are JSON lines on stderr.\n\n"
+               "options (each also read from the environment variable "
+               "shown):\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s %s", flags[i].name, flags[i].arg);
+        fprintf(f, "  %-36s ", left);
+        fprintf(f, flags[i].help, dm && dm[0] ? dm : "(none installed)");
+        fprintf(f, "\n  %-36s [%s]\n", "", flags[i].env);
+    }
+    fprintf(f, "  %-36s print this help\n", "-h, --help");
+    fprintf(f, "  %-36s print the version\n", "--version");
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* "512M", "1G", "1GiB", "4096" -> bytes. */
+static int parse_bytes(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return 0;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024; break;
+        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
+        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
+        default: return 0;
+        }
+        end++;
+        if (*end == 'i' || *end == 'I')
+            end++;
+        if (*end == 'b' || *end == 'B')
+            end++;
+        if (*end)
+            return 0;
+    }
+    double b = v * mul;
+    if (b > 9e18)
+        return 0;
+    *out = (long long)b;
+    return 1;
+}
+
+/* Applies one option value (from a flag or the environment) to cfg.
+ * Returns 0 and prints the problem if the value is bad. */
+static int apply(config *cfg, int i, const char *v, const char *from)
+{
+    const char *name = flags[i].name;
+    int ok = 1;
+    if (strcmp(name, "listen") == 0) {
+        cfg->listen = v;
+        ok = v[0] != '\0';
+    } else if (strcmp(name, "model") == 0) {
+        cfg->model = v;
+    } else if (strcmp(name, "threads") == 0) {
+        ok = parse_long(v, 0, 1024, &cfg->threads);
+    } else if (strcmp(name, "grpc-threads") == 0) {
+        ok = parse_long(v, 1, 256, &cfg->grpc_threads);
+    } else if (strcmp(name, "max-seqs") == 0) {
+        ok = parse_long(v, 1, 4096, &cfg->max_seqs);
+    } else if (strcmp(name, "max-batched-tokens") == 0) {
+        ok = parse_long(v, 1, 1 << 20, &cfg->max_batched_tokens);
+    } else if (strcmp(name, "max-queued") == 0) {
+        ok = parse_long(v, 0, 1 << 24, &cfg->max_queued);
+    } else if (strcmp(name, "ctx-size") == 0) {
+        ok = parse_long(v, 0, 1 << 20, &cfg->ctx_size);
+    } else if (strcmp(name, "kv-cache-mem") == 0) {
+        ok = parse_bytes(v, &cfg->kv_cache_mem);
+    } else if (strcmp(name, "default-max-tokens") == 0) {
+        ok = parse_long(v, 1, 1 << 20, &cfg->default_max_tokens);
+    } else if (strcmp(name, "drain-timeout") == 0) {
+        char *end;
+        errno = 0;
+        cfg->drain_timeout_s = strtod(v, &end);
+        ok = !errno && end != v && !*end && cfg->drain_timeout_s >= 0 &&
+             cfg->drain_timeout_s < 1e7;
+    } else if (strcmp(name, "max-receive-message-bytes") == 0) {
+        ok = parse_long(v, 1024, 1L << 30, &cfg->max_receive_message_bytes);
+    } else if (strcmp(name, "prefix-cache") == 0) {
+        ok = parse_long(v, 0, 1, &cfg->prefix_cache);
+    } else if (strcmp(name, "log-level") == 0) {
+        cfg->log_level = v;
+        ok = cinfer_log_level_parse(v) >= 0;
+    } else if (strcmp(name, "metrics-listen") == 0) {
+        cfg->metrics_listen = v;
+        cfg->metrics_listen_given = 1;
+    } else if (strcmp(name, "resilience") == 0) {
+        if (strcasecmp(v, "on") == 0 || strcmp(v, "1") == 0)
+            cfg->resilience = 1;
+        else if (strcasecmp(v, "off") == 0 || strcmp(v, "0") == 0)
+            cfg->resilience = 0;
+        else
+            ok = 0;
+    } else if (strcmp(name, "rate-limit-qps") == 0) {
+        ok = parse_double(v, 0, 1e12, &cfg->rate_limit_qps);
+    } else if (strcmp(name, "rate-limit-burst") == 0) {
+        ok = parse_long(v, 0, 1L << 40, &cfg->rate_limit_burst);
+    } else if (strcmp(name, "client-rate-limit-qps") == 0) {
+        ok = parse_double(v, 0, 1e12, &cfg->client_rate_limit_qps);
+    } else if (strcmp(name, "client-rate-limit-burst") == 0) {
+        ok = parse_long(v, 0, 1L << 40, &cfg->client_rate_limit_burst);
+    } else if (strcmp(name, "max-clients") == 0) {
+        ok = parse_long(v, 1, 1L << 24, &cfg->max_clients);
+    } else if (strcmp(name, "rate-limit-tokens") == 0) {
+        ok = parse_long(v, 0, 1, &cfg->rate_limit_tokens);
+    } else if (strcmp(name, "max-queued-requests") == 0) {
+        ok = parse_long(v, 0, 1L << 30, &cfg->max_queued_requests);
+    } else if (strcmp(name, "max-queued-tokens") == 0) {
+        long t = 0;
+        ok = parse_long(v, 0, 1L << 50, &t);
+        cfg->max_queued_tokens = t;
+    } else if (strcmp(name, "kv-shed-percent") == 0) {
+        ok = parse_long(v, 0, 100, &cfg->kv_shed_percent);
+    } else if (strcmp(name, "low-priority-spread") == 0) {
+        ok = parse_long(v, 0, 100, &cfg->low_priority_spread);
+    } else if (strcmp(name, "breaker-failure-rate") == 0) {
+        ok = parse_long(v, 0, 100, &cfg->breaker_failure_rate);
+    } else if (strcmp(name, "breaker-min-calls") == 0) {
+        ok = parse_long(v, 1, 1L << 30, &cfg->breaker_min_calls);
+    } else if (strcmp(name, "breaker-window-ms") == 0) {
+        ok = parse_long(v, 1, 1L << 40, &cfg->breaker_window_ms);
+    } else if (strcmp(name, "breaker-wait-ms") == 0) {
+        ok = parse_long(v, 1, 1L << 40, &cfg->breaker_wait_ms);
+    } else if (strcmp(name, "breaker-max-wait-ms") == 0) {
+        ok = parse_long(v, 1, 1L << 40, &cfg->breaker_max_wait_ms);
+    } else if (strcmp(name, "breaker-half-open-probes") == 0) {
+        ok = parse_long(v, 1, 1L << 20, &cfg->breaker_half_open_probes);
+    } else if (strcmp(name, "codel-target-ms") == 0) {
+        ok = parse_long(v, 0, 1L << 40, &cfg->codel_target_ms);
+    } else if (strcmp(name, "codel-interval-ms") == 0) {
+        ok = parse_long(v, 1, 1L << 40, &cfg->codel_interval_ms);
+    } else if (strcmp(name, "max-request-time") == 0) {
+        ok = parse_double(v, 0, 1e9, &cfg->max_request_time_s);
+    } else if (strcmp(name, "watchdog-timeout") == 0) {
+        ok = parse_double(v, 0, 1e9, &cfg->watchdog_timeout_s);
+    } else if (strcmp(name, "unhealthy-after-faults") == 0) {
+        ok = parse_long(v, 0, 1L << 30, &cfg->unhealthy_after_faults);
+    }
+    if (!ok)
+        fprintf(stderr, "cinfer-server: bad value '%s' for %s%s\n", v, from,
+                from[0] == '-' ? name : "");
+    return ok;
+}
+
+/* KV blocks that fit in `bytes`, from the model file's shape (read without
+ * loading the model). 0 when the file cannot be read (the model load then
+ * reports the problem). */
+static int kv_blocks_for(const char *path, long long bytes, int block_size)
+{
+    cinfer_gguf_params gp = cinfer_gguf_default_params();
+    gp.path = path;
+    cinfer_gguf *g;
+    if (cinfer_gguf_create(&gp, &g) != CINFER_OK)
+        return 0;
+    int blocks = 0;
+    cinfer_gguf_str arch;
+    if (cinfer_gguf_get_str(g, "general.architecture", &arch) == CINFER_OK &&
+        arch.len < 64) {
+        char key[128];
+        uint32_t n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, hd = 0;
+#define KEY(suffix) (snprintf(key, sizeof key, "%.*s." suffix, (int)arch.len, arch.ptr), key)
+        cinfer_gguf_get_u32(g, KEY("block_count"), &n_layer);
+        cinfer_gguf_get_u32(g, KEY("embedding_length"), &n_embd);
+        cinfer_gguf_get_u32(g, KEY("attention.head_count"), &n_head);
+        if (cinfer_gguf_get_u32(g, KEY("attention.head_count_kv"),
+                                &n_head_kv) != CINFER_OK)
+            n_head_kv = n_head;
+        if (cinfer_gguf_get_u32(g, KEY("attention.key_length"), &hd) !=
+                CINFER_OK &&
+            n_head)
+            hd = n_embd / n_head;
+#undef KEY
+        /* K and V, F16. */
+        double per_block = 2.0 * n_layer * n_head_kv * hd * block_size * 2.0;
+        if (per_block > 0) {
+            double b = (double)bytes / per_block;
+            blocks = b > 1e7 ? 10000000 : (int)b;
+        }
+    }
+    cinfer_clear_error();
+    cinfer_gguf_destroy(g);
+    return blocks;
+}
+
+static void load_progress(float f, void *user)
+{
+    int *last = user;
+    int q = (int)(f * 4.0f);
+    if (q <= *last)
+        return;
+    *last = q;
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "loading", NULL)) {
+        cinfer_log_int(&l, "percent", q * 25);
+        cinfer_log_end(&l);
+    }
+}
+
+/* The server's params from the configuration. */
+static void server_params(const config *cfg, cinfer_server_params *sp)
+{
+    sp->listen = cfg->listen;
+    sp->grpc_threads = (int)cfg->grpc_threads;
+    sp->max_receive_message_bytes = (int)cfg->max_receive_message_bytes;
+    sp->default_max_tokens = (int)cfg->default_max_tokens;
+    sp->max_seqs = (int)cfg->max_seqs;
+    sp->max_batched_tokens = (int)cfg->max_batched_tokens;
+    sp->resilience = cfg->resilience;
+    sp->rate_limit_tokens = (int)cfg->rate_limit_tokens;
+    sp->max_request_time_ms = (int64_t)(cfg->max_request_time_s * 1000.0);
+    sp->watchdog_ms = (int64_t)(cfg->watchdog_timeout_s * 1000.0);
+    sp->unhealthy_after_faults = (int)cfg->unhealthy_after_faults;
+    sp->prefix_cache = (int)cfg->prefix_cache;
+
+    cinfer_admission_params *ap = &sp->admission;
+    ap->global.rate_per_s = cfg->rate_limit_qps;
+    ap->global.burst = (uint64_t)cfg->rate_limit_burst;
+    ap->client.rate_per_s = cfg->client_rate_limit_qps;
+    ap->client.burst = (uint64_t)cfg->client_rate_limit_burst;
+    ap->max_clients = (size_t)cfg->max_clients;
+    ap->breaker.failure_rate_pct = (uint32_t)cfg->breaker_failure_rate;
+    ap->breaker.min_calls = (uint32_t)cfg->breaker_min_calls;
+    ap->breaker.window_ms = cfg->breaker_window_ms;
+    ap->breaker.wait_ms = cfg->breaker_wait_ms;
+    ap->breaker.max_wait_ms = cfg->breaker_max_wait_ms;
+    ap->breaker.half_open_probes = (uint32_t)cfg->breaker_half_open_probes;
+    ap->shedder.max_queued_requests = (uint64_t)cfg->max_queued_requests;
+    ap->shedder.max_queued_tokens = (uint64_t)cfg->max_queued_tokens;
+    ap->shedder.kv_shed_permille = (uint32_t)cfg->kv_shed_percent * 10;
+    ap->shedder.low_priority_spread_pct = (uint32_t)cfg->low_priority_spread;
+    ap->shedder.codel.target_ms = cfg->codel_target_ms;
+    ap->shedder.codel.interval_ms = cfg->codel_interval_ms;
+}
+
+/* The metrics listener: NULL (and *ok = 1) when switched off or when the
+ * default address is taken; *ok = 0 when an explicit one fails. */
+static cinfer_metrics *start_metrics(const config *cfg, int *ok)
+{
+    *ok = 1;
+    const char *addr = cfg->metrics_listen;
+    if (!addr || !addr[0] || strcasecmp(addr, "off") == 0)
+        return NULL;
+    cinfer_metrics_params mp = cinfer_metrics_default_params();
+    mp.listen = addr;
+    cinfer_metrics *m = NULL;
+    if (cinfer_metrics_create(&mp, &m) != CINFER_OK) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR,
+                             cfg->metrics_listen_given
+                                 ? "cannot serve metrics"
+                                 : "cannot serve metrics; running without",
+                             NULL)) {
+            cinfer_log_str(&l, "address", addr);
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+        *ok = !cfg->metrics_listen_given;
+        return NULL;
+    }
+    char where[300];
+    const char *colon = strrchr(addr, ':');
+    int hl = colon ? (int)(colon - addr) : (int)strlen(addr);
+    snprintf(where, sizeof where, "%.*s:%d", hl > 250 ? 250 : hl, addr,
+             cinfer_metrics_port(m));
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_INFO, "metrics listening", NULL)) {
+        cinfer_log_str(&l, "address", where);
+        cinfer_log_int(&l, "port", cinfer_metrics_port(m));
+        cinfer_log_end(&l);
+    }
+    return m;
+}
+
+int cinfer_server_main(int argc, char **argv,
+                       const cinfer_server_main_hooks *hooks)
+{
+    cinfer_server_params defaults = cinfer_server_default_params();
+    const cinfer_admission_params *da = &defaults.admission;
+    config cfg = {
+        .listen = "127.0.0.1:50051",
+        .model = NULL,
+        .threads = 0,
+        .grpc_threads = 2,
+        .max_seqs = 64,
+        .max_batched_tokens = 512,
+        .max_queued = 0,
+        .ctx_size = 0,
+        .default_max_tokens = 256,
+        .kv_cache_mem = 512LL << 20,
+        .drain_timeout_s = 30,
+        .max_receive_message_bytes = 4 << 20,
+        .prefix_cache = 1,
+        .log_level = "info",
+        .resilience = 1,
+        .max_clients = (long)da->max_clients,
+        .max_queued_requests = (long)da->shedder.max_queued_requests,
+        .max_queued_tokens = (long long)da->shedder.max_queued_tokens,
+        .kv_shed_percent = (long)da->shedder.kv_shed_permille / 10,
+        .low_priority_spread = (long)da->shedder.low_priority_spread_pct,
+        .breaker_failure_rate = (long)da->breaker.failure_rate_pct,
+        .breaker_min_calls = (long)da->breaker.min_calls,
+        .breaker_window_ms = (long)da->breaker.window_ms,
+        .breaker_wait_ms = (long)da->breaker.wait_ms,
+        .breaker_max_wait_ms = (long)da->breaker.max_wait_ms,
+        .breaker_half_open_probes = (long)da->breaker.half_open_probes,
+        .codel_target_ms = (long)da->shedder.codel.target_ms,
+        .codel_interval_ms = (long)da->shedder.codel.interval_ms,
+        .max_request_time_s = (double)defaults.max_request_time_ms / 1000.0,
+        .watchdog_timeout_s = (double)defaults.watchdog_ms / 1000.0,
+        .unhealthy_after_faults = defaults.unhealthy_after_faults,
+        .metrics_listen = "127.0.0.1:9090",
+    };
+
+    /* Environment first, flags override. CINFER_MODEL is also what
+     * cinfer_model_default_path reads, so both agree. */
+    for (int i = 0; i < N_FLAGS; i++) {
+        const char *v = getenv(flags[i].env);
+        /* An empty CINFER_METRICS_LISTEN switches /metrics off. */
+        int empty_ok = strcmp(flags[i].name, "metrics-listen") == 0;
+        if (v && (v[0] || empty_ok) && !apply(&cfg, i, v, flags[i].env))
+            return 2;
+    }
+    struct option longopts[N_FLAGS + 3];
+    for (int i = 0; i < N_FLAGS; i++)
+        longopts[i] = (struct option){flags[i].name, required_argument, 0,
+                                      256 + i};
+    longopts[N_FLAGS] = (struct option){"help", no_argument, 0, 'h'};
+    longopts[N_FLAGS + 1] = (struct option){"version", no_argument, 0, 'V'};
+    longopts[N_FLAGS + 2] = (struct option){0, 0, 0, 0};
+    int opt;
+    for (;;) {
+        opt = getopt_long(argc, argv, "h", longopts, NULL);
+        if (opt == -1)
+            break;
+        if (opt == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (opt == 'V') {
+            printf("cinfer-server %s (grpc %s)\n", CINFER_VERSION,
+                   grpc_version_string());
+            return 0;
+        }
+        if (opt < 256 || opt >= 256 + N_FLAGS) {
+            usage(stderr);
+            return 2;
+        }
+        if (!apply(&cfg, opt - 256, optarg, "--"))
+            return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "cinfer-server: unexpected argument '%s'\n",
+                argv[optind]);
+        return 2;
+    }
+    cinfer_log_set_level((cinfer_log_level)cinfer_log_level_parse(cfg.log_level));
+    const char *model_path = cfg.model && cfg.model[0]
+                                 ? cfg.model
+                                 : cinfer_model_default_path();
+    if (!model_path || !model_path[0]) {
+        fprintf(stderr, "cinfer-server: no model: pass --model PATH (or "
+                        "install the default with scripts/install-deps.sh)\n");
+        return 2;
+    }
+
+    /* Signals: blocked everywhere (threads inherit the mask), taken by
+     * sigwait below. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int metrics_ok;
+    cinfer_metrics *metrics = start_metrics(&cfg, &metrics_ok);
+    if (!metrics_ok)
+        return 1;
+    cinfer_server_params sp = defaults;
+    server_params(&cfg, &sp);
+    sp.metrics = metrics;
+    cinfer_server *srv = NULL;
+    if (cinfer_server_create(&sp, &srv) != CINFER_OK) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "cannot start", NULL)) {
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+        cinfer_metrics_destroy(metrics);
+        return 1;
+    }
+    {
+        /* The host part of the address with the bound port, for tests and
+         * scripts that asked for port 0. */
+        char addr[300];
+        const char *colon = strrchr(cfg.listen, ':');
+        int hl = colon ? (int)(colon - cfg.listen) : (int)strlen(cfg.listen);
+        snprintf(addr, sizeof addr, "%.*s:%d", hl > 250 ? 250 : hl,
+                 cfg.listen, cinfer_server_port(srv));
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_INFO, "listening", NULL)) {
+            cinfer_log_str(&l, "address", addr);
+            cinfer_log_int(&l, "port", cinfer_server_port(srv));
+            cinfer_log_str(&l, "version", CINFER_VERSION);
+            cinfer_log_end(&l);
+        }
+    }
+
+    int rc = 1;
+    cinfer_model *model = NULL;
+    cinfer_engine *engine = NULL;
+    cinfer_backend *backend = NULL;
+    cinfer_model_params mp = cinfer_model_default_params();
+    mp.path = model_path;
+    mp.n_threads = (int)cfg.threads;
+    if (hooks && hooks->create_backend) {
+        if (hooks->create_backend(hooks->user, (int)cfg.threads, &backend) !=
+            CINFER_OK) {
+            cinfer_log_line l;
+            if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "backend failed",
+                                 NULL)) {
+                cinfer_log_str(&l, "error", cinfer_last_error());
+                cinfer_log_end(&l);
+            }
+            goto out;
+        }
+        mp.backend = backend;
+    }
+    mp.n_ctx = (int)cfg.ctx_size;
+    mp.max_seqs = (int)cfg.max_seqs;
+    mp.max_batch_rows = (int)cfg.max_batched_tokens;
+    mp.n_kv_blocks = kv_blocks_for(model_path, cfg.kv_cache_mem,
+                                   mp.block_size ? mp.block_size : 16);
+    int last_quarter = -1;
+    mp.progress = load_progress;
+    mp.progress_user = &last_quarter;
+    {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_INFO, "loading model", NULL)) {
+            cinfer_log_str(&l, "path", model_path);
+            cinfer_log_int(&l, "kv_blocks", mp.n_kv_blocks);
+            cinfer_log_end(&l);
+        }
+    }
+    if (cinfer_model_create(&mp, &model) != CINFER_OK) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "model load failed",
+                             NULL)) {
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+        goto out;
+    }
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.model = model;
+    ep.max_seqs = (int)cfg.max_seqs;
+    ep.max_batched_tokens = (int)cfg.max_batched_tokens;
+    ep.max_queued = (int)cfg.max_queued;
+    ep.prefix_cache = (int)cfg.prefix_cache;
+    if (cinfer_engine_create(&ep, &engine) != CINFER_OK) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "engine start failed",
+                             NULL)) {
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+        goto out;
+    }
+    if (cinfer_server_attach(srv, model, engine) != CINFER_OK) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "attach failed", NULL)) {
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+        goto out;
+    }
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_INFO, "signal", NULL)) {
+            cinfer_log_str(&l, "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            cinfer_log_end(&l);
+        }
+    }
+    cinfer_server_drain(srv, (int64_t)(cfg.drain_timeout_s * 1000.0));
+    rc = 0;
+out:
+    /* The server first: it cancels what still runs in the engine and waits
+     * for every call to be freed, while the engine still delivers the
+     * FINISH events. */
+    cinfer_server_destroy(srv);
+    cinfer_engine_destroy(engine);
+    cinfer_model_destroy(model);
+    cinfer_backend_destroy(backend);
+    cinfer_metrics_destroy(metrics);
+    return rc;
+}
