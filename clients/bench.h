@@ -22,6 +22,7 @@
  *     ... d->ops->start(d, &reqs[i]); d->ops->poll(d, 0.1); ...
  *     cinfer_bench_summary s;
  *     cinfer_bench_summarize(reqs, n, duration_s, &slo, &s);
+ *     cinfer_bench_driver_destroy(d);
  *
  * Everything here runs on the one thread of the load generator; nothing is
  * thread-safe.
@@ -234,12 +235,23 @@ struct cinfer_bench_driver {
     const cinfer_bench_driver_ops *ops;
 };
 
+/* Cancels what is still open and frees the driver (NULL ok). The records
+ * of requests still open are not touched, so they may be gone already. */
+static inline void cinfer_bench_driver_destroy(cinfer_bench_driver *d)
+{
+    if (d)
+        d->ops->destroy(d);
+}
+
 typedef struct {
     const char *server;        /* HOST:PORT */
     int ignore_eos;            /* keep generating past end-of-generation */
     double temperature;        /* 0 = greedy */
     double timeout_s;          /* per-request deadline; 0 = none */
 } cinfer_bench_driver_params;
+
+/* 127.0.0.1:50051, ignore_eos on, greedy, no deadline. */
+cinfer_bench_driver_params cinfer_bench_driver_default_params(void);
 
 /* What the server says about its model, for synthetic prompts. */
 typedef struct {

@@ -43,6 +43,7 @@ struct grpc_stream {
     grpc_slice details;
     int pending;               /* batches started and not yet completed */
     int got_final;
+    double t_status_s;         /* when the status arrived (0 = not yet) */
     char bad[160];             /* a protocol problem seen, "" if none */
     stream_tag t_start, t_recv, t_status;
     grpc_stream *prev, *next;  /* the driver's open streams */
@@ -335,14 +336,16 @@ static int handle_event(grpc_driver *d, grpc_event ev, double t)
             start_recv(s);
         break;
     case TAG_STATUS:
-        s->req->t_end_s = t;
+        s->t_status_s = t;
         break;
     case TAG_UNARY:
         CINFER_ASSERT(!"unary tag on the stream queue");
         break;
     }
     if (s->pending == 0) {
-        stream_finish(d, s, t);
+        /* The stream ended with its status, even if a receive batch
+         * completed a moment later. */
+        stream_finish(d, s, s->t_status_s > 0 ? s->t_status_s : t);
         return 1;
     }
     return 0;
@@ -379,7 +382,7 @@ static void grpc_destroy(cinfer_bench_driver *base)
     if (!d)
         return;
     /* Streams still open (a run that stopped early): cancel them and let
-     * their batches complete. */
+     * their batches complete, without touching their records. */
     for (grpc_stream *s = d->open; s; s = s->next)
         grpc_call_cancel(s->call, NULL);
     while (d->open) {
@@ -387,7 +390,15 @@ static void grpc_destroy(cinfer_bench_driver *base)
             d->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type != GRPC_OP_COMPLETE)
             break;
-        handle_event(d, ev, cinfer_bench_now_s());
+        stream_tag *tag = ev.tag;
+        grpc_stream *s = tag->s;
+        s->pending--;
+        if (tag->kind == TAG_RECV && s->recv) {
+            grpc_byte_buffer_destroy(s->recv);
+            s->recv = NULL;
+        }
+        if (s->pending == 0)
+            stream_free(d, s);
     }
     grpc_channel_destroy(d->ch);
     grpc_completion_queue_shutdown(d->cq);
@@ -456,9 +467,8 @@ cinfer_status cinfer_bench_grpc_model_info(cinfer_bench_driver *base,
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
+    /* Fail fast (no wait-for-ready): nothing listening is an answer. */
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    /* Wait for the connection rather than fail while it comes up. */
-    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -396,7 +396,10 @@ static int reap(http_driver *d)
     int n = 0, left;
     CURLMsg *m;
     double t = cinfer_bench_now_s();
-    while ((m = curl_multi_info_read(d->multi, &left)) != NULL) {
+    for (;;) {
+        m = curl_multi_info_read(d->multi, &left);
+        if (!m)
+            break;
         if (m->msg != CURLMSG_DONE)
             continue;
         char *priv = NULL;

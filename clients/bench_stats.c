@@ -11,9 +11,10 @@
  *         while a send is in flight) count as arriving together: the first
  *         of them gets the gap, the rest 0, so mean ITL matches TPOT and
  *         coalescing shows as a spread between p50 and p99.
- * Percentiles interpolate linearly between ranks (numpy's default); std is
- * the population standard deviation (numpy's default). Failed requests
- * count only as errors, by status name.
+ * TTFT counts completed requests with at least one token. Percentiles
+ * interpolate linearly between ranks (numpy's default); std is the
+ * population standard deviation (numpy's default). Failed requests count
+ * only as errors, by status name.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -98,6 +99,21 @@ void cinfer_bench_buf_free(cinfer_bench_buf *b)
     free(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Driver parameters                                                      */
+/* ---------------------------------------------------------------------- */
+
+cinfer_bench_driver_params cinfer_bench_driver_default_params(void)
+{
+    cinfer_bench_driver_params p;
+    memset(&p, 0, sizeof p);
+    p.server = "127.0.0.1:50051";
+    p.ignore_eos = 1;
+    p.temperature = 0;
+    p.timeout_s = 0;
+    return p;
 }
 
 /* ---------------------------------------------------------------------- */

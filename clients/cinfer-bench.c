@@ -340,8 +340,10 @@ int main(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    int opt;
-    while ((opt = getopt_long(argc, argv, "hq", longopts, NULL)) != -1) {
+    for (;;) {
+        int opt = getopt_long(argc, argv, "hq", longopts, NULL);
+        if (opt == -1)
+            break;
         int ok = 1;
         switch (opt) {
         case 'h': usage(stdout); return 0;
@@ -439,8 +441,11 @@ int main(int argc, char **argv)
     }
 
     int rc = EXIT_BROKEN;
-    cinfer_bench_driver_params dp = {o.server, o.ignore_eos, o.temperature,
-                                     o.timeout_s};
+    cinfer_bench_driver_params dp = cinfer_bench_driver_default_params();
+    dp.server = o.server;
+    dp.ignore_eos = o.ignore_eos;
+    dp.temperature = o.temperature;
+    dp.timeout_s = o.timeout_s;
     cinfer_bench_driver *d = NULL;
     cinfer_status st = llama ? cinfer_bench_http_create(&dp, &d)
                              : cinfer_bench_grpc_create(&dp, &d);
@@ -449,9 +454,8 @@ int main(int argc, char **argv)
         return EXIT_BROKEN;
     }
     cinfer_bench_model_info mi;
-    double info_timeout_s = o.timeout_s > 0 ? o.timeout_s : 30;
-    st = llama ? cinfer_bench_http_model_info(d, info_timeout_s, &mi)
-               : cinfer_bench_grpc_model_info(d, info_timeout_s, &mi);
+    st = llama ? cinfer_bench_http_model_info(d, 30, &mi)
+               : cinfer_bench_grpc_model_info(d, 30, &mi);
     if (st != CINFER_OK) {
         fprintf(stderr, "cinfer-bench: %s\n", cinfer_last_error());
         goto fail_driver;
@@ -584,6 +588,6 @@ fail_reqs:
 fail_workload:
     cinfer_bench_workload_destroy(w);
 fail_driver:
-    d->ops->destroy(d);
+    cinfer_bench_driver_destroy(d);
     return rc;
 }

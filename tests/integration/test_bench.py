@@ -342,9 +342,16 @@ def case_grpc(work):
         check_eq(res["errors"], {"INVALID_ARGUMENT": 3}, "errors by name")
         check("INVALID_ARGUMENT" in r.stderr, "the first failure is shown")
 
+        # Deadlines far shorter than the generation.
+        r = bench("--server", srv.addr, "--num-requests", 2, "--concurrency",
+                  2, "--input-len", 4, "--output-len", 64, "--timeout", 0.05,
+                  "--json", out, timeout=300)
+        check_eq(r.returncode, 1, "deadlines: exit status 1")
+        res = json.load(open(out))
+        check_eq(res["errors"], {"DEADLINE_EXCEEDED": 2}, "deadline errors")
+
     # Nothing listens there any more.
-    r = bench("--server", srv.addr, "--num-requests", 1, "--timeout", 5,
-              timeout=120)
+    r = bench("--server", srv.addr, "--num-requests", 1, timeout=120)
     check_eq(r.returncode, 2, "unreachable server: exit status 2")
 
 
