@@ -486,14 +486,23 @@ int main(int argc, char **argv)
         goto fail_driver;
     }
     int show_progress = !o.quiet && isatty(STDERR_FILENO);
-    if (!o.quiet)
+    if (!o.quiet) {
+        char conc[32], rate[64];
+        if (o.concurrency)
+            snprintf(conc, sizeof conc, "%d", o.concurrency);
+        else
+            snprintf(conc, sizeof conc, "unlimited");
+        if (o.rate > 0)
+            snprintf(rate, sizeof rate, "%g/s (burstiness %g)", o.rate,
+                     o.burstiness);
+        else
+            snprintf(rate, sizeof rate, "inf");
         fprintf(stderr,
                 "cinfer-bench: %s %s (%s), %d requests, %d+%d tokens, "
-                "concurrency %s%d, rate %s\n",
+                "concurrency %s, rate %s\n",
                 llama ? "llamacpp" : "grpc", o.server, mi.model,
-                o.num_requests, o.input_len, o.output_len,
-                o.concurrency ? "" : "unlimited ", o.concurrency,
-                o.rate > 0 ? "Poisson" : "inf");
+                o.num_requests, o.input_len, o.output_len, conc, rate);
+    }
 
     if (o.warmups > 0) {
         cinfer_bench_workload_params ww = wp;
