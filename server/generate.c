@@ -292,8 +292,8 @@ static void reject_message(cinfer_reject r, int64_t retry_ms,
         what = "overloaded: the queued tokens exceed the limit";
         break;
     case CINFER_REJECT_SHED_DEADLINE:
-        what = "the deadline cannot be met: the predicted wait exceeds the "
-               "time left";
+        what = "deadline exceeded: the request can not start before its "
+               "deadline";
         break;
     case CINFER_REJECT_SHED_CODEL:
         what = "overloaded: requests wait longer than the queue target";

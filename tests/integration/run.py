@@ -3,7 +3,7 @@
 by cinfer-cli, the Python example client, grpcio and grpcurl.
 
     run.py CASE --server-bin B --cli-bin C --run-bin R --mkmodel-bin M \\
-           [--model PATH] [--tokens N] [--work DIR]
+           [--faulty-bin F] [--model PATH] [--tokens N] [--work DIR]
 
 Each case starts its own server(s) with --listen 127.0.0.1:0 (the port is
 read from the server's "listening" log line, so parallel tests never race
@@ -12,6 +12,15 @@ Exit status: 0 pass, 1 fail, 77 skip (the default model, grpcio or grpcurl
 is missing). Cases that need real text compare against what cinfer-run
 prints for the same greedy request; cases that only need a model use a tiny
 random one made with cinfer-mkmodel, so they run in a second.
+
+The resilience cases (rejections, retry, timeouts, deadline_free, breaker,
+saturated) also use cinfer-server-faulty (--faulty-bin): the same server
+over a backend whose steps a control file can slow down (hang_ms) or fail
+with device errors (fail), which makes queues, deadlines and breaker trips
+happen on cue with the tiny model. Rejections are checked on the wire with
+a raw HTTP/2 client (the h2 package): one HEADERS frame with END_STREAM
+(Trailers-Only), the status, grpc-retry-pushback-ms and the
+google.rpc.Status of grpc-status-details-bin.
 """
 import argparse
 import json
@@ -77,25 +86,36 @@ class Server:
     """A cinfer-server process; use as a context manager."""
 
     def __init__(self, model, extra=(), name="server", wait_serving=True,
-                 threads=2):
+                 threads=2, binary=None, env=None):
         self.model = model
         self.extra = list(extra)
         self.name = name
         self.wait_serving = wait_serving
         self.threads = threads
+        self.binary = binary or ARGS.server_bin
+        self.env = env
         self.proc = None
         self.port = None
+        self.metrics_port = None
         self.channel = None
 
     def __enter__(self):
         self.log_path = os.path.join(ARGS.work, self.name + ".log")
         self.log_file = open(self.log_path, "w")
-        cmd = [ARGS.server_bin, "--listen", "127.0.0.1:0", "--model",
+        cmd = [self.binary, "--listen", "127.0.0.1:0", "--model",
                self.model, "--threads", str(self.threads),
-               "--log-level", "debug"] + self.extra
+               "--log-level", "debug"]
+        # /metrics on a free port too (tests run in parallel).
+        if "--metrics-listen" not in self.extra:
+            cmd += ["--metrics-listen", "127.0.0.1:0"]
+        cmd += self.extra
         log("start", " ".join(cmd))
+        env = None
+        if self.env:
+            env = dict(os.environ)
+            env.update(self.env)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                     stderr=self.log_file)
+                                     stderr=self.log_file, env=env)
         deadline = time.time() + 60
         while self.port is None:
             if self.proc.poll() is not None:
@@ -107,6 +127,8 @@ class Server:
             for line in self.log_lines():
                 if line.get("msg") == "listening":
                     self.port = line["port"]
+                elif line.get("msg") == "metrics listening":
+                    self.metrics_port = line["port"]
             time.sleep(0.02)
         self.addr = "127.0.0.1:%d" % self.port
         if self.wait_serving:
@@ -930,6 +952,9 @@ def case_health():
         except grpc.RpcError as e:
             check_eq(e.code(), grpc.StatusCode.UNAVAILABLE, "loading code")
             check("loading" in e.details(), "loading message")
+            md = dict(e.trailing_metadata())
+            check_eq(md.get("grpc-retry-pushback-ms"), "1000",
+                     "loading pushback (%r)" % md)
         rc, out, err = cli(srv, "health")
         check_eq((rc, out.strip()), (20, "NOT_SERVING"), "cinfer-cli health")
         # Let the load fail: feed "not a model" to every open of the FIFO
@@ -1035,6 +1060,12 @@ def case_drain():
             raise AssertionError("a new call was accepted while draining")
         except grpc.RpcError as e:
             check_eq(e.code(), grpc.StatusCode.UNAVAILABLE, "draining code")
+            # Retry at once, elsewhere: pushback 0 in the trailers.
+            md = dict(e.trailing_metadata())
+            check_eq(md.get("grpc-retry-pushback-ms"), "0",
+                     "draining pushback (%r)" % md)
+            code, _, retry_ms, _ = rich_status(md["grpc-status-details-bin"])
+            check_eq((code, retry_ms), (14, 0), "draining rich status")
         still_running = any(t.is_alive() for t in threads)
         for t in threads:
             t.join()
@@ -1065,6 +1096,834 @@ def case_drain():
             (time.time() - t0))
 
 
+# ---------------------------------------------------------------------------
+# Resilience: raw HTTP/2, rich status, faults
+# ---------------------------------------------------------------------------
+
+GRPC_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3,
+              "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5, "RESOURCE_EXHAUSTED": 8,
+              "UNAVAILABLE": 14, "INTERNAL": 13}
+
+
+def need_faulty():
+    if not ARGS.faulty_bin or not os.path.isfile(ARGS.faulty_bin):
+        raise Skip("cinfer-server-faulty not built (--faulty-bin)")
+    return ARGS.faulty_bin
+
+
+def need_h2():
+    try:
+        import h2.connection  # noqa: F401
+    except ImportError:
+        raise Skip("the h2 package is not installed (pip install h2)")
+
+
+class Faults:
+    """The control file of cinfer-server-faulty."""
+
+    def __init__(self, name):
+        self.path = os.path.join(ARGS.work, name + ".faults")
+        self.set()
+
+    def set(self, fail=0.0, hang_ms=0):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("fail=%g hang_ms=%d\n" % (fail, hang_ms))
+        os.replace(tmp, self.path)
+        time.sleep(0.08)  # the backend re-reads it every 20 ms
+
+    def env(self):
+        return {"CINFER_FAULT_FILE": self.path}
+
+
+def faulty_server(name, extra=(), fail=0.0, hang_ms=0, model=None):
+    """(Server, Faults) for cinfer-server-faulty on the tiny model."""
+    binary = need_faulty()
+    faults = Faults(name)
+    faults.set(fail, hang_ms)
+    srv = Server(model or tiny_model(), list(extra), name=name,
+                 binary=binary, env=faults.env(), threads=1)
+    return srv, faults
+
+
+class H2Result:
+    def __init__(self):
+        self.frames = []          # ("headers", end_stream) / ("data", n) ...
+        self.headers = {}         # the first HEADERS block
+        self.trailers = {}
+        self.messages = 0
+        self.elapsed = 0.0
+
+    @property
+    def status(self):
+        v = self.trailers.get("grpc-status", self.headers.get("grpc-status"))
+        return int(v) if v is not None else None
+
+    @property
+    def trailers_only(self):
+        """One HEADERS frame with END_STREAM, no DATA, no second HEADERS."""
+        return (len(self.frames) >= 1 and self.frames[0] == ("headers", True)
+                and not any(f[0] in ("data", "headers")
+                            for f in self.frames[1:]))
+
+    def md(self, key):
+        return self.headers.get(key, self.trailers.get(key))
+
+
+def h2_call(addr, path, msg, metadata=(), timeout=30):
+    """One gRPC call over a raw HTTP/2 connection (the h2 package): every
+    frame of the response as it came."""
+    import socket
+    import struct
+    import h2.config
+    import h2.connection
+    import h2.events
+    host, port = addr.rsplit(":", 1)
+    res = H2Result()
+    t0 = time.time()
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding="utf-8"))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        hdrs = [(":method", "POST"), (":scheme", "http"), (":path", path),
+                (":authority", addr), ("content-type", "application/grpc"),
+                ("te", "trailers")] + list(metadata)
+        conn.send_headers(1, hdrs)
+        conn.send_data(1, b"\0" + struct.pack(">I", len(msg)) + msg,
+                       end_stream=True)
+        sock.sendall(conn.data_to_send())
+        ended = False
+        deadline = time.time() + timeout
+        buf = b""
+        while not ended and time.time() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                break
+            # Frame by frame, so that a frame h2 refuses (gRPC core may
+            # write to a stream it already ended, e.g. its own
+            # DEADLINE_EXCEEDED twice) loses nothing before it.
+            buf += data
+            events = []
+            while len(buf) >= 9:
+                n = 9 + int.from_bytes(buf[:3], "big")
+                if len(buf) < n:
+                    break
+                frame, buf = buf[:n], buf[n:]
+                try:
+                    events += conn.receive_data(frame)
+                except Exception as e:  # noqa: BLE001
+                    res.frames.append(("h2-error", type(e).__name__))
+                    ended = True
+                    break
+            for ev in events:
+                if isinstance(ev, h2.events.ResponseReceived):
+                    res.headers = dict(ev.headers)
+                    res.frames.append(("headers",
+                                       ev.stream_ended is not None))
+                elif isinstance(ev, h2.events.DataReceived):
+                    res.frames.append(("data", len(ev.data)))
+                    conn.acknowledge_received_data(
+                        ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    res.trailers = dict(ev.headers)
+                    res.frames.append(("headers", True))
+                elif isinstance(ev, h2.events.StreamEnded):
+                    ended = True
+                elif isinstance(ev, h2.events.StreamReset):
+                    res.frames.append(("reset", ev.error_code))
+                    ended = True
+            out = conn.data_to_send()
+            if out:
+                sock.sendall(out)
+    finally:
+        sock.close()
+    res.elapsed = time.time() - t0
+    return res
+
+
+_rpc_mods = None
+
+
+def rpc_status_modules():
+    """(status_pb2, error_details_pb2) generated from proto/google/rpc."""
+    global _rpc_mods
+    if _rpc_mods is None:
+        import importlib.util
+        import types
+        from grpc_tools import protoc
+        import grpc_tools
+        d = os.path.join(ARGS.work, "rpc-stubs")
+        os.makedirs(d, exist_ok=True)
+        well_known = os.path.join(os.path.dirname(grpc_tools.__file__),
+                                  "_proto")
+        check_eq(protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"),
+                              "-I" + well_known, "--python_out=" + d,
+                              "google/rpc/status.proto",
+                              "google/rpc/error_details.proto"]), 0,
+                 "protoc google.rpc")
+        import google.protobuf
+        google = sys.modules["google"]
+        if "google.rpc" not in sys.modules:
+            sys.modules["google.rpc"] = types.ModuleType("google.rpc")
+            google.rpc = sys.modules["google.rpc"]
+        mods = []
+        for name in ("status_pb2", "error_details_pb2"):
+            full = "google.rpc." + name
+            if full not in sys.modules:
+                spec = importlib.util.spec_from_file_location(
+                    full, os.path.join(d, "google", "rpc", name + ".py"))
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[full] = mod
+                spec.loader.exec_module(mod)
+            mods.append(sys.modules[full])
+        _rpc_mods = tuple(mods)
+    return _rpc_mods
+
+
+def rich_status(details_bin):
+    """Decodes grpc-status-details-bin (raw bytes or base64 text): (code,
+    message, retry delay in ms or None, [quota subjects])."""
+    import base64
+    spb, epb = rpc_status_modules()
+    if isinstance(details_bin, str):
+        pad = "=" * (-len(details_bin) % 4)
+        details_bin = base64.b64decode(details_bin + pad)
+    st = spb.Status.FromString(details_bin)
+    retry_ms, subjects = None, []
+    for d in st.details:
+        if d.type_url == "type.googleapis.com/google.rpc.RetryInfo":
+            ri = epb.RetryInfo.FromString(d.value)
+            retry_ms = (ri.retry_delay.seconds * 1000 +
+                        ri.retry_delay.nanos // 1000000)
+        elif d.type_url == "type.googleapis.com/google.rpc.QuotaFailure":
+            qf = epb.QuotaFailure.FromString(d.value)
+            subjects += [v.subject for v in qf.violations]
+    return st.code, st.message, retry_ms, subjects
+
+
+def gen_bytes(prompt="hello", n=4, request_id="", ignore_eos=False, **kw):
+    pb, _, _, _ = stubs()
+    req = pb.GenerateRequest(text=prompt, request_id=request_id, **kw)
+    req.stopping.max_tokens = n
+    if ignore_eos:
+        req.stopping.ignore_eos = True
+    return req
+
+
+GENERATE = "/cinfer.v1.Inference/Generate"
+
+
+def expect_rejection(srv, req, code, reason, pushback=(0, 30000),
+                     quota=None, metadata=(), what=""):
+    """Sends req over raw HTTP/2 and checks a Trailers-Only rejection:
+    status `code`, grpc-retry-pushback-ms within `pushback`, a
+    google.rpc.Status with the same code and a RetryInfo of the same delay
+    (and a QuotaFailure naming `quota`), and the server's log line naming
+    `reason` with the request id. Returns the H2Result."""
+    what = what or reason
+    r = h2_call(srv.addr, GENERATE, req.SerializeToString(), metadata)
+    check(r.trailers_only, "%s: not Trailers-Only: %r" % (what, r.frames))
+    check_eq(r.status, GRPC_CODES[code], "%s: grpc-status (%s)" %
+             (what, r.md("grpc-message")))
+    pb_ms = r.md("grpc-retry-pushback-ms")
+    check(pb_ms is not None, "%s: no grpc-retry-pushback-ms" % what)
+    pb_ms = int(pb_ms)
+    check(pushback[0] <= pb_ms <= pushback[1],
+          "%s: pushback %d ms outside %r" % (what, pb_ms, pushback))
+    details = r.md("grpc-status-details-bin")
+    check(details is not None, "%s: no grpc-status-details-bin" % what)
+    scode, smsg, retry_ms, subjects = rich_status(details)
+    check_eq(scode, GRPC_CODES[code], "%s: google.rpc.Status code" % what)
+    check_eq(retry_ms, pb_ms, "%s: RetryInfo delay = pushback" % what)
+    if quota is not None:
+        check_eq(subjects, [quota], "%s: QuotaFailure subjects" % what)
+    if req.request_id:
+        deadline = time.time() + 5
+        while True:
+            lines = [l for l in srv.log_lines()
+                     if l.get("msg") == "call rejected" and
+                     l.get("request_id") == req.request_id]
+            if lines or time.time() > deadline:
+                break
+            time.sleep(0.02)
+        check(lines, "%s: no 'call rejected' log line for %s" %
+              (what, req.request_id))
+        check_eq(lines[-1].get("reason"), reason, "%s: logged reason" % what)
+        check_eq(lines[-1].get("retry_after_ms"), pb_ms,
+                 "%s: logged pushback" % what)
+    log("ok: %s: Trailers-Only %s, pushback %d ms, %.1f ms" %
+        (what, code, pb_ms, r.elapsed * 1000))
+    return r
+
+
+def scrape(srv):
+    """The server's /metrics as {(name, labels tuple): value}, parsed with
+    prometheus_client's parser; None when it is not installed."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        log("metrics checks skipped: prometheus_client not installed")
+        return None
+    import urllib.request
+    check(srv.metrics_port, "the server logged no metrics port")
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" %
+                                  srv.metrics_port, timeout=10).read()
+    out = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for smp in fam.samples:
+            out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return out
+
+
+def metric(m, name, **labels):
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+class Streamer:
+    """A Generate call read on its own thread: chunks, tokens, code."""
+
+    def __init__(self, srv, req, timeout=None, metadata=None):
+        self.chunks = 0
+        self.tokens = 0
+        self.code = None
+        self.details = ""
+        self.final = None
+        self.first = threading.Event()
+        self.done = threading.Event()
+        self.call = srv.stub().Generate(req, timeout=timeout,
+                                        metadata=metadata)
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        import grpc
+        try:
+            for resp in self.call:
+                if resp.HasField("chunk"):
+                    self.chunks += 1
+                    self.tokens += len(resp.chunk.token_ids)
+                    self.first.set()
+                else:
+                    self.final = resp.final
+            self.code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            self.code = e.code()
+            self.details = e.details() or ""
+        finally:
+            self.first.set()
+            self.done.set()
+
+    def cancel(self):
+        self.call.cancel()
+
+    def join(self, timeout=120):
+        self.thread.join(timeout)
+        check(not self.thread.is_alive(), "a stream did not end")
+        return self
+
+
+def wait_stats(srv, pred, timeout, what):
+    deadline = time.time() + timeout
+    while True:
+        info = srv.info()
+        if pred(info):
+            return info
+        if time.time() > deadline:
+            raise AssertionError("%s never happened (stats %s)" %
+                                 (what, str(info.stats).replace("\n", " ")))
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------
+# Resilience cases
+# ---------------------------------------------------------------------------
+
+def case_rejections():
+    """Every kind of rejection arrives Trailers-Only with its pushback and
+    a google.rpc.Status: global and per-client rate limits (with
+    QuotaFailure), a full queue, too many queued tokens, KV-cache pressure,
+    CoDel; grpcio sees the trailers and no message; /metrics counts them."""
+    import grpc
+    need_h2()
+    pb, _, _, _ = stubs()
+    model = tiny_model()
+
+    # Global bucket: 0.5/s, burst 1 -> the second call waits ~2 s.
+    with Server(model, ["--rate-limit-qps", "0.5", "--rate-limit-burst",
+                        "1"], name="rl-global", threads=1) as srv:
+        collect(srv.stub().Generate(gen_bytes(request_id="g-1"), timeout=30))
+        expect_rejection(srv, gen_bytes(request_id="g-2"),
+                         "RESOURCE_EXHAUSTED", "rate_limited_global",
+                         pushback=(1000, 2000), quota="server")
+        # grpcio: the trailers, no initial metadata, no message.
+        call = srv.stub().Generate(gen_bytes(request_id="g-3"), timeout=30)
+        got = []
+        try:
+            for resp in call:
+                got.append(resp)
+            raise AssertionError("g-3 was admitted")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, "g-3")
+            md = dict(e.trailing_metadata())
+            check("grpc-retry-pushback-ms" in md, "grpcio trailers: %r" % md)
+            code, msg, retry_ms, subj = rich_status(
+                md["grpc-status-details-bin"])
+            check_eq((code, retry_ms, subj),
+                     (8, int(md["grpc-retry-pushback-ms"]), ["server"]),
+                     "grpcio rich status")
+            check_eq(tuple(call.initial_metadata()), (), "initial metadata")
+            check_eq(got, [], "messages")
+        log("ok: grpcio sees the pushback trailers, no metadata, no message")
+        # Tokenize and health are not limited.
+        for _ in range(3):
+            srv.stub().Tokenize(pb.TokenizeRequest(text="hi"), timeout=10)
+            check_eq(srv.health(), "SERVING", "health while limited")
+        m = scrape(srv)
+        if m is not None:
+            check_eq(metric(m, "cinfer:rejected_requests_total",
+                            reason="rate_limited_global"), 2.0,
+                     "rejected_requests_total{rate_limited_global}")
+            check_eq(metric(m, "cinfer:request_total", method="Generate",
+                            code="RESOURCE_EXHAUSTED"), 2.0,
+                     "request_total{Generate,RESOURCE_EXHAUSTED}")
+            check_eq(metric(m, "cinfer:request_total", method="Generate",
+                            code="OK"), 1.0, "request_total{Generate,OK}")
+            check_eq(metric(m, "cinfer:rejection_latency_seconds_count"),
+                     2.0, "rejection latency observations")
+            log("ok: /metrics counts the rejections")
+
+    # Per-client buckets: by x-client-id, else by the peer's address.
+    with Server(model, ["--client-rate-limit-qps", "0.5",
+                        "--client-rate-limit-burst", "1"],
+                name="rl-client", threads=1) as srv:
+        stub = srv.stub()
+        collect(stub.Generate(gen_bytes(), timeout=30,
+                              metadata=[("x-client-id", "alice")]))
+        expect_rejection(srv, gen_bytes(request_id="alice-2"),
+                         "RESOURCE_EXHAUSTED", "rate_limited_client",
+                         pushback=(1000, 2000), quota="client:alice",
+                         metadata=[("x-client-id", "alice")])
+        collect(stub.Generate(gen_bytes(), timeout=30,
+                              metadata=[("x-client-id", "bob")]))
+        log("ok: another client id has its own bucket")
+        collect(stub.Generate(gen_bytes(), timeout=30))
+        expect_rejection(srv, gen_bytes(request_id="peer-2"),
+                         "RESOURCE_EXHAUSTED", "rate_limited_client",
+                         pushback=(1000, 2000), quota="client:ipv4:127.0.0.1")
+
+    # The queue: requests waiting for their first token. One runs (slow
+    # steps), one waits; bounds of 2 requests and 300 tokens.
+    srv, faults = faulty_server("shed-queue", [
+        "--max-seqs", "1", "--max-queued-requests", "2",
+        "--max-queued-tokens", "300", "--codel-target-ms", "0"],
+        hang_ms=20)
+    with srv:
+        running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
+        check(running.first.wait(30), "the long request started")
+        waiting = Streamer(srv, gen_bytes(n=240, ignore_eos=True))
+        wait_stats(srv, lambda i: i.stats.waiting == 1, 30, "one waiting")
+        expect_rejection(srv, gen_bytes(n=100, request_id="tok-1"),
+                         "UNAVAILABLE", "shed_tokens")
+        small = Streamer(srv, gen_bytes(n=4))
+        wait_stats(srv, lambda i: i.stats.waiting == 2, 30, "two waiting")
+        expect_rejection(srv, gen_bytes(n=4, request_id="full-1"),
+                         "UNAVAILABLE", "shed_queue_full")
+        for st in (running, waiting, small):
+            st.cancel()
+            st.join()
+        wait_engine_idle(srv, 30)
+
+    # KV pressure: 40 blocks of 16 tokens, shed at 5 % while one waits.
+    srv, faults = faulty_server("shed-kv", [
+        "--max-seqs", "1", "--kv-cache-mem", "160K", "--kv-shed-percent",
+        "5", "--codel-target-ms", "0"], hang_ms=10)
+    with srv:
+        running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
+        wait_stats(srv, lambda i: i.stats.kv_blocks_used >= 3, 30,
+                   "3 KV blocks in use")
+        waiting = Streamer(srv, gen_bytes(n=4))
+        wait_stats(srv, lambda i: i.stats.waiting == 1, 30, "one waiting")
+        time.sleep(0.05)  # the watchdog feeds the usage every 10 ms
+        expect_rejection(srv, gen_bytes(n=4, request_id="kv-1"),
+                         "UNAVAILABLE", "shed_kv_pressure")
+        for st in (running, waiting):
+            st.cancel()
+            st.join()
+        wait_engine_idle(srv, 30)
+
+    # CoDel on the time to first token: a standing queue of short requests
+    # behind slow steps; once an interval's fastest wait exceeds 20 ms,
+    # waits over 40 ms are shed (while queued, or at their first token).
+    srv, faults = faulty_server("shed-codel", [
+        "--max-seqs", "1", "--codel-target-ms", "20", "--codel-interval-ms",
+        "200", "--max-queued-requests", "100"], hang_ms=30)
+    with srv:
+        results = []
+
+        def one(i):
+            results.append(h2_call(srv.addr, GENERATE, gen_bytes(
+                n=2, request_id="codel-%d" % i).SerializeToString()))
+
+        threads = []
+        for i in range(16):
+            t = threading.Thread(target=one, args=(i,))
+            t.start()
+            threads.append(t)
+            time.sleep(0.03)
+        for t in threads:
+            t.join(120)
+        shed = [r for r in results if r.status == GRPC_CODES["UNAVAILABLE"]]
+        ok = [r for r in results if r.status == 0]
+        check_eq(len(shed) + len(ok), 16, "every call OK or UNAVAILABLE")
+        check(len(shed) >= 1 and len(ok) >= 1,
+              "CoDel shed some and ran some (%d shed)" % len(shed))
+        for r in shed:
+            check(r.trailers_only, "CoDel shed not Trailers-Only: %r" %
+                  (r.frames,))
+            check(r.md("grpc-retry-pushback-ms") is not None, "pushback")
+        reasons = [l.get("reason") for l in srv.log_lines()
+                   if l.get("msg") == "call rejected"]
+        check(reasons and all(x == "shed_codel" for x in reasons),
+              "logged reasons %r" % reasons)
+        log("ok: CoDel shed %d of 16 queued calls, Trailers-Only with "
+            "pushback" % len(shed))
+        wait_engine_idle(srv, 30)
+
+
+def case_retry():
+    """A grpcio channel whose service config retries UNAVAILABLE and
+    RESOURCE_EXHAUSTED waits the server's pushback between attempts, not
+    its own 10 ms backoff."""
+    import grpc
+    pb, rpc, _, _ = stubs()
+    config = json.dumps({"methodConfig": [{
+        "name": [{"service": "cinfer.v1.Inference"}],
+        "retryPolicy": {
+            "maxAttempts": 5, "initialBackoff": "0.01s",
+            "maxBackoff": "0.01s", "backoffMultiplier": 1,
+            "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]},
+    }]})
+    with Server(tiny_model(), ["--rate-limit-qps", "2",
+                               "--rate-limit-burst", "1"],
+                name="retry", threads=1) as srv:
+        ch = grpc.insecure_channel(srv.addr, options=[
+            ("grpc.enable_retries", 1), ("grpc.service_config", config)])
+        stub = rpc.InferenceStub(ch)
+        for k in range(3):
+            collect(stub.Generate(gen_bytes(request_id="r-%d-a" % k),
+                                  timeout=30))
+            t0 = time.time()
+            text, final, _ = collect(stub.Generate(
+                gen_bytes(request_id="r-%d-b" % k), timeout=30))
+            took = time.time() - t0
+            lines = srv.log_lines()
+            rej = [l for l in lines if l.get("msg") == "call rejected" and
+                   l.get("request_id") == "r-%d-b" % k]
+            check_eq(len(rej), 1, "one rejected attempt (then a retry "
+                     "after the pushback), got %d" % len(rej))
+            pushback = rej[0]["retry_after_ms"]
+            check(300 <= pushback <= 500, "pushback %d ms" % pushback)
+            check(took * 1000 >= pushback - 5,
+                  "the retry came after %.0f ms < pushback %d ms" %
+                  (took * 1000, pushback))
+            log("ok: retried after %.0f ms (pushback %d ms)" %
+                (took * 1000, pushback))
+            time.sleep(0.6)
+        ch.close()
+
+
+def case_timeouts():
+    """grpc-timeout values sent raw: 1n and 0S end DEADLINE_EXCEEDED; an
+    8-digit one is honoured; 9 digits and garbage are whatever gRPC core
+    makes of them, a sane status, and the server stays up."""
+    need_h2()
+    with Server(tiny_model(), name="timeouts", threads=1) as srv:
+        msg = gen_bytes(n=4).SerializeToString()
+        seen = {}
+        for t in ["1n", "0S", "99999999S", "999999999S", "123456789m",
+                  "abc", "-5S", "1x", "S", "5", "1.5S", ""]:
+            r = h2_call(srv.addr, GENERATE, msg, [("grpc-timeout", t)])
+            seen[t] = r.status
+            check(r.status is not None, "grpc-timeout %r: no status (%r)" %
+                  (t, r.frames))
+            check(r.status in (0, 4), "grpc-timeout %r: status %r (%s)" %
+                  (t, r.status, r.md("grpc-message")))
+            if t in ("1n", "0S"):
+                check_eq(r.status, 4, "grpc-timeout %r" % t)
+            if t == "99999999S":
+                check_eq(r.status, 0, "grpc-timeout %r" % t)
+            check(srv.proc.poll() is None, "the server died on %r" % t)
+        log("ok: grpc-timeout statuses %r" % seen)
+        # Through grpcio: tiny deadlines.
+        import grpc
+        for timeout in (1e-9, 1e-6, 1e-3):
+            try:
+                collect(srv.stub().Generate(gen_bytes(n=4), timeout=timeout))
+            except grpc.RpcError as e:
+                check_eq(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED,
+                         "timeout %g" % timeout)
+        check_eq(srv.health(), "SERVING", "health after the timeouts")
+        text, final, _ = collect(srv.stub().Generate(gen_bytes(n=4),
+                                                     timeout=30))
+        check(final.usage.completion_tokens >= 1, "a normal call works")
+        wait_engine_idle(srv, 30)
+
+
+def case_deadline_free():
+    """Deadlines that pass while queued, during prefill and mid-stream, and
+    --max-request-time, end DEADLINE_EXCEEDED and free the KV blocks; a
+    deadline the server can not meet even idle is refused at once."""
+    import grpc
+    need_h2()
+    pb, _, _, _ = stubs()
+    srv, faults = faulty_server("deadlines", [
+        "--max-seqs", "1", "--max-batched-tokens", "16",
+        "--max-request-time", "3", "--prefix-cache", "0"], hang_ms=200)
+    with srv:
+        # Idle refusal: steps take >= 200 ms, so a 100 ms deadline can not
+        # be met; the refusal is immediate and carries the rich status.
+        collect(srv.stub().Generate(gen_bytes(n=3), timeout=60))
+        r = h2_call(srv.addr, GENERATE, gen_bytes(
+            n=3, request_id="idle-1").SerializeToString(),
+            [("grpc-timeout", "100m")])
+        check_eq(r.status, 4, "idle refusal status (%s)" %
+                 r.md("grpc-message"))
+        check(r.trailers_only, "idle refusal Trailers-Only: %r" % r.frames)
+        check(r.md("grpc-status-details-bin") is not None and
+              "at least" in (r.md("grpc-message") or ""),
+              "refused by the server, not by gRPC's timer: %r" %
+              r.md("grpc-message"))
+        check(r.elapsed < 0.1, "refused at once (%.0f ms)" %
+              (r.elapsed * 1000))
+        log("ok: an unmeetable deadline refused in %.1f ms" %
+            (r.elapsed * 1000))
+
+        faults.set(hang_ms=20)
+        # Queued: one long request runs; the next waits past its deadline.
+        before = srv.info().stats
+        running = Streamer(srv, gen_bytes(n=240, ignore_eos=True))
+        check(running.first.wait(30), "the long request started")
+        queued = Streamer(srv, gen_bytes(n=4), timeout=0.5).join()
+        check_eq(queued.code, grpc.StatusCode.DEADLINE_EXCEEDED, "queued")
+        check_eq(queued.chunks, 0, "queued: no output")
+        running.cancel()
+        running.join()
+        wait_engine_idle(srv, 30, since=before, want_gone=2)
+        log("ok: a deadline passed in the queue; KV blocks freed")
+
+        # Prefill: 200 prompt tokens in 16-token chunks of 100 ms steps.
+        faults.set(hang_ms=100)
+        before = srv.info().stats
+        req = pb.GenerateRequest(token_ids=pb.TokenIds(
+            ids=[5 + (i % 400) for i in range(200)]))
+        req.stopping.max_tokens = 4
+        pre = Streamer(srv, req, timeout=0.8)
+        info = wait_stats(srv, lambda i: i.stats.kv_blocks_used > 0 and
+                          i.stats.running == 1, 5, "prefill under way")
+        check(info.stats.generated_tokens == before.generated_tokens,
+              "still in prefill")
+        pre.join()
+        check_eq(pre.code, grpc.StatusCode.DEADLINE_EXCEEDED, "prefill")
+        check_eq(pre.chunks, 0, "prefill: no output")
+        wait_engine_idle(srv, 30, since=before, want_gone=1)
+        log("ok: a deadline passed during prefill; KV blocks freed")
+
+        # Mid-stream: partial output stays delivered.
+        faults.set(hang_ms=20)
+        before = srv.info().stats
+        mid = Streamer(srv, gen_bytes(n=240, ignore_eos=True),
+                       timeout=1.0).join()
+        check_eq(mid.code, grpc.StatusCode.DEADLINE_EXCEEDED, "mid-stream")
+        check(mid.chunks >= 1, "mid-stream: partial output delivered")
+        wait_engine_idle(srv, 30, since=before, want_gone=1)
+        log("ok: a deadline passed mid-stream after %d tokens; KV blocks "
+            "freed" % mid.tokens)
+
+        # --max-request-time 3: no client deadline, the server's cap.
+        before = srv.info().stats
+        t0 = time.time()
+        cap = Streamer(srv, gen_bytes(n=250, ignore_eos=True)).join()
+        took = time.time() - t0
+        check_eq(cap.code, grpc.StatusCode.DEADLINE_EXCEEDED, "max time")
+        check("deadline exceeded after" in cap.details, cap.details)
+        check(cap.chunks >= 1 and 2.5 < took < 10,
+              "cut at ~3 s (%.1f s, %d chunks)" % (took, cap.chunks))
+        wait_engine_idle(srv, 30, since=before, want_gone=1)
+        log("ok: --max-request-time cut a stream at %.1f s" % took)
+
+
+def case_breaker():
+    """Device faults open the breaker (UNAVAILABLE at once, Trailers-Only,
+    with pushback), it half-opens after the wait, reopens on a failed
+    probe with a longer wait, and closes when the probes succeed; health
+    goes NOT_SERVING after faults in a row and back when the engine serves
+    again; a cancelled probe gives its permit back."""
+    import grpc
+    need_h2()
+    srv, faults = faulty_server("breaker", [
+        "--breaker-failure-rate", "50", "--breaker-min-calls", "4",
+        "--breaker-window-ms", "60000", "--breaker-wait-ms", "1000",
+        "--breaker-max-wait-ms", "8000", "--breaker-half-open-probes", "2",
+        "--unhealthy-after-faults", "2"])
+    internal = 0
+    opened = 0
+    with srv:
+        stub = srv.stub()
+        for i in range(2):
+            collect(stub.Generate(gen_bytes(request_id="ok-%d" % i),
+                                  timeout=30))
+        faults.set(fail=1)
+        for i in range(2):
+            try:
+                collect(stub.Generate(gen_bytes(request_id="bad-%d" % i),
+                                      timeout=30))
+                raise AssertionError("a faulty step succeeded")
+            except grpc.RpcError as e:
+                check_eq(e.code(), grpc.StatusCode.INTERNAL, "engine fault")
+                check("injected device fault" in e.details(), e.details())
+                internal += 1
+        # 2 failures of 4 calls = 50 %: open.
+        t0 = time.time()
+        r = expect_rejection(srv, gen_bytes(request_id="open-1"),
+                             "UNAVAILABLE", "breaker_open",
+                             pushback=(1, 1000), what="breaker open")
+        opened += 1
+        check("circuit breaker open" in r.md("grpc-message"),
+              r.md("grpc-message"))
+        srv.wait_health("NOT_SERVING", 10)
+        log("ok: health NOT_SERVING after device faults in a row")
+
+        # Half-open with the fault still there: the probe fails and the
+        # breaker reopens for twice as long.
+        time.sleep(max(0, int(r.md("grpc-retry-pushback-ms")) / 1000.0 -
+                       (time.time() - t0)) + 0.05)
+        try:
+            collect(stub.Generate(gen_bytes(request_id="probe-bad"),
+                                  timeout=30))
+            raise AssertionError("the failing probe succeeded")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.INTERNAL, "failed probe")
+            internal += 1
+        r = expect_rejection(srv, gen_bytes(request_id="open-2"),
+                             "UNAVAILABLE", "breaker_open",
+                             pushback=(1001, 2000), what="breaker reopened")
+        opened += 1
+        t0 = time.time()
+
+        # Faults stop: health comes back through the watchdog's probe.
+        faults.set(fail=0, hang_ms=300)
+        srv.wait_health("SERVING", 15)
+        log("ok: health SERVING again once the engine serves")
+        time.sleep(max(0, int(r.md("grpc-retry-pushback-ms")) / 1000.0 -
+                       (time.time() - t0)) + 0.05)
+
+        # Half-open: a probe the client cancels counts for nothing and
+        # gives its permit back...
+        before = srv.info().stats
+        p1 = Streamer(srv, gen_bytes(n=3, request_id="probe-cancel"))
+        time.sleep(0.1)
+        p1.cancel()
+        p1.join()
+        check_eq(p1.code, grpc.StatusCode.CANCELLED, "cancelled probe")
+        wait_engine_idle(srv, 30, since=before, want_gone=1)
+        # ...so both probes still pass, succeed, and close the breaker.
+        faults.set(hang_ms=0)
+        probes = [Streamer(srv, gen_bytes(n=3, request_id="probe-%d" % i))
+                  for i in range(2)]
+        for p in probes:
+            p.join()
+            check_eq(p.code, grpc.StatusCode.OK, "probe (%s)" % p.details)
+        for i in range(5):
+            collect(stub.Generate(gen_bytes(request_id="after-%d" % i),
+                                  timeout=30))
+        log("ok: probes closed the breaker; calls pass again")
+        check_eq(srv.health(), "SERVING", "health")
+
+        m = scrape(srv)
+        if m is not None:
+            check_eq(metric(m, "cinfer:breaker_state"), 0.0, "breaker_state")
+            # closed->open, ->half, ->open, ->half, ->closed
+            check_eq(metric(m, "cinfer:breaker_transitions_total"), 5.0,
+                     "breaker transitions")
+            check_eq(metric(m, "cinfer:rejected_requests_total",
+                            reason="breaker_open"), float(opened),
+                     "breaker rejections")
+            check_eq(metric(m, "cinfer:request_total", method="Generate",
+                            code="INTERNAL"), float(internal),
+                     "INTERNAL count")
+            check_eq(metric(m, "cinfer:health_serving"), 1.0, "health gauge")
+            log("ok: /metrics: breaker state, transitions, rejections")
+
+
+def case_saturated():
+    """With every sequence slot busy and the queue full, health checks,
+    reflection and GetModelInfo still answer at once, and the overflow is
+    refused at once."""
+    import grpc
+    pb, _, hpb, hrpc = stubs()
+    srv, faults = faulty_server("saturated", [
+        "--max-seqs", "2", "--max-queued-requests", "4",
+        "--codel-target-ms", "0"], hang_ms=50)
+    with srv:
+        # Queued means "no first token yet": the two that will run first.
+        streams = [Streamer(srv, gen_bytes(n=100, ignore_eos=True,
+                                           request_id="sat-%d" % i))
+                   for i in range(2)]
+        for st in streams:
+            check(st.first.wait(30), "a running stream started")
+        streams += [Streamer(srv, gen_bytes(n=100, ignore_eos=True,
+                                            request_id="sat-%d" % i))
+                    for i in range(2, 6)]
+        wait_stats(srv, lambda i: i.stats.running == 2 and
+                   i.stats.waiting == 4, 30, "2 running, 4 waiting")
+        over = []
+        for i in range(6):
+            t0 = time.time()
+            st = Streamer(srv, gen_bytes(n=4, request_id="over-%d" % i),
+                          timeout=30).join()
+            over.append((st.code, time.time() - t0))
+        for code, took in over:
+            check_eq(code, grpc.StatusCode.UNAVAILABLE, "overflow")
+            check(took < 1.0, "overflow refused in %.2f s" % took)
+        health = hrpc.HealthStub(srv.grpc_channel())
+        for _ in range(5):
+            t0 = time.time()
+            r = health.Check(hpb.HealthCheckRequest(), timeout=5)
+            check_eq(hpb.HealthCheckResponse.ServingStatus.Name(r.status),
+                     "SERVING", "health while saturated")
+            check(time.time() - t0 < 0.5, "health answered in %.2f s" %
+                  (time.time() - t0))
+        t0 = time.time()
+        info = srv.info()
+        check(time.time() - t0 < 0.5, "GetModelInfo while saturated")
+        check_eq((info.stats.running, info.stats.waiting), (2, 4), "stats")
+        try:
+            g = grpcurl_bin()
+        except Skip:
+            g = None
+        if g:
+            t0 = time.time()
+            rc, out, err = grpcurl(srv, "list", timeout=30)
+            check_eq(rc, 0, "grpcurl list while saturated (%s)" % err)
+            check("cinfer.v1.Inference" in out, "reflection lists")
+            check(time.time() - t0 < 5, "reflection answered")
+        m = scrape(srv)
+        if m is not None:
+            check_eq(metric(m, "cinfer:num_requests_running"), 2.0, "running")
+            check_eq(metric(m, "cinfer:num_requests_waiting"), 4.0, "waiting")
+            check_eq(metric(m, "cinfer:rejected_requests_total",
+                            reason="shed_queue_full"), 6.0, "shed count")
+        log("ok: health, GetModelInfo and reflection answer while saturated; "
+            "the overflow is refused in < 1 s")
+        for st in streams:
+            st.cancel()
+        for st in streams:
+            st.join()
+        wait_engine_idle(srv, 30)
+
+
 CASES = {
     "streams": case_streams,
     "concurrent": case_concurrent,
@@ -1074,6 +1933,12 @@ CASES = {
     "reflection": case_reflection,
     "health": case_health,
     "drain": case_drain,
+    "rejections": case_rejections,
+    "retry": case_retry,
+    "timeouts": case_timeouts,
+    "deadline_free": case_deadline_free,
+    "breaker": case_breaker,
+    "saturated": case_saturated,
 }
 
 
@@ -1085,6 +1950,7 @@ def main():
     ap.add_argument("--cli-bin", required=True)
     ap.add_argument("--run-bin", required=True)
     ap.add_argument("--mkmodel-bin", required=True)
+    ap.add_argument("--faulty-bin", default="")
     ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--work", default=None)
