@@ -56,6 +56,9 @@
 #include "server/log.h"
 #include "server/server_impl.h"
 
+/* Pushback when the engine's own waiting queue is full. */
+#define ENGINE_FULL_PUSHBACK_MS 1000
+
 /* gRPC may notice a deadline this much before our clock reads it. */
 #define DEADLINE_SLACK_NS 5000000
 
@@ -904,6 +907,15 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
                                     CINFER_OUTCOME_IGNORED,
                                     cinfer_server_now_ns());
             pthread_mutex_unlock(&c->mu);
+        }
+        if (st == CINFER_E_EXHAUSTED) {
+            /* The engine's own queue bound (--max-queued): a rejection
+             * like the shedder's, with a pushback. */
+            cinfer_pushback pb = {.reason = CINFER_REJECT_NONE,
+                                  .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
+            cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
+                                       cinfer_last_error(), &pb);
+            goto out;
         }
         goto fail;
     }

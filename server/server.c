@@ -382,9 +382,9 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
                 cinfer_log_str(&l, "status", cinfer_status_name(st));
                 cinfer_log_int(&l, "grpc_status",
                                (int)cinfer_server_grpc_status(st));
-                cinfer_log_str(&l, "reason", pb->reason != CINFER_REJECT_NONE
-                                                 ? cinfer_reject_name(pb->reason)
-                                                 : "loading");
+                if (pb->reason != CINFER_REJECT_NONE)
+                    cinfer_log_str(&l, "reason",
+                                   cinfer_reject_name(pb->reason));
                 cinfer_log_int(&l, "retry_after_ms", pb->retry_after_ms);
                 cinfer_log_str(&l, "detail", details ? details : "");
                 cinfer_log_end(&l);

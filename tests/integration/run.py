@@ -1494,6 +1494,14 @@ def case_rejections():
                      2.0, "rejection latency observations")
             log("ok: /metrics counts the rejections")
 
+    # --resilience off: the same limit is not applied.
+    with Server(model, ["--resilience", "off", "--rate-limit-qps", "0.5",
+                        "--rate-limit-burst", "1"], name="rl-off",
+                threads=1) as srv:
+        for i in range(3):
+            collect(srv.stub().Generate(gen_bytes(), timeout=30))
+        log("ok: --resilience off admits everything")
+
     # Per-client buckets: by x-client-id, else by the peer's address.
     with Server(model, ["--client-rate-limit-qps", "0.5",
                         "--client-rate-limit-burst", "1"],
@@ -1855,6 +1863,25 @@ def case_breaker():
                      "INTERNAL count")
             check_eq(metric(m, "cinfer:health_serving"), 1.0, "health gauge")
             log("ok: /metrics: breaker state, transitions, rejections")
+
+    # A stuck engine: a step that hangs past --watchdog-timeout turns
+    # health NOT_SERVING (Watch streams hear it) until steps move again.
+    _, _, hpb, hrpc = stubs()
+    srv, faults = faulty_server("stuck", ["--watchdog-timeout", "0.5"],
+                                hang_ms=2500)
+    with srv:
+        watch = hrpc.HealthStub(srv.grpc_channel()).Watch(
+            hpb.HealthCheckRequest(), timeout=60)
+        name = hpb.HealthCheckResponse.ServingStatus.Name
+        check_eq(name(next(watch).status), "SERVING", "watch first")
+        st = Streamer(srv, gen_bytes(n=2))
+        check_eq(name(next(watch).status), "NOT_SERVING", "watch: stuck")
+        faults.set(hang_ms=0)
+        check_eq(name(next(watch).status), "SERVING", "watch: moving again")
+        st.join()
+        check_eq(st.code, grpc.StatusCode.OK, "the slow request finished")
+        watch.cancel()
+        log("ok: health NOT_SERVING while a step hangs, SERVING after")
 
 
 def case_saturated():
