@@ -316,14 +316,24 @@ static int put_trailers(srv_call *c, cinfer_status st, const char *details,
     return 1;
 }
 
-/* Counts a status in the metrics: every call's code, and for a rejection
- * its reason and how long the server took to answer. */
+/* Counts a status in the metrics: the code of every cinfer.v1.Inference
+ * call (health probes and reflection would drown them), and for a
+ * rejection its reason and how long the server took to answer. */
 static void count_status(srv_call *c, cinfer_status st,
                          const cinfer_pushback *pb)
 {
     cinfer_metrics *m = c->srv->metrics;
-    if (!m)
+    if (!m || !c->method)
         return;
+    switch (c->method->kind) {
+    case RPC_GENERATE:
+    case RPC_TOKENIZE:
+    case RPC_DETOKENIZE:
+    case RPC_MODEL_INFO:
+        break;
+    default:
+        return;
+    }
     cinfer_metrics_request_done(m, cinfer_call_method_name(c),
                                 (int)cinfer_server_grpc_status(st));
     if (pb && pb->reason != CINFER_REJECT_NONE) {
