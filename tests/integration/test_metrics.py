@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Integration tests of /metrics: the real cinfer-server with
---metrics-listen on a free loopback port, scraped over HTTP and parsed with
-the Prometheus client library's text parser (prometheus_client).
+--metrics-listen 127.0.0.1:0 (the port read from its log), scraped over
+HTTP and parsed with the Prometheus client library's text parser
+(prometheus_client).
 
     test_metrics.py CASE --server-bin S --cli-bin C --run-bin R \\
                     --mkmodel-bin M [--model PATH] [--work DIR]
@@ -28,7 +29,6 @@ Reuses run.py's server and stub helpers. Exit status: 0 pass, 1 fail,
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,15 +58,6 @@ def need_metrics_flag():
     if "--metrics-listen" not in server_flags():
         raise Skip("cinfer-server has no --metrics-listen flag (metrics not "
                    "wired into the server)")
-
-
-def free_port():
-    """A loopback port free right now (the server binds it next)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def fetch(port, path="/metrics"):
@@ -118,14 +109,23 @@ def wait_until(port, pred, what, timeout=10):
 
 
 def start(extra=()):
-    """A server on a tiny model with /metrics on a free port."""
+    """A server on a tiny model with /metrics on a port of its choosing
+    (read back from its "metrics listening" log line)."""
     need_metrics_flag()
     model = run.tiny_model(ctx=256)
-    mport = free_port()
-    srv = run.Server(model, extra=["--metrics-listen", "127.0.0.1:%d" % mport]
-                     + list(extra), name="metrics-server")
-    srv.metrics_port = mport
-    return srv
+    return run.Server(model, extra=["--metrics-listen", "127.0.0.1:0"] +
+                      list(extra), name="metrics-server")
+
+
+def metrics_port(srv):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        for line in srv.log_lines():
+            if line.get("msg") == "metrics listening" and "port" in line:
+                return int(line["port"])
+        time.sleep(0.05)
+    raise AssertionError("no \"metrics listening\" line with a port in the "
+                         "server log:\n" + srv.log_text()[-3000:])
 
 
 def histogram_counts(samples, name):
@@ -143,7 +143,7 @@ def case_counts():
     pb, _, _, _ = run.stubs()
     n_ok, n_tokens = 5, 6
     with start() as srv:
-        port = srv.metrics_port
+        port = metrics_port(srv)
         stub = srv.stub()
         samples, types, text = scrape(port)
         check_eq(total(samples, "cinfer:request_total"), 0,
@@ -192,7 +192,8 @@ def case_counts():
                           code="OK") >= 2)
         samples, _, text = wait_until(port, settled, "request counts")
         log("scrape:\n" + "\n".join(l for l in text.splitlines()
-                                    if l.startswith("cinfer:")))
+                                    if l.startswith("cinfer:") and
+                                    "_bucket" not in l))
         check_eq(value(samples, "cinfer:request_total", method="Generate",
                        code="OK"), n_ok, "Generate OK")
         check_eq(value(samples, "cinfer:request_total", method="Generate",
@@ -253,7 +254,7 @@ def case_rejections():
     pb, _, _, _ = run.stubs()
     n_calls = 8
     with start(["--rate-limit-qps", "0.01", "--rate-limit-burst", "2"]) as srv:
-        port = srv.metrics_port
+        port = metrics_port(srv)
         stub = srv.stub()
         codes = {}
         for i in range(n_calls):
