@@ -5,10 +5,12 @@
  *   INVALID_ARG, RANGE -> INVALID_ARGUMENT: a bad field or a prompt longer
  *       than the context is the caller's to fix (OUT_OF_RANGE in gRPC means
  *       "iterated past the end", which nothing here does);
- *   NOMEM, EXHAUSTED   -> RESOURCE_EXHAUSTED: retry later, maybe smaller;
- *   UNAVAILABLE        -> UNAVAILABLE: loading or draining; safe to retry
- *       on another replica;
- *   TIMEOUT            -> DEADLINE_EXCEEDED;
+ *   NOMEM, EXHAUSTED   -> RESOURCE_EXHAUSTED: retry later, maybe smaller
+ *       (rate limits: resilience's CINFER_REJECT_RATE_LIMITED_*);
+ *   UNAVAILABLE        -> UNAVAILABLE: loading, draining, breaker open,
+ *       shed; safe to retry, after the pushback, maybe on another replica;
+ *   TIMEOUT            -> DEADLINE_EXCEEDED: a deadline that passed or can
+ *       not be met;
  *   CANCELLED          -> CANCELLED;
  *   NOT_FOUND          -> NOT_FOUND (health: an unknown service name);
  *   UNSUPPORTED        -> UNIMPLEMENTED (an unknown method);
