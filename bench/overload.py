@@ -1,0 +1,735 @@
+#!/usr/bin/env python3
+"""Overload benchmark: cinfer-server under open-loop load from 0.5x to 10x
+its measured capacity, with the resilience layer on and off.
+
+    bench/overload.py [--build build] [--threads 2] [--duration 30]
+                      [--levels 0.5,1,2,5,10] [--configs on,retries,off]
+
+1. Capacity: a closed-loop cinfer-bench run at a moderate concurrency
+   (--capacity-concurrency, default 8) with short requests: 64-token
+   synthetic prompts, 32 output tokens (ignore_eos, greedy), each with a
+   deadline (--deadline, default 5 s). Capacity = completed requests / s.
+2. The configurations: resilience on; on with client retries when
+   cinfer-bench has a retry option; resilience off when cinfer-server has
+   `--resilience off`. One server per server flag set, started side by
+   side (each idles while another is measured); at each load level the
+   configurations take turns in an order that rotates, so drift in the
+   machine's background load does not favour one. A level is an
+   open-loop (Poisson) run of the same requests at level x capacity for
+   --duration seconds of arrivals. Per level:
+     goodput     requests that finished OK within their deadline, per
+                 second of the run
+     p99 TTFT    of admitted requests (those that received a token)
+     p99 reject  client-side time to a rejection: no token received, and
+                 RESOURCE_EXHAUSTED, UNAVAILABLE, or a DEADLINE_EXCEEDED
+                 that came before half the deadline (refused as unable
+                 to meet it rather than expired while queued)
+     statuses    every non-OK status by name
+     RSS         the server's VmRSS (/proc/PID/status) sampled every
+                 0.2 s during the run: at the start, the peak, at the end
+     KV after    kv_blocks_used from GetModelInfo once the server is idle
+                 (cinfer-cli info); every block must be free
+   and, where the server serves /metrics, its own rejection latency
+   histogram (p99 estimated from the buckets, linear inside a bucket as
+   Prometheus's histogram_quantile; it also counts requests shed while
+   they waited) and rejections by reason.
+3. A table and checks against the targets (goodput at 10x >= 90% of 1x;
+   p99 TTFT at 10x <= 2x that at 1x; p99 rejection < 5 ms; RSS flat; all
+   KV blocks free) in bench/results/overload-<date>.md, and a gnuplot PNG
+   (goodput and p99 TTFT against offered load, one line per
+   configuration) next to it.
+
+The load generator runs on the same machine as the server and competes
+with it for the cores; the results file records the machine, its load
+average and the exact commands.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = {
+    "server": "server/cinfer-server",
+    "cli": "clients/cinfer-cli",
+    "bench": "clients/cinfer-bench",
+}
+REJECT_CODES = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
+
+
+def log(*a):
+    print("[overload]", *a, file=sys.stderr, flush=True)
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True,
+                          **kw)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def percentile(values, p):
+    """numpy's default (linear) percentile; NaN for no values."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    rank = p / 100.0 * (len(v) - 1)
+    lo = math.floor(rank)
+    if lo >= len(v) - 1:
+        return v[-1]
+    return v[lo] + (v[lo + 1] - v[lo]) * (rank - lo)
+
+
+def ensure_built(build):
+    paths = {k: os.path.join(build, v) for k, v in PROGRAMS.items()}
+    if not all(os.access(p, os.X_OK) for p in paths.values()):
+        log("building cinfer in", build)
+        sh(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release"])
+        sh(["cmake", "--build", build, "-j", "2", "--target",
+            "cinfer-server", "cinfer-cli", "cinfer-bench"])
+    return paths
+
+
+def help_text(prog):
+    r = subprocess.run([prog, "--help"], capture_output=True, text=True)
+    return r.stdout + r.stderr
+
+
+def default_model():
+    r = subprocess.run(["sh", os.path.join(ROOT, "scripts",
+                                           "default-model.sh")],
+                       capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+# ---------------------------------------------------------------------------
+# Server
+# ---------------------------------------------------------------------------
+
+class Server:
+    def __init__(self, progs, model, threads, extra, work, name):
+        self.progs = progs
+        self.addr = "127.0.0.1:%d" % free_port()
+        self.metrics_port = None
+        cmd = [progs["server"], "--listen", self.addr, "--model", model,
+               "--threads", str(threads), "--log-level", "warn"]
+        if "--metrics-listen" in help_text(progs["server"]):
+            self.metrics_port = free_port()
+            cmd += ["--metrics-listen", "127.0.0.1:%d" % self.metrics_port]
+        cmd += list(extra)
+        self.cmd = cmd
+        self.log_path = os.path.join(work, name + ".log")
+        self.log_file = open(self.log_path, "w")
+        log("start", " ".join(cmd))
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("cinfer-server exited:\n" + self.tail())
+            r = subprocess.run([progs["cli"], "--server", self.addr,
+                                "--timeout", "5", "health"],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError("cinfer-server never became SERVING")
+            time.sleep(0.2)
+
+    def tail(self):
+        self.log_file.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def rss_kib(self):
+        try:
+            with open("/proc/%d/status" % self.proc.pid) as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return None
+
+    def info(self):
+        """The GetModelInfo response as a dict (cinfer-cli --json info)."""
+        r = subprocess.run([self.progs["cli"], "--server", self.addr,
+                            "--timeout", "10", "--json", "info"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("cinfer-cli info failed: " + r.stderr)
+        return json.loads(r.stdout)
+
+    def engine_stats(self):
+        """(running, waiting, kv blocks used, kv blocks total). proto3 JSON
+        leaves zero fields out, so an absent field is 0."""
+        st = self.info().get("stats", {})
+        total = int(st.get("kvBlocksTotal", 0))
+        used = int(st.get("kvBlocksUsed", 0))
+        free = int(st.get("kvBlocksFree", 0))
+        if total and used + free != total:
+            raise RuntimeError("GetModelInfo: kv blocks used %d + free %d != "
+                               "total %d" % (used, free, total))
+        return (int(st.get("running", 0)), int(st.get("waiting", 0)), used,
+                total)
+
+    def wait_idle(self, timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            st = self.engine_stats()
+            if (st[0] == 0 and st[1] == 0 and st[2] == 0) or \
+                    time.time() > deadline:
+                return st
+            time.sleep(0.2)
+
+    def scrape(self):
+        """{(name, frozenset(labels)): value} from /metrics, or None."""
+        if not self.metrics_port:
+            return None
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" %
+                                        self.metrics_port, timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        out = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$',
+                         line)
+            if not m:
+                continue
+            labels = frozenset(re.findall(r'([a-zA-Z_]\w*)="((?:[^"\\]|'
+                                          r'\\.)*)"', m.group(3) or ""))
+            out[(m.group(1), labels)] = float(m.group(4))
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, server, period=0.2):
+        super().__init__(daemon=True)
+        self.server = server
+        self.period = period
+        self.samples = []
+        self.stop_event = threading.Event()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            v = self.server.rss_kib()
+            if v is not None:
+                self.samples.append(v)
+            self.stop_event.wait(self.period)
+
+    def finish(self):
+        self.stop_event.set()
+        self.join()
+        v = self.server.rss_kib()
+        if v is not None:
+            self.samples.append(v)
+        return self.samples
+
+
+def metrics_delta(before, after):
+    """Server-side rejection stats between two scrapes: (p99 estimate in
+    ms from the histogram buckets, {reason: count})."""
+    if before is None or after is None:
+        return None, {}
+    name = "cinfer:rejection_latency_seconds_bucket"
+    buckets = []
+    for (n, labels), v in after.items():
+        if n != name:
+            continue
+        le = dict(labels).get("le")
+        b = float("inf") if le == "+Inf" else float(le)
+        buckets.append((b, v - before.get((n, labels), 0.0)))
+    buckets.sort()
+    p99 = None
+    if buckets and buckets[-1][1] > 0:
+        want = 0.99 * buckets[-1][1]
+        prev_b, prev_c = 0.0, 0.0
+        for b, c in buckets:
+            if c >= want:
+                if math.isinf(b):
+                    p99 = -prev_b * 1e3  # "more than the last bound"
+                else:
+                    # Linear inside the bucket, as Prometheus's
+                    # histogram_quantile does.
+                    frac = (want - prev_c) / (c - prev_c) if c > prev_c else 1
+                    p99 = (prev_b + (b - prev_b) * frac) * 1e3
+                break
+            prev_b, prev_c = b, c
+    reasons = {}
+    for (n, labels), v in after.items():
+        if n == "cinfer:rejected_requests_total":
+            d = v - before.get((n, labels), 0.0)
+            if d:
+                reasons[dict(labels).get("reason", "?")] = int(d)
+    return p99, reasons
+
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+
+def bench_cmd(progs, server, args, out, extra):
+    return [progs["bench"], "--server", server.addr, "--input-len",
+            str(args.input_len), "--output-len", str(args.output_len),
+            "--ignore-eos", "--temperature", "0", "--timeout",
+            str(args.deadline), "--json", out, "--save-detailed",
+            "-q"] + [str(x) for x in extra]
+
+
+def run_bench(cmd, timeout):
+    log(" ".join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode not in (0, 1):
+        raise RuntimeError("cinfer-bench failed (%d):\n%s" %
+                           (r.returncode, r.stderr[-3000:]))
+    out = cmd[cmd.index("--json") + 1]
+    with open(out) as f:
+        return json.load(f)
+
+
+def measure_capacity(progs, model, args, work):
+    srv = Server(progs, model, args.threads, [], work, "capacity")
+    try:
+        out = os.path.join(work, "capacity.json")
+        res = run_bench(bench_cmd(progs, srv, args, out, [
+            "--concurrency", args.capacity_concurrency, "--num-requests",
+            args.capacity_requests, "--warmups", args.capacity_concurrency,
+            "--seed", 1]), timeout=900)
+    finally:
+        srv.stop()
+    cap = res["request_throughput"]
+    log("capacity: %.2f req/s (%d completed, %d failed, %.1f s)" %
+        (cap, res["completed"], res["failed"], res["duration"]))
+    if cap <= 0:
+        raise RuntimeError("capacity run completed nothing: %r" %
+                           res.get("errors"))
+    return cap, res
+
+
+def summarize(res, deadline_s):
+    st = res["statuses"]
+    e2el = res["e2els"]
+    outl = res["output_lens"]
+    ttft = res["ttfts"]
+    good = sum(1 for i, s in enumerate(st)
+               if s == "OK" and e2el[i] <= deadline_s)
+    admitted_ttft = [ttft[i] * 1e3 for i in range(len(st)) if outl[i] > 0]
+    # A rejection: no token received, and either a limiter / shedder code
+    # or a DEADLINE_EXCEEDED that came well before the deadline (a request
+    # refused because it could not meet it), not one that expired queued.
+    reject_ms = [e2el[i] * 1e3 for i in range(len(st))
+                 if outl[i] == 0 and
+                 (st[i] in REJECT_CODES or
+                  (st[i] == "DEADLINE_EXCEEDED" and
+                   e2el[i] < 0.5 * deadline_s))]
+    by_status = {}
+    for s in st:
+        if s != "OK":
+            by_status[s] = by_status.get(s, 0) + 1
+    dur = res["duration"]
+    return {
+        "sent": len(st),
+        "ok": sum(1 for s in st if s == "OK"),
+        "good": good,
+        "duration": dur,
+        "goodput": good / dur if dur > 0 else 0.0,
+        "p99_ttft_ms": percentile(admitted_ttft, 99),
+        "p50_ttft_ms": percentile(admitted_ttft, 50),
+        "admitted": len(admitted_ttft),
+        "rejected": len(reject_ms),
+        "p99_reject_ms": percentile(reject_ms, 99),
+        "p50_reject_ms": percentile(reject_ms, 50),
+        "statuses": by_status,
+    }
+
+
+def run_level(progs, srv, args, work, name, level, k, bench_flags,
+              capacity):
+    rate = level * capacity
+    n = max(10, int(round(rate * args.duration)))
+    out = os.path.join(work, "%s-%gx.json" % (name.replace(" ", "_"),
+                                               level))
+    before = srv.scrape()
+    sampler = RssSampler(srv)
+    sampler.start()
+    t0 = time.time()
+    res = run_bench(bench_cmd(progs, srv, args, out, [
+        "--rate", "%.4f" % rate, "--num-requests", n, "--seed",
+        100 + k] + list(bench_flags)), timeout=args.duration * 4 + 300)
+    wall = time.time() - t0
+    rss = sampler.finish()
+    idle = srv.wait_idle()
+    after = srv.scrape()
+    srv_p99, reasons = metrics_delta(before, after)
+    row = summarize(res, args.deadline)
+    row.update({
+        "level": level, "rate": rate, "wall": wall,
+        "rss_start_mib": rss[0] / 1024 if rss else float("nan"),
+        "rss_max_mib": max(rss) / 1024 if rss else float("nan"),
+        "rss_end_mib": rss[-1] / 1024 if rss else float("nan"),
+        "kv_used_after": idle[2], "kv_total": idle[3],
+        "busy_after": idle[0] + idle[1],
+        "server_p99_reject_ms": srv_p99, "reasons": reasons,
+        "loadavg": loadavg(),
+    })
+    log("%s %gx: offered %.2f/s, goodput %.2f/s, p99 TTFT %.0f ms, "
+        "p99 reject %.2f ms, %s, RSS max %.0f MiB, KV used after %d"
+        % (name, level, rate, row["goodput"], row["p99_ttft_ms"],
+           row["p99_reject_ms"], row["statuses"], row["rss_max_mib"],
+           idle[2]))
+    return row
+
+
+def run_all(progs, model, args, work, configs_to_run, capacity):
+    """Every configuration at every level. The servers (one per distinct
+    server flag set) run side by side, idle while another is measured, and
+    the configurations take turns at each level in an order that rotates,
+    so a change in the machine's background load does not favour one."""
+    servers = {}
+    configs = []
+    try:
+        for name, sflags, bflags in configs_to_run:
+            key = tuple(sflags)
+            if key not in servers:
+                srv = Server(progs, model, args.threads, sflags, work,
+                             "server-%d" % len(servers))
+                servers[key] = srv
+                # A short closed-loop warm-up: first-touch page faults of
+                # the weights and the KV cache are not part of any level.
+                run_bench(bench_cmd(progs, srv, args, os.path.join(
+                    work, "warmup-%d.json" % len(servers)), [
+                        "--concurrency", args.capacity_concurrency,
+                        "--num-requests", args.capacity_concurrency,
+                        "--seed", 2]), timeout=300)
+                srv.wait_idle()
+            configs.append({"name": name, "server_flags": sflags,
+                            "bench_flags": list(bflags),
+                            "cmd": servers[key].cmd, "rows": []})
+        for k, level in enumerate(args.levels):
+            order = list(range(len(configs)))
+            shift = k % len(order)
+            order = order[shift:] + order[:shift]
+            for i in order:
+                cfg = configs[i]
+                srv = servers[tuple(cfg["server_flags"])]
+                cfg["rows"].append(run_level(progs, srv, args, work,
+                                             cfg["name"], level, k,
+                                             cfg["bench_flags"], capacity))
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return configs
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+def fmt(v, spec="%.1f"):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return spec % v
+
+
+def srv_p99_text(v):
+    if v is None:
+        return "-"
+    if v < 0:
+        return "> %g" % -v
+    return "%.2f" % v
+
+
+def checks(cfg):
+    """The issue's targets for one configuration: [(what, ok, detail)]."""
+    rows = {r["level"]: r for r in cfg["rows"]}
+    out = []
+    top = max(rows)
+    if 1 in rows and top > 1:
+        g1, gt = rows[1]["goodput"], rows[top]["goodput"]
+        out.append(("goodput at %gx >= 90%% of 1x" % top,
+                    g1 > 0 and gt >= 0.9 * g1,
+                    "%.2f vs %.2f req/s (%.0f%%)" %
+                    (gt, g1, 100 * gt / g1 if g1 else 0)))
+        t1, tt = rows[1]["p99_ttft_ms"], rows[top]["p99_ttft_ms"]
+        out.append(("p99 TTFT at %gx <= 2x that at 1x" % top,
+                    not math.isnan(tt) and not math.isnan(t1) and
+                    tt <= 2 * t1,
+                    "%s vs %s ms" % (fmt(tt, "%.0f"), fmt(t1, "%.0f"))))
+    rej = [r["p99_reject_ms"] for r in cfg["rows"]
+           if not math.isnan(r["p99_reject_ms"])]
+    out.append(("p99 rejection < 5 ms at every level",
+                max(rej) < 5.0 if rej else None,
+                "worst %s ms" % fmt(max(rej), "%.2f")
+                if rej else "no rejections"))
+    peaks = [r["rss_max_mib"] for r in cfg["rows"]]
+    first_end = cfg["rows"][0]["rss_end_mib"]
+    out.append(("RSS flat (peak within 10% + 16 MiB of the first level's "
+                "end)", max(peaks) <= first_end * 1.1 + 16,
+                "first level end %.0f MiB, peak %.0f MiB" %
+                (first_end, max(peaks))))
+    kv = [r["kv_used_after"] for r in cfg["rows"]]
+    out.append(("every KV block free after each level",
+                all(k == 0 for k in kv),
+                "kv_blocks_used after: %s" % ", ".join(map(str, kv))))
+    return out
+
+
+def write_plot(path_png, configs, work):
+    dat = os.path.join(work, "overload.dat")
+    with open(dat, "w") as f:
+        for cfg in configs:
+            f.write("# %s\n" % cfg["name"])
+            for r in cfg["rows"]:
+                f.write("%g %g %g\n" % (r["level"], r["goodput"],
+                                        r["p99_ttft_ms"]
+                                        if not math.isnan(r["p99_ttft_ms"])
+                                        else 0))
+            f.write("\n\n")
+    plots_g, plots_t = [], []
+    for i, cfg in enumerate(configs):
+        plots_g.append("'%s' index %d using 1:2 with linespoints lw 2 "
+                       "title '%s'" % (dat, i, cfg["name"]))
+        plots_t.append("'%s' index %d using 1:3 with linespoints lw 2 "
+                       "title '%s'" % (dat, i, cfg["name"]))
+    script = """
+set terminal pngcairo size 1200,480 font ",10"
+set output '%s'
+set multiplot layout 1,2 title 'cinfer-server under overload (open loop, x measured capacity)'
+set logscale x
+set xlabel 'offered load (x capacity)'
+set grid
+set key top left
+set ylabel 'goodput (requests within deadline / s)'
+set yrange [0:*]
+plot %s
+set ylabel 'p99 TTFT of admitted requests (ms)'
+set logscale y
+set yrange [*:*]
+plot %s
+unset multiplot
+""" % (path_png, ", ".join(plots_g), ", ".join(plots_t))
+    gp = os.path.join(work, "overload.gp")
+    with open(gp, "w") as f:
+        f.write(script)
+    sh(["gnuplot", gp])
+
+
+def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
+                 started, load_start, load_end, model):
+    L = []
+    L.append("# Overload benchmark, %s" % started.strftime("%Y-%m-%d"))
+    L.append("")
+    L.append("cinfer-server on the default model (%s), driven open-loop by "
+             "cinfer-bench at multiples of its measured capacity; written "
+             "by `bench/overload.py`." % os.path.basename(model))
+    L.append("")
+    L.append("- machine: %s, %d cores, load average %s at the start and %s "
+             "at the end; the load generator shares the cores" %
+             (cpu_model(), os.cpu_count() or 0, load_start, load_end))
+    L.append("- commit: %s" % commit_id())
+    L.append("- requests: %d-token synthetic prompts, %d output tokens "
+             "(ignore_eos, greedy), deadline %g s each (`--timeout`)" %
+             (args.input_len, args.output_len, args.deadline))
+    L.append("- capacity: closed loop at concurrency %d, %d requests: "
+             "**%.2f req/s** (%d completed, %d failed, p99 TTFT %.0f ms)" %
+             (args.capacity_concurrency, args.capacity_requests, capacity,
+              cap_res["completed"], cap_res["failed"],
+              cap_res.get("p99_ttft_ms", float("nan"))))
+    L.append("- each level: Poisson arrivals at level x capacity for %g s "
+             "(the number of requests is rate x duration); goodput = "
+             "requests finished OK within their deadline / run duration" %
+             args.duration)
+    L.append("")
+    for n in notes:
+        L.append("> " + n)
+        L.append("")
+    L.append("![goodput and p99 TTFT against offered load](%s)" % png_name)
+    L.append("")
+    for cfg in configs:
+        L.append("## %s" % cfg["name"])
+        L.append("")
+        L.append("`%s`" % " ".join(cfg["cmd"]))
+        if cfg["bench_flags"]:
+            L.append("")
+            L.append("cinfer-bench also with `%s`" %
+                     " ".join(map(str, cfg["bench_flags"])))
+        L.append("")
+        L.append("| load | offered req/s | sent | OK | goodput req/s | "
+                 "p50 / p99 TTFT ms | rejected | p50 / p99 reject ms "
+                 "(client) | p99 reject ms (server) | not OK by status | "
+                 "server reasons | RSS start / peak / end MiB | KV used "
+                 "after |")
+        L.append("|" + "---|" * 13)
+        for r in cfg["rows"]:
+            L.append("| %gx | %.2f | %d | %d | %.2f | %s / %s | %d | "
+                     "%s / %s | %s | %s | %s | %.0f / %.0f / %.0f | %d / %d |"
+                     % (r["level"], r["rate"], r["sent"], r["ok"],
+                        r["goodput"], fmt(r["p50_ttft_ms"], "%.0f"),
+                        fmt(r["p99_ttft_ms"], "%.0f"), r["rejected"],
+                        fmt(r["p50_reject_ms"], "%.2f"),
+                        fmt(r["p99_reject_ms"], "%.2f"),
+                        srv_p99_text(r["server_p99_reject_ms"]),
+                        ", ".join("%s %d" % kv for kv in
+                                  sorted(r["statuses"].items())) or "-",
+                        ", ".join("%s %d" % kv for kv in
+                                  sorted(r["reasons"].items())) or "-",
+                        r["rss_start_mib"], r["rss_max_mib"],
+                        r["rss_end_mib"], r["kv_used_after"], r["kv_total"]))
+        L.append("")
+        L.append("| target | met | measured |")
+        L.append("|---|---|---|")
+        for what, ok, detail in checks(cfg):
+            L.append("| %s | %s | %s |" % (
+                what, "n/a" if ok is None else "yes" if ok else "**no**",
+                detail))
+        L.append("")
+    with open(path_md, "w") as f:
+        f.write("\n".join(L))
+
+
+def commit_id():
+    try:
+        return sh(["git", "-C", ROOT, "rev-parse", "--short",
+                   "HEAD"]).stdout.strip()
+    except (subprocess.CalledProcessError, OSError):
+        return "?"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--duration", type=float, default=30.0,
+                    help="seconds of arrivals per level")
+    ap.add_argument("--levels", default="0.5,1,2,5,10")
+    ap.add_argument("--configs", default="on,retries,off",
+                    help="on, retries (on with client retries), off")
+    ap.add_argument("--deadline", type=float, default=5.0)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--capacity-concurrency", type=int, default=8)
+    ap.add_argument("--capacity-requests", type=int, default=48)
+    ap.add_argument("--capacity", type=float, default=0.0,
+                    help="skip the capacity run and use this req/s")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+    args.levels = [float(x) for x in args.levels.split(",")]
+    if 1.0 not in args.levels:
+        args.levels.append(1.0)
+        args.levels.sort()
+    model = args.model or default_model()
+    if not os.path.isfile(model):
+        sys.exit("overload: the default model is not installed "
+                 "(scripts/install-deps.sh)")
+    work = args.work or tempfile.mkdtemp(prefix="cinfer-overload-")
+    os.makedirs(work, exist_ok=True)
+    progs = ensure_built(os.path.abspath(args.build))
+    started = datetime.datetime.now()
+    load_start = loadavg()
+
+    server_help = help_text(progs["server"])
+    bench_help = help_text(progs["bench"])
+    notes = []
+    m = re.search(r"--(max-)?retries\b", bench_help)
+    retry_flag = m.group(0) if m else None
+    wanted = args.configs.split(",")
+    configs_to_run = []
+    if "on" in wanted:
+        configs_to_run.append(("resilience on", [], []))
+    if "retries" in wanted:
+        if retry_flag:
+            configs_to_run.append(("resilience on, client retries", [],
+                                   [retry_flag, 3]))
+        else:
+            notes.append("cinfer-bench has no retry option: the runs are "
+                         "without client retries only.")
+    if "off" in wanted:
+        if re.search(r"--resilience\b", server_help):
+            configs_to_run.append(("resilience off",
+                                   ["--resilience", "off"], []))
+        else:
+            notes.append("cinfer-server has no `--resilience off` switch "
+                         "yet: only the resilience-on configuration ran.")
+    if "--metrics-listen" not in server_help:
+        notes.append("cinfer-server serves no /metrics yet: the server-side "
+                     "rejection columns are empty.")
+    for n in notes:
+        log("note:", n)
+
+    if args.capacity > 0:
+        capacity, cap_res = args.capacity, {"completed": 0, "failed": 0}
+    else:
+        capacity, cap_res = measure_capacity(progs, model, args, work)
+        ok_ttft = [t * 1e3 for t, o in zip(cap_res["ttfts"],
+                                           cap_res["output_lens"]) if o > 0]
+        cap_res["p99_ttft_ms"] = percentile(ok_ttft, 99)
+
+    configs = run_all(progs, model, args, work, configs_to_run, capacity)
+
+    os.makedirs(args.out, exist_ok=True)
+    stem = "overload-%s" % started.strftime("%Y-%m-%d")
+    png = os.path.join(args.out, stem + ".png")
+    md = os.path.join(args.out, stem + ".md")
+    write_plot(png, configs, work)
+    write_report(md, stem + ".png", args, capacity, cap_res, configs, notes,
+                 started, load_start, loadavg(), model)
+    with open(os.path.join(work, "overload.json"), "w") as f:
+        json.dump({"capacity": capacity, "configs": configs}, f, indent=1,
+                  default=str)
+    log("wrote", md, "and", png, "(work dir %s)" % work)
+    print(open(md).read())
+
+
+if __name__ == "__main__":
+    main()
