@@ -63,4 +63,9 @@ fi
 if ! pip_has prometheus-client; then
   $PY -m pip install -q prometheus-client
 fi
+# h2: the raw HTTP/2 client of the resilience integration tests (checks
+# that rejections arrive Trailers-Only, sends raw grpc-timeout values).
+if ! pip_has h2; then
+  $PY -m pip install -q h2
+fi
 echo "install-deps: ok (default model: $model)"
