@@ -80,22 +80,21 @@ static const char *const grpc_code_names[N_GRPC_CODES] = {
 #define MAX_LABEL_LEN 64
 
 typedef struct {
-    pthread_mutex_t mu;   /* serializes appends */
-    _Atomic int n;        /* published names in names[0..n) */
+    pthread_mutex_t mu; /* serializes appends */
+    _Atomic int n;      /* published names in names[0..n) */
     char *names[MAX_LABELS];
 } label_table;
 
 /* Histogram bounds (upper, inclusive: an observation v goes to the first
  * bucket with v <= le). Chosen for LLM serving on CPUs and GPUs. */
-static const double b_ttft[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04,
-                                0.06,  0.08,   0.1,   0.25, 0.5,  0.75,
-                                1.0,   2.5,    5.0,   7.5,  10.0, 20.0,
-                                40.0,  60.0};
-static const double b_itl[] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025,
-                               0.03,  0.04,   0.05,  0.075, 0.1,  0.15, 0.2,
-                               0.3,   0.4,    0.5,   0.75, 1.0,   2.5};
-static const double b_e2e[] = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5, 1.0,
-                               2.5,  5.0,   10.0, 15.0, 20.0, 30.0, 40.0,
+static const double b_ttft[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                0.08,  0.1,    0.25,  0.5,  0.75, 1.0,  2.5,
+                                5.0,   7.5,    10.0,  20.0, 40.0, 60.0};
+static const double b_itl[] = {0.001, 0.0025, 0.005, 0.01,  0.015, 0.02, 0.025,
+                               0.03,  0.04,   0.05,  0.075, 0.1,   0.15, 0.2,
+                               0.3,   0.4,    0.5,   0.75,  1.0,   2.5};
+static const double b_e2e[] = {0.01, 0.025, 0.05,  0.1,   0.25, 0.5,  1.0,
+                               2.5,  5.0,   10.0,  15.0,  20.0, 30.0, 40.0,
                                50.0, 60.0,  120.0, 240.0, 300.0};
 static const double b_reject[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
                                   0.005,  0.01,    0.025,  0.05,  0.1};
@@ -122,8 +121,8 @@ static const hist_def hist_defs[CINFER_HIST_COUNT_] = {
                          "Time between consecutive generated tokens.", b_itl,
                          (int)NELEM(b_itl)},
     [CINFER_HIST_E2E] = {"cinfer:e2e_request_latency_seconds",
-                         "Time from arrival to the end of the response.",
-                         b_e2e, (int)NELEM(b_e2e)},
+                         "Time from arrival to the end of the response.", b_e2e,
+                         (int)NELEM(b_e2e)},
     [CINFER_HIST_QUEUE] = {"cinfer:request_queue_time_seconds",
                            "Time a request waited before it was scheduled.",
                            b_ttft, (int)NELEM(b_ttft)},
@@ -287,8 +286,8 @@ void cinfer_metrics_observe(cinfer_metrics *m, cinfer_hist h, double seconds)
     atomic_fetch_add_explicit(&hs->counts[lo], 1, memory_order_relaxed);
     uint64_t old = atomic_load_explicit(&hs->sum_bits, memory_order_relaxed);
     while (!atomic_compare_exchange_weak_explicit(
-        &hs->sum_bits, &old, dbits(bitsd(old) + seconds),
-        memory_order_relaxed, memory_order_relaxed)) {
+        &hs->sum_bits, &old, dbits(bitsd(old) + seconds), memory_order_relaxed,
+        memory_order_relaxed)) {
     }
 }
 
@@ -344,9 +343,12 @@ static void sb_str(sbuf *b, const char *s)
     sb_put(b, s, strlen(s));
 }
 
+static void sb_printf(sbuf *b, const char *fmt, ...)
 #if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
+    __attribute__((format(printf, 2, 3)))
 #endif
+    ;
+
 static void sb_printf(sbuf *b, const char *fmt, ...)
 {
     char tmp[256];
@@ -437,8 +439,8 @@ static void render_histogram(sbuf *b, const hist_def *d, hist *h)
         sb_printf(b, "%s_bucket{le=\"%s\"} %llu\n", d->name, num,
                   (unsigned long long)cum);
     }
-    fmt_double(num, bitsd(atomic_load_explicit(&h->sum_bits,
-                                               memory_order_relaxed)));
+    fmt_double(num,
+               bitsd(atomic_load_explicit(&h->sum_bits, memory_order_relaxed)));
     sb_printf(b, "%s_sum %s\n", d->name, num);
     sb_printf(b, "%s_count %llu\n", d->name, (unsigned long long)cum);
 }
@@ -512,14 +514,14 @@ static void render_snapshot(sbuf *b, const cinfer_metrics_snapshot *s)
 {
     sb_family(b, "cinfer:num_requests_running", "gauge",
               "Requests in the running batch.");
-    sb_sample_u64(b, "cinfer:num_requests_running",
-                  (uint64_t)(s->requests_running > 0 ? s->requests_running
-                                                     : 0));
+    sb_sample_u64(
+        b, "cinfer:num_requests_running",
+        (uint64_t)(s->requests_running > 0 ? s->requests_running : 0));
     sb_family(b, "cinfer:num_requests_waiting", "gauge",
               "Requests waiting to be scheduled.");
-    sb_sample_u64(b, "cinfer:num_requests_waiting",
-                  (uint64_t)(s->requests_waiting > 0 ? s->requests_waiting
-                                                     : 0));
+    sb_sample_u64(
+        b, "cinfer:num_requests_waiting",
+        (uint64_t)(s->requests_waiting > 0 ? s->requests_waiting : 0));
     sb_family(b, "cinfer:kv_cache_usage_perc", "gauge",
               "Fraction of KV-cache blocks in use (1 = all).");
     sb_sample_double(b, "cinfer:kv_cache_usage_perc", s->kv_cache_usage);
@@ -577,7 +579,8 @@ char *cinfer_metrics_render(cinfer_metrics *m)
     int nr = atomic_load_explicit(&m->reasons.n, memory_order_acquire);
     for (int k = 0; k <= nr; k++) {
         int i = k < nr ? k : MAX_LABELS - 1;
-        uint64_t v = atomic_load_explicit(&m->rejected[i], memory_order_relaxed);
+        uint64_t v =
+            atomic_load_explicit(&m->rejected[i], memory_order_relaxed);
         if (!v)
             continue;
         sb_str(&b, "cinfer:rejected_requests_total{reason=\"");
@@ -587,14 +590,14 @@ char *cinfer_metrics_render(cinfer_metrics *m)
 
     sb_family(&b, "cinfer:prompt_tokens_total", "counter",
               "Prompt tokens of finished requests.");
-    sb_sample_u64(&b, "cinfer:prompt_tokens_total",
-                  atomic_load_explicit(&m->prompt_tokens,
-                                       memory_order_relaxed));
+    sb_sample_u64(
+        &b, "cinfer:prompt_tokens_total",
+        atomic_load_explicit(&m->prompt_tokens, memory_order_relaxed));
     sb_family(&b, "cinfer:generation_tokens_total", "counter",
               "Generated tokens of finished requests.");
-    sb_sample_u64(&b, "cinfer:generation_tokens_total",
-                  atomic_load_explicit(&m->generated_tokens,
-                                       memory_order_relaxed));
+    sb_sample_u64(
+        &b, "cinfer:generation_tokens_total",
+        atomic_load_explicit(&m->generated_tokens, memory_order_relaxed));
 
     for (int h = 0; h < CINFER_HIST_COUNT_; h++)
         render_histogram(&b, &hist_defs[h], &m->hists[h]);
@@ -703,8 +706,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* Splits "HOST:PORT" / "[V6]:PORT" (an empty HOST = every interface) and
  * opens a non-blocking listening socket bound to it. */
-static cinfer_status open_listener(const char *addr, int *fd_out,
-                                   int *port_out)
+static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
 {
     char host[256];
     const char *colon = strrchr(addr, ':');
@@ -761,8 +763,9 @@ static cinfer_status open_listener(const char *addr, int *fd_out,
     }
     freeaddrinfo(res);
     if (fd < 0)
-        return cinfer_set_error(CINFER_E_IO, "metrics listen address \"%s\": %s",
-                                addr, strerror(err));
+        return cinfer_set_error(CINFER_E_IO,
+                                "metrics listen address \"%s\": %s", addr,
+                                strerror(err));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {

@@ -113,8 +113,8 @@ static int parse_value(const char *s, double *v)
     if (!*s)
         return 0;
     *v = strtod(s, &end);
-    return *end == '\0' && !(s[0] == 'i' || s[0] == 'I' || s[0] == 'n' ||
-                             s[0] == 'N');
+    return *end == '\0' &&
+           !(s[0] == 'i' || s[0] == 'I' || s[0] == 'n' || s[0] == 'N');
 }
 
 static family *find_family(parsed *p, const char *name)
@@ -160,8 +160,7 @@ static family *sample_family(parsed *p, const char *name)
     return NULL;
 }
 
-static void parse_comment(parsed *p, int ln, const char *line,
-                          family **current)
+static void parse_comment(parsed *p, int ln, const char *line, family **current)
 {
     char name[128];
     int help = strncmp(line, "# HELP ", 7) == 0;
@@ -210,8 +209,7 @@ static void parse_comment(parsed *p, int ln, const char *line,
     }
 }
 
-static void parse_sample(parsed *p, int ln, const char *line,
-                         family **current)
+static void parse_sample(parsed *p, int ln, const char *line, family **current)
 {
     if (p->n == MAX_SAMPLES) {
         perr(p, ln, "too many samples", line);
@@ -465,11 +463,11 @@ static void test_render_fresh(void)
     CHECK_EQ_INT(count_samples(p, "cinfer:request_total"), 0);
     CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", "", ""), 0);
     CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", "", ""), 0);
-    static const char *const hists[] = {
-        "cinfer:time_to_first_token_seconds",
-        "cinfer:inter_token_latency_seconds",
-        "cinfer:e2e_request_latency_seconds",
-        "cinfer:request_queue_time_seconds", "cinfer:rejection_latency_seconds"};
+    static const char *const hists[] = {"cinfer:time_to_first_token_seconds",
+                                        "cinfer:inter_token_latency_seconds",
+                                        "cinfer:e2e_request_latency_seconds",
+                                        "cinfer:request_queue_time_seconds",
+                                        "cinfer:rejection_latency_seconds"};
     for (int i = 0; i < 5; i++) {
         family *f = find_family(&g_parsed, hists[i]);
         CHECK(f != NULL && strcmp(f->type, "histogram") == 0);
@@ -482,16 +480,16 @@ static void test_render_fresh(void)
         CHECK(count_samples(p, name) >= 10);
     }
     /* The bucket ranges the module promises. */
-    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_bucket", "",
-                     "0.001"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_bucket", "",
-                     "60"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:inter_token_latency_seconds_bucket", "",
-                     "2.5"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:e2e_request_latency_seconds_bucket", "",
-                     "300"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:rejection_latency_seconds_bucket", "",
-                     "0.0001"), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:time_to_first_token_seconds_bucket", "", "0.001"), 0);
+    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_bucket", "", "60"),
+                 0);
+    CHECK_EQ_INT(get(p, "cinfer:inter_token_latency_seconds_bucket", "", "2.5"),
+                 0);
+    CHECK_EQ_INT(get(p, "cinfer:e2e_request_latency_seconds_bucket", "", "300"),
+                 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:rejection_latency_seconds_bucket", "", "0.0001"), 0);
     /* No collector: the collector's gauges are absent. */
     CHECK(find_family(&g_parsed, "cinfer:num_requests_running") == NULL);
     free(text);
@@ -503,7 +501,8 @@ static void test_render_fresh(void)
 #define N_THREADS 4
 #define N_PER_THREAD 20000
 
-static const int codes[3] = {0, 8, 14}; /* OK, RESOURCE_EXHAUSTED, UNAVAILABLE */
+static const int codes[3] = {0, 8,
+                             14}; /* OK, RESOURCE_EXHAUSTED, UNAVAILABLE */
 /* TTFT observations: on a bound, between bounds, past the last bound, and
  * negative (counted as 0). */
 static const double ttft_values[4] = {0.001, 0.0015, 0.5, 100.0};
@@ -566,9 +565,9 @@ static void test_threads_record_exact(void)
     CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
                      "reason=\"rate_limited_global\"", ""),
                  rl);
-    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
-                     "reason=\"shed_codel\"", ""),
-                 codel);
+    CHECK_EQ_INT(
+        get(p, "cinfer:rejected_requests_total", "reason=\"shed_codel\"", ""),
+        codel);
     long long total = (long long)N_THREADS * N_PER_THREAD;
     CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", "", ""), 3 * total);
     CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", "", ""), 5 * total);
@@ -588,10 +587,10 @@ static void test_threads_record_exact(void)
         sum += (double)ttft_in[k] * ttft_values[k];
     CHECK_NEAR(get(p, "cinfer:time_to_first_token_seconds_sum", "", ""), sum,
                sum * 1e-9);
-    CHECK_EQ_INT(get(p, "cinfer:inter_token_latency_seconds_bucket", "",
-                     "0.015"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:inter_token_latency_seconds_bucket", "",
-                     "0.02"), total);
+    CHECK_EQ_INT(
+        get(p, "cinfer:inter_token_latency_seconds_bucket", "", "0.015"), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:inter_token_latency_seconds_bucket", "", "0.02"), total);
     CHECK_NEAR(get(p, "cinfer:inter_token_latency_seconds_sum", "", ""),
                0.02 * (double)total, 0.02 * (double)total * 1e-9);
     free(text);
@@ -607,8 +606,8 @@ static void test_observe_edges(void)
     cinfer_metrics_observe(m, CINFER_HIST_E2E, NAN);  /* ignored */
     cinfer_metrics_observe(m, CINFER_HIST_E2E, 300.0);
     cinfer_metrics_observe(m, CINFER_HIST_E2E, 300.0000001);
-    cinfer_metrics_observe(m, (cinfer_hist)-1, 1.0);          /* ignored */
-    cinfer_metrics_observe(m, CINFER_HIST_COUNT_, 1.0);       /* ignored */
+    cinfer_metrics_observe(m, (cinfer_hist)-1, 1.0);    /* ignored */
+    cinfer_metrics_observe(m, CINFER_HIST_COUNT_, 1.0); /* ignored */
     cinfer_metrics_observe(m, CINFER_HIST_REJECT, 0.0001);
     cinfer_metrics_observe(m, CINFER_HIST_REJECT, 0.00011);
     cinfer_metrics_observe(m, CINFER_HIST_QUEUE, 0.1);
@@ -625,14 +624,12 @@ static void test_observe_edges(void)
     const char *r = "cinfer:rejection_latency_seconds_bucket";
     CHECK_EQ_INT(get(p, r, "", "0.0001"), 1);
     CHECK_EQ_INT(get(p, r, "", "0.00025"), 2);
-    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_bucket", "",
-                     "0.08"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_bucket", "",
-                     "0.1"), 1);
-    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_count", "", ""),
-                 1);
-    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_count", "", ""),
+    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_bucket", "", "0.08"),
                  0);
+    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_bucket", "", "0.1"),
+                 1);
+    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_count", "", ""), 1);
+    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_count", "", ""), 0);
     free(text);
     cinfer_metrics_destroy(m);
 }
@@ -659,12 +656,11 @@ static void test_label_escaping(void)
     CHECK_EQ_INT(get(p, "cinfer:request_total",
                      "method=\"unknown\",code=\"UNKNOWN\"", ""),
                  2);
-    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
-                     "reason=\"unknown\"", ""),
-                 1);
-    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
-                     "reason=\"a}b,c=\"d\"\"", ""),
-                 1);
+    CHECK_EQ_INT(
+        get(p, "cinfer:rejected_requests_total", "reason=\"unknown\"", ""), 1);
+    CHECK_EQ_INT(
+        get(p, "cinfer:rejected_requests_total", "reason=\"a}b,c=\"d\"\"", ""),
+        1);
     free(text);
     cinfer_metrics_destroy(m);
 }
@@ -744,9 +740,9 @@ static void test_collector_gauges(void)
     CHECK_EQ_INT(get(p, "cinfer:breaker_state", "", ""), 2);
     CHECK_EQ_INT(get(p, "cinfer:breaker_transitions_total", "", ""), 5);
     CHECK_EQ_INT(get(p, "cinfer:health_serving", "", ""), 1);
-    CHECK_EQ_STR(find_family(&g_parsed, "cinfer:breaker_transitions_total")
-                     ->type,
-                 "counter");
+    CHECK_EQ_STR(
+        find_family(&g_parsed, "cinfer:breaker_transitions_total")->type,
+        "counter");
     CHECK_EQ_STR(find_family(&g_parsed, "cinfer:kv_cache_usage_perc")->type,
                  "gauge");
     free(text);
@@ -908,8 +904,8 @@ static void test_http_listener(void)
         }
         CHECK_EQ_INT(r.status, 200);
         CHECK_EQ_INT(parse_exposition(r.body, &g_parsed), 0);
-        double c = get(&g_parsed, "cinfer:time_to_first_token_seconds_count",
-                       "", "");
+        double c =
+            get(&g_parsed, "cinfer:time_to_first_token_seconds_count", "", "");
         CHECK(c >= last);
         last = c;
         free(r.body);
@@ -935,10 +931,9 @@ static void test_http_listener(void)
 
 static void test_bad_listen_addresses(void)
 {
-    static const char *const bad[] = {"127.0.0.1", "127.0.0.1:",
-                                      "127.0.0.1:65536", "127.0.0.1:-1",
-                                      "127.0.0.1:9x", "127.0.0.1: 90",
-                                      "127.0.0.1:+80", "[::1:0"};
+    static const char *const bad[] = {
+        "127.0.0.1",    "127.0.0.1:",    "127.0.0.1:65536", "127.0.0.1:-1",
+        "127.0.0.1:9x", "127.0.0.1: 90", "127.0.0.1:+80",   "[::1:0"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cinfer_metrics_params p = cinfer_metrics_default_params();
         p.listen = bad[i];
