@@ -8,7 +8,10 @@ its measured capacity, with the resilience layer on and off.
 1. Capacity: a closed-loop cinfer-bench run at a moderate concurrency
    (--capacity-concurrency, default 8) with short requests: 64-token
    synthetic prompts, 32 output tokens (ignore_eos, greedy), each with a
-   deadline (--deadline, default 5 s). Capacity = completed requests / s.
+   deadline (--deadline, default 5 s), against a server with the
+   resilience layer off where it can be switched off (the engine's own
+   capacity, not what admission control lets through). Capacity =
+   completed requests / s.
 2. The configurations: resilience on; on with client retries when
    cinfer-bench has a retry option; resilience off when cinfer-server has
    `--resilience off`. One server per server flag set, started side by
@@ -336,8 +339,8 @@ def run_bench(cmd, timeout):
         return json.load(f)
 
 
-def measure_capacity(progs, model, args, work):
-    srv = Server(progs, model, args.threads, [], work, "capacity")
+def measure_capacity(progs, model, args, work, server_flags):
+    srv = Server(progs, model, args.threads, server_flags, work, "capacity")
     try:
         out = os.path.join(work, "capacity.json")
         res = run_bench(bench_cmd(progs, srv, args, out, [
@@ -545,6 +548,7 @@ set terminal pngcairo size 1200,480 font ",10"
 set output '%s'
 set multiplot layout 1,2 title 'cinfer-server under overload (open loop, x measured capacity)'
 set logscale x
+set xrange [0.3:15]
 set xlabel 'offered load (x capacity)'
 set grid
 set key top left
@@ -564,7 +568,7 @@ unset multiplot
 
 
 def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
-                 started, load_start, load_end, model):
+                 started, load_start, load_end, model, commit):
     L = []
     L.append("# Overload benchmark, %s" % started.strftime("%Y-%m-%d"))
     L.append("")
@@ -575,13 +579,17 @@ def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
     L.append("- machine: %s, %d cores, load average %s at the start and %s "
              "at the end; the load generator shares the cores" %
              (cpu_model(), os.cpu_count() or 0, load_start, load_end))
-    L.append("- commit: %s" % commit_id())
+    L.append("- commit: %s" % commit)
     L.append("- requests: %d-token synthetic prompts, %d output tokens "
              "(ignore_eos, greedy), deadline %g s each (`--timeout`)" %
              (args.input_len, args.output_len, args.deadline))
-    L.append("- capacity: closed loop at concurrency %d, %d requests: "
-             "**%.2f req/s** (%d completed, %d failed, p99 TTFT %.0f ms)" %
-             (args.capacity_concurrency, args.capacity_requests, capacity,
+    L.append("- capacity: closed loop at concurrency %d, %d requests "
+             "(after %d warm-ups)%s: **%.2f req/s** (%d completed, %d "
+             "failed, p99 TTFT %.0f ms)" %
+             (args.capacity_concurrency, args.capacity_requests,
+              args.capacity_concurrency,
+              ", server with `%s`" % " ".join(cap_res["server_flags"])
+              if cap_res.get("server_flags") else "", capacity,
               cap_res["completed"], cap_res["failed"],
               cap_res.get("p99_ttft_ms", float("nan"))))
     L.append("- each level: Poisson arrivals at level x capacity for %g s "
@@ -594,10 +602,17 @@ def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
         L.append("")
     L.append("![goodput and p99 TTFT against offered load](%s)" % png_name)
     L.append("")
+    if args.analysis:
+        with open(args.analysis) as f:
+            L.append("## Observations")
+            L.append("")
+            L.append(f.read().strip())
+            L.append("")
     for cfg in configs:
         L.append("## %s" % cfg["name"])
         L.append("")
-        L.append("`%s`" % " ".join(cfg["cmd"]))
+        L.append("`%s`" % " ".join(short_path(a, model)
+                                   for a in cfg["cmd"]))
         if cfg["bench_flags"]:
             L.append("")
             L.append("cinfer-bench also with `%s`" %
@@ -636,6 +651,17 @@ def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
         f.write("\n".join(L))
 
 
+def short_path(a, model):
+    """A command-line argument as the report shows it: paths inside the
+    repository relative to it, the model by its file name."""
+    a = str(a)
+    if a == model:
+        return os.path.basename(model)
+    if a.startswith(ROOT + os.sep):
+        return os.path.relpath(a, ROOT)
+    return a
+
+
 def commit_id():
     try:
         return sh(["git", "-C", ROOT, "rev-parse", "--short",
@@ -663,7 +689,17 @@ def main():
                     help="skip the capacity run and use this req/s")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--work", default=None)
+    ap.add_argument("--analysis", default=None,
+                    help="a Markdown file whose text goes into the report "
+                    "as its Observations section")
+    ap.add_argument("--report-from", default=None, metavar="WORK",
+                    help="write the report again from the overload.json "
+                    "of an earlier run's work directory (no new run)")
     args = ap.parse_args()
+    if args.report_from:
+        with open(os.path.join(args.report_from, "overload.json")) as f:
+            report(json.load(f), args, args.report_from)
+        return
     args.levels = [float(x) for x in args.levels.split(",")]
     if 1.0 not in args.levels:
         args.levels.append(1.0)
@@ -694,8 +730,9 @@ def main():
         else:
             notes.append("cinfer-bench has no retry option: the runs are "
                          "without client retries only.")
+    resilience_switch = bool(re.search(r"--resilience\b", server_help))
     if "off" in wanted:
-        if re.search(r"--resilience\b", server_help):
+        if resilience_switch:
             configs_to_run.append(("resilience off",
                                    ["--resilience", "off"], []))
         else:
@@ -710,26 +747,50 @@ def main():
     if args.capacity > 0:
         capacity, cap_res = args.capacity, {"completed": 0, "failed": 0}
     else:
-        capacity, cap_res = measure_capacity(progs, model, args, work)
+        # The engine's capacity, without admission control where it can
+        # be switched off: what the server completes when nothing is
+        # refused is the yardstick for the offered loads.
+        cap_flags = (["--resilience", "off"] if resilience_switch else [])
+        capacity, cap_res = measure_capacity(progs, model, args, work,
+                                             cap_flags)
+        cap_res["server_flags"] = cap_flags
         ok_ttft = [t * 1e3 for t, o in zip(cap_res["ttfts"],
                                            cap_res["output_lens"]) if o > 0]
         cap_res["p99_ttft_ms"] = percentile(ok_ttft, 99)
 
     configs = run_all(progs, model, args, work, configs_to_run, capacity)
 
+    saved = {
+        "capacity": capacity,
+        "capacity_run": {k: v for k, v in cap_res.items()
+                         if k == "server_flags" or not isinstance(v, list)},
+        "configs": configs, "notes": notes,
+        "started": started.isoformat(), "load_start": load_start,
+        "load_end": loadavg(), "model": model, "commit": commit_id(),
+        "args": {k: v for k, v in vars(args).items()
+                 if k not in ("analysis", "out", "report_from")},
+    }
+    with open(os.path.join(work, "overload.json"), "w") as f:
+        json.dump(saved, f, indent=1)
+    report(saved, args, work)
+
+
+def report(saved, args, work):
+    """Writes the Markdown report and the plot from a run's saved data."""
+    started = datetime.datetime.fromisoformat(saved["started"])
+    run_args = argparse.Namespace(**saved["args"])
+    run_args.analysis = args.analysis
     os.makedirs(args.out, exist_ok=True)
     stem = "overload-%s" % started.strftime("%Y-%m-%d")
     png = os.path.join(args.out, stem + ".png")
     md = os.path.join(args.out, stem + ".md")
-    write_plot(png, configs, work)
-    write_report(md, stem + ".png", args, capacity, cap_res, configs, notes,
-                 started, load_start, loadavg(), model)
-    with open(os.path.join(work, "overload.json"), "w") as f:
-        json.dump({"capacity": capacity, "configs": configs}, f, indent=1,
-                  default=str)
+    write_plot(png, saved["configs"], work)
+    write_report(md, stem + ".png", run_args, saved["capacity"],
+                 saved["capacity_run"], saved["configs"], saved["notes"],
+                 started, saved["load_start"], saved["load_end"],
+                 saved["model"], saved["commit"])
     log("wrote", md, "and", png, "(work dir %s)" % work)
     print(open(md).read())
-
 
 if __name__ == "__main__":
     main()
