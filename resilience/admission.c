@@ -201,7 +201,9 @@ static cinfer_reject admit_locked(cinfer_admission *a,
     /* Shedder. */
     cinfer_shed_request sr = {.tokens = rq->tokens,
                               .priority = rq->priority,
-                              .deadline_ns = rq->deadline_ns};
+                              .deadline_ns = rq->deadline_ns,
+                              .gen_tokens = rq->gen_tokens,
+                              .running = a->running};
     cinfer_shed_entry entry;
     cinfer_reject r =
         cinfer_shedder_admit(&a->shedder, &sr, now_ns, &entry, pushback);
@@ -339,6 +341,13 @@ void cinfer_admission_set_draining(cinfer_admission *a, int draining)
 {
     pthread_mutex_lock(&a->mu);
     a->draining = draining != 0;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void cinfer_admission_observe_token_time(cinfer_admission *a, int64_t ns)
+{
+    pthread_mutex_lock(&a->mu);
+    cinfer_shedder_observe_token_time(&a->shedder, ns);
     pthread_mutex_unlock(&a->mu);
 }
 

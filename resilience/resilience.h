@@ -401,6 +401,18 @@ int64_t cinfer_codel_slough_ns(const cinfer_codel *c);
  *     W == time left is admitted (the prediction is a mean; a tie is given
  *     the benefit). No deadline is an infinite one. Until the first sample
  *     the rate is unknown and nothing is shed on prediction.
+ *     Departures within batch_gap_ms of a sample's close (a batch leaving
+ *     the queue together under continuous batching) are counted in that
+ *     sample, so a batch is measured whole. With no departure for
+ *     rate_stale_ms the rate is stale: nothing is shed on prediction until
+ *     work leaves again, so a low estimate (which sheds everything, so
+ *     nothing departs) always recovers.
+ *   - stream time: a request admitted while work is queued ahead of it or
+ *     running also has to stream gen_tokens at the observed per-token time
+ *     of a running sequence before its deadline; predicted wait plus
+ *     gen_tokens x per-token time > time left sheds it (SHED_DEADLINE). On
+ *     an idle server only the wait counts (a client may want the partial
+ *     output it can get).
  *   - deadline passed already: shed at once, and checked again while the
  *     request waits (cinfer_shedder_check) and as it leaves the queue.
  *   - KV-cache pressure: the caller sets the KV usage (permille); when it
@@ -440,6 +452,14 @@ typedef struct {
     int64_t pushback_unknown_ms;      /* before the rate is known;
                                          0 = 1000 */
     cinfer_codel_params codel;        /* target 0 = CoDel off */
+    int64_t rate_stale_ms;            /* with no departure for this long
+                                         the measured rate is stale and
+                                         nothing is shed on prediction;
+                                         0 = 8 x rate_sample_ms */
+    int64_t batch_gap_ms;             /* departures within this time of a
+                                         sample's close count in that
+                                         sample (a batch leaving together);
+                                         0 = rate_sample_ms / 100, >= 1 */
 } cinfer_shedder_params;
 
 /* 1024 requests, tokens unbounded, KV shedding at 990 permille, spread 50,
@@ -452,6 +472,9 @@ typedef struct {
     int priority;        /* higher runs first; clamped to
                             [CINFER_PRIORITY_MIN, CINFER_PRIORITY_MAX] */
     int64_t deadline_ns; /* absolute, on the clock of now_ns; 0 = none */
+    uint64_t gen_tokens; /* tokens it streams (max_tokens); 0 = its stream
+                            time is not counted against the deadline */
+    uint64_t running;    /* requests running now (the batch it joins) */
 } cinfer_shed_request;
 
 /* A queued request's record; the caller keeps it (in its call context)
@@ -482,6 +505,15 @@ typedef struct {
     uint64_t departed_tokens; /* tokens dequeued this sample */
     uint64_t rate_mtps;       /* EWMA, milli-tokens per second */
     int rate_known;
+    int64_t last_departure_ns; /* time of the latest departure */
+    /* the latest closed sample, reopened for departures of its batch */
+    int64_t closed_ns;           /* when it closed; 0 = none */
+    int64_t closed_backlog_ns;   /* its backlog time */
+    uint64_t closed_tokens;      /* its departed tokens */
+    uint64_t closed_prev_mtps;   /* the rate before it */
+    int closed_prev_known;       /* rate_known before it */
+    int64_t token_ns;            /* per-token time of a running sequence
+                                    (EWMA); 0 = unknown */
 } cinfer_shedder;
 
 /* CINFER_E_INVALID_ARG (naming the field) for out-of-range params. */
@@ -519,6 +551,10 @@ cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
  * waiting). No-op on an unqueued entry. */
 void cinfer_shedder_remove(cinfer_shedder *s, cinfer_shed_entry *e,
                            int64_t now_ns);
+
+/* Records the measured time per generated token of a running sequence
+ * (an inter-token gap); averaged with weight 1/8. <= 0 is ignored. */
+void cinfer_shedder_observe_token_time(cinfer_shedder *s, int64_t ns);
 
 /* KV-cache usage in permille (0..1000; larger is clamped). */
 void cinfer_shedder_set_kv_usage(cinfer_shedder *s, uint32_t permille);
@@ -586,6 +622,10 @@ typedef struct {
     int64_t deadline_ns;   /* absolute on the cinfer_clock_now_ns() clock,
                               already capped by --max-request-time;
                               0 = none */
+    uint64_t gen_tokens;   /* max_tokens: its stream time (gen_tokens x the
+                              observed per-token time) counts against the
+                              deadline when it joins a busy server;
+                              0 = not counted */
 } cinfer_admission_request;
 
 typedef struct {
@@ -670,6 +710,9 @@ void cinfer_admission_finish(cinfer_admission *a, cinfer_admission_ticket *t,
 
 /* 1 = drain: every admit answers DRAINING (pushback 0) from now on. */
 void cinfer_admission_set_draining(cinfer_admission *a, int draining);
+
+/* An observed inter-token gap of a running stream, ns per token. */
+void cinfer_admission_observe_token_time(cinfer_admission *a, int64_t ns);
 
 /* KV-cache usage for the shedder, permille (the engine's used / total). */
 void cinfer_admission_set_kv_usage(cinfer_admission *a, uint32_t permille);

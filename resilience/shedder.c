@@ -20,6 +20,15 @@
  * averaged with an EWMA; a sample with no departure (a stuck engine) pulls
  * the rate towards 0, so predictions grow and deadlines shed.
  *
+ * Continuous batching takes many requests off the queue at once, and a
+ * sample closes at the first of them: the later departures of that batch
+ * (within batch_gap_ms) are added to the closed sample and the EWMA step is
+ * redone, so the sample holds the whole batch instead of one request of it.
+ * A low estimate sheds nearly everything, and then nothing leaves the
+ * queue to correct it: with no departure for rate_stale_ms the estimate is
+ * stale and prediction sheds nothing (deadlines that passed, the bounds
+ * and CoDel still apply) until departures measure the rate again.
+ *
  * Per-priority counters (201 levels) give the work ahead of a request: all
  * queued work of a higher priority, plus the work of its own priority
  * enqueued before it that has not left yet (the level's enqueued-tokens
@@ -131,6 +140,8 @@ cinfer_shedder_params cinfer_shedder_default_params(void)
         .pushback_max_ms = 30000,
         .pushback_unknown_ms = 1000,
         .codel = cinfer_codel_default_params(),
+        .rate_stale_ms = 0,
+        .batch_gap_ms = 0,
     };
     return p;
 }
@@ -154,10 +165,12 @@ cinfer_status cinfer_shedder_init(cinfer_shedder *s,
                                 "shedder: rate_ewma_pct %u exceeds 100",
                                 p->rate_ewma_pct);
     if (p->rate_sample_ms < 0 || p->pushback_min_ms < 0 ||
+        p->rate_stale_ms < 0 || p->batch_gap_ms < 0 ||
         p->pushback_max_ms < 0 || p->pushback_unknown_ms < 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "shedder: rate_sample_ms and pushback_*_ms "
-                                "must not be negative");
+                                "shedder: rate_sample_ms, rate_stale_ms, "
+                                "batch_gap_ms and pushback_*_ms must not be "
+                                "negative");
     cinfer_codel c;
     cinfer_status st = cinfer_codel_init(&c, &p->codel);
     if (st != CINFER_OK)
@@ -173,6 +186,12 @@ cinfer_status cinfer_shedder_init(cinfer_shedder *s,
         r.pushback_min_ms = r.pushback_max_ms;
     if (!r.pushback_unknown_ms)
         r.pushback_unknown_ms = 1000;
+    if (!r.rate_stale_ms)
+        r.rate_stale_ms = r.rate_sample_ms > INT64_MAX / 8
+                              ? INT64_MAX
+                              : 8 * r.rate_sample_ms;
+    if (!r.batch_gap_ms)
+        r.batch_gap_ms = r.rate_sample_ms / 100 ? r.rate_sample_ms / 100 : 1;
     memset(s, 0, sizeof *s);
     s->p = r;
     s->codel = c;
@@ -189,6 +208,15 @@ static uint64_t add_sat_u64(uint64_t a, uint64_t b)
     return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
+/* Time from t to the deadline, saturating; <= 0 when it has passed. */
+static int64_t time_left(int64_t deadline_ns, int64_t t)
+{
+    int64_t r;
+    if (__builtin_sub_overflow(deadline_ns, t, &r))
+        return deadline_ns > t ? INT64_MAX : INT64_MIN;
+    return r;
+}
+
 /* The effective time (never earlier than one seen); backlog time
  * accumulates while the queue is non-empty. */
 static int64_t see(cinfer_shedder *s, int64_t now_ns)
@@ -196,6 +224,7 @@ static int64_t see(cinfer_shedder *s, int64_t now_ns)
     if (!s->started) {
         s->started = 1;
         s->last_ns = now_ns;
+        s->last_departure_ns = now_ns;
     } else if (now_ns > s->last_ns) {
         if (s->queued_requests) {
             uint64_t d = (uint64_t)now_ns - (uint64_t)s->last_ns;
@@ -208,27 +237,62 @@ static int64_t see(cinfer_shedder *s, int64_t now_ns)
     return s->last_ns;
 }
 
+static uint64_t ewma(const cinfer_shedder *s, uint64_t rate, uint64_t x)
+{
+    if (x >= rate)
+        return rate +
+               (uint64_t)((u128)(x - rate) * s->p.rate_ewma_pct / 100);
+    return rate - (uint64_t)((u128)(rate - x) * s->p.rate_ewma_pct / 100);
+}
+
+static uint64_t rate_of(uint64_t tokens, int64_t backlog_ns)
+{
+    if (backlog_ns <= 0)
+        return UINT64_MAX;
+    u128 r = (u128)tokens * UNITS_PER_TOKEN / (uint64_t)backlog_ns;
+    return r > UINT64_MAX ? UINT64_MAX : (uint64_t)r;
+}
+
 /* Closes a rate sample once it holds rate_sample_ms of backlog. */
 static void sample(cinfer_shedder *s)
 {
     int64_t need = cinfer_ms_to_ns(s->p.rate_sample_ms);
     if (s->backlog_ns < need)
         return;
-    u128 r =
-        (u128)s->departed_tokens * UNITS_PER_TOKEN / (uint64_t)s->backlog_ns;
-    uint64_t x = r > UINT64_MAX ? UINT64_MAX : (uint64_t)r;
-    if (!s->rate_known) {
-        s->rate_mtps = x;
-        s->rate_known = 1;
-    } else if (x >= s->rate_mtps) {
-        s->rate_mtps +=
-            (uint64_t)((u128)(x - s->rate_mtps) * s->p.rate_ewma_pct / 100);
-    } else {
-        s->rate_mtps -=
-            (uint64_t)((u128)(s->rate_mtps - x) * s->p.rate_ewma_pct / 100);
-    }
+    uint64_t x = rate_of(s->departed_tokens, s->backlog_ns);
+    s->closed_ns = s->last_ns;
+    s->closed_backlog_ns = s->backlog_ns;
+    s->closed_tokens = s->departed_tokens;
+    s->closed_prev_mtps = s->rate_mtps;
+    s->closed_prev_known = s->rate_known;
+    s->rate_mtps = s->rate_known ? ewma(s, s->rate_mtps, x) : x;
+    s->rate_known = 1;
     s->backlog_ns = 0;
     s->departed_tokens = 0;
+}
+
+/* A departure of `tokens` at the effective time t: counted in the sample
+ * that closed within batch_gap_ms (its batch), else in the open one. */
+static void depart(cinfer_shedder *s, uint64_t tokens, int64_t t)
+{
+    s->last_departure_ns = t;
+    int64_t gap = cinfer_ms_to_ns(s->p.batch_gap_ms);
+    if (s->closed_ns && t - s->closed_ns <= gap) {
+        s->closed_tokens = add_sat_u64(s->closed_tokens, tokens);
+        uint64_t x = rate_of(s->closed_tokens, s->closed_backlog_ns);
+        s->rate_mtps = s->closed_prev_known ? ewma(s, s->closed_prev_mtps, x)
+                                            : x;
+        return;
+    }
+    s->departed_tokens = add_sat_u64(s->departed_tokens, tokens);
+}
+
+/* The rate is stale after rate_stale_ms without a departure (counted from
+ * the first time seen when nothing ever left). */
+static int stale(const cinfer_shedder *s)
+{
+    int64_t since = time_left(s->last_ns, s->last_departure_ns);
+    return since > cinfer_ms_to_ns(s->p.rate_stale_ms);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -266,10 +330,11 @@ static uint64_t tokens_above(const cinfer_shedder *s, int level)
     return sum;
 }
 
-/* Predicted wait for `ahead` tokens: -1 unknown rate, INT64_MAX at rate 0. */
+/* Predicted wait for `ahead` tokens: -1 unknown or stale rate, INT64_MAX
+ * at rate 0. */
 static int64_t predict(const cinfer_shedder *s, uint64_t ahead)
 {
-    if (!s->rate_known)
+    if (!s->rate_known || stale(s))
         return -1;
     if (!ahead)
         return 0;
@@ -288,15 +353,6 @@ static int64_t pushback_ns(const cinfer_shedder *s, int64_t predicted)
     return predicted < lo ? lo : predicted > hi ? hi : predicted;
 }
 
-/* Time from t to the deadline, saturating; <= 0 when it has passed. */
-static int64_t time_left(int64_t deadline_ns, int64_t t)
-{
-    int64_t r;
-    if (__builtin_sub_overflow(deadline_ns, t, &r))
-        return deadline_ns > t ? INT64_MAX : INT64_MIN;
-    return r;
-}
-
 int64_t cinfer_shedder_predicted_wait_ns(cinfer_shedder *s, int priority,
                                          int64_t now_ns)
 {
@@ -305,6 +361,29 @@ int64_t cinfer_shedder_predicted_wait_ns(cinfer_shedder *s, int priority,
     int level = level_of(priority);
     return predict(s,
                    add_sat_u64(tokens_above(s, level), s->level_tokens[level]));
+}
+
+void cinfer_shedder_observe_token_time(cinfer_shedder *s, int64_t ns)
+{
+    if (ns <= 0)
+        return;
+    if (!s->token_ns)
+        s->token_ns = ns;
+    else
+        s->token_ns += (ns - s->token_ns) / 8;
+    if (s->token_ns <= 0)
+        s->token_ns = 1;
+}
+
+/* Its own stream time: gen_tokens at the per-token time, saturating; 0
+ * when not counted (no gen_tokens, unknown per-token time, idle server). */
+static int64_t stream_ns(const cinfer_shedder *s,
+                         const cinfer_shed_request *rq, uint64_t ahead)
+{
+    if (!rq->gen_tokens || s->token_ns <= 0 || (!ahead && !rq->running))
+        return 0;
+    u128 ns = (u128)rq->gen_tokens * (uint64_t)s->token_ns;
+    return ns > (u128)INT64_MAX ? INT64_MAX : (int64_t)ns;
 }
 
 void cinfer_shedder_set_kv_usage(cinfer_shedder *s, uint32_t permille)
@@ -345,6 +424,12 @@ cinfer_reject cinfer_shedder_admit(cinfer_shedder *s,
         r = CINFER_REJECT_SHED_KV_PRESSURE;
     else if (predicted > left)
         r = CINFER_REJECT_SHED_DEADLINE;
+    else if (cinfer_ns_add_sat(predicted > 0 ? predicted : 0,
+                               stream_ns(s, rq, ahead)) > left) {
+        r = CINFER_REJECT_SHED_DEADLINE;
+        if (predicted <= 0)
+            predicted = -1; /* its own stream is too long: no drain time */
+    }
     else if (predicted > cinfer_codel_slough_ns(&s->codel) &&
              cinfer_codel_overloaded(&s->codel, t))
         r = CINFER_REJECT_SHED_CODEL;
@@ -430,7 +515,7 @@ cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
         r = CINFER_REJECT_SHED_CODEL;
     take_out(s, e);
     if (r == CINFER_REJECT_NONE)
-        s->departed_tokens = add_sat_u64(s->departed_tokens, e->tokens);
+        depart(s, e->tokens, t);
     sample(s);
     if (pushback && r != CINFER_REJECT_NONE) {
         uint64_t ahead =

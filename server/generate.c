@@ -459,6 +459,10 @@ static void on_tokens_timing(srv_call *c, gen_state *g,
             cinfer_metrics_observe(s->metrics, CINFER_HIST_ITL, gap);
         if (ev->n_ids == 1)
             cinfer_service_time_record(s, 1, now - g->last_token_ns);
+        /* the stream time admission counts against deadlines */
+        if (s->adm)
+            cinfer_admission_observe_token_time(
+                s->adm, (now - g->last_token_ns) / (int64_t)ev->n_ids);
     }
     g->last_token_ns = now;
 }
@@ -679,6 +683,9 @@ static int admit(srv_call *c, gen_state *g, int priority, int64_t tokens,
         .tokens = (uint64_t)tokens,
         .priority = priority,
         .deadline_ns = deadline_ns,
+        .gen_tokens = tokens > (int64_t)n_prompt
+                          ? (uint64_t)(tokens - (int64_t)n_prompt)
+                          : 0,
     };
     cinfer_admission_decision d;
     cinfer_status st = cinfer_admission_admit(s->adm, &rq, now, &d,

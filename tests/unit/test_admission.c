@@ -4,6 +4,8 @@
  * rejections never reaching the breaker, sheds giving probe permits back,
  * tokens taken only on admission, exact pushbacks in ms rounded up, tickets
  * and stats, deadlines expiring in the queue counting as breaker failures,
+ * a stream's own generation time counted against its deadline when it
+ * joins a busy server,
  * and tokens conserved across 4 threads admitting concurrently.
  */
 #include "resilience/resilience.h"
@@ -474,6 +476,43 @@ static void *work(void *arg)
     return NULL;
 }
 
+static void test_stream_time_counted_in_deadline_check(void)
+{
+    cinfer_admission_params p = open_params();
+    cinfer_admission *a = make(&p);
+    cinfer_admission_observe_token_time(a, 10 * MS);
+    /* 100 tokens at 10 ms: 1 s of stream. On an idle server only the wait
+     * counts, so a 500 ms deadline is admitted (partial output) */
+    cinfer_admission_request rq = {
+        .cost = 1, .tokens = 110, .deadline_ns = 500 * MS, .gen_tokens = 100};
+    cinfer_admission_decision d;
+    cinfer_admission_ticket run;
+    CHECK_OK(cinfer_admission_admit(a, &rq, 0, &d, &run));
+    CHECK_EQ_INT(d.reason, CINFER_REJECT_NONE);
+    d = cinfer_admission_dequeue(a, &run, 10 * MS);
+    CHECK_EQ_INT(d.reason, CINFER_REJECT_NONE);
+    CHECK_EQ_INT(stats(a, 10 * MS).running, 1);
+    /* joining the running one it can not stream 100 tokens in time */
+    cinfer_admission_ticket tk;
+    rq.deadline_ns = 20 * MS + 500 * MS;
+    CHECK_OK(cinfer_admission_admit(a, &rq, 20 * MS, &d, &tk));
+    CHECK_EQ_INT(d.reason, CINFER_REJECT_SHED_DEADLINE);
+    CHECK_EQ_INT(d.retry_after_ms, 1000); /* pushback_unknown_ms */
+    CHECK_EQ_INT(tk.state, CINFER_TICKET_NONE);
+    /* with time for its stream it is admitted */
+    rq.deadline_ns = 20 * MS + S;
+    CHECK_OK(cinfer_admission_admit(a, &rq, 20 * MS, &d, &tk));
+    CHECK_EQ_INT(d.reason, CINFER_REJECT_NONE);
+    cinfer_admission_finish(a, &tk, CINFER_OUTCOME_SUCCESS, 30 * MS);
+    /* the running one finished: idle again, the short deadline passes */
+    cinfer_admission_finish(a, &run, CINFER_OUTCOME_SUCCESS, 30 * MS);
+    rq.deadline_ns = 40 * MS + 500 * MS;
+    CHECK_OK(cinfer_admission_admit(a, &rq, 40 * MS, &d, &tk));
+    CHECK_EQ_INT(d.reason, CINFER_REJECT_NONE);
+    cinfer_admission_finish(a, &tk, CINFER_OUTCOME_IGNORED, 50 * MS);
+    cinfer_admission_destroy(a);
+}
+
 static void test_tokens_conserved_across_threads(void)
 {
     /* 50 tokens at the start and 100/s for 19.999 s: exactly 50 + 1999
@@ -524,6 +563,7 @@ int main(void)
     RUN(test_ticket_lifecycle_and_stats);
     RUN(test_client_id_too_long_changes_nothing);
     RUN(test_reasons_and_params);
+    RUN(test_stream_time_counted_in_deadline_check);
     RUN(test_tokens_conserved_across_threads);
     return harness_done();
 }

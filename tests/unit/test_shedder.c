@@ -4,7 +4,9 @@
  * wait equal to the time left is admitted, one nanosecond more is shed; no
  * deadline is an infinite one; only work of a priority >= the request's is
  * ahead of it), the measured service rate (backlog-only samples, EWMA, a
- * stuck queue), re-checks of queued requests, KV pressure, CoDel at
+ * stuck queue, a batch leaving together measured whole, a stale estimate
+ * recovering), the request's own stream time in the deadline check,
+ * re-checks of queued requests, KV pressure, CoDel at
  * admission, while waiting and at dequeue, pushback clamping, the clock
  * going backwards and overflow.
  */
@@ -220,6 +222,7 @@ static void test_service_rate_measured_over_backlog(void)
     cinfer_shedder_params p = base_params();
     p.rate_sample_ms = 1000;
     p.rate_ewma_pct = 25;
+    p.rate_stale_ms = 3600 * 1000; /* staleness: see the recovery test */
     cinfer_shedder s = make(&p);
     /* idle time does not count: 10 s of nothing, then a backlog of 1 s */
     cinfer_shed_entry e;
@@ -255,6 +258,169 @@ static void test_service_rate_measured_over_backlog(void)
                  INT64_MAX);
     CHECK_EQ_INT(admit(&s, 1, 0, t + 3600 * S, t + 40 * S, NULL),
                  CINFER_REJECT_SHED_DEADLINE);
+}
+
+static void test_batch_dequeue_measures_the_full_rate(void)
+{
+    cinfer_shedder_params p = base_params();
+    p.rate_sample_ms = 1000;
+    p.rate_ewma_pct = 25;
+    cinfer_shedder s = make(&p);
+    CHECK_EQ_INT(s.p.batch_gap_ms, 10); /* rate_sample_ms / 100 */
+    /* eight requests of 100 tokens queued at 0; a batch takes all eight
+     * off the queue at 1 s, a few microseconds apart */
+    cinfer_shed_entry e[8];
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ_INT(admit(&s, 100, 0, 0, 0, &e[i]), CINFER_REJECT_NONE);
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[i], S + i * 3000, NULL),
+                     CINFER_REJECT_NONE);
+    /* the sample closed at the first; the whole batch counts: 800 tokens
+     * in 1 s of backlog, not 100 */
+    CHECK_EQ_INT(s.rate_known, 1);
+    CHECK_EQ_INT(s.rate_mtps, 800 * 1000);
+    CHECK_EQ_INT(s.departed_tokens, 0);
+    /* a second batch, same size and time: the EWMA stays at 800 (the
+     * batch is not split between two samples; the 21 us the first batch
+     * took to leave are backlog of this sample) */
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ_INT(admit(&s, 100, 0, 0, 2 * S, &e[i]), CINFER_REJECT_NONE);
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ_INT(
+            cinfer_shedder_dequeue(&s, &e[i], 3 * S + i * 3000, NULL),
+            CINFER_REJECT_NONE);
+    CHECK(s.rate_mtps > 799990 && s.rate_mtps <= 800 * 1000);
+    uint64_t r2 = s.rate_mtps;
+    /* a departure past the gap opens the next sample instead */
+    CHECK_EQ_INT(admit(&s, 100, 0, 0, 4 * S, &e[0]), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(admit(&s, 100, 0, 0, 4 * S, &e[1]), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[0], 4 * S + 500 * MS, NULL),
+                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(s.rate_mtps, r2); /* 0.5 s of backlog: still open */
+    CHECK_EQ_INT(s.departed_tokens, 100);
+    /* shed departures are not service: they do not join a batch */
+    CHECK_EQ_INT(admit(&s, 100, 0, 5 * S + 1, 4 * S, &e[2]),
+                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[1], 5 * S, NULL),
+                 CINFER_REJECT_NONE); /* closes: 200 tokens in 1 s */
+    uint64_t r3 = r2 - (r2 - 200 * 1000) / 4;
+    CHECK(s.rate_mtps + 2 >= r3 && s.rate_mtps <= r3 + 2);
+    r3 = s.rate_mtps;
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[2], 5 * S + 1, NULL),
+                 CINFER_REJECT_SHED_DEADLINE);
+    CHECK_EQ_INT(s.rate_mtps, r3);
+}
+
+static void test_stale_estimate_recovers(void)
+{
+    cinfer_shedder_params p = base_params();
+    p.rate_sample_ms = 1000;
+    p.rate_ewma_pct = 25;
+    cinfer_shedder s = make(&p);
+    CHECK_EQ_INT(s.p.rate_stale_ms, 8000); /* 8 x rate_sample_ms */
+    /* a stuck engine: a second of backlog with no departure, rate 0 */
+    cinfer_shed_entry stuck;
+    CHECK_EQ_INT(admit(&s, 10, 0, 0, 0, &stuck), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, S), INT64_MAX);
+    CHECK_EQ_INT(s.rate_known, 1);
+    CHECK_EQ_INT(s.rate_mtps, 0);
+    /* while fresh, everything behind it with a deadline is shed */
+    int64_t pb = 0;
+    cinfer_shed_request rq = {.tokens = 1, .deadline_ns = 3600 * S};
+    cinfer_shed_entry e;
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, 8 * S, &e, &pb),
+                 CINFER_REJECT_SHED_DEADLINE);
+    CHECK_EQ_INT(pb, 30000 * MS);
+    /* 8 s without a departure and one ns more: stale, so the estimate
+     * that sheds everything no longer does (nothing leaves to correct it) */
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, 8 * S + 1), -1);
+    rq.deadline_ns = 8 * S + 2 * S;
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, 8 * S + 1, &e, &pb),
+                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(pb, 0);
+    /* a queued request is not shed on a stale prediction either */
+    CHECK_EQ_INT(cinfer_shedder_check(&s, &e, 9 * S, NULL),
+                 CINFER_REJECT_NONE);
+    /* the engine moves again: departures measure the rate and it climbs
+     * back (EWMA) from 0 */
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &stuck, 9 * S, NULL),
+                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, 9 * S, NULL),
+                 CINFER_REJECT_NONE);
+    CHECK(s.rate_mtps > 0);
+    int64_t t = 10 * S;
+    for (int i = 0; i < 20; i++, t += S) {
+        CHECK_EQ_INT(admit(&s, 1000, 0, 0, t, &e), CINFER_REJECT_NONE);
+        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + S, NULL),
+                     CINFER_REJECT_NONE);
+    }
+    CHECK(s.rate_mtps > 990 * 1000 && s.rate_mtps <= 1000 * 1000);
+    /* fresh again: prediction is back */
+    CHECK_EQ_INT(admit(&s, 500, 0, 0, t, &e), CINFER_REJECT_NONE);
+    int64_t w = cinfer_shedder_predicted_wait_ns(&s, 0, t);
+    CHECK(w >= 500 * MS && w < 506 * MS);
+}
+
+static void test_stream_time_counted_in_deadline_check(void)
+{
+    cinfer_shedder_params p = base_params();
+    cinfer_shedder s = make(&p);
+    int64_t t = set_rate(&s, 1000, 0); /* 1000 tokens/s */
+    cinfer_shedder_observe_token_time(&s, 0);  /* ignored */
+    cinfer_shedder_observe_token_time(&s, -5); /* ignored */
+    CHECK_EQ_INT(s.token_ns, 0);
+    cinfer_shedder_observe_token_time(&s, 10 * MS);
+    CHECK_EQ_INT(s.token_ns, 10 * MS);
+    cinfer_shedder_observe_token_time(&s, 18 * MS); /* weight 1/8 */
+    CHECK_EQ_INT(s.token_ns, 11 * MS);
+    cinfer_shedder_observe_token_time(&s, 3 * MS);
+    CHECK_EQ_INT(s.token_ns, 10 * MS);
+
+    /* 100 tokens to stream at 10 ms: 1 s of its own. Joining a running
+     * batch with 500 ms left it can not finish: shed, pushback unknown
+     * (nothing to drain, its stream is too long) */
+    int64_t pb = 0;
+    cinfer_shed_entry e;
+    cinfer_shed_request rq = {.tokens = 110,
+                              .deadline_ns = t + 500 * MS,
+                              .gen_tokens = 100,
+                              .running = 1};
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t, &e, &pb),
+                 CINFER_REJECT_SHED_DEADLINE);
+    CHECK_EQ_INT(pb, 1000 * MS);
+    /* exactly 1 s left: admitted (a tie is given the benefit) */
+    rq.deadline_ns = t + S;
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t, &e, NULL),
+                 CINFER_REJECT_NONE);
+    /* now 110 tokens are queued ahead: wait 110 ms + stream 1 s */
+    rq.running = 0;
+    rq.deadline_ns = t + 1110 * MS - 1;
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t, &e, &pb),
+                 CINFER_REJECT_SHED_DEADLINE);
+    CHECK_EQ_INT(pb, 110 * MS); /* the queue ahead drains in 110 ms */
+    rq.deadline_ns = t + 1110 * MS;
+    cinfer_shed_entry e2;
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t, &e2, NULL),
+                 CINFER_REJECT_NONE);
+    /* without gen_tokens only the wait counts */
+    rq.gen_tokens = 0;
+    rq.deadline_ns = t + 300 * MS;
+    CHECK_EQ_INT(admit(&s, 110, 0, t + 300 * MS, t, NULL),
+                 CINFER_REJECT_NONE);
+
+    /* an idle server (nothing queued, nothing running) counts the wait
+     * alone: a client may want the partial stream it can get */
+    cinfer_shedder idle = make(&p);
+    cinfer_shedder_observe_token_time(&idle, 10 * MS);
+    cinfer_shed_request lone = {
+        .tokens = 110, .deadline_ns = 100 * MS, .gen_tokens = 100};
+    CHECK_EQ_INT(cinfer_shedder_admit(&idle, &lone, 0, &e, NULL),
+                 CINFER_REJECT_NONE);
+    /* an unknown per-token time counts nothing */
+    cinfer_shedder fresh = make(&p);
+    lone.running = 5;
+    CHECK_EQ_INT(cinfer_shedder_admit(&fresh, &lone, 0, &e, NULL),
+                 CINFER_REJECT_NONE);
 }
 
 static void test_queued_request_rechecked(void)
@@ -339,8 +505,9 @@ static void test_codel_at_admission_while_queued_and_at_dequeue(void)
     /* more 1 s waits in CoDel's first interval [t, t + 100 ms): judged
      * only at its end, nothing drops */
     for (int i = 0; i < 4; i++)
-        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[i], t + i * 20 * MS, NULL),
-                     CINFER_REJECT_NONE);
+        CHECK_EQ_INT(
+            cinfer_shedder_dequeue(&s, &e[i], t + (i + 1) * 20 * MS, NULL),
+            CINFER_REJECT_NONE);
     /* at t + 100 ms the interval is judged: overloaded. The first request
      * of the new interval runs; the next one, 1 s in the queue, drops. */
     CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[4], t + 100 * MS, NULL),
@@ -459,6 +626,9 @@ int main(void)
     RUN(test_only_higher_priority_work_is_ahead);
     RUN(test_unknown_rate_sheds_nothing_on_prediction);
     RUN(test_service_rate_measured_over_backlog);
+    RUN(test_batch_dequeue_measures_the_full_rate);
+    RUN(test_stale_estimate_recovers);
+    RUN(test_stream_time_counted_in_deadline_check);
     RUN(test_queued_request_rechecked);
     RUN(test_kv_pressure);
     RUN(test_codel_at_admission_while_queued_and_at_dequeue);
