@@ -99,7 +99,17 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
 {
     if (n <= 0 || o1 <= o0)
         return;
-    switch (resolve_isa(isa)) {
+    cinfer_cpu_isa use = resolve_isa(isa);
+#if defined(CINFER_MATMUL_HAVE_AVX512) && defined(CINFER_MATMUL_HAVE_AVX2)
+    /* F16 and F32 weights stream faster through the AVX2 kernels at one or
+     * two rows (decode) on Zen 4 (bench/results/kernels-*.txt); both ISAs
+     * compute the same bits, so switching by row count keeps batch
+     * invariance. (Not BF16: vdpbf16ps flushes subnormals, AVX2 does not.) */
+    if (use == CINFER_CPU_ISA_AVX512 && n <= 2 &&
+        (wt == CINFER_DTYPE_F16 || wt == CINFER_DTYPE_F32))
+        use = CINFER_CPU_ISA_AVX2;
+#endif
+    switch (use) {
 #ifdef CINFER_MATMUL_HAVE_AVX512
     case CINFER_CPU_ISA_AVX512:
         cinfer_cpu_matmul_compute_avx512(wt, w, w_row_bytes, act, n, n_in, out,
