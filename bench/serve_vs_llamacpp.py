@@ -295,12 +295,13 @@ set multiplot layout 1,2 title "cinfer-server vs llama.cpp llama-server, {args.i
 set logscale x 2
 set xlabel "concurrent streams"
 set grid
-set key top left
+set key right center
 set ylabel "output tokens/s"
 plot "{data}" using 1:2 with linespoints lw 2 pt 7 title "cinfer", \\
      "{data}" using 1:3 with linespoints lw 2 pt 5 title "llama.cpp", \\
      "{data}" using 1:4 with lines dt 2 lc rgb "gray" title "ceiling (bandwidth and FMA floors)"
 set ylabel "p99 inter-token latency (ms)"
+set key top left
 set logscale y
 plot "{data}" using 1:5 with linespoints lw 2 pt 7 title "cinfer", \\
      "{data}" using 1:6 with linespoints lw 2 pt 5 title "llama.cpp", \\
@@ -398,6 +399,7 @@ def main():
     elapsed = time.time() - t_start
 
     prefill_floor_ms = 2.0 * params * args.input_len / (fma * 1e9) * 1e3
+    budget_floor_ms = 2.0 * params * 512 / (fma * 1e9) * 1e3
     step_bw_ms = wbytes / (bw * 1e9) * 1e3
     date = datetime.date.today()
     cpu = ""
@@ -443,7 +445,10 @@ def main():
         f"of a step >= 2 x params x N / FMA rate; prefill of one "
         f"{args.input_len}-token prompt >= {prefill_floor_ms:.1f} ms. The "
         f"ceiling column is N / max(the two step floors), the ITL floor "
-        f"column their max.",
+        f"column their max. A step that carries cinfer's whole prefill "
+        f"budget (--max-batched-tokens 512) takes >= {budget_floor_ms:.0f} "
+        f"ms, so where new prompts are prefilled in the same steps as "
+        f"running decodes, the decodes' worst gaps can not be shorter.",
         "",
         "Ratios are cinfer / llama.cpp (above 1 is better for tok/s, below 1 "
         "is better for latencies). The machine is shared: the last column "
