@@ -370,7 +370,12 @@ typedef struct {
 /* CINFER_E_INVALID_ARG for negative values. */
 cinfer_status cinfer_codel_init(cinfer_codel *c, const cinfer_codel_params *p);
 
-/* A request leaves the queue after waiting wait_ns: returns 1 when CoDel
+/* The shedder applies CoDel's drops only to requests that carry a deadline:
+ * a request without one has no caller waiting on a timer, so shedding it
+ * turns a slow answer into an error without helping anyone (a closed loop
+ * of such requests is bounded by its concurrency, not by the queue).
+ *
+ * A request leaves the queue after waiting wait_ns: returns 1 when CoDel
  * drops it, 0 to run it. */
 int cinfer_codel_on_dequeue(cinfer_codel *c, int64_t wait_ns, int64_t now_ns);
 

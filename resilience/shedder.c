@@ -430,7 +430,7 @@ cinfer_reject cinfer_shedder_admit(cinfer_shedder *s,
         if (predicted <= 0)
             predicted = -1; /* its own stream is too long: no drain time */
     }
-    else if (predicted > cinfer_codel_slough_ns(&s->codel) &&
+    else if (rq->deadline_ns && predicted > cinfer_codel_slough_ns(&s->codel) &&
              cinfer_codel_overloaded(&s->codel, t))
         r = CINFER_REJECT_SHED_CODEL;
 
@@ -491,7 +491,7 @@ cinfer_reject cinfer_shedder_check(cinfer_shedder *s,
     cinfer_reject r = CINFER_REJECT_NONE;
     if (left <= 0 || predicted > left)
         r = CINFER_REJECT_SHED_DEADLINE;
-    else if (waited > cinfer_codel_slough_ns(&s->codel) &&
+    else if (e->deadline_ns && waited > cinfer_codel_slough_ns(&s->codel) &&
              cinfer_codel_overloaded(&s->codel, t))
         r = CINFER_REJECT_SHED_CODEL;
     if (pushback && r != CINFER_REJECT_NONE)
@@ -511,7 +511,7 @@ cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
     cinfer_reject r = CINFER_REJECT_NONE;
     if (e->deadline_ns && time_left(e->deadline_ns, t) <= 0)
         r = CINFER_REJECT_SHED_DEADLINE;
-    else if (cinfer_codel_on_dequeue(&s->codel, waited, t))
+    else if (cinfer_codel_on_dequeue(&s->codel, waited, t) && e->deadline_ns)
         r = CINFER_REJECT_SHED_CODEL;
     take_out(s, e);
     if (r == CINFER_REJECT_NONE)

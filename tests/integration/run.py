@@ -1571,8 +1571,10 @@ def case_rejections():
         results = []
 
         def one(i):
+            # CoDel sheds only calls with a deadline (grpc-timeout)
             results.append(h2_call(srv.addr, GENERATE, gen_bytes(
-                n=2, request_id="codel-%d" % i).SerializeToString()))
+                n=2, request_id="codel-%d" % i).SerializeToString(),
+                metadata=(("grpc-timeout", "60S"),)))
 
         threads = []
         for i in range(16):

@@ -494,11 +494,15 @@ static void test_codel_at_admission_while_queued_and_at_dequeue(void)
     p.codel.target_ms = 5;
     p.codel.interval_ms = 100;
     cinfer_shedder s = make(&p);
-    /* nine requests queued at 0; the first runs at 1 s (1000 tokens/s) */
+    /* nine requests queued at 0; the first runs at 1 s (1000 tokens/s).
+     * CoDel sheds only requests with a deadline (someone waits on a
+     * timer); these have a far one, e[7] none. */
+    const int64_t far = 100 * S;
     cinfer_shed_entry r0, e[8];
-    CHECK_EQ_INT(admit(&s, 1000, 0, 0, 0, &r0), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(admit(&s, 1000, 0, far, 0, &r0), CINFER_REJECT_NONE);
     for (int i = 0; i < 8; i++)
-        CHECK_EQ_INT(admit(&s, 1, 0, 0, 0, &e[i]), CINFER_REJECT_NONE);
+        CHECK_EQ_INT(admit(&s, 1, 0, i < 7 ? far : 0, 0, &e[i]),
+                     CINFER_REJECT_NONE);
     int64_t t = S;
     CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &r0, t, NULL), CINFER_REJECT_NONE);
     CHECK_EQ_INT(s.rate_mtps, 1000 * 1000);
@@ -520,16 +524,20 @@ static void test_codel_at_admission_while_queued_and_at_dequeue(void)
     /* a queued request past the slough timeout is shed while it waits */
     CHECK_EQ_INT(cinfer_shedder_check(&s, &e[6], t + 102 * MS, NULL),
                  CINFER_REJECT_SHED_CODEL);
+    /* but not one without a deadline */
+    CHECK_EQ_INT(cinfer_shedder_check(&s, &e[7], t + 102 * MS, NULL),
+                 CINFER_REJECT_NONE);
     /* a newcomer is shed when its predicted wait exceeds 10 ms */
-    CHECK_EQ_INT(admit(&s, 20, 0, 0, t + 102 * MS, NULL), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(admit(&s, 20, 0, far, t + 102 * MS, NULL), CINFER_REJECT_NONE);
     CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, t + 102 * MS),
                  22 * MS);
-    CHECK_EQ_INT(admit(&s, 1, 0, 0, t + 102 * MS, NULL),
+    CHECK_EQ_INT(admit(&s, 1, 0, far, t + 102 * MS, NULL),
                  CINFER_REJECT_SHED_CODEL);
+    CHECK_EQ_INT(admit(&s, 1, 0, 0, t + 102 * MS, NULL), CINFER_REJECT_NONE);
     /* one of a priority with nothing ahead is not */
-    CHECK_EQ_INT(admit(&s, 1, 1, 0, t + 102 * MS, NULL), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(admit(&s, 1, 1, far, t + 102 * MS, NULL), CINFER_REJECT_NONE);
     /* a whole interval without a dequeue: CoDel lets go */
-    CHECK_EQ_INT(admit(&s, 1, 0, 0, t + 300 * MS, NULL), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(admit(&s, 1, 0, far, t + 300 * MS, NULL), CINFER_REJECT_NONE);
 }
 
 static void test_pushback_clamped(void)
