@@ -144,11 +144,12 @@ class Proc:
         self.log_file.close()
 
 
-def start_cinfer(progs, model, threads, work):
+def start_cinfer(progs, model, threads, work, budget=512):
     port = free_port()
     addr = "127.0.0.1:%d" % port
     p = Proc("cinfer-server", [progs["server"], "--listen", addr, "--model",
-                               model, "--threads", str(threads)],
+                               model, "--threads", str(threads),
+                               "--max-batched-tokens", str(budget)],
              os.path.join(work, "cinfer-server.log"))
     deadline = time.time() + 300
     while True:
@@ -328,6 +329,8 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-batched-tokens", type=int, default=512,
+                    help="cinfer-server's per-step token budget")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
@@ -354,7 +357,8 @@ def main():
     bw0, fma0 = floors(progs["kbench"], args.threads)
     log("floors: %.1f GB/s read, %.1f GFLOP/s FMA" % (bw0, fma0))
 
-    cinfer, c_addr = start_cinfer(progs, model, args.threads, work)
+    cinfer, c_addr = start_cinfer(progs, model, args.threads, work,
+                                    args.max_batched_tokens)
     rows = []
     try:
         info = json.loads(sh([progs["cli"], "--server", c_addr, "--json",
@@ -399,7 +403,7 @@ def main():
     elapsed = time.time() - t_start
 
     prefill_floor_ms = 2.0 * params * args.input_len / (fma * 1e9) * 1e3
-    budget_floor_ms = 2.0 * params * 512 / (fma * 1e9) * 1e3
+    budget_floor_ms = 2.0 * params * args.max_batched_tokens / (fma * 1e9) * 1e3
     step_bw_ms = wbytes / (bw * 1e9) * 1e3
     date = datetime.date.today()
     cpu = ""
@@ -429,7 +433,7 @@ def main():
         f"({os.path.basename(model)}, {wbytes / 1e6:.1f} MB, {params} "
         f"parameters), {args.threads} threads each.",
         f"cinfer: `cinfer-server --threads {args.threads}` (defaults: "
-        f"--max-seqs 64, --max-batched-tokens 512), gRPC. "
+        f"--max-seqs 64) --max-batched-tokens {args.max_batched_tokens}, gRPC. "
         f"llama.cpp: `llama-server -np N -c N*{args.input_len + args.output_len + 16} "
         f"-t {args.threads} -lm none -fa on` (llama-cpp-python 0.3.36's "
         f"llama.cpp; continuous batching is its default; `-lm none` is this "
@@ -446,7 +450,7 @@ def main():
         f"{args.input_len}-token prompt >= {prefill_floor_ms:.1f} ms. The "
         f"ceiling column is N / max(the two step floors), the ITL floor "
         f"column their max. A step that carries cinfer's whole prefill "
-        f"budget (--max-batched-tokens 512) takes >= {budget_floor_ms:.0f} "
+        f"budget (--max-batched-tokens {args.max_batched_tokens}) takes >= {budget_floor_ms:.0f} "
         f"ms, so where new prompts are prefilled in the same steps as "
         f"running decodes, the decodes' worst gaps can not be shorter.",
         "",
