@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #ifndef CINFER_DEFAULT_MODEL
 #define CINFER_DEFAULT_MODEL ""
@@ -717,7 +716,6 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
             .block_tables = m->single_tables,
             .row_gen = gen_row ? &gen_row : NULL,
         };
-        int last_chunk = done + c == n;
         float *dst;
         if (all_logits) {
             s.n_out = c;
@@ -728,7 +726,6 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
             s.out_rows = &outr[c - 1];
             dst = logits; /* earlier chunks' logits are overwritten */
         }
-        (void)last_chunk;
         st = cinfer_model_forward(m, &s, dst);
         if (st != CINFER_OK)
             break;
