@@ -553,6 +553,10 @@ static void *engine_main(void *arg)
             pthread_cond_wait(&e->cv, &e->mu);
         eng_request *in = e->in_head;
         e->in_head = e->in_tail = NULL;
+        /* They count as waiting from here on (until the next publish), so
+         * that get_stats and submit's max_queued check never miss them
+         * while this round's step runs. */
+        e->pub.waiting += e->n_incoming;
         e->n_incoming = 0;
         /* swap the cancel list with the thread's buffer */
         uint64_t *c = e->cancels;
