@@ -88,6 +88,19 @@ typedef struct {
                      int64_t n);
     /* dst[i] = f16 of src[i], rounded to nearest even */
     void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
+    /* x[i] = the float value of x[i]'s f16 (rounded to nearest even) */
+    void (*round_f16)(float *x, int64_t n);
+    /* Optional (NULL: the per-block forms above serve). The same arithmetic
+     * over a gathered context: K or V row j is rows[j], F16 where `f16` is
+     * set, else F32.
+     * qk_dot_rows: qk_dot_* for n rows; head_dim a multiple of 64.
+     * pv_rows: pv_* over j = 0..n-1 from all-zero lanes, then, for 64
+     * lanes, the fold (r0 + r2) + (r1 + r3); writes the 16 resulting lane
+     * rows to lanes16 ([16][head_dim]); head_dim a multiple of 16. */
+    void (*qk_dot_rows)(const float *q, const void *const *rows, int f16,
+                        int n, int head_dim, float scale, float *scores);
+    void (*pv_rows)(const void *const *rows, int f16, const float *p, int n,
+                    int n_lanes, int head_dim, float *lanes16);
 } cinfer_cpu_vec_kernels;
 
 extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable;

@@ -513,11 +513,18 @@ static void to_f16_portable(const float *src, uint16_t *dst, int64_t n)
         dst[i] = cinfer_fp32_to_fp16(src[i]);
 }
 
+static void round_f16_portable(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(x[i]));
+}
+
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
     qk_f32_portable,     qk_f16_portable,      qk_dot_f32_portable,
     qk_dot_f16_portable, softmax_exp_portable, pv_f32_portable,
     pv_f16_portable,     lanes_sum_portable,   silu_mul_portable,
-    to_f16_portable,
+    to_f16_portable,     round_f16_portable,   NULL,
+    NULL,
 };
 
 /*
@@ -557,18 +564,35 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
     /* a generated token's row: GGML's single-token ("dot") arithmetic */
     const int dot = s->row_gen && s->row_gen[r];
     const int n_lanes = dot ? 64 : 16;
-    float *scores = ws;                        /* [group][ctx_stride] */
-    float *lanes = ws + (size_t)c->group * cs; /* [64][hd] */
+    /* the context's K and V rows, gathered for the kernels that take them */
+    const void **krows = (const void **)(void *)ws; /* [ctx_stride] */
+    const void **vrows = krows + cs;                /* [ctx_stride] */
+    float *scores = ws + 4 * cs;               /* [group][ctx_stride] */
+    float *lanes = scores + (size_t)c->group * cs; /* [64][hd] */
     float *qr = lanes + (size_t)64 * hd;       /* [hd] */
+    const int qk_rows = dot && vk->qk_dot_rows && hd % 64 == 0;
+    const int pv_rows = vk->pv_rows && hd % 16 == 0;
+    if (qk_rows || pv_rows) {
+        const size_t ke = k16 ? 2 : 4, ve = v16 ? 2 : 4;
+        for (int32_t j = 0; j < len; j++) {
+            int64_t at = (int64_t)bt[j / bs] * block_elems + (int64_t)g * hd +
+                         (int64_t)(j % bs) * kv_stride;
+            krows[j] = (const char *)a->k_cache + (size_t)at * ke;
+            vrows[j] = (const char *)a->v_cache + (size_t)at * ve;
+        }
+    }
 
     for (int i = 0; i < nq; i++) {
         const float *q = a->q + (r * a->n_heads + h0 + i) * (int64_t)hd;
         float *sc = scores + i * cs;
         /* GGML multiplies F16 K by q converted to F16 */
-        if (k16)
-            for (int d = 0; d < hd; d++)
-                qr[d] = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(q[d]));
-        for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
+        if (k16) {
+            memcpy(qr, q, sizeof(float) * (size_t)hd);
+            vk->round_f16(qr, hd);
+        }
+        if (qk_rows)
+            vk->qk_dot_rows(k16 ? qr : q, krows, k16, len, hd, a->scale, sc);
+        for (int32_t j0 = 0, bi = 0; j0 < len && !qk_rows; j0 += bs, bi++) {
             int n = len - j0 < bs ? len - j0 : bs;
             int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
             if (k16)
@@ -588,9 +612,14 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
         for (int32_t j = 0; j < len; j++)
             sc[j] *= inv;
         if (v16) /* GGML multiplies F16 V by the probabilities in F16 */
-            for (int32_t j = 0; j < len; j++)
-                sc[j] = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(sc[j]));
+            vk->round_f16(sc, len);
 
+        if (pv_rows) {
+            vk->pv_rows(vrows, v16, sc, len, n_lanes, hd, lanes);
+            vk->lanes_sum(lanes, hd,
+                          a->out + (r * a->n_heads + h0 + i) * (int64_t)hd);
+            continue;
+        }
         memset(lanes, 0, sizeof(float) * (size_t)n_lanes * (size_t)hd);
         for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
             int n = len - j0 < bs ? len - j0 : bs;
@@ -640,7 +669,7 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     size_t ctx = ((size_t)cb->max_position + 1 + 15) & ~(size_t)15;
     size_t hd = (size_t)a->head_dim;
     cinfer_status st = cinfer_cpu_thread_scratch(
-        cb, (size_t)group * ctx + 65 * hd);
+        cb, (size_t)(group + 4) * ctx + 65 * hd);
     if (st != CINFER_OK)
         return st;
     int n_parts = cb->n_threads;

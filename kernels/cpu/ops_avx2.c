@@ -295,6 +295,16 @@ static void silu_mul(const float *gate, const float *up, float *out, int64_t n)
 
 #define F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
+static void round_f16(float *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(
+                                    _mm256_loadu_ps(x + i), F16_RNE)));
+    for (; i < n; i++)
+        x[i] = _cvtsh_ss(_cvtss_sh(x[i], F16_RNE));
+}
+
 static void to_f16(const float *src, uint16_t *dst, int64_t n)
 {
     int64_t i = 0;
@@ -314,5 +324,6 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2 = {
     qk_f32, qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
     pv_f32, pv_f16, lanes_sum,  silu_mul,   to_f16,
+    round_f16, NULL, NULL,
 };
 #endif

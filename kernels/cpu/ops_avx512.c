@@ -336,8 +336,121 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
     }
 }
 
+static void round_f16(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+                                    _MM_FROUND_TO_NEAREST_INT |
+                                        _MM_FROUND_NO_EXC);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_cvtph_ps(h));
+    }
+}
+
+/* Gathered context (cpu_impl.h). QK in the "dot" arithmetic, sixteen
+ * positions at a time: each position's four accumulators are folded
+ * (a0 + a2) + (a1 + a3) at once, and the sixteen folded vectors reduced
+ * together by hsum16x16. A short last group repeats its first row in the
+ * unused lanes, which are not stored. */
+static inline __attribute__((always_inline)) __m512 ld_row(const void *row,
+                                                           int d, int f16)
+{
+    return f16 ? ld_f16((const uint16_t *)row + d)
+               : ld_f32((const float *)row + d);
+}
+
+static inline __attribute__((always_inline)) void
+qk_dot_rows_t(const float *q, const void *const *rows, int n, int head_dim,
+              float scale, float *scores, const int f16)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int j = 0; j < n; j += 16) {
+        const int m = n - j < 16 ? n - j : 16;
+        __m512 acc[16];
+        UNROLL
+        for (int p = 0; p < 16; p++) {
+            const void *kp = rows[j + (p < m ? p : 0)];
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < head_dim; d += 64) {
+                a0 = _mm512_fmadd_ps(ld_row(kp, d, f16),
+                                     _mm512_loadu_ps(q + d), a0);
+                a1 = _mm512_fmadd_ps(ld_row(kp, d + 16, f16),
+                                     _mm512_loadu_ps(q + d + 16), a1);
+                a2 = _mm512_fmadd_ps(ld_row(kp, d + 32, f16),
+                                     _mm512_loadu_ps(q + d + 32), a2);
+                a3 = _mm512_fmadd_ps(ld_row(kp, d + 48, f16),
+                                     _mm512_loadu_ps(q + d + 48), a3);
+            }
+            acc[p] = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+        }
+        _mm512_mask_storeu_ps(scores + j, tail_mask(m),
+                              _mm512_mul_ps(hsum16x16(acc), vs));
+    }
+}
+
+static void qk_dot_rows(const float *q, const void *const *rows, int f16,
+                        int n, int head_dim, float scale, float *scores)
+{
+    if (f16)
+        qk_dot_rows_t(q, rows, n, head_dim, scale, scores, 1);
+    else
+        qk_dot_rows_t(q, rows, n, head_dim, scale, scores, 0);
+}
+
+/* PV a lane row at a time: the positions of lane row l (j = l mod n_lanes,
+ * in order) accumulate in registers, 64 output elements per pass; for 64
+ * lanes the four rows l, l + 16, l + 32, l + 48 are folded as they finish. */
+static inline __attribute__((always_inline)) void
+pv_rows_t(const void *const *rows, const float *p, int n, int n_lanes,
+          int head_dim, float *lanes16, const int f16)
+{
+    const int parts = n_lanes / 16;
+    for (int d0 = 0; d0 < head_dim; d0 += 64) {
+        const int nv = (head_dim - d0 < 64 ? head_dim - d0 : 64) / 16;
+        for (int l = 0; l < 16; l++) {
+            __m512 r[4][4];
+            for (int part = 0; part < parts; part++) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int j = l + 16 * part; j < n; j += n_lanes) {
+                    const __m512 pj = _mm512_set1_ps(p[j]);
+                    const void *vr = rows[j];
+                    a0 = _mm512_fmadd_ps(ld_row(vr, d0, f16), pj, a0);
+                    if (nv > 1)
+                        a1 = _mm512_fmadd_ps(ld_row(vr, d0 + 16, f16), pj, a1);
+                    if (nv > 2)
+                        a2 = _mm512_fmadd_ps(ld_row(vr, d0 + 32, f16), pj, a2);
+                    if (nv > 3)
+                        a3 = _mm512_fmadd_ps(ld_row(vr, d0 + 48, f16), pj, a3);
+                }
+                r[part][0] = a0;
+                r[part][1] = a1;
+                r[part][2] = a2;
+                r[part][3] = a3;
+            }
+            float *out = lanes16 + (size_t)l * (size_t)head_dim + d0;
+            for (int i = 0; i < nv; i++) {
+                __m512 o = r[0][i];
+                if (parts == 4)
+                    o = _mm512_add_ps(_mm512_add_ps(r[0][i], r[2][i]),
+                                      _mm512_add_ps(r[1][i], r[3][i]));
+                _mm512_storeu_ps(out + 16 * i, o);
+            }
+        }
+    }
+}
+
+static void pv_rows(const void *const *rows, int f16, const float *p, int n,
+                    int n_lanes, int head_dim, float *lanes16)
+{
+    if (f16)
+        pv_rows_t(rows, p, n, n_lanes, head_dim, lanes16, 1);
+    else
+        pv_rows_t(rows, p, n, n_lanes, head_dim, lanes16, 0);
+}
+
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
-    qk,        qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
-    pv_f32,    pv_f16, lanes_sum,  silu_mul,   to_f16,
+    qk,          qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
+    pv_f32,      pv_f16, lanes_sum,  silu_mul,   to_f16,
+    round_f16,   qk_dot_rows, pv_rows,
 };
 #endif
