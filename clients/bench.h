@@ -206,6 +206,8 @@ typedef struct {
     double temperature;
     const cinfer_bench_slo *slo; /* or NULL */
     int detailed;              /* add per-request arrays */
+    int max_attempts;          /* attempts a request may take, the first
+                                  included (1 = no retries) */
 } cinfer_bench_run_info;
 
 /* Writes the result as one JSON object with vLLM's key names. */
@@ -247,10 +249,23 @@ typedef struct {
     const char *server;        /* HOST:PORT */
     int ignore_eos;            /* keep generating past end-of-generation */
     double temperature;        /* 0 = greedy */
-    double timeout_s;          /* per-request deadline; 0 = none */
+    double timeout_s;          /* per-request deadline, all attempts
+                                  together; 0 = none */
+    /* gRPC only: gRPC core's own retries of Generate (a retryPolicy in the
+     * channel's service config). A request refused with UNAVAILABLE or
+     * RESOURCE_EXHAUSTED before any response is tried again, up to
+     * max_attempts in all, after an exponential backoff from
+     * retry_backoff_ms (x2 per retry, at most 10x) or the server's
+     * grpc-retry-pushback-ms when it sends one. */
+    int max_attempts;          /* 1 = no retries; 2..5 (gRPC's cap) */
+    int retry_backoff_ms;      /* >= 1 */
 } cinfer_bench_driver_params;
 
-/* 127.0.0.1:50051, ignore_eos on, greedy, no deadline. */
+/* The most attempts gRPC core makes of one call. */
+#define CINFER_BENCH_MAX_ATTEMPTS 5
+
+/* 127.0.0.1:50051, ignore_eos on, greedy, no deadline, no retries (100 ms
+ * backoff when turned on). */
 cinfer_bench_driver_params cinfer_bench_driver_default_params(void);
 
 /* What the server says about its model, for synthetic prompts. */

@@ -12,6 +12,12 @@
  * token ids count as tokens arriving together. The context is freed when
  * no batch of it is pending any more, the only safe moment, since each
  * pending batch still holds its tag.
+ *
+ * Retries (max_attempts > 1) are gRPC core's: the channel's service config
+ * gives Generate a retryPolicy, and the retry filter under the surface API
+ * sends a refused call again (honouring grpc-retry-pushback-ms) before any
+ * completion reaches this queue. A stream therefore sees only the attempt
+ * that answered; the deadline set at the call's creation covers them all.
  */
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -412,6 +418,31 @@ static void grpc_destroy(cinfer_bench_driver *base)
     grpc_shutdown_blocking();
 }
 
+/* The service config with Generate's retry policy: maxAttempts counts the
+ * first attempt; retries back off exponentially (jittered by gRPC) from
+ * initialBackoff, x2 each time, up to maxBackoff, unless the server sent a
+ * pushback, which gRPC waits instead. */
+static int retry_service_config(char *buf, size_t size, int max_attempts,
+                                int backoff_ms)
+{
+    long long max_ms = 10LL * backoff_ms;
+    int n = snprintf(
+        buf, size,
+        "{\"methodConfig\": [{"
+        "\"name\": [{\"service\": \"cinfer.v1.Inference\", "
+        "\"method\": \"Generate\"}], "
+        "\"retryPolicy\": {"
+        "\"maxAttempts\": %d, "
+        "\"initialBackoff\": \"%d.%03ds\", "
+        "\"maxBackoff\": \"%lld.%03llds\", "
+        "\"backoffMultiplier\": 2, "
+        "\"retryableStatusCodes\": [\"UNAVAILABLE\", "
+        "\"RESOURCE_EXHAUSTED\"]}}]}",
+        max_attempts, backoff_ms / 1000, backoff_ms % 1000, max_ms / 1000,
+        max_ms % 1000);
+    return n > 0 && (size_t)n < size;
+}
+
 static const cinfer_bench_driver_ops grpc_ops = {
     grpc_start,
     grpc_poll,
@@ -422,6 +453,28 @@ cinfer_status cinfer_bench_grpc_create(const cinfer_bench_driver_params *p,
                                        cinfer_bench_driver **out)
 {
     *out = NULL;
+    char config[512];
+    char k_retries[] = GRPC_ARG_ENABLE_RETRIES;
+    char k_config[] = GRPC_ARG_SERVICE_CONFIG;
+    grpc_arg args[2];
+    grpc_channel_args chargs = {0, args};
+    if (p->max_attempts > 1) {
+        if (p->max_attempts > CINFER_BENCH_MAX_ATTEMPTS ||
+            p->retry_backoff_ms < 1 ||
+            !retry_service_config(config, sizeof config, p->max_attempts,
+                                  p->retry_backoff_ms))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "retries: %d attempts, %d ms backoff",
+                                    p->max_attempts, p->retry_backoff_ms);
+        memset(args, 0, sizeof args);
+        args[0].type = GRPC_ARG_INTEGER;
+        args[0].key = k_retries;
+        args[0].value.integer = 1;
+        args[1].type = GRPC_ARG_STRING;
+        args[1].key = k_config;
+        args[1].value.string = config;
+        chargs.num_args = 2;
+    }
     grpc_driver *d = calloc(1, sizeof *d);
     if (!d)
         return cinfer_set_error(CINFER_E_NOMEM, "driver: out of memory");
@@ -429,7 +482,8 @@ cinfer_status cinfer_bench_grpc_create(const cinfer_bench_driver_params *p,
     d->base.ops = &grpc_ops;
     d->p = *p;
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    d->ch = grpc_channel_create(p->server, creds, NULL);
+    d->ch = grpc_channel_create(p->server, creds,
+                                chargs.num_args ? &chargs : NULL);
     grpc_channel_credentials_release(creds);
     d->cq = grpc_completion_queue_create_for_next(NULL);
     *out = &d->base;

@@ -113,6 +113,8 @@ cinfer_bench_driver_params cinfer_bench_driver_default_params(void)
     p.ignore_eos = 1;
     p.temperature = 0;
     p.timeout_s = 0;
+    p.max_attempts = 1;
+    p.retry_backoff_ms = 100;
     return p;
 }
 
@@ -547,6 +549,10 @@ cinfer_status cinfer_bench_write_json(FILE *f, const cinfer_bench_summary *s,
     kv_int(&o, "seed", (long long)info->seed);
     kv_raw(&o, "ignore_eos", info->ignore_eos ? "true" : "false");
     kv_num(&o, "temperature", info->temperature);
+    /* gRPC core does not tell its client how many attempts a call took,
+     * so the policy's bound is what the run can state. */
+    kv_int(&o, "max_attempts",
+           info->max_attempts > 1 ? info->max_attempts : 1);
     kv_num(&o, "duration", s->duration_s);
     kv_int(&o, "completed", s->completed);
     kv_int(&o, "failed", s->failed);

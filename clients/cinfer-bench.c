@@ -19,6 +19,11 @@
  * failures by status name; --json writes vLLM's result keys. See
  * bench_stats.c for the definitions.
  *
+ * --retries N (gRPC) gives Generate a retry policy in the channel's service
+ * config, so gRPC core itself retries requests the server refuses with
+ * UNAVAILABLE or RESOURCE_EXHAUSTED (waiting its grpc-retry-pushback-ms);
+ * a retried request's times run from its first attempt.
+ *
  * Exit status: 0 when every request completed, 1 when some failed, 2 when
  * the server could not be asked about its model (or the run broke), 64 for
  * usage errors.
@@ -52,6 +57,8 @@ typedef struct {
     int ignore_eos;
     double temperature;
     double timeout_s;
+    int retries;               /* 0 = none */
+    int retry_backoff_ms;
     int warmups;
     cinfer_bench_slo slo;
     int has_slo;
@@ -97,7 +104,16 @@ static void usage(FILE *f)
         "  --ignore-eos             generate all --output-len tokens (default)\n"
         "  --no-ignore-eos          stop at end-of-generation\n"
         "  --temperature T          sampling temperature (default 0: greedy)\n"
-        "  --timeout S              per-request deadline in seconds (default none)\n"
+        "  --timeout S              per-request deadline in seconds, all attempts\n"
+        "                           together (default none)\n"
+        "  --retries N              grpc: gRPC's own retries of a request the server\n"
+        "                           refuses with UNAVAILABLE or RESOURCE_EXHAUSTED, up\n"
+        "                           to N more attempts, N in 1..4 (gRPC allows 5 in\n"
+        "                           all); the server's grpc-retry-pushback-ms is\n"
+        "                           honoured; latencies include the retries\n"
+        "                           (default 0: none)\n"
+        "  --retry-backoff-ms MS    first retry's backoff, doubling up to 10x, when\n"
+        "                           the server sends no pushback (default 100)\n"
         "\n"
         "results:\n"
         "  --goodput KEY:MS ...     SLO for goodput; KEY is ttft, tpot or e2el\n"
@@ -117,6 +133,7 @@ enum {
     O_NUM_REQUESTS, O_WARMUPS, O_INPUT_LEN, O_OUTPUT_LEN, O_RANGE_RATIO,
     O_PROMPTS_FILE, O_VOCAB_SIZE, O_SEED, O_IGNORE_EOS, O_NO_IGNORE_EOS,
     O_TEMPERATURE, O_TIMEOUT, O_GOODPUT, O_JSON, O_SAVE_DETAILED, O_DRY_RUN,
+    O_RETRIES, O_RETRY_BACKOFF_MS,
 };
 
 static int num(const char *s, double *out)
@@ -308,6 +325,7 @@ int main(int argc, char **argv)
     o.input_len = 128;
     o.output_len = 128;
     o.ignore_eos = 1;
+    o.retry_backoff_ms = 100;
 
     static const struct option longopts[] = {
         {"server", required_argument, 0, O_SERVER},
@@ -332,6 +350,8 @@ int main(int argc, char **argv)
         {"no-ignore-eos", no_argument, 0, O_NO_IGNORE_EOS},
         {"temperature", required_argument, 0, O_TEMPERATURE},
         {"timeout", required_argument, 0, O_TIMEOUT},
+        {"retries", required_argument, 0, O_RETRIES},
+        {"retry-backoff-ms", required_argument, 0, O_RETRY_BACKOFF_MS},
         {"goodput", required_argument, 0, O_GOODPUT},
         {"json", required_argument, 0, O_JSON},
         {"save-detailed", no_argument, 0, O_SAVE_DETAILED},
@@ -390,6 +410,21 @@ int main(int argc, char **argv)
             ok = num(optarg, &o.timeout_s) && o.timeout_s >= 0 &&
                  !isinf(o.timeout_s);
             break;
+        case O_RETRIES:
+            ok = inum(optarg, 0, &o.retries) &&
+                 o.retries < CINFER_BENCH_MAX_ATTEMPTS;
+            if (!ok) {
+                fprintf(stderr, "cinfer-bench: --retries %s: N must be in "
+                                "0..%d (gRPC makes at most %d attempts)\n",
+                        optarg, CINFER_BENCH_MAX_ATTEMPTS - 1,
+                        CINFER_BENCH_MAX_ATTEMPTS);
+                return EXIT_USAGE;
+            }
+            break;
+        case O_RETRY_BACKOFF_MS:
+            ok = inum(optarg, 1, &o.retry_backoff_ms) &&
+                 o.retry_backoff_ms <= 60000;
+            break;
         case O_GOODPUT: ok = parse_slo(optarg, &o.slo); o.has_slo = 1; break;
         case O_JSON: o.json = optarg; break;
         case O_SAVE_DETAILED: o.detailed = 1; break;
@@ -410,6 +445,11 @@ int main(int argc, char **argv)
         }
     }
     int llama = strcmp(o.protocol, "llamacpp") == 0;
+    if (llama && o.retries > 0) {
+        fprintf(stderr, "cinfer-bench: --retries is gRPC's retry policy; "
+                        "--protocol llamacpp has no retries\n");
+        return EXIT_USAGE;
+    }
     if (!o.server) {
         const char *env = getenv("CINFER_SERVER");
         o.server = llama ? "127.0.0.1:8080"
@@ -446,6 +486,8 @@ int main(int argc, char **argv)
     dp.ignore_eos = o.ignore_eos;
     dp.temperature = o.temperature;
     dp.timeout_s = o.timeout_s;
+    dp.max_attempts = 1 + o.retries;
+    dp.retry_backoff_ms = o.retry_backoff_ms;
     cinfer_bench_driver *d = NULL;
     cinfer_status st = llama ? cinfer_bench_http_create(&dp, &d)
                              : cinfer_bench_grpc_create(&dp, &d);
@@ -497,11 +539,17 @@ int main(int argc, char **argv)
                      o.burstiness);
         else
             snprintf(rate, sizeof rate, "inf");
+        char retries[64] = "";
+        if (o.retries > 0)
+            snprintf(retries, sizeof retries,
+                     ", up to %d retries (%d ms backoff)", o.retries,
+                     o.retry_backoff_ms);
         fprintf(stderr,
                 "cinfer-bench: %s %s (%s), %d requests, %d+%d tokens, "
-                "concurrency %s, rate %s\n",
+                "concurrency %s, rate %s%s\n",
                 llama ? "llamacpp" : "grpc", o.server, mi.model,
-                o.num_requests, o.input_len, o.output_len, conc, rate);
+                o.num_requests, o.input_len, o.output_len, conc, rate,
+                retries);
     }
 
     if (o.warmups > 0) {
@@ -569,7 +617,7 @@ int main(int argc, char **argv)
             llama ? "llamacpp" : "cinfer", o.server, mi.model, o.rate,
             o.burstiness, o.concurrency, o.input_len, o.output_len,
             o.range_ratio, o.seed, o.ignore_eos, o.temperature,
-            o.has_slo ? &o.slo : NULL, o.detailed};
+            o.has_slo ? &o.slo : NULL, o.detailed, 1 + o.retries};
         FILE *f = fopen(o.json, "w");
         if (!f) {
             fprintf(stderr, "cinfer-bench: %s: %s\n", o.json,

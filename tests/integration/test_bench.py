@@ -13,6 +13,13 @@ Cases:
             match what the per-request data gives, the server's own counters
             must agree; an open-loop run; a run the server rejects is counted
             by status name; an unreachable server exits 2.
+  retries   --retries: usage errors first (N out of 1..4, llamacpp); then
+            the real server with a global rate limit (2/s, burst 2) gets
+            a burst of requests: without retries some fail with
+            RESOURCE_EXHAUSTED (exit 1); with --retries 4 every request
+            completes (exit 0) while the server's log and /metrics show it
+            refused attempts, no request more than 4 times, and gRPC waited
+            the server's grpc-retry-pushback-ms between a request's attempts.
   llamacpp  --protocol llamacpp against a scripted HTTP server that streams
             in llama-server's /completion format (from its source,
             tools/server): the request fields, token counts from
@@ -27,6 +34,7 @@ import http.server
 import json
 import math
 import os
+import re
 import signal
 import shutil
 import socketserver
@@ -37,6 +45,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 
 SKIP = 77
 ARGS = None
@@ -214,15 +223,16 @@ def case_workload():
 # ---------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, work):
+    def __init__(self, work, extra=()):
         self.work = work
+        self.extra = [str(a) for a in extra]
         self.proc = None
 
     def __enter__(self):
         self.log_path = os.path.join(self.work, "server.log")
         self.log_file = open(self.log_path, "w")
         cmd = [ARGS.server_bin, "--listen", "127.0.0.1:0", "--model",
-               ARGS.model, "--threads", "2"]
+               ARGS.model, "--threads", "2"] + self.extra
         log("start", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                      stderr=self.log_file)
@@ -258,6 +268,15 @@ class Server:
         self.log_file.flush()
         with open(self.log_path) as f:
             return f.read()
+
+    def log_lines(self):
+        out = []
+        for line in self.log_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
 
     def info(self):
         r = subprocess.run([ARGS.cli_bin, "--server", self.addr, "--json",
@@ -353,6 +372,125 @@ def case_grpc(work):
     # Nothing listens there any more.
     r = bench("--server", srv.addr, "--num-requests", 1, timeout=120)
     check_eq(r.returncode, 2, "unreachable server: exit status 2")
+
+
+# ---------------------------------------------------------------------------
+# retries: gRPC core's retry policy against the server's rate limiter
+# ---------------------------------------------------------------------------
+
+def rejected_total(port):
+    """cinfer:rejected_requests_total{reason="rate_limited_global"}."""
+    url = "http://127.0.0.1:%d/metrics" % port
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r'^cinfer:rejected_requests_total\{reason="'
+                  r'rate_limited_global"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def log_ms(line):
+    """A log line's "ts" (2026-11-30T03:24:34.269Z) in ms of the day."""
+    h, m, s = line["ts"].split("T")[1].rstrip("Z").split(":")
+    return (int(h) * 3600 + int(m) * 60 + float(s)) * 1e3
+
+
+def case_retries(work):
+    # Usage errors, before any server is contacted.
+    for args, what in ((["--retries", 9], "--retries 9"),
+                       (["--retries", 5], "--retries 5 (6 attempts)"),
+                       (["--retries", -1], "--retries -1"),
+                       (["--retries", 2, "--retry-backoff-ms", 0],
+                        "--retry-backoff-ms 0"),
+                       (["--retries", 1, "--protocol", "llamacpp"],
+                        "--retries with --protocol llamacpp")):
+        r = bench("--server", "127.0.0.1:1", "--num-requests", 1, *args,
+                  timeout=60)
+        check_eq(r.returncode, 64, what + ": usage error")
+        check("retr" in r.stderr or "bad value" in r.stderr,
+              what + ": says why")
+    r = bench("--protocol", "llamacpp", "--retries", 1, "--server",
+              "127.0.0.1:1", timeout=60)
+    check("llamacpp has no retries" in r.stderr,
+          "llamacpp: the message names the protocol")
+
+    if not ARGS.model or not os.path.isfile(ARGS.model):
+        raise Skip("the default model is not installed")
+    qps, burst = 2, 2
+    with Server(work, ["--rate-limit-qps", qps, "--rate-limit-burst", burst,
+                       "--metrics-listen", "127.0.0.1:0"]) as srv:
+        port = None
+        for line in srv.log_lines():
+            if line.get("msg") == "metrics listening":
+                port = int(line["port"])
+        check(port is not None, "the server's metrics port is logged")
+        out = os.path.join(work, "retries.json")
+        common = ["--server", srv.addr, "--input-len", 4, "--output-len", 2,
+                  "--timeout", 60, "--json", out, "--save-detailed"]
+
+        # No retries: all at once, beyond the burst some are refused.
+        n = 6
+        r = bench("--num-requests", n, *common, timeout=120)
+        check_eq(r.returncode, 1, "no retries: exit status 1")
+        res = json.load(open(out))
+        log("no retries:", res["completed"], "completed, errors",
+            res["errors"])
+        check_eq(res["max_attempts"], 1, "no retries: max_attempts")
+        check(res["failed"] >= 1, "no retries: some requests refused")
+        check_eq(res["completed"] + res["failed"], n,
+                 "no retries: every request finished")
+        check_eq(res["errors"], {"RESOURCE_EXHAUSTED": res["failed"]},
+                 "no retries: refused by the rate limiter")
+        check("RESOURCE_EXHAUSTED" in r.stderr, "the first failure is shown")
+
+        # The bucket refills (burst / qps seconds), so the retried run
+        # starts from a full one: its first round admits `burst`, each
+        # pushback round at least one more, and 4 retries leave one round
+        # to spare for 5 requests.
+        time.sleep(burst / qps + 0.2)
+        before = rejected_total(port)
+        skip_lines = len(srv.log_lines())
+        n = 5
+        r = bench("--num-requests", n, "--retries", 4, "--retry-backoff-ms",
+                  10, *common, timeout=120)
+        check_eq(r.returncode, 0, "--retries 4: exit status 0")
+        res = json.load(open(out))
+        check_eq(res["max_attempts"], 5, "--retries 4: max_attempts")
+        check_eq(res["completed"], n, "--retries 4: every request completed")
+        check_eq(res["errors"], {}, "--retries 4: no errors")
+        check_eq(res["statuses"], ["OK"] * n, "--retries 4: statuses")
+        check_eq(res["total_output_tokens"], 2 * n, "--retries 4: tokens")
+
+        refused = [l for l in srv.log_lines()[skip_lines:]
+                   if l.get("msg") == "call rejected"]
+        by_id = {}
+        for l in refused:
+            check_eq(l.get("reason"), "rate_limited_global",
+                     "refused by the global rate limit")
+            by_id.setdefault(l.get("request_id"), []).append(l)
+        log("refused attempts:", {k: len(v) for k, v in by_id.items()})
+        check(len(refused) >= n - burst,
+              "the rate limiter refused attempts of the retried run: %d" %
+              len(refused))
+        check(set(by_id) <= {"bench-%d" % i for i in range(n)},
+              "refusals belong to the run's requests")
+        check(all(len(v) <= 4 for v in by_id.values()),
+              "no request refused more than --retries times")
+        # gRPC waited the server's pushback (500 ms here), not the 10 ms
+        # backoff, before trying a refused request again.
+        for rid, v in by_id.items():
+            for a, b in zip(v, v[1:]):
+                gap = log_ms(b) - log_ms(a)
+                check(gap >= a["retry_after_ms"] - 5,
+                      "%s: %.0f ms between refusals, pushback %d ms" %
+                      (rid, gap, a["retry_after_ms"]))
+        deadline = time.time() + 10
+        while rejected_total(port) - before < len(refused):
+            check(time.time() < deadline,
+                  "/metrics counts the refusals: %r of %d" %
+                  (rejected_total(port) - before, len(refused)))
+            time.sleep(0.05)
+        check_eq(rejected_total(port) - before, len(refused),
+                 "/metrics: rate_limited_global refusals")
 
 
 # ---------------------------------------------------------------------------
@@ -510,7 +648,8 @@ def case_llamacpp(work):
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=["workload", "grpc", "llamacpp"])
+    ap.add_argument("case", choices=["workload", "grpc", "retries",
+                                     "llamacpp"])
     ap.add_argument("--bench-bin", required=True)
     ap.add_argument("--server-bin")
     ap.add_argument("--cli-bin")
@@ -522,6 +661,8 @@ def main():
             case_workload()
         elif ARGS.case == "grpc":
             case_grpc(work)
+        elif ARGS.case == "retries":
+            case_retries(work)
         else:
             case_llamacpp(work)
     except Skip as e:
