@@ -519,6 +519,7 @@ static void run_step(cinfer_engine *e)
     sched_build_step(e, &step);
     cinfer_status st = cinfer_model_forward(e->model, &step, e->logits);
     int64_t t1 = now(e);
+    sched_observe_step(e, rows, t1 - t0);
     e->st.steps++;
     e->st.last_step_ns = t1;
     if (st != CINFER_OK) {

@@ -139,6 +139,10 @@ struct cinfer_engine {
     eng_seq **sched;     /* this step's sequences, in row order */
     int n_sched;
     cinfer_engine_stats st; /* counters, copied into pub */
+    /* step-time model (sched_observe_step): exponentially weighted sums
+     * of 1, rows, ns, rows^2 and rows * ns over the recent steps */
+    double tm_w, tm_x, tm_y, tm_xx, tm_xy;
+    int tm_n; /* steps observed */
     uint64_t *cancel_buf; /* the thread's copy of the cancel list */
     size_t cap_cancel_buf;
 
@@ -175,6 +179,21 @@ void sched_preempt(cinfer_engine *e, eng_seq *s);
  * newest running sequence when a running one needs a block and none is
  * free. Fills e->sched (with step_rows set) and returns the row count. */
 int sched_schedule(cinfer_engine *e, int64_t now_ns);
+
+/* The step-time model: step time ~ a + b * rows, fitted by least squares
+ * over the recent steps (older ones weigh less). Admission uses it to keep
+ * deadlines: a waiting sequence joins the running set only if, at the
+ * predicted step time of the larger batch and with its own prefill added,
+ * every running sequence that has a deadline can still generate all of its
+ * remaining tokens (max_tokens; end-of-generation is not foreseen) before
+ * it, and so can the newcomer. Without deadlines, or before
+ * SCHED_MODEL_MIN_STEPS steps were seen, nothing is held back. */
+#define SCHED_MODEL_MIN_STEPS 8
+void sched_observe_step(cinfer_engine *e, int rows, int64_t ns);
+/* a + b * rows in ns, and b alone (the marginal cost of a row); 0 when no
+ * step was observed. */
+void sched_predict_step(const cinfer_engine *e, int rows, int64_t *step_ns,
+                        int64_t *row_ns);
 
 /* Writes the scheduled rows into the step arrays and sets each sequence's
  * step_out. */

@@ -250,6 +250,89 @@ static void add_sched(cinfer_engine *e, eng_seq *s, int32_t rows)
 }
 
 /* ---------------------------------------------------------------------- */
+/* step-time model and deadlines                                          */
+/* ---------------------------------------------------------------------- */
+
+/* Weight of the previous sums at each new step: about the last 20 steps. */
+#define SCHED_MODEL_DECAY 0.95
+/* Predictions are taken this much longer, for what the model misses
+ * (sampling, streaming, the client's side). */
+#define SCHED_MODEL_MARGIN 1.15
+
+void sched_observe_step(cinfer_engine *e, int rows, int64_t ns)
+{
+    if (rows <= 0 || ns < 0)
+        return;
+    const double x = rows, y = (double)ns, k = SCHED_MODEL_DECAY;
+    e->tm_w = k * e->tm_w + 1.0;
+    e->tm_x = k * e->tm_x + x;
+    e->tm_y = k * e->tm_y + y;
+    e->tm_xx = k * e->tm_xx + x * x;
+    e->tm_xy = k * e->tm_xy + x * y;
+    if (e->tm_n < INT32_MAX)
+        e->tm_n++;
+}
+
+void sched_predict_step(const cinfer_engine *e, int rows, int64_t *step_ns,
+                        int64_t *row_ns)
+{
+    *step_ns = *row_ns = 0;
+    if (e->tm_n == 0 || e->tm_x <= 0.0)
+        return;
+    const double w = e->tm_w, mx = e->tm_x / w, my = e->tm_y / w;
+    const double var = e->tm_xx / w - mx * mx;
+    double a = 0.0, b = my / mx; /* one row count seen: proportional */
+    if (var >= 1.0) {            /* rows varied: a line */
+        b = (e->tm_xy / w - mx * my) / var;
+        if (b < 0.0)
+            b = 0.0;
+        a = my - b * mx;
+        if (a < 0.0) { /* through the origin instead */
+            a = 0.0;
+            b = e->tm_xy / e->tm_xx;
+        }
+    }
+    *step_ns = (int64_t)((a + b * rows) * SCHED_MODEL_MARGIN);
+    *row_ns = (int64_t)(b * SCHED_MODEL_MARGIN);
+}
+
+static int has_deadline(const eng_seq *s) { return s->req->deadline_ns != 0; }
+
+/* Whether s may join the running set now as far as deadlines go (see
+ * engine_impl.h). */
+static int deadlines_allow(const cinfer_engine *e, const eng_seq *s,
+                           int64_t now_ns)
+{
+    if (e->n_running == 0 || e->tm_n < SCHED_MODEL_MIN_STEPS)
+        return 1;
+    int any = has_deadline(s);
+    for (int i = 0; i < e->n_running && !any; i++)
+        any = has_deadline(e->running[i]);
+    if (!any)
+        return 1;
+    int64_t step_ns, row_ns, now_step_ns, unused;
+    sched_predict_step(e, e->n_running + 1, &step_ns, &row_ns);
+    sched_predict_step(e, e->n_running, &now_step_ns, &unused);
+    /* the newcomer's prefill rows, spread over the coming steps */
+    const int64_t extra = (int64_t)(s->n_tokens - s->n_computed) * row_ns;
+    for (int i = -1; i < e->n_running; i++) {
+        const eng_seq *r = i < 0 ? s : e->running[i];
+        if (!has_deadline(r))
+            continue;
+        int64_t left = r->req->max_tokens - r->n_generated;
+        if (left < 1)
+            left = 1;
+        /* a running sequence that will miss its deadline anyway does not
+         * hold the others back */
+        if (i >= 0 && now_ns + left * now_step_ns > r->req->deadline_ns)
+            continue;
+        if (now_ns + extra + left * step_ns > r->req->deadline_ns)
+            return 0;
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------------- */
 /* the schedule                                                           */
 /* ---------------------------------------------------------------------- */
 
@@ -309,6 +392,8 @@ int sched_schedule(cinfer_engine *e, int64_t now_ns)
             j++;
             continue;
         }
+        if (!deadlines_allow(e, s, now_ns))
+            break; /* first come, first served, as below */
         reuse_prefix(e, s);
         int32_t remaining = s->n_tokens - s->n_computed;
         int32_t rows = remaining < budget ? remaining : budget;

@@ -297,6 +297,92 @@ static void test_decodes_first_and_budget(void)
     fake_engine_free(e);
 }
 
+/* The step-time model: a line through varied step sizes, a proportional
+ * guess from one size, nothing from nothing. */
+static void test_step_model_fits_line(void)
+{
+    cinfer_engine *e = fake_engine(16, 4, 8, 64, 0, 64);
+    int64_t step, row;
+    sched_predict_step(e, 4, &step, &row);
+    CHECK(step == 0 && row == 0);
+    /* one size only: 8 rows take 9 ms */
+    for (int i = 0; i < 20; i++)
+        sched_observe_step(e, 8, 9000000);
+    sched_predict_step(e, 4, &step, &row);
+    CHECK(llabs(step - (int64_t)(4500000 * 1.15)) <= 2);
+    /* 1 ms + 1 ms per row, sizes 1..8 */
+    for (int i = 0; i < 400; i++)
+        sched_observe_step(e, 1 + i % 8, 1000000 + (int64_t)(1 + i % 8) * 1000000);
+    sched_predict_step(e, 4, &step, &row);
+    CHECK(llabs(step - (int64_t)(5000000 * 1.15)) <= 2000);
+    CHECK(llabs(row - (int64_t)(1000000 * 1.15)) <= 2000);
+    /* a size beyond those seen extrapolates the line */
+    sched_predict_step(e, 20, &step, &row);
+    CHECK(llabs(step - (int64_t)(21000000 * 1.15)) <= 20000);
+    fake_engine_free(e);
+}
+
+/* Admission keeps deadlines: a newcomer waits while its prefill and the
+ * larger batch would make a running request miss its deadline, or make it
+ * miss its own; a running request that misses anyway holds nobody back;
+ * without deadlines nothing waits. Step model: 1 ms + 1 ms per row (times
+ * the margin, 1.15). */
+static void test_deadline_holds_admission(void)
+{
+    const int64_t ms = 1000000;
+    int32_t p[8];
+    fill(p, 8, 100);
+    for (int sc = 0; sc < 5; sc++) {
+        cinfer_engine *e = fake_engine(64, 4, 8, 64, 0, 64);
+        for (int i = 0; i < 64; i++)
+            sched_observe_step(e, 1 + i % 8, ms + (int64_t)(1 + i % 8) * ms);
+        /* a: running, 10 tokens to go */
+        eng_request *a = fake_request(e, p, 4, 11, 1, 0, 1);
+        int ok = 1;
+        CHECK_EQ_INT(iterate(e, &ok), 4); /* a's prefill, first token */
+        CHECK_EQ_INT(e->n_running, 1);
+        /* b: 4 prompt tokens, 10 to generate. Alone, a needs 10 steps of
+         * 2.3 ms = 23 ms; with b: 4 x 1.15 ms of prefill + 10 x 3.45 ms
+         * = 39.1 ms, and so does b. */
+        eng_request *b = fake_request(e, p, 4, 10, 1, 0, 2);
+        int64_t now = 1000 * ms;
+        int admit = 1;
+        switch (sc) {
+        case 0: /* no deadlines */
+            break;
+        case 1: /* a can make 30 ms alone but not with b */
+            a->deadline_ns = now + 30 * ms;
+            admit = 0;
+            break;
+        case 2: /* a makes 45 ms either way */
+            a->deadline_ns = now + 45 * ms;
+            break;
+        case 3: /* a misses 20 ms anyway: b is not held back */
+            a->deadline_ns = now + 20 * ms;
+            break;
+        case 4: /* b itself cannot make 35 ms with a running */
+            b->deadline_ns = now + 35 * ms;
+            admit = 0;
+            break;
+        }
+        sched_schedule(e, now);
+        CHECK_EQ_INT(e->n_running, admit ? 2 : 1);
+        CHECK_EQ_INT(b->seqs[0].state, admit ? SEQ_RUNNING : SEQ_WAITING);
+        /* once a is gone, b runs whatever its deadline */
+        e->n_sched = 0;
+        for (int i = 0; i < e->n_running; i++)
+            e->running[i]->step_rows = 0;
+        finish(e, &a->seqs[0]);
+        sched_schedule(e, now);
+        CHECK_EQ_INT(b->seqs[0].state, SEQ_RUNNING);
+        e->n_sched = 0;
+        finish(e, &b->seqs[0]);
+        fake_request_free(a);
+        fake_request_free(b);
+        fake_engine_free(e);
+    }
+}
+
 static void test_preempts_newest(void)
 {
     /* 6 blocks of 4: a (arrival 1) and b (arrival 2) of 8-token prompts
@@ -504,6 +590,8 @@ static void test_random_simulation(void)
 int main(void)
 {
     RUN(test_decodes_first_and_budget);
+    RUN(test_step_model_fits_line);
+    RUN(test_deadline_holds_admission);
     RUN(test_preempts_newest);
     RUN(test_prefix_reuse);
     RUN(test_samples_share_prompt);
