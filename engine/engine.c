@@ -619,6 +619,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->info = cinfer_model_get_info(p->model);
     e->tk = cinfer_model_tokenizer(p->model);
     e->max_seqs = p->max_seqs ? p->max_seqs : 64;
+    e->hold_for_deadlines = !p->admit_past_deadlines;
     e->max_batched = p->max_batched_tokens ? p->max_batched_tokens : 512;
     /* A step can not carry more rows than the model's buffers hold. */
     if (e->max_batched > e->info->max_batch_rows)

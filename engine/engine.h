@@ -68,6 +68,10 @@ typedef struct {
     int max_queued;           /* waiting requests before submit refuses
                                  with CINFER_E_EXHAUSTED; 0 = unbounded */
     int prefix_cache;         /* 1 = reuse KV blocks of shared prefixes */
+    int admit_past_deadlines; /* 1 = admit waiting requests whatever the
+                                 deadlines (engine_impl.h: the step-time
+                                 model); 0 = hold one back while it would
+                                 make itself or a running request miss */
     /* Clock in ns (monotonic) for deadlines and timings; NULL = CLOCK_MONOTONIC. */
     int64_t (*now_ns)(void *user);
     void *now_user;

@@ -103,6 +103,7 @@ struct cinfer_engine {
     int max_batched;
     int max_queued;
     int prefix_cache;
+    int hold_for_deadlines; /* !admit_past_deadlines */
     int64_t (*now_ns)(void *user);
     void *now_user;
 

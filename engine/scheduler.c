@@ -303,7 +303,8 @@ static int has_deadline(const eng_seq *s) { return s->req->deadline_ns != 0; }
 static int deadlines_allow(const cinfer_engine *e, const eng_seq *s,
                            int64_t now_ns)
 {
-    if (e->n_running == 0 || e->tm_n < SCHED_MODEL_MIN_STEPS)
+    if (!e->hold_for_deadlines || e->n_running == 0 ||
+        e->tm_n < SCHED_MODEL_MIN_STEPS)
         return 1;
     int any = has_deadline(s);
     for (int i = 0; i < e->n_running && !any; i++)

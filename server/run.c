@@ -128,7 +128,9 @@ static const flag_doc flags[] = {
      "none)"},
     {"resilience", "CINFER_RESILIENCE", "on|off",
      "admission control of Generate: rate limits, circuit breaker, load "
-     "shedding (default on; off = every valid request goes to the engine)"},
+     "shedding, and the engine holding back requests that would make "
+     "running ones miss their deadlines (default on; off = every valid "
+     "request goes to the engine and runs as soon as a slot is free)"},
     {"rate-limit-qps", "CINFER_RATE_LIMIT_QPS", "RATE",
      "requests per second the server admits, a token bucket "
      "(RESOURCE_EXHAUSTED beyond; default 0 = no limit)"},
@@ -679,6 +681,9 @@ int cinfer_server_main(int argc, char **argv,
     ep.max_batched_tokens = (int)cfg.max_batched_tokens;
     ep.max_queued = (int)cfg.max_queued;
     ep.prefix_cache = (int)cfg.prefix_cache;
+    /* holding requests back for deadlines is load management: off with
+     * the rest of it */
+    ep.admit_past_deadlines = !cfg.resilience;
     if (cinfer_engine_create(&ep, &engine) != CINFER_OK) {
         cinfer_log_line l;
         if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "engine start failed",

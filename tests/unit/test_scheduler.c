@@ -35,6 +35,7 @@ static cinfer_engine *fake_engine(int n_blocks, int bs, int max_seqs,
     e->max_seqs = max_seqs;
     e->max_batched = max_batched;
     e->prefix_cache = prefix;
+    e->hold_for_deadlines = 1;
     e->block_size = bs;
     e->ctx_cap = ctx;
     e->max_blocks = (ctx + bs - 1) / bs;
