@@ -446,7 +446,14 @@ static void publish(cinfer_engine *e)
 {
     cinfer_kv_cache_stats ks;
     cinfer_kv_cache_get_stats(e->kv, &ks);
+    int64_t start, step, row, at = now(e);
+    int ready = sched_predict_start(e, &start, &step, &row);
     pthread_mutex_lock(&e->mu);
+    e->pred_ready = ready;
+    e->pred_at_ns = at;
+    e->pred_start_ns = start;
+    e->pred_step_ns = step;
+    e->pred_row_ns = row;
     e->pub = e->st;
     e->pub.running = e->n_running;
     e->pub.waiting = e->n_waiting;
@@ -658,6 +665,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     size_t rows = (size_t)e->max_batched, seqs = (size_t)e->max_seqs;
     e->max_out = e->max_seqs < e->max_batched ? e->max_seqs : e->max_batched;
     e->running = malloc(sizeof *e->running * seqs);
+    e->pred_slots = malloc(sizeof *e->pred_slots * seqs);
     e->sched = malloc(sizeof *e->sched * seqs);
     e->s_tokens = malloc(sizeof(int32_t) * rows);
     e->s_pos = malloc(sizeof(int32_t) * rows);
@@ -667,7 +675,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->s_gen = malloc(rows);
     e->s_tables = malloc(sizeof(int32_t) * seqs * (size_t)e->max_blocks);
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
-    if (!e->running || !e->sched || !e->s_tokens || !e->s_pos ||
+    if (!e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
         !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
         !e->s_tables ||
         !e->logits) {
@@ -698,6 +706,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
 fail:
     cinfer_kv_cache_destroy(e->kv);
     free(e->running);
+    free(e->pred_slots);
     free(e->sched);
     free(e->s_tokens);
     free(e->s_pos);
@@ -727,6 +736,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     cinfer_kv_cache_destroy(e->kv);
     free(e->waiting);
     free(e->running);
+    free(e->pred_slots);
     free(e->sched);
     free(e->cancels);
     free(e->cancel_buf);
@@ -771,6 +781,30 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
         return cinfer_set_error(CINFER_E_EXHAUSTED,
                                 "engine: %d requests queued (max_queued %d)",
                                 queued, e->max_queued);
+    }
+    if (e->hold_for_deadlines && r->deadline_ns && e->pred_ready) {
+        /* When it would finish, queued behind everything: see
+         * sched_predict_start; requests not taken in yet count as long as
+         * this one, shared over the running slots. */
+        int64_t k = e->pub.running > 0 ? e->pub.running : 1;
+        int64_t start = e->pred_at_ns + e->pred_start_ns +
+                        (int64_t)e->n_incoming * r->max_tokens *
+                            e->pred_step_ns / k;
+        int64_t done = start + (int64_t)r->n_prompt * e->pred_row_ns +
+                       (int64_t)r->max_tokens * e->pred_step_ns;
+        /* Only a request that would have to queue is refused: one that can
+         * start at once runs, and if its deadline comes first it ends then
+         * with the output it has (max_tokens may be a loose bound). */
+        if (start > r->submit_ns && done > r->deadline_ns) {
+            pthread_mutex_unlock(&e->mu);
+            double late_ms = (double)(done - r->deadline_ns) / 1e6;
+            request_free(r);
+            return cinfer_set_error(
+                CINFER_E_TIMEOUT,
+                "engine: the request would finish about %.0f ms after its "
+                "deadline at the current load",
+                late_ms);
+        }
     }
     r->id = ++e->next_id;
     r->arrival = r->id;

@@ -161,7 +161,10 @@ void cinfer_engine_destroy(cinfer_engine *e);
 
 /* Queues a request. Validates it (CINFER_E_INVALID_ARG naming the field,
  * CINFER_E_RANGE for a prompt longer than the context or an id outside the
- * vocabulary); on error no event is ever delivered. Thread-safe. */
+ * vocabulary); CINFER_E_EXHAUSTED past max_queued; CINFER_E_TIMEOUT when
+ * the request has a deadline, admit_past_deadlines is 0, it would have to
+ * queue, and at the current load (engine_impl.h, sched_predict_start) it
+ * would finish only after its deadline. On error no event is ever delivered. Thread-safe. */
 cinfer_status cinfer_engine_submit(cinfer_engine *e,
                                    const cinfer_request_params *p,
                                    uint64_t *request_id);

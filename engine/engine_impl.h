@@ -130,6 +130,11 @@ struct cinfer_engine {
     int paused;
     uint64_t next_id;
     cinfer_engine_stats pub; /* published at the end of each iteration */
+    /* also published: when a request queued now would start (pred_start_ns
+     * after pred_at_ns, sched_predict_start) and the step time and row
+     * cost it would then see; pred_ready once the model has data */
+    int pred_ready;
+    int64_t pred_at_ns, pred_start_ns, pred_step_ns, pred_row_ns;
 
     /* engine thread */
     eng_request *live;   /* every request the thread holds */
@@ -144,6 +149,7 @@ struct cinfer_engine {
      * of 1, rows, ns, rows^2 and rows * ns over the recent steps */
     double tm_w, tm_x, tm_y, tm_xx, tm_xy;
     int tm_n; /* steps observed */
+    int64_t *pred_slots; /* [max_seqs] sched_predict_start's heap */
     uint64_t *cancel_buf; /* the thread's copy of the cancel list */
     size_t cap_cancel_buf;
 
@@ -195,6 +201,15 @@ void sched_observe_step(cinfer_engine *e, int rows, int64_t ns);
  * step was observed. */
 void sched_predict_step(const cinfer_engine *e, int rows, int64_t *step_ns,
                         int64_t *row_ns);
+
+/* When a sequence queued now behind every waiting one would start, in ns
+ * from now: the running set's slots free up as their sequences generate
+ * their remaining tokens (max_tokens) at the predicted step time, and the
+ * waiting ones take them in order. 0 when a slot is free now. Also the
+ * step time and row cost the newcomer would then see. Returns 0 while the
+ * model has too few steps. Needs e->pred_slots. */
+int sched_predict_start(const cinfer_engine *e, int64_t *start_ns,
+                        int64_t *step_ns, int64_t *row_ns);
 
 /* Writes the scheduled rows into the step arrays and sets each sequence's
  * step_out. */

@@ -296,6 +296,58 @@ void sched_predict_step(const cinfer_engine *e, int rows, int64_t *step_ns,
     *row_ns = (int64_t)(b * SCHED_MODEL_MARGIN);
 }
 
+static void heap_down(int64_t *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, m = i;
+        if (l < n && h[l] < h[m])
+            m = l;
+        if (l + 1 < n && h[l + 1] < h[m])
+            m = l + 1;
+        if (m == i)
+            return;
+        int64_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static int64_t seq_left(const eng_seq *s)
+{
+    int64_t left = s->req->max_tokens - s->n_generated;
+    return left < 1 ? 1 : left;
+}
+
+int sched_predict_start(const cinfer_engine *e, int64_t *start_ns,
+                        int64_t *step_ns, int64_t *row_ns)
+{
+    *start_ns = *step_ns = *row_ns = 0;
+    if (e->tm_n < SCHED_MODEL_MIN_STEPS)
+        return 0;
+    int64_t unused;
+    sched_predict_step(e, e->n_running + 1, step_ns, row_ns);
+    if (e->n_running < e->max_seqs && e->n_waiting == 0)
+        return 1; /* a slot is free */
+    /* the slots: as many as run now (what deadlines and memory allow) */
+    int k = e->n_running > 0 ? e->n_running : 1;
+    int64_t t_step;
+    sched_predict_step(e, k, &t_step, &unused);
+    int64_t *h = e->pred_slots;
+    for (int i = 0; i < k; i++)
+        h[i] = i < e->n_running ? seq_left(e->running[i]) * t_step : 0;
+    for (int i = k / 2 - 1; i >= 0; i--)
+        heap_down(h, k, i);
+    for (int j = 0; j < e->n_waiting; j++) {
+        const eng_seq *w = e->waiting[j];
+        h[0] += (int64_t)(w->n_tokens - w->n_computed) * *row_ns +
+                seq_left(w) * t_step;
+        heap_down(h, k, 0);
+    }
+    *start_ns = h[0];
+    return 1;
+}
+
 static int has_deadline(const eng_seq *s) { return s->req->deadline_ns != 0; }
 
 /* Whether s may join the running set now as far as deadlines go (see

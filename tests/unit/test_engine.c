@@ -195,12 +195,13 @@ static int wait_finished(int n)
     return ok;
 }
 
-static cinfer_engine *make_engine(cinfer_model *m, int max_seqs,
-                                  int max_batched, int prefix,
-                                  test_clock *clk)
+static cinfer_engine *make_engine_hold(cinfer_model *m, int max_seqs,
+                                       int max_batched, int prefix,
+                                       test_clock *clk, int hold)
 {
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.model = m;
+    ep.admit_past_deadlines = !hold;
     ep.max_seqs = max_seqs;
     ep.max_batched_tokens = max_batched;
     ep.prefix_cache = prefix;
@@ -211,6 +212,15 @@ static cinfer_engine *make_engine(cinfer_model *m, int max_seqs,
     cinfer_engine *e = NULL;
     CHECK_OK(cinfer_engine_create(&ep, &e));
     return e;
+}
+
+/* The tests below but one check the engine's mechanics with deadlines
+ * that only expire: nothing is held back or refused for them. */
+static cinfer_engine *make_engine(cinfer_model *m, int max_seqs,
+                                  int max_batched, int prefix,
+                                  test_clock *clk)
+{
+    return make_engine_hold(m, max_seqs, max_batched, prefix, clk, 0);
 }
 
 /* Every block free (or cached) and the allocator consistent. */
@@ -763,6 +773,63 @@ static void test_cancel_and_deadline(void)
     cinfer_model_destroy(m);
 }
 
+/* With the deadline hold on, a request that would finish after its
+ * deadline at the current load is refused at submit (CINFER_E_TIMEOUT, no
+ * event); one with time enough, or none, is taken. */
+static void test_refuses_hopeless_deadline(void)
+{
+    cinfer_model *m = tiny_model(0, 16, 256);
+    if (!m)
+        return;
+    test_clock clk = {.t = 1000000, .tick = 1000};
+    cinfer_engine *e = make_engine_hold(m, 1, 0, 0, &clk, 1);
+    const int n_vocab = cinfer_model_get_info(m)->n_vocab;
+    job ja, jb;
+    make_jobs(&ja, 1, 20, 10, n_vocab, 31);
+    make_jobs(&jb, 1, 20, 10, n_vocab, 32);
+    ja.max_tokens = 200;
+    jb.max_tokens = 10;
+    static req_rec a, b, c;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    memset(&c, 0, sizeof c);
+    a.e = b.e = c.e = e;
+    reset_events();
+    cinfer_request_params rp = greedy_params(&ja, &a);
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &a.id));
+    pthread_mutex_unlock(&ev_mu);
+    /* a holds the only slot; let the step model see 20 steps */
+    for (int n = 0; n < 20;) {
+        pthread_mutex_lock(&ev_mu);
+        n = a.s[0].n_ids;
+        pthread_mutex_unlock(&ev_mu);
+        sched_yield();
+    }
+    cinfer_engine_pause(e, 1);
+    /* b would wait for a's 180 remaining steps: refused */
+    rp = greedy_params(&jb, &b);
+    rp.deadline_ns = atomic_load(&clk.t) + 20000;
+    CHECK_EQ_INT(cinfer_engine_submit(e, &rp, &b.id), CINFER_E_TIMEOUT);
+    CHECK(strstr(cinfer_last_error(), "deadline") != NULL);
+    /* c has all the time it needs */
+    rp = greedy_params(&jb, &c);
+    rp.deadline_ns = atomic_load(&clk.t) + (int64_t)1000000000000000;
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &c.id));
+    pthread_mutex_unlock(&ev_mu);
+    cinfer_engine_cancel(e, a.id);
+    cinfer_engine_pause(e, 0);
+    wait_finished(2);
+    CHECK_EQ_INT(a.s[0].fin.finish, CINFER_FINISH_CANCELLED);
+    CHECK_EQ_INT(c.s[0].fin.finish, CINFER_FINISH_LENGTH);
+    CHECK_EQ_INT(c.s[0].n_ids, 10);
+    CHECK_EQ_INT(b.s[0].finished, 0);
+    check_idle(e);
+    cinfer_engine_destroy(e);
+    cinfer_model_destroy(m);
+}
+
 /* One sequence at a time: requests run by priority, then arrival. */
 static void test_priority_order(void)
 {
@@ -1134,6 +1201,7 @@ int main(void)
     RUN(test_n_samples);
     RUN(test_stop_conditions);
     RUN(test_cancel_and_deadline);
+    RUN(test_refuses_hopeless_deadline);
     RUN(test_priority_order);
     RUN(test_validation);
     RUN(test_random_invariants);

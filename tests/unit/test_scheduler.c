@@ -45,6 +45,7 @@ static cinfer_engine *fake_engine(int n_blocks, int bs, int max_seqs,
     kp.prefix_cache = prefix;
     CHECK_OK(cinfer_kv_cache_create(&kp, &e->kv));
     e->running = calloc((size_t)max_seqs, sizeof *e->running);
+    e->pred_slots = calloc((size_t)max_seqs, sizeof *e->pred_slots);
     e->sched = calloc((size_t)max_seqs, sizeof *e->sched);
     size_t rows = (size_t)max_batched;
     e->s_tokens = calloc(rows, sizeof(int32_t));
@@ -65,6 +66,7 @@ static void fake_engine_free(cinfer_engine *e)
     cinfer_kv_cache_destroy(e->kv);
     free(e->waiting);
     free(e->running);
+    free(e->pred_slots);
     free(e->sched);
     free(e->s_tokens);
     free(e->s_pos);
@@ -384,6 +386,41 @@ static void test_deadline_holds_admission(void)
     }
 }
 
+/* When a newcomer would start: the running slots free up as their
+ * sequences finish, the waiting ones take them in order. */
+static void test_predicts_start(void)
+{
+    const int64_t ms = 1000000;
+    int32_t p[8];
+    fill(p, 8, 100);
+    cinfer_engine *e = fake_engine(64, 4, 2, 64, 0, 64);
+    int64_t start, step, row;
+    CHECK_EQ_INT(sched_predict_start(e, &start, &step, &row), 0);
+    for (int i = 0; i < 64; i++)
+        sched_observe_step(e, 1 + i % 8, ms + (int64_t)(1 + i % 8) * ms);
+    /* nothing running: starts at once */
+    CHECK_EQ_INT(sched_predict_start(e, &start, &step, &row), 1);
+    CHECK(start == 0);
+    eng_request *a = fake_request(e, p, 4, 11, 1, 0, 1);
+    eng_request *b = fake_request(e, p, 4, 6, 1, 0, 2);
+    int ok = 1;
+    CHECK_EQ_INT(iterate(e, &ok), 8); /* both prefilled, one token each */
+    eng_request *c = fake_request(e, p, 4, 10, 1, 0, 3);
+    /* 2 slots at 3.45 ms a step: a frees at 34.5 ms, b at 17.25 ms; c
+     * takes b's until 17.25 + 4.6 + 34.5 ms; a newcomer gets a's */
+    CHECK_EQ_INT(sched_predict_start(e, &start, &step, &row), 1);
+    CHECK(llabs(start - 34500000) < 1000);
+    CHECK(llabs(step - 4600000) < 1000); /* a batch of 3 */
+    CHECK(llabs(row - 1150000) < 1000);
+    finish(e, &a->seqs[0]);
+    finish(e, &b->seqs[0]);
+    finish(e, &c->seqs[0]);
+    fake_request_free(a);
+    fake_request_free(b);
+    fake_request_free(c);
+    fake_engine_free(e);
+}
+
 static void test_preempts_newest(void)
 {
     /* 6 blocks of 4: a (arrival 1) and b (arrival 2) of 8-token prompts
@@ -593,6 +630,7 @@ int main(void)
     RUN(test_decodes_first_and_budget);
     RUN(test_step_model_fits_line);
     RUN(test_deadline_holds_admission);
+    RUN(test_predicts_start);
     RUN(test_preempts_newest);
     RUN(test_prefix_reuse);
     RUN(test_samples_share_prompt);
