@@ -627,6 +627,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->tk = cinfer_model_tokenizer(p->model);
     e->max_seqs = p->max_seqs ? p->max_seqs : 64;
     e->hold_for_deadlines = !p->admit_past_deadlines;
+    e->max_queue_wait_ns = p->max_queue_wait_ns > 0 ? p->max_queue_wait_ns : 0;
     e->max_batched = p->max_batched_tokens ? p->max_batched_tokens : 512;
     /* A step can not carry more rows than the model's buffers hold. */
     if (e->max_batched > e->info->max_batch_rows)
@@ -804,6 +805,19 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
                 "engine: the request would finish about %.0f ms after its "
                 "deadline at the current load",
                 late_ms);
+        }
+        /* A latency-bound request is not left standing in a queue. */
+        if (e->max_queue_wait_ns &&
+            start - r->submit_ns > e->max_queue_wait_ns) {
+            pthread_mutex_unlock(&e->mu);
+            double wait_ms = (double)(start - r->submit_ns) / 1e6;
+            double max_ms = (double)e->max_queue_wait_ns / 1e6;
+            request_free(r);
+            return cinfer_set_error(CINFER_E_UNAVAILABLE,
+                                    "engine: overloaded: the request would "
+                                    "wait about %.0f ms for its turn (at "
+                                    "most %.0f)",
+                                    wait_ms, max_ms);
         }
     }
     r->id = ++e->next_id;

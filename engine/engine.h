@@ -72,6 +72,10 @@ typedef struct {
                                  deadlines (engine_impl.h: the step-time
                                  model); 0 = hold one back while it would
                                  make itself or a running request miss */
+    int64_t max_queue_wait_ns; /* with the hold on: a request with a
+                                  deadline that would wait longer than this
+                                  for its turn is refused at submit
+                                  (CINFER_E_UNAVAILABLE); 0 = no bound */
     /* Clock in ns (monotonic) for deadlines and timings; NULL = CLOCK_MONOTONIC. */
     int64_t (*now_ns)(void *user);
     void *now_user;
@@ -164,7 +168,9 @@ void cinfer_engine_destroy(cinfer_engine *e);
  * vocabulary); CINFER_E_EXHAUSTED past max_queued; CINFER_E_TIMEOUT when
  * the request has a deadline, admit_past_deadlines is 0, it would have to
  * queue, and at the current load (engine_impl.h, sched_predict_start) it
- * would finish only after its deadline. On error no event is ever delivered. Thread-safe. */
+ * would finish only after its deadline; CINFER_E_UNAVAILABLE when it has
+ * a deadline and would wait longer than max_queue_wait_ns for its turn, or
+ * the engine is shutting down. On error no event is ever delivered. Thread-safe. */
 cinfer_status cinfer_engine_submit(cinfer_engine *e,
                                    const cinfer_request_params *p,
                                    uint64_t *request_id);

@@ -104,6 +104,7 @@ struct cinfer_engine {
     int max_queued;
     int prefix_cache;
     int hold_for_deadlines; /* !admit_past_deadlines */
+    int64_t max_queue_wait_ns;
     int64_t (*now_ns)(void *user);
     void *now_user;
 

@@ -915,6 +915,15 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
                                     cinfer_server_now_ns());
             pthread_mutex_unlock(&c->mu);
         }
+        if (st == CINFER_E_UNAVAILABLE) {
+            /* A queue too long to wait in (--max-queue-wait-ms), or the
+             * engine stopping: refused at once with a pushback. */
+            cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_QUEUE_FULL,
+                                  .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
+            cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
+                                       cinfer_last_error(), &pb);
+            goto out;
+        }
         if (st == CINFER_E_TIMEOUT) {
             /* The engine foresees the deadline passing at the current
              * load: refused at once, as the shedder does. */

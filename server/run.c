@@ -79,6 +79,7 @@ typedef struct {
     long breaker_half_open_probes;
     long codel_target_ms;
     long codel_interval_ms;
+    long max_queue_wait_ms;
     double max_request_time_s;
     double watchdog_timeout_s;
     long unhealthy_after_faults;
@@ -181,6 +182,10 @@ static const flag_doc flags[] = {
      "it are shed (default 500, 0 = off)"},
     {"codel-interval-ms", "CINFER_CODEL_INTERVAL_MS", "MS",
      "CoDel's judging interval (default 5000)"},
+    {"max-queue-wait-ms", "CINFER_MAX_QUEUE_WAIT_MS", "MS",
+     "a request with a deadline that the engine predicts would wait longer "
+     "than this for its turn is refused at once with UNAVAILABLE and a "
+     "pushback, rather than queued (default 100, 0 = no bound)"},
     {"max-request-time", "CINFER_MAX_REQUEST_TIME", "SECONDS",
      "cap on every Generate call's deadline; past it the call ends with "
      "DEADLINE_EXCEEDED (default 0 = none)"},
@@ -355,6 +360,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 0, 1L << 40, &cfg->codel_target_ms);
     } else if (strcmp(name, "codel-interval-ms") == 0) {
         ok = parse_long(v, 1, 1L << 40, &cfg->codel_interval_ms);
+    } else if (strcmp(name, "max-queue-wait-ms") == 0) {
+        ok = parse_long(v, 0, 1L << 40, &cfg->max_queue_wait_ms);
     } else if (strcmp(name, "max-request-time") == 0) {
         ok = parse_double(v, 0, 1e9, &cfg->max_request_time_s);
     } else if (strcmp(name, "watchdog-timeout") == 0) {
@@ -531,6 +538,7 @@ int cinfer_server_main(int argc, char **argv,
         .breaker_half_open_probes = (long)da->breaker.half_open_probes,
         .codel_target_ms = (long)da->shedder.codel.target_ms,
         .codel_interval_ms = (long)da->shedder.codel.interval_ms,
+        .max_queue_wait_ms = 100,
         .max_request_time_s = (double)defaults.max_request_time_ms / 1000.0,
         .watchdog_timeout_s = (double)defaults.watchdog_ms / 1000.0,
         .unhealthy_after_faults = defaults.unhealthy_after_faults,
@@ -686,6 +694,8 @@ int cinfer_server_main(int argc, char **argv,
     /* holding requests back for deadlines is load management: off with
      * the rest of it */
     ep.admit_past_deadlines = !cfg.resilience;
+    ep.max_queue_wait_ns = cfg.resilience ? cfg.max_queue_wait_ms * 1000000LL
+                                          : 0;
     if (cinfer_engine_create(&ep, &engine) != CINFER_OK) {
         cinfer_log_line l;
         if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "engine start failed",

@@ -1566,7 +1566,9 @@ def case_rejections():
     # waits over 40 ms are shed (while queued, or at their first token).
     srv, faults = faulty_server("shed-codel", [
         "--max-seqs", "1", "--codel-target-ms", "20", "--codel-interval-ms",
-        "200", "--max-queued-requests", "100"], hang_ms=30)
+        "200", "--max-queued-requests", "100",
+        # the engine's own bound on queue waits would refuse them first
+        "--max-queue-wait-ms", "0"], hang_ms=30)
     with srv:
         results = []
 

@@ -812,6 +812,22 @@ static void test_refuses_hopeless_deadline(void)
     rp.deadline_ns = atomic_load(&clk.t) + 20000;
     CHECK_EQ_INT(cinfer_engine_submit(e, &rp, &b.id), CINFER_E_TIMEOUT);
     CHECK(strstr(cinfer_last_error(), "deadline") != NULL);
+    /* with a bound on the wait, time enough is not enough (set before the
+     * submissions that read it, which hold the engine lock) */
+    e->max_queue_wait_ns = 50000;
+    rp = greedy_params(&jb, &c);
+    rp.deadline_ns = atomic_load(&clk.t) + (int64_t)1000000000000000;
+    CHECK_EQ_INT(cinfer_engine_submit(e, &rp, &c.id), CINFER_E_UNAVAILABLE);
+    CHECK(strstr(cinfer_last_error(), "wait") != NULL);
+    /* without a deadline it waits its turn */
+    static req_rec d;
+    memset(&d, 0, sizeof d);
+    d.e = e;
+    rp = greedy_params(&jb, &d);
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &d.id));
+    pthread_mutex_unlock(&ev_mu);
+    e->max_queue_wait_ns = 0;
     /* c has all the time it needs */
     rp = greedy_params(&jb, &c);
     rp.deadline_ns = atomic_load(&clk.t) + (int64_t)1000000000000000;
@@ -820,7 +836,8 @@ static void test_refuses_hopeless_deadline(void)
     pthread_mutex_unlock(&ev_mu);
     cinfer_engine_cancel(e, a.id);
     cinfer_engine_pause(e, 0);
-    wait_finished(2);
+    wait_finished(3);
+    CHECK_EQ_INT(d.s[0].fin.finish, CINFER_FINISH_LENGTH);
     CHECK_EQ_INT(a.s[0].fin.finish, CINFER_FINISH_CANCELLED);
     CHECK_EQ_INT(c.s[0].fin.finish, CINFER_FINISH_LENGTH);
     CHECK_EQ_INT(c.s[0].n_ids, 10);
