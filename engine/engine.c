@@ -447,7 +447,7 @@ static void publish(cinfer_engine *e)
     cinfer_kv_cache_stats ks;
     cinfer_kv_cache_get_stats(e->kv, &ks);
     int64_t start, step, row, at = now(e);
-    int ready = sched_predict_start(e, &start, &step, &row);
+    int ready = sched_predict_start(e, at, &start, &step, &row);
     pthread_mutex_lock(&e->mu);
     e->pred_ready = ready;
     e->pred_at_ns = at;
@@ -864,6 +864,15 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out)
     *out = e->pub;
     out->waiting += e->n_incoming;
     pthread_mutex_unlock(&e->mu);
+}
+
+int64_t cinfer_engine_predicted_wait_ns(cinfer_engine *e)
+{
+    int64_t t = now(e);
+    pthread_mutex_lock(&e->mu);
+    int64_t start = e->pred_ready ? e->pred_at_ns + e->pred_start_ns : t;
+    pthread_mutex_unlock(&e->mu);
+    return start > t ? start - t : 0;
 }
 
 void cinfer_engine_pause(cinfer_engine *e, int paused)

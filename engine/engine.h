@@ -199,6 +199,12 @@ typedef struct {
 /* A consistent snapshot. Thread-safe. */
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);
 
+/* How long, in ns from now, a request queued now would wait for its turn,
+ * as submit predicts it (0 when it would start at once or before the
+ * engine has timed enough steps): a retry delay to suggest to a client
+ * that submit refused. Thread-safe. */
+int64_t cinfer_engine_predicted_wait_ns(cinfer_engine *e);
+
 #ifdef __cplusplus
 }
 #endif

@@ -206,11 +206,12 @@ void sched_predict_step(const cinfer_engine *e, int rows, int64_t *step_ns,
 /* When a sequence queued now behind every waiting one would start, in ns
  * from now: the running set's slots free up as their sequences generate
  * their remaining tokens (max_tokens) at the predicted step time, and the
- * waiting ones take them in order. 0 when a slot is free now. Also the
+ * waiting ones take them in order. 0 when a slot is free now (one the
+ * running sequences' deadlines let a newcomer take). Also the
  * step time and row cost the newcomer would then see. Returns 0 while the
  * model has too few steps. Needs e->pred_slots. */
-int sched_predict_start(const cinfer_engine *e, int64_t *start_ns,
-                        int64_t *step_ns, int64_t *row_ns);
+int sched_predict_start(const cinfer_engine *e, int64_t now_ns,
+                        int64_t *start_ns, int64_t *step_ns, int64_t *row_ns);
 
 /* Writes the scheduled rows into the step arrays and sets each sequence's
  * step_out. */

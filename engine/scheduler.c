@@ -319,15 +319,40 @@ static int64_t seq_left(const eng_seq *s)
     return left < 1 ? 1 : left;
 }
 
-int sched_predict_start(const cinfer_engine *e, int64_t *start_ns,
-                        int64_t *step_ns, int64_t *row_ns)
+/* Whether one more sequence (its prefill not counted) may join the
+ * running set now as far as the running ones' deadlines go. */
+static int room_for_one(const cinfer_engine *e, int64_t now_ns)
+{
+    if (!e->hold_for_deadlines)
+        return 1;
+    int64_t step_ns, row_ns, now_step_ns, unused;
+    sched_predict_step(e, e->n_running + 1, &step_ns, &row_ns);
+    sched_predict_step(e, e->n_running, &now_step_ns, &unused);
+    for (int i = 0; i < e->n_running; i++) {
+        const eng_seq *r = e->running[i];
+        if (!r->req->deadline_ns)
+            continue;
+        int64_t left = r->req->max_tokens - r->n_generated;
+        if (left < 1)
+            left = 1;
+        if (now_ns + left * now_step_ns > r->req->deadline_ns)
+            continue; /* misses anyway */
+        if (now_ns + left * step_ns > r->req->deadline_ns)
+            return 0;
+    }
+    return 1;
+}
+
+int sched_predict_start(const cinfer_engine *e, int64_t now_ns,
+                        int64_t *start_ns, int64_t *step_ns, int64_t *row_ns)
 {
     *start_ns = *step_ns = *row_ns = 0;
     if (e->tm_n < SCHED_MODEL_MIN_STEPS)
         return 0;
     int64_t unused;
     sched_predict_step(e, e->n_running + 1, step_ns, row_ns);
-    if (e->n_running < e->max_seqs && e->n_waiting == 0)
+    if (e->n_running < e->max_seqs && e->n_waiting == 0 &&
+        room_for_one(e, now_ns))
         return 1; /* a slot is free */
     /* the slots: as many as run now (what deadlines and memory allow) */
     int k = e->n_running > 0 ? e->n_running : 1;

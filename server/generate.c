@@ -62,6 +62,16 @@
 /* gRPC may notice a deadline this much before our clock reads it. */
 #define DEADLINE_SLACK_NS 5000000
 
+/* Pushback for a request the engine refused for its load: when its turn
+ * would have come (at least 1 ms, at most the queue-full pushback). */
+static int64_t engine_retry_ms(cinfer_server *s)
+{
+    int64_t ms = (cinfer_engine_predicted_wait_ns(s->engine) + 999999) / 1000000;
+    if (ms < 1)
+        ms = 1;
+    return ms < ENGINE_FULL_PUSHBACK_MS ? ms : ENGINE_FULL_PUSHBACK_MS;
+}
+
 typedef struct {
     /* Fixed at admission. */
     int want_logprobs;     /* request asked for logprobs */
@@ -919,7 +929,7 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
             /* A queue too long to wait in (--max-queue-wait-ms), or the
              * engine stopping: refused at once with a pushback. */
             cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_QUEUE_FULL,
-                                  .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
+                                  .retry_after_ms = engine_retry_ms(s)};
             cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
                                        cinfer_last_error(), &pb);
             goto out;
@@ -928,7 +938,7 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
             /* The engine foresees the deadline passing at the current
              * load: refused at once, as the shedder does. */
             cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_DEADLINE,
-                                  .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
+                                  .retry_after_ms = engine_retry_ms(s)};
             cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
                                        cinfer_last_error(), &pb);
             goto out;

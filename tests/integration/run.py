@@ -1603,6 +1603,38 @@ def case_rejections():
             "pushback" % len(shed))
         wait_engine_idle(srv, 30)
 
+    # The engine's bound on queue waits: with the only slot busy for about
+    # 6 s, a call whose deadline leaves time enough (60 s) but that would
+    # wait its turn longer than --max-queue-wait-ms is refused at once;
+    # one without a deadline still queues.
+    srv, faults = faulty_server("queue-wait", [
+        "--max-seqs", "1", "--max-queue-wait-ms", "200",
+        "--codel-target-ms", "0"], hang_ms=30)
+    with srv:
+        import grpc
+        running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
+        check(running.first.wait(30), "the long request started")
+        t_end = time.time() + 30
+        while running.tokens < 12 and time.time() < t_end:
+            time.sleep(0.02)  # the step model needs a few steps
+        r = expect_rejection(srv, gen_bytes(n=4, request_id="qwait-1"),
+                             "UNAVAILABLE", "shed_queue_full",
+                             metadata=(("grpc-timeout", "60S"),))
+        check(r.elapsed < 1.0, "refused at once (%.0f ms)" %
+              (r.elapsed * 1000))
+        check("wait" in (r.md("grpc-message") or ""),
+              "message names the wait: %r" % r.md("grpc-message"))
+        plain = Streamer(srv, gen_bytes(n=4))
+        wait_stats(srv, lambda i: i.stats.waiting == 1, 30,
+                   "a call without a deadline queued")
+        running.cancel()
+        running.join()
+        plain.join()
+        check_eq(plain.code, grpc.StatusCode.OK, "the queued call ran")
+        wait_engine_idle(srv, 30)
+        log("ok: a predicted queue wait over the bound refused in %.1f ms" %
+            (r.elapsed * 1000))
+
 
 def case_retry():
     """A grpcio channel whose service config retries UNAVAILABLE and

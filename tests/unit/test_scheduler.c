@@ -395,11 +395,11 @@ static void test_predicts_start(void)
     fill(p, 8, 100);
     cinfer_engine *e = fake_engine(64, 4, 2, 64, 0, 64);
     int64_t start, step, row;
-    CHECK_EQ_INT(sched_predict_start(e, &start, &step, &row), 0);
+    CHECK_EQ_INT(sched_predict_start(e, 0, &start, &step, &row), 0);
     for (int i = 0; i < 64; i++)
         sched_observe_step(e, 1 + i % 8, ms + (int64_t)(1 + i % 8) * ms);
     /* nothing running: starts at once */
-    CHECK_EQ_INT(sched_predict_start(e, &start, &step, &row), 1);
+    CHECK_EQ_INT(sched_predict_start(e, 0, &start, &step, &row), 1);
     CHECK(start == 0);
     eng_request *a = fake_request(e, p, 4, 11, 1, 0, 1);
     eng_request *b = fake_request(e, p, 4, 6, 1, 0, 2);
@@ -408,7 +408,7 @@ static void test_predicts_start(void)
     eng_request *c = fake_request(e, p, 4, 10, 1, 0, 3);
     /* 2 slots at 3.45 ms a step: a frees at 34.5 ms, b at 17.25 ms; c
      * takes b's until 17.25 + 4.6 + 34.5 ms; a newcomer gets a's */
-    CHECK_EQ_INT(sched_predict_start(e, &start, &step, &row), 1);
+    CHECK_EQ_INT(sched_predict_start(e, 0, &start, &step, &row), 1);
     CHECK(llabs(start - 34500000) < 1000);
     CHECK(llabs(step - 4600000) < 1000); /* a batch of 3 */
     CHECK(llabs(row - 1150000) < 1000);
@@ -418,6 +418,23 @@ static void test_predicts_start(void)
     fake_request_free(a);
     fake_request_free(b);
     fake_request_free(c);
+    fake_engine_free(e);
+
+    /* A free slot that a running request's deadline keeps a newcomer out
+     * of: d (10 tokens to go) makes 30 ms at 2.3 ms a step alone, not at
+     * 3.45 with one more; a newcomer starts when d ends, at 23 ms. */
+    e = fake_engine(64, 4, 4, 64, 0, 64);
+    for (int i = 0; i < 64; i++)
+        sched_observe_step(e, 1 + i % 8, ms + (int64_t)(1 + i % 8) * ms);
+    eng_request *d = fake_request(e, p, 4, 11, 1, 0, 1);
+    CHECK_EQ_INT(iterate(e, &ok), 4);
+    CHECK_EQ_INT(sched_predict_start(e, 0, &start, &step, &row), 1);
+    CHECK(start == 0); /* no deadline: room */
+    d->deadline_ns = 30 * ms;
+    CHECK_EQ_INT(sched_predict_start(e, 0, &start, &step, &row), 1);
+    CHECK(llabs(start - 23000000) < 1000);
+    finish(e, &d->seqs[0]);
+    fake_request_free(d);
     fake_engine_free(e);
 }
 
