@@ -144,7 +144,7 @@ class Proc:
         self.log_file.close()
 
 
-def start_cinfer(progs, model, threads, work, budget=512):
+def start_cinfer(progs, model, threads, work, budget=64):
     port = free_port()
     addr = "127.0.0.1:%d" % port
     p = Proc("cinfer-server", [progs["server"], "--listen", addr, "--model",
@@ -329,7 +329,7 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-batched-tokens", type=int, default=512,
+    ap.add_argument("--max-batched-tokens", type=int, default=64,
                     help="cinfer-server's per-step token budget")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))

@@ -636,6 +636,12 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
      * sit on their blocks without progressing. */
     if (e->max_seqs > e->max_batched)
         e->max_seqs = e->max_batched;
+    e->min_prefill = p->min_prefill_tokens > 0 ? p->min_prefill_tokens : 0;
+    if (e->min_prefill > e->info->max_batch_rows - e->max_seqs)
+        e->min_prefill = e->info->max_batch_rows - e->max_seqs;
+    e->max_rows = e->max_seqs + e->min_prefill > e->max_batched
+                      ? e->max_seqs + e->min_prefill
+                      : e->max_batched;
     e->max_queued = p->max_queued;
     e->prefix_cache = p->prefix_cache ? 1 : 0;
     e->now_ns = p->now_ns;
@@ -663,7 +669,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     if ((st = cinfer_kv_cache_create(&kp, &e->kv)) != CINFER_OK)
         goto fail;
 
-    size_t rows = (size_t)e->max_batched, seqs = (size_t)e->max_seqs;
+    size_t rows = (size_t)e->max_rows, seqs = (size_t)e->max_seqs;
     e->max_out = e->max_seqs < e->max_batched ? e->max_seqs : e->max_batched;
     e->running = malloc(sizeof *e->running * seqs);
     e->pred_slots = malloc(sizeof *e->pred_slots * seqs);

@@ -65,6 +65,12 @@ typedef struct {
     int max_batched_tokens;   /* rows per step (decodes + prefill chunks);
                                  0 = 512; must not exceed the model's
                                  max_batch_rows */
+    int min_prefill_tokens;   /* prefill rows a step may carry beyond
+                                 max_batched_tokens when the decodes of a
+                                 large running set leave fewer (so that
+                                 newcomers' prompts are not starved); the
+                                 model's max_batch_rows must hold max_seqs +
+                                 this; 0 = prefill only within the budget */
     int max_queued;           /* waiting requests before submit refuses
                                  with CINFER_E_EXHAUSTED; 0 = unbounded */
     int prefix_cache;         /* 1 = reuse KV blocks of shared prefixes */

@@ -101,6 +101,9 @@ struct cinfer_engine {
     const cinfer_tokenizer *tk;
     int max_seqs;
     int max_batched;
+    int min_prefill;  /* min_prefill_tokens */
+    int max_rows;     /* rows a step may carry: max(max_batched,
+                         max_seqs + min_prefill), within the model's */
     int max_queued;
     int prefix_cache;
     int hold_for_deadlines; /* !admit_past_deadlines */

@@ -51,6 +51,7 @@ typedef struct {
     long grpc_threads;
     long max_seqs;
     long max_batched_tokens;
+    long min_prefill_tokens;
     long max_queued;
     long ctx_size;
     long default_max_tokens;
@@ -109,6 +110,10 @@ static const flag_doc flags[] = {
      "tokens per engine step, decodes and prefill chunks together "
      "(default 64: on a CPU a step of 64 rows keeps inter-token gaps near "
      "those of a decode-only step; larger favours time to first token)"},
+    {"min-prefill-tokens", "CINFER_MIN_PREFILL_TOKENS", "N",
+     "prefill rows a step may carry beyond --max-batched-tokens when the "
+     "running streams' decodes leave fewer, so that new prompts are not "
+     "starved (default 32, 0 = none)"},
     {"max-queued", "CINFER_MAX_QUEUED", "N",
      "waiting requests before new ones get RESOURCE_EXHAUSTED (default 0 = "
      "no limit)"},
@@ -291,6 +296,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 1, 4096, &cfg->max_seqs);
     } else if (strcmp(name, "max-batched-tokens") == 0) {
         ok = parse_long(v, 1, 1 << 20, &cfg->max_batched_tokens);
+    } else if (strcmp(name, "min-prefill-tokens") == 0) {
+        ok = parse_long(v, 0, 1 << 20, &cfg->min_prefill_tokens);
     } else if (strcmp(name, "max-queued") == 0) {
         ok = parse_long(v, 0, 1 << 24, &cfg->max_queued);
     } else if (strcmp(name, "ctx-size") == 0) {
@@ -516,6 +523,7 @@ int cinfer_server_main(int argc, char **argv,
         .grpc_threads = 2,
         .max_seqs = 64,
         .max_batched_tokens = 64,
+        .min_prefill_tokens = 32,
         .max_queued = 0,
         .ctx_size = 0,
         .default_max_tokens = 256,
@@ -662,7 +670,16 @@ int cinfer_server_main(int argc, char **argv,
     }
     mp.n_ctx = (int)cfg.ctx_size;
     mp.max_seqs = (int)cfg.max_seqs;
-    mp.max_batch_rows = (int)cfg.max_batched_tokens;
+    {
+        /* the engine's rows per step (engine.h: min_prefill_tokens) */
+        long seqs = cfg.max_seqs < cfg.max_batched_tokens
+                        ? cfg.max_seqs
+                        : cfg.max_batched_tokens;
+        long rows = seqs + cfg.min_prefill_tokens;
+        mp.max_batch_rows = (int)(rows > cfg.max_batched_tokens
+                                      ? rows
+                                      : cfg.max_batched_tokens);
+    }
     mp.n_kv_blocks = kv_blocks_for(model_path, cfg.kv_cache_mem,
                                    mp.block_size ? mp.block_size : 16);
     int last_quarter = -1;
@@ -689,6 +706,7 @@ int cinfer_server_main(int argc, char **argv,
     ep.model = model;
     ep.max_seqs = (int)cfg.max_seqs;
     ep.max_batched_tokens = (int)cfg.max_batched_tokens;
+    ep.min_prefill_tokens = (int)cfg.min_prefill_tokens;
     ep.max_queued = (int)cfg.max_queued;
     ep.prefix_cache = (int)cfg.prefix_cache;
     /* holding requests back for deadlines is load management: off with

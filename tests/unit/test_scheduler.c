@@ -47,7 +47,8 @@ static cinfer_engine *fake_engine(int n_blocks, int bs, int max_seqs,
     e->running = calloc((size_t)max_seqs, sizeof *e->running);
     e->pred_slots = calloc((size_t)max_seqs, sizeof *e->pred_slots);
     e->sched = calloc((size_t)max_seqs, sizeof *e->sched);
-    size_t rows = (size_t)max_batched;
+    e->max_rows = max_batched;
+    size_t rows = (size_t)max_batched + 16; /* room for a prefill floor */
     e->s_tokens = calloc(rows, sizeof(int32_t));
     e->s_pos = calloc(rows, sizeof(int32_t));
     e->s_row_seq = calloc(rows, sizeof(int32_t));
@@ -226,7 +227,7 @@ static int iterate(cinfer_engine *e, int *ok)
     int rows = sched_schedule(e, 0);
     if (rows == 0)
         return 0;
-    if (rows > e->max_batched || e->n_running > e->max_seqs)
+    if (rows > e->max_rows || e->n_running > e->max_seqs)
         *ok = 0;
     cinfer_step st;
     sched_build_step(e, &st);
@@ -298,6 +299,37 @@ static void test_decodes_first_and_budget(void)
     fake_request_free(b);
     fake_request_free(c);
     fake_engine_free(e);
+}
+
+/* The prefill floor: decodes of a large running set leave 2 rows of an
+ * 8-row budget; with min_prefill 4 a newcomer's prompt gets 4. */
+static void test_prefill_floor(void)
+{
+    int32_t p[64];
+    fill(p, 64, 100);
+    for (int floor = 0; floor <= 4; floor += 4) {
+        cinfer_engine *e = fake_engine(64, 4, 8, 8, 0, 64);
+        e->min_prefill = floor;
+        e->max_rows = 8 + floor;
+        eng_request *r[7];
+        int ok = 1;
+        for (int i = 0; i < 6; i++)
+            r[i] = fake_request(e, p + i, 1, 20, 1, 0, (uint64_t)i + 1);
+        CHECK_EQ_INT(iterate(e, &ok), 6); /* six 1-token prompts */
+        r[6] = fake_request(e, p, 20, 4, 1, 0, 7);
+        int rows = iterate(e, &ok);
+        CHECK(ok);
+        CHECK_EQ_INT(rows, 6 + (floor ? 4 : 2));
+        CHECK_EQ_INT(r[6]->seqs[0].n_computed, floor ? 4 : 2);
+        while (iterate(e, &ok))
+            ;
+        CHECK(ok);
+        for (int i = 0; i < 7; i++) {
+            CHECK_EQ_INT(r[i]->seqs[0].state, SEQ_FINISHED);
+            fake_request_free(r[i]);
+        }
+        fake_engine_free(e);
+    }
 }
 
 /* The step-time model: a line through varied step sizes, a proportional
@@ -645,6 +677,7 @@ static void test_random_simulation(void)
 int main(void)
 {
     RUN(test_decodes_first_and_budget);
+    RUN(test_prefill_floor);
     RUN(test_step_model_fits_line);
     RUN(test_deadline_holds_admission);
     RUN(test_predicts_start);
