@@ -925,29 +925,21 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
                                     cinfer_server_now_ns());
             pthread_mutex_unlock(&c->mu);
         }
-        if (st == CINFER_E_UNAVAILABLE) {
-            /* A queue too long to wait in (--max-queue-wait-ms), or the
-             * engine stopping: refused at once with a pushback. */
-            cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_QUEUE_FULL,
-                                  .retry_after_ms = engine_retry_ms(s)};
-            cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
-                                       cinfer_last_error(), &pb);
-            goto out;
-        }
-        if (st == CINFER_E_TIMEOUT) {
-            /* The engine foresees the deadline passing at the current
-             * load: refused at once, as the shedder does. */
-            cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_DEADLINE,
-                                  .retry_after_ms = engine_retry_ms(s)};
-            cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
-                                       cinfer_last_error(), &pb);
-            goto out;
-        }
-        if (st == CINFER_E_EXHAUSTED) {
-            /* The engine's own queue bound (--max-queued): a rejection
-             * like the shedder's, with a pushback. */
+        /* The engine's refusals for its load, at once with a pushback:
+         * UNAVAILABLE, a queue too long to wait in (--max-queue-wait-ms)
+         * or the engine stopping; TIMEOUT, the deadline foreseen to pass
+         * at the current load (as the shedder does); EXHAUSTED, its own
+         * queue bound (--max-queued). */
+        if (st == CINFER_E_UNAVAILABLE || st == CINFER_E_TIMEOUT ||
+            st == CINFER_E_EXHAUSTED) {
             cinfer_pushback pb = {.reason = CINFER_REJECT_NONE,
                                   .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
+            if (st != CINFER_E_EXHAUSTED) {
+                pb.reason = st == CINFER_E_TIMEOUT
+                                ? CINFER_REJECT_SHED_DEADLINE
+                                : CINFER_REJECT_SHED_QUEUE_FULL;
+                pb.retry_after_ms = engine_retry_ms(s);
+            }
             cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
                                        cinfer_last_error(), &pb);
             goto out;
