@@ -834,11 +834,16 @@ cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
     if (c.n_act > 0)
         run(cb, c.n, c.n * c.n_in * c.n_act, mm_prepare, &c);
     mm_dyn_ctx d = {&c, 0, c.unit0[n_w], 1};
-    /* One chunk on one thread, two per thread otherwise: every chunk
-     * restarts the kernels' weight prefetch, and finer chunks made decode
-     * (which streams the weights once) up to a quarter slower. */
-    d.chunk = cb->n_threads == 1 ? d.total
-                                 : d.total / ((int64_t)cb->n_threads * 2);
+    /* A few rows (decode) stream the weights once and are bound by
+     * memory: every chunk restarts the kernels' weight prefetch, and fine
+     * chunks made them up to a quarter slower, so one chunk on one thread,
+     * two per thread otherwise. More rows are bound by compute: about
+     * eight chunks per thread keep the threads balanced. */
+    if (c.n <= 4)
+        d.chunk = cb->n_threads == 1 ? d.total
+                                     : d.total / ((int64_t)cb->n_threads * 2);
+    else
+        d.chunk = d.total / ((int64_t)cb->n_threads * 8);
     if (d.chunk < 1)
         d.chunk = 1;
     run(cb, cb->n_threads, macs, mm_dynamic, &d);
