@@ -720,12 +720,15 @@ def main():
     m = re.search(r"--(max-)?retries\b", bench_help)
     retry_flag = m.group(0) if m else None
     wanted = args.configs.split(",")
+    # latency-bound requests are not left standing in a queue
+    on_flags = (["--max-queue-wait-ms", "100"]
+                if "--max-queue-wait-ms" in server_help else [])
     configs_to_run = []
     if "on" in wanted:
-        configs_to_run.append(("resilience on", [], []))
+        configs_to_run.append(("resilience on", on_flags, []))
     if "retries" in wanted:
         if retry_flag:
-            configs_to_run.append(("resilience on, client retries", [],
+            configs_to_run.append(("resilience on, client retries", on_flags,
                                    [retry_flag, 3]))
         else:
             notes.append("cinfer-bench has no retry option: the runs are "

@@ -190,7 +190,8 @@ static const flag_doc flags[] = {
     {"max-queue-wait-ms", "CINFER_MAX_QUEUE_WAIT_MS", "MS",
      "a request with a deadline that the engine predicts would wait longer "
      "than this for its turn is refused at once with UNAVAILABLE and a "
-     "pushback, rather than queued (default 100, 0 = no bound)"},
+     "pushback, rather than queued (default 0 = no bound; bench/overload.py "
+     "runs with 100)"},
     {"max-request-time", "CINFER_MAX_REQUEST_TIME", "SECONDS",
      "cap on every Generate call's deadline; past it the call ends with "
      "DEADLINE_EXCEEDED (default 0 = none)"},
@@ -546,7 +547,7 @@ int cinfer_server_main(int argc, char **argv,
         .breaker_half_open_probes = (long)da->breaker.half_open_probes,
         .codel_target_ms = (long)da->shedder.codel.target_ms,
         .codel_interval_ms = (long)da->shedder.codel.interval_ms,
-        .max_queue_wait_ms = 100,
+        .max_queue_wait_ms = 0,
         .max_request_time_s = (double)defaults.max_request_time_ms / 1000.0,
         .watchdog_timeout_s = (double)defaults.watchdog_ms / 1000.0,
         .unhealthy_after_faults = defaults.unhealthy_after_faults,
