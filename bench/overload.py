@@ -681,6 +681,9 @@ def main():
     ap.add_argument("--configs", default="on,retries,off",
                     help="on, retries (on with client retries), off")
     ap.add_argument("--deadline", type=float, default=5.0)
+    ap.add_argument("--max-ttft-ms", type=int, default=400,
+                    help="the server's first-token bound in the resilience-on "
+                         "configurations (0 = none)")
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--capacity-concurrency", type=int, default=8)
@@ -720,9 +723,11 @@ def main():
     m = re.search(r"--(max-)?retries\b", bench_help)
     retry_flag = m.group(0) if m else None
     wanted = args.configs.split(",")
-    # latency-bound requests are not left standing in a queue
-    on_flags = (["--max-queue-wait-ms", "100"]
-                if "--max-queue-wait-ms" in server_help else [])
+    # a latency-bound request is not admitted to wait for a first token
+    # later than this, behind the queue and beside the running batch
+    on_flags = []
+    if args.max_ttft_ms and "--max-ttft-ms" in server_help:
+        on_flags += ["--max-ttft-ms", str(args.max_ttft_ms)]
     configs_to_run = []
     if "on" in wanted:
         configs_to_run.append(("resilience on", on_flags, []))

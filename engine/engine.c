@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/thread_priority.h"
 #include "engine_impl.h"
 
 #define MAX_SAMPLES 256
@@ -448,7 +449,14 @@ static void publish(cinfer_engine *e)
     cinfer_kv_cache_get_stats(e->kv, &ks);
     int64_t start, step, row, at = now(e);
     int ready = sched_predict_start(e, at, &start, &step, &row);
+    int64_t prefill = 0;
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->n_tokens - e->running[i]->n_computed > 1)
+            prefill += e->running[i]->n_tokens - e->running[i]->n_computed;
+    for (int i = 0; i < e->n_waiting; i++)
+        prefill += e->waiting[i]->n_tokens - e->waiting[i]->n_computed;
     pthread_mutex_lock(&e->mu);
+    e->pred_prefill_rows = prefill;
     e->pred_ready = ready;
     e->pred_at_ns = at;
     e->pred_start_ns = start;
@@ -554,6 +562,7 @@ static void run_step(cinfer_engine *e)
 static void *engine_main(void *arg)
 {
     cinfer_engine *e = arg;
+    cinfer_thread_set_priority((cinfer_thread_prio)e->thread_prio);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->in_head && !e->n_cancels &&
@@ -565,7 +574,9 @@ static void *engine_main(void *arg)
          * that get_stats and submit's max_queued check never miss them
          * while this round's step runs. */
         e->pub.waiting += e->n_incoming;
+        e->pred_prefill_rows += e->incoming_rows;
         e->n_incoming = 0;
+        e->incoming_rows = 0;
         /* swap the cancel list with the thread's buffer */
         uint64_t *c = e->cancels;
         size_t n_c = e->n_cancels, cap_c = e->cap_cancels;
@@ -628,6 +639,8 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->max_seqs = p->max_seqs ? p->max_seqs : 64;
     e->hold_for_deadlines = !p->admit_past_deadlines;
     e->max_queue_wait_ns = p->max_queue_wait_ns > 0 ? p->max_queue_wait_ns : 0;
+    e->max_ttft_ns = p->max_ttft_ns > 0 ? p->max_ttft_ns : 0;
+    e->thread_prio = p->thread_prio;
     e->max_batched = p->max_batched_tokens ? p->max_batched_tokens : 512;
     /* A step can not carry more rows than the model's buffers hold. */
     if (e->max_batched > e->info->max_batch_rows)
@@ -758,10 +771,52 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e);
 }
 
+/* The retry delay of this thread's last refusal for load. */
+static _Thread_local int64_t tl_refusal_retry_ns;
+
+int64_t cinfer_engine_refusal_retry_ns(void) { return tl_refusal_retry_ns; }
+
+/* (mu, pred_ready) When the first token of a prompt of n_prompt tokens
+ * would come, in ns from now, for a request whose turn for a slot comes
+ * after `wait`. Prompts go through in chunks of the rows the running batch
+ * leaves (at least min_prefill), one chunk a step beside the batch's
+ * decodes, in arrival order: so the first token comes after the later of
+ * its turn plus its own chunks' steps and the steps that every prompt row
+ * queued ahead (running prefills, waiting and incoming requests) takes
+ * with its own. The batch then holds what runs now and what is queued
+ * ahead (the slots that free up are taken again), up to max_seqs.
+ * *idle_ns: the prompt alone on an idle engine. */
+static int64_t first_token_ns(const cinfer_engine *e, int32_t n_prompt,
+                              int64_t wait, int64_t *idle_ns)
+{
+    const int64_t row = e->pred_row_ns;
+    /* pred_step_ns is the step of pub.running + 1 rows */
+    int64_t a = e->pred_step_ns - (e->pub.running + 1) * row;
+    if (a < 0)
+        a = 0;
+    int64_t running = (int64_t)e->pub.running + e->pub.waiting + e->n_incoming;
+    if (running > e->max_seqs)
+        running = e->max_seqs;
+    int64_t chunk = e->max_batched - running;
+    if (chunk < e->min_prefill)
+        chunk = e->min_prefill;
+    if (chunk < 1)
+        chunk = 1;
+    const int64_t step = a + (running + chunk) * row;
+    const int64_t own = (n_prompt + chunk - 1) / chunk * step;
+    const int64_t rows = e->pred_prefill_rows + e->incoming_rows + n_prompt;
+    const int64_t all = (rows + chunk - 1) / chunk * step;
+    const int64_t idle_chunk = n_prompt < e->max_batched ? n_prompt
+                                                          : e->max_batched;
+    *idle_ns = (n_prompt + idle_chunk - 1) / idle_chunk * (a + idle_chunk * row);
+    return wait + own > all ? wait + own : all;
+}
+
 cinfer_status cinfer_engine_submit(cinfer_engine *e,
                                    const cinfer_request_params *p,
                                    uint64_t *request_id)
 {
+    tl_refusal_retry_ns = 0;
     if (!e || !p)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "engine: engine or params is NULL");
@@ -802,8 +857,10 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
         /* Only a request that would have to queue is refused: one that can
          * start at once runs, and if its deadline comes first it ends then
          * with the output it has (max_tokens may be a loose bound). */
+        const int64_t wait = start > r->submit_ns ? start - r->submit_ns : 0;
         if (start > r->submit_ns && done > r->deadline_ns) {
             pthread_mutex_unlock(&e->mu);
+            tl_refusal_retry_ns = wait;
             double late_ms = (double)(done - r->deadline_ns) / 1e6;
             request_free(r);
             return cinfer_set_error(
@@ -813,10 +870,10 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
                 late_ms);
         }
         /* A latency-bound request is not left standing in a queue. */
-        if (e->max_queue_wait_ns &&
-            start - r->submit_ns > e->max_queue_wait_ns) {
+        if (e->max_queue_wait_ns && wait > e->max_queue_wait_ns) {
             pthread_mutex_unlock(&e->mu);
-            double wait_ms = (double)(start - r->submit_ns) / 1e6;
+            tl_refusal_retry_ns = wait;
+            double wait_ms = (double)wait / 1e6;
             double max_ms = (double)e->max_queue_wait_ns / 1e6;
             request_free(r);
             return cinfer_set_error(CINFER_E_UNAVAILABLE,
@@ -824,6 +881,28 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
                                     "wait about %.0f ms for its turn (at "
                                     "most %.0f)",
                                     wait_ms, max_ms);
+        }
+        /* Nor is one admitted whose first token would come past the
+         * bound, behind the prompts queued ahead and beside the running
+         * batch: this also keeps the batch from growing until every step
+         * is long. A prompt that takes longer even alone is not the load's
+         * doing and runs. */
+        if (e->max_ttft_ns) {
+            int64_t idle;
+            int64_t ttft = first_token_ns(e, r->n_prompt, wait, &idle);
+            int64_t bound = idle > e->max_ttft_ns ? idle : e->max_ttft_ns;
+            if (ttft > bound) {
+                pthread_mutex_unlock(&e->mu);
+                tl_refusal_retry_ns = ttft - bound;
+                double ttft_ms = (double)ttft / 1e6;
+                double max_ms = (double)e->max_ttft_ns / 1e6;
+                request_free(r);
+                return cinfer_set_error(CINFER_E_UNAVAILABLE,
+                                        "engine: overloaded: the request's "
+                                        "first token would come in about "
+                                        "%.0f ms (at most %.0f)",
+                                        ttft_ms, max_ms);
+            }
         }
     }
     r->id = ++e->next_id;
@@ -835,6 +914,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
         e->in_head = r;
     e->in_tail = r;
     e->n_incoming += r->n_samples;
+    e->incoming_rows += r->n_prompt;
     uint64_t id = r->id;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
@@ -870,15 +950,6 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out)
     *out = e->pub;
     out->waiting += e->n_incoming;
     pthread_mutex_unlock(&e->mu);
-}
-
-int64_t cinfer_engine_predicted_wait_ns(cinfer_engine *e)
-{
-    int64_t t = now(e);
-    pthread_mutex_lock(&e->mu);
-    int64_t start = e->pred_ready ? e->pred_at_ns + e->pred_start_ns : t;
-    pthread_mutex_unlock(&e->mu);
-    return start > t ? start - t : 0;
 }
 
 void cinfer_engine_pause(cinfer_engine *e, int paused)

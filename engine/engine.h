@@ -82,6 +82,16 @@ typedef struct {
                                   deadline that would wait longer than this
                                   for its turn is refused at submit
                                   (CINFER_E_UNAVAILABLE); 0 = no bound */
+    int64_t max_ttft_ns;      /* with the hold on: a request with a deadline
+                                 whose first token would come later than
+                                 this (its wait for a turn, then its
+                                 prompt's steps beside the running batch)
+                                 is refused at submit (CINFER_E_UNAVAILABLE)
+                                 unless it would take as long on an idle
+                                 engine; 0 = no bound */
+    int thread_prio;          /* the cinfer_thread_prio of the engine
+                                 thread, which runs the model's steps
+                                 (common/thread_priority.h); 0 = unchanged */
     /* Clock in ns (monotonic) for deadlines and timings; NULL = CLOCK_MONOTONIC. */
     int64_t (*now_ns)(void *user);
     void *now_user;
@@ -175,8 +185,9 @@ void cinfer_engine_destroy(cinfer_engine *e);
  * the request has a deadline, admit_past_deadlines is 0, it would have to
  * queue, and at the current load (engine_impl.h, sched_predict_start) it
  * would finish only after its deadline; CINFER_E_UNAVAILABLE when it has
- * a deadline and would wait longer than max_queue_wait_ns for its turn, or
- * the engine is shutting down. On error no event is ever delivered. Thread-safe. */
+ * a deadline and would wait longer than max_queue_wait_ns for its turn or
+ * get its first token later than max_ttft_ns, or the engine is shutting
+ * down. On error no event is ever delivered. Thread-safe. */
 cinfer_status cinfer_engine_submit(cinfer_engine *e,
                                    const cinfer_request_params *p,
                                    uint64_t *request_id);
@@ -205,11 +216,13 @@ typedef struct {
 /* A consistent snapshot. Thread-safe. */
 void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);
 
-/* How long, in ns from now, a request queued now would wait for its turn,
- * as submit predicts it (0 when it would start at once or before the
- * engine has timed enough steps): a retry delay to suggest to a client
- * that submit refused. Thread-safe. */
-int64_t cinfer_engine_predicted_wait_ns(cinfer_engine *e);
+/* After cinfer_engine_submit refused a request on this thread for the
+ * engine's load (CINFER_E_TIMEOUT or CINFER_E_UNAVAILABLE), when a request
+ * like it would be taken, in ns from the refusal: its predicted wait for a
+ * turn, plus for the first-token bound the time by which its first token
+ * would have been late (the running batch must shrink that much). 0 when
+ * the last submit on this thread was not such a refusal. */
+int64_t cinfer_engine_refusal_retry_ns(void);
 
 #ifdef __cplusplus
 }

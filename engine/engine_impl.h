@@ -108,6 +108,8 @@ struct cinfer_engine {
     int prefix_cache;
     int hold_for_deadlines; /* !admit_past_deadlines */
     int64_t max_queue_wait_ns;
+    int64_t max_ttft_ns;
+    int thread_prio;
     int64_t (*now_ns)(void *user);
     void *now_user;
 
@@ -128,6 +130,7 @@ struct cinfer_engine {
     /* (mu) */
     eng_request *in_head, *in_tail;
     int n_incoming;      /* samples in the incoming list */
+    int64_t incoming_rows; /* their prompt tokens (once per request) */
     uint64_t *cancels;
     size_t n_cancels, cap_cancels;
     int stop;
@@ -139,6 +142,8 @@ struct cinfer_engine {
      * cost it would then see; pred_ready once the model has data */
     int pred_ready;
     int64_t pred_at_ns, pred_start_ns, pred_step_ns, pred_row_ns;
+    /* and the prompt rows still to compute, running and waiting */
+    int64_t pred_prefill_rows;
 
     /* engine thread */
     eng_request *live;   /* every request the thread holds */

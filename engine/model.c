@@ -488,6 +488,7 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
         cinfer_backend_cpu_params bp = cinfer_backend_cpu_default_params();
         bp.n_threads = p->n_threads;
         bp.isa = p->isa;
+        bp.thread_prio = p->thread_prio;
         if ((st = cinfer_backend_cpu_create(&bp, &m->be)) != CINFER_OK)
             goto fail;
         m->owns_backend = 1;

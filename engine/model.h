@@ -42,6 +42,8 @@ typedef struct {
                                   the model creates and owns a CPU backend */
     int n_threads;             /* CPU backend threads; 0 = all cores */
     cinfer_cpu_isa isa;        /* CPU kernel family; 0 = best available */
+    int thread_prio;           /* the CPU backend's workers'
+                                  cinfer_thread_prio; 0 = unchanged */
     int n_ctx;                 /* max tokens per sequence; 0 = the model's
                                   trained context, capped at 8192 */
     int block_size;            /* KV block size in tokens; 0 = 16 */

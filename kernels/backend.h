@@ -254,6 +254,9 @@ typedef enum {
 typedef struct {
     int n_threads;      /* worker threads incl. the caller; 0 = all cores */
     cinfer_cpu_isa isa; /* kernel family; AUTO picks the best available */
+    int thread_prio;    /* the workers' cinfer_thread_prio
+                           (common/thread_priority.h; the thread that calls
+                           the ops sets its own); 0 = unchanged */
 } cinfer_backend_cpu_params;
 
 cinfer_backend_cpu_params cinfer_backend_cpu_default_params(void);

@@ -64,9 +64,11 @@
 
 /* Pushback for a request the engine refused for its load: when its turn
  * would have come (at least 1 ms, at most the queue-full pushback). */
-static int64_t engine_retry_ms(cinfer_server *s)
+/* Pushback for the engine's refusal on this thread: its own estimate of
+ * when a request like it would be taken. */
+static int64_t engine_retry_ms(void)
 {
-    int64_t ms = (cinfer_engine_predicted_wait_ns(s->engine) + 999999) / 1000000;
+    int64_t ms = (cinfer_engine_refusal_retry_ns() + 999999) / 1000000;
     if (ms < 1)
         ms = 1;
     return ms < ENGINE_FULL_PUSHBACK_MS ? ms : ENGINE_FULL_PUSHBACK_MS;
@@ -926,8 +928,8 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
             pthread_mutex_unlock(&c->mu);
         }
         /* The engine's refusals for its load, at once with a pushback:
-         * UNAVAILABLE, a queue too long to wait in (--max-queue-wait-ms)
-         * or the engine stopping; TIMEOUT, the deadline foreseen to pass
+         * UNAVAILABLE, a queue too long to wait in (--max-queue-wait-ms),
+         * a first token too late (--max-ttft-ms) or the engine stopping; TIMEOUT, the deadline foreseen to pass
          * at the current load (as the shedder does); EXHAUSTED, its own
          * queue bound (--max-queued). */
         if (st == CINFER_E_UNAVAILABLE || st == CINFER_E_TIMEOUT ||
@@ -938,7 +940,7 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
                 pb.reason = st == CINFER_E_TIMEOUT
                                 ? CINFER_REJECT_SHED_DEADLINE
                                 : CINFER_REJECT_SHED_QUEUE_FULL;
-                pb.retry_after_ms = engine_retry_ms(s);
+                pb.retry_after_ms = engine_retry_ms();
             }
             cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
                                        cinfer_last_error(), &pb);

@@ -35,6 +35,7 @@
 
 #include <grpc/grpc.h>
 
+#include "common/thread_priority.h"
 #include "engine/engine.h"
 #include "server/log.h"
 #include "server/metrics.h"
@@ -48,6 +49,7 @@ typedef struct {
     const char *listen;
     const char *model;
     long threads;
+    int compute_prio; /* cinfer_thread_prio */
     long grpc_threads;
     long max_seqs;
     long max_batched_tokens;
@@ -81,6 +83,7 @@ typedef struct {
     long codel_target_ms;
     long codel_interval_ms;
     long max_queue_wait_ms;
+    long max_ttft_ms;
     double max_request_time_s;
     double watchdog_timeout_s;
     long unhealthy_after_faults;
@@ -102,6 +105,13 @@ static const flag_doc flags[] = {
      "containers; port 0 picks a free one)"},
     {"model", "CINFER_MODEL", "PATH", "GGUF model (default: %s)"},
     {"threads", "CINFER_THREADS", "N", "CPU threads for the model (default: all cores)"},
+    {"compute-priority", "CINFER_COMPUTE_PRIORITY", "normal|low|idle",
+     "scheduling class of the compute threads (engine and CPU workers), so "
+     "that the network threads answer and refuse calls at once while a "
+     "batch keeps the cores busy: idle = SCHED_IDLE, for a server with its "
+     "cores (its container) to itself; low = nice +10, where other busy "
+     "processes share the cores; normal = as the network threads (default "
+     "idle)"},
     {"grpc-threads", "CINFER_GRPC_THREADS", "N",
      "completion-queue threads (default 2)"},
     {"max-seqs", "CINFER_MAX_SEQS", "N",
@@ -190,8 +200,14 @@ static const flag_doc flags[] = {
     {"max-queue-wait-ms", "CINFER_MAX_QUEUE_WAIT_MS", "MS",
      "a request with a deadline that the engine predicts would wait longer "
      "than this for its turn is refused at once with UNAVAILABLE and a "
-     "pushback, rather than queued (default 0 = no bound; bench/overload.py "
-     "runs with 100)"},
+     "pushback, rather than queued (default 0 = no bound)"},
+    {"max-ttft-ms", "CINFER_MAX_TTFT_MS", "MS",
+     "a request with a deadline whose first token the engine predicts "
+     "later than this (its wait, then its prompt's steps beside the running "
+     "batch) is refused at once with UNAVAILABLE and a pushback, unless it "
+     "would take as long on an idle engine; this bounds how large the "
+     "running batch grows under overload (default 0 = no bound; "
+     "bench/overload.py runs with 400)"},
     {"max-request-time", "CINFER_MAX_REQUEST_TIME", "SECONDS",
      "cap on every Generate call's deadline; past it the call ends with "
      "DEADLINE_EXCEEDED (default 0 = none)"},
@@ -289,6 +305,16 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = v[0] != '\0';
     } else if (strcmp(name, "model") == 0) {
         cfg->model = v;
+    } else if (strcmp(name, "compute-priority") == 0) {
+        ok = 0;
+        for (int k = CINFER_THREAD_PRIO_NORMAL; k <= CINFER_THREAD_PRIO_IDLE;
+             k++) {
+            if (strcmp(v, cinfer_thread_prio_name((cinfer_thread_prio)k)) ==
+                0) {
+                cfg->compute_prio = k;
+                ok = 1;
+            }
+        }
     } else if (strcmp(name, "threads") == 0) {
         ok = parse_long(v, 0, 1024, &cfg->threads);
     } else if (strcmp(name, "grpc-threads") == 0) {
@@ -370,6 +396,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 1, 1L << 40, &cfg->codel_interval_ms);
     } else if (strcmp(name, "max-queue-wait-ms") == 0) {
         ok = parse_long(v, 0, 1L << 40, &cfg->max_queue_wait_ms);
+    } else if (strcmp(name, "max-ttft-ms") == 0) {
+        ok = parse_long(v, 0, 1L << 40, &cfg->max_ttft_ms);
     } else if (strcmp(name, "max-request-time") == 0) {
         ok = parse_double(v, 0, 1e9, &cfg->max_request_time_s);
     } else if (strcmp(name, "watchdog-timeout") == 0) {
@@ -521,6 +549,7 @@ int cinfer_server_main(int argc, char **argv,
         .listen = "127.0.0.1:50051",
         .model = NULL,
         .threads = 0,
+        .compute_prio = CINFER_THREAD_PRIO_IDLE,
         .grpc_threads = 2,
         .max_seqs = 64,
         .max_batched_tokens = 64,
@@ -548,6 +577,7 @@ int cinfer_server_main(int argc, char **argv,
         .codel_target_ms = (long)da->shedder.codel.target_ms,
         .codel_interval_ms = (long)da->shedder.codel.interval_ms,
         .max_queue_wait_ms = 0,
+        .max_ttft_ms = 0,
         .max_request_time_s = (double)defaults.max_request_time_ms / 1000.0,
         .watchdog_timeout_s = (double)defaults.watchdog_ms / 1000.0,
         .unhealthy_after_faults = defaults.unhealthy_after_faults,
@@ -656,6 +686,7 @@ int cinfer_server_main(int argc, char **argv,
     cinfer_model_params mp = cinfer_model_default_params();
     mp.path = model_path;
     mp.n_threads = (int)cfg.threads;
+    mp.thread_prio = cfg.compute_prio;
     if (hooks && hooks->create_backend) {
         if (hooks->create_backend(hooks->user, (int)cfg.threads, &backend) !=
             CINFER_OK) {
@@ -705,6 +736,7 @@ int cinfer_server_main(int argc, char **argv,
     }
     cinfer_engine_params ep = cinfer_engine_default_params();
     ep.model = model;
+    ep.thread_prio = cfg.compute_prio;
     ep.max_seqs = (int)cfg.max_seqs;
     ep.max_batched_tokens = (int)cfg.max_batched_tokens;
     ep.min_prefill_tokens = (int)cfg.min_prefill_tokens;
@@ -715,6 +747,7 @@ int cinfer_server_main(int argc, char **argv,
     ep.admit_past_deadlines = !cfg.resilience;
     ep.max_queue_wait_ns = cfg.resilience ? cfg.max_queue_wait_ms * 1000000LL
                                           : 0;
+    ep.max_ttft_ns = cfg.resilience ? cfg.max_ttft_ms * 1000000LL : 0;
     if (cinfer_engine_create(&ep, &engine) != CINFER_OK) {
         cinfer_log_line l;
         if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "engine start failed",

@@ -997,6 +997,7 @@ cinfer_status cinfer_backend_cpu_create(const cinfer_backend_cpu_params *p,
                                 "backend_cpu_create: no memory");
     cinfer_threadpool_params tp = cinfer_threadpool_default_params();
     tp.n_threads = n_threads;
+    tp.prio = p->thread_prio;
     cinfer_status st = cinfer_threadpool_create(&tp, &cb->pool);
     if (st != CINFER_OK)
         goto fail_cb;

@@ -25,6 +25,8 @@
  */
 #include "threadpool.h"
 
+#include "common/thread_priority.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -136,6 +138,7 @@ typedef struct {
 struct cinfer_threadpool {
     int n_threads;
     int64_t spin_ns;
+    int prio;
     pthread_t *threads;
     worker_arg *args;
     int n_started;
@@ -210,6 +213,9 @@ static void *worker_main(void *p)
     worker_arg *arg = p;
     cinfer_threadpool *pool = arg->pool;
     uint32_t seen = 0; /* the pool starts at generation 0 */
+    /* A new thread starts at its creator's priority; the caller of
+     * parallel_for sets its own. */
+    cinfer_thread_set_priority((cinfer_thread_prio)pool->prio);
     for (;;) {
         seen = wait_generation(pool, seen);
         if (atomic_load_explicit(&pool->stop, memory_order_relaxed))
@@ -293,6 +299,7 @@ cinfer_status cinfer_threadpool_create(const cinfer_threadpool_params *p,
         return cinfer_set_error(CINFER_E_NOMEM, "threadpool_create: no memory");
     memset(pool, 0, sizeof *pool);
     pool->n_threads = n;
+    pool->prio = p->prio;
     pool->spin_ns = p->spin_us == 0   ? 100000
                     : p->spin_us < 0 ? 0
                                      : (int64_t)p->spin_us * 1000;

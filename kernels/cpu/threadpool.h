@@ -49,6 +49,8 @@ typedef struct {
     int n_threads; /* threads incl. the caller, >= 1; 0 = 1 */
     int spin_us;   /* microseconds an idle thread polls before sleeping;
                       0 = 100, negative = sleep at once */
+    int prio;      /* the workers' cinfer_thread_prio
+                      (common/thread_priority.h); 0 = as their creator's */
 } cinfer_threadpool_params;
 
 cinfer_threadpool_params cinfer_threadpool_default_params(void);

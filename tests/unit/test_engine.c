@@ -847,6 +847,95 @@ static void test_refuses_hopeless_deadline(void)
     cinfer_model_destroy(m);
 }
 
+/* With a first-token bound, a request with a deadline whose prompt the
+ * running batch would slow past the bound is refused at submit
+ * (CINFER_E_UNAVAILABLE) with a retry delay of the time it would be late;
+ * one without a deadline runs, and so does one on an idle engine, where it
+ * takes as long as it must. */
+static void test_refuses_late_first_token(void)
+{
+    cinfer_model *m = tiny_model(0, 16, 256);
+    if (!m)
+        return;
+    test_clock clk = {.t = 1000000, .tick = 1000};
+    /* 8 rows a step: a 16-token prompt takes 2 steps alone, 3 beside a
+     * running decode */
+    cinfer_engine *e = make_engine_hold(m, 4, 8, 0, &clk, 1);
+    const int n_vocab = cinfer_model_get_info(m)->n_vocab;
+    job ja, jb;
+    make_jobs(&ja, 1, 8, 8, n_vocab, 41);
+    make_jobs(&jb, 1, 16, 16, n_vocab, 42);
+    jb.n_prompt = 16;
+    ja.max_tokens = 200;
+    jb.max_tokens = 4;
+    static req_rec a, b, b2, c, d;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    memset(&b2, 0, sizeof b2);
+    memset(&c, 0, sizeof c);
+    memset(&d, 0, sizeof d);
+    a.e = b.e = b2.e = c.e = d.e = e;
+    reset_events();
+    cinfer_request_params rp = greedy_params(&ja, &a);
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &a.id));
+    pthread_mutex_unlock(&ev_mu);
+    CHECK_EQ_INT(cinfer_engine_refusal_retry_ns(), 0);
+    for (int n = 0; n < 20;) {
+        pthread_mutex_lock(&ev_mu);
+        n = a.s[0].n_ids;
+        pthread_mutex_unlock(&ev_mu);
+        sched_yield();
+    }
+    cinfer_engine_pause(e, 1);
+    const int64_t far = (int64_t)1000000000000000;
+    e->max_ttft_ns = 1;
+    /* a slot is free, but a's decode makes b's prompt take a third step */
+    rp = greedy_params(&jb, &b);
+    rp.deadline_ns = atomic_load(&clk.t) + far;
+    CHECK_EQ_INT(cinfer_engine_submit(e, &rp, &b.id), CINFER_E_UNAVAILABLE);
+    CHECK(strstr(cinfer_last_error(), "first token") != NULL);
+    CHECK(cinfer_engine_refusal_retry_ns() > 0);
+    /* without a deadline it is not latency-bound: taken */
+    rp = greedy_params(&jb, &d);
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &d.id));
+    pthread_mutex_unlock(&ev_mu);
+    CHECK_EQ_INT(cinfer_engine_refusal_retry_ns(), 0);
+    /* with a bound the prediction meets, taken */
+    e->max_ttft_ns = far;
+    rp = greedy_params(&jb, &b2);
+    rp.deadline_ns = atomic_load(&clk.t) + far;
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &b2.id));
+    pthread_mutex_unlock(&ev_mu);
+    cinfer_engine_cancel(e, a.id);
+    cinfer_engine_pause(e, 0);
+    wait_finished(3);
+    CHECK_EQ_INT(a.s[0].fin.finish, CINFER_FINISH_CANCELLED);
+    CHECK_EQ_INT(d.s[0].fin.finish, CINFER_FINISH_LENGTH);
+    CHECK_EQ_INT(b2.s[0].fin.finish, CINFER_FINISH_LENGTH);
+    CHECK_EQ_INT(b2.s[0].n_ids, 4);
+    CHECK_EQ_INT(b.s[0].finished, 0);
+    /* idle: the same prompt takes its two steps whatever the bound */
+    for (cinfer_engine_stats st = {.running = 1}; st.running || st.waiting;) {
+        cinfer_engine_get_stats(e, &st);
+        sched_yield();
+    }
+    e->max_ttft_ns = 1;
+    rp = greedy_params(&jb, &c);
+    rp.deadline_ns = atomic_load(&clk.t) + far;
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, &rp, &c.id));
+    pthread_mutex_unlock(&ev_mu);
+    wait_finished(4);
+    CHECK_EQ_INT(c.s[0].fin.finish, CINFER_FINISH_LENGTH);
+    e->max_ttft_ns = 0;
+    check_idle(e);
+    cinfer_engine_destroy(e);
+    cinfer_model_destroy(m);
+}
+
 /* One sequence at a time: requests run by priority, then arrival. */
 static void test_priority_order(void)
 {
@@ -1219,6 +1308,7 @@ int main(void)
     RUN(test_stop_conditions);
     RUN(test_cancel_and_deadline);
     RUN(test_refuses_hopeless_deadline);
+    RUN(test_refuses_late_first_token);
     RUN(test_priority_order);
     RUN(test_validation);
     RUN(test_random_invariants);

@@ -6,11 +6,20 @@
  * plain memory written by tasks is visible to the caller and to the next
  * dispatch (the tasks move between threads as n changes); and a bounded
  * stress of back-to-back dispatches both with spinning workers and with
- * workers that sleep in the kernel after every job.
+ * workers that sleep in the kernel after every job; and that workers
+ * take the pool's scheduling class.
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <string.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include "../../common/thread_priority.h"
 #include "../../kernels/cpu/threadpool.h"
 #include "harness.h"
 
@@ -179,6 +188,76 @@ static void test_stress_exactly_once(void)
     cinfer_threadpool_destroy(pool);
 }
 
+static int thread_nice_now(void)
+{
+    errno = 0;
+    int v = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    return v == -1 && errno ? 100 : v;
+}
+
+typedef struct {
+    int nice[4];
+    int policy[4];
+} prio_ctx;
+
+static void prio_fn(void *p, int64_t t0, int64_t t1, int thread)
+{
+    (void)t0;
+    (void)t1;
+    prio_ctx *c = p;
+    c->nice[thread] = thread_nice_now();
+    c->policy[thread] = sched_getscheduler(0);
+}
+
+static void run_prio(cinfer_thread_prio prio, prio_ctx *c)
+{
+    cinfer_threadpool_params p = cinfer_threadpool_default_params();
+    p.n_threads = 3;
+    p.prio = prio;
+    cinfer_threadpool *pool = NULL;
+    CHECK_OK(cinfer_threadpool_create(&p, &pool));
+    for (int i = 0; i < 4; i++)
+        c->nice[i] = c->policy[i] = -1;
+    cinfer_threadpool_parallel_for(pool, 3, prio_fn, c);
+    cinfer_threadpool_destroy(pool);
+}
+
+/* Workers take the pool's class; the caller is left alone and sets its
+ * own with cinfer_thread_set_priority. */
+static void test_workers_priority(void)
+{
+    const int base = thread_nice_now();
+    const int policy = sched_getscheduler(0);
+    CHECK(base <= 19);
+    CHECK_EQ_INT(policy, SCHED_OTHER);
+    const int low = base + 10 > 19 ? 19 : base + 10;
+    prio_ctx c;
+    run_prio(CINFER_THREAD_PRIO_NORMAL, &c);
+    for (int t = 0; t < 3; t++) {
+        CHECK_EQ_INT(c.nice[t], base);
+        CHECK_EQ_INT(c.policy[t], SCHED_OTHER);
+    }
+    run_prio(CINFER_THREAD_PRIO_LOW, &c);
+    CHECK_EQ_INT(c.nice[0], base);
+    for (int t = 1; t < 3; t++) {
+        CHECK_EQ_INT(c.nice[t], low);
+        CHECK_EQ_INT(c.policy[t], SCHED_OTHER);
+    }
+    run_prio(CINFER_THREAD_PRIO_IDLE, &c);
+    CHECK_EQ_INT(c.policy[0], SCHED_OTHER);
+    for (int t = 1; t < 3; t++)
+        CHECK_EQ_INT(c.policy[t], SCHED_IDLE);
+
+    CHECK_EQ_INT(cinfer_thread_set_priority(CINFER_THREAD_PRIO_NORMAL), 0);
+    CHECK_EQ_INT(thread_nice_now(), base);
+    CHECK_EQ_INT(cinfer_thread_set_priority(CINFER_THREAD_PRIO_LOW), 0);
+    CHECK_EQ_INT(thread_nice_now(), low);
+    CHECK_EQ_INT(cinfer_thread_set_priority(CINFER_THREAD_PRIO_IDLE), 0);
+    CHECK_EQ_INT(sched_getscheduler(0), SCHED_IDLE);
+    CHECK(strcmp(cinfer_thread_prio_name(CINFER_THREAD_PRIO_IDLE), "idle") == 0);
+    CHECK(cinfer_thread_prio_name((cinfer_thread_prio)7) == NULL);
+}
+
 int main(void)
 {
     RUN(test_create_destroy);
@@ -186,5 +265,7 @@ int main(void)
     RUN(test_chain_spinning);
     RUN(test_chain_sleeping);
     RUN(test_stress_exactly_once);
+    /* last: it leaves this thread at idle priority */
+    RUN(test_workers_priority);
     return harness_done();
 }
