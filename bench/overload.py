@@ -395,7 +395,7 @@ def summarize(res, deadline_s):
     }
 
 
-def run_level(progs, srv, args, work, name, level, k, bench_flags,
+def run_level(progs, srv, args, work, name, level, seed, bench_flags,
               capacity):
     rate = level * capacity
     n = max(10, int(round(rate * args.duration)))
@@ -407,7 +407,7 @@ def run_level(progs, srv, args, work, name, level, k, bench_flags,
     t0 = time.time()
     res = run_bench(bench_cmd(progs, srv, args, out, [
         "--rate", "%.4f" % rate, "--num-requests", n, "--seed",
-        100 + k] + list(bench_flags)), timeout=args.duration * 4 + 300)
+        seed] + list(bench_flags)), timeout=args.duration * 4 + 300)
     wall = time.time() - t0
     rss = sampler.finish()
     idle = srv.wait_idle()
@@ -464,8 +464,12 @@ def run_all(progs, model, args, work, configs_to_run, capacity):
             for i in order:
                 cfg = configs[i]
                 srv = servers[tuple(cfg["server_flags"])]
+                # Prompts of their own for every run: configurations that
+                # share a server would otherwise find the prompts of the
+                # one before in its prefix cache.
                 cfg["rows"].append(run_level(progs, srv, args, work,
-                                             cfg["name"], level, k,
+                                             cfg["name"], level,
+                                             100 + 100 * i + k,
                                              cfg["bench_flags"], capacity))
     finally:
         for srv in servers.values():
