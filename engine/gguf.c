@@ -1,5 +1,6 @@
 /*
- * gguf.c - GGUF v2/v3 reader (over mmap or a caller's buffer) and v3 writer.
+ * gguf.c - GGUF v2/v3 reader (over mmap, a copy in huge pages, or a caller's
+ * buffer) and v3 writer.
  *
  * A GGUF file is: magic "GGUF", u32 version, u64 tensor count, u64 key/value
  * count, the key/values, the tensor infos (name, dims, type, offset), padding
@@ -147,7 +148,9 @@ typedef struct {
 struct cinfer_gguf {
     const uint8_t *base;
     size_t size;
-    void *map; /* the mapping when the reader mapped a file, else NULL */
+    void *map; /* the mapping or buffer when the reader opened a file,
+                  else NULL */
+    size_t map_size;
     uint32_t version;
     uint32_t alignment;
     uint64_t data_offset; /* start of the data section in the file */
@@ -849,7 +852,62 @@ cinfer_gguf_params cinfer_gguf_default_params(void)
     return p;
 }
 
-static cinfer_status map_file(cinfer_gguf *g, const char *path)
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+
+/* Reads the open file (size bytes) into anonymous memory aligned to huge
+ * pages and asks for them (MADV_HUGEPAGE; where the kernel has none, the
+ * pages are ordinary ones). */
+static cinfer_status read_file(cinfer_gguf *g, int fd, size_t size,
+                               const char *path)
+{
+    const size_t H = HUGE_PAGE_BYTES;
+    if (size > SIZE_MAX - 2 * H)
+        return cinfer_set_error(CINFER_E_IO, "gguf: '%s' is too large to read",
+                                path);
+    const size_t len = (size + H - 1) / H * H;
+    uint8_t *raw = mmap(NULL, len + H, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "gguf: no memory to read '%s' (%zu bytes): %s",
+                                path, size, strerror(errno));
+    /* keep the aligned part only */
+    uint8_t *buf = (uint8_t *)(((uintptr_t)raw + H - 1) / H * H);
+    if (buf > raw)
+        munmap(raw, (size_t)(buf - raw));
+    if (raw + H > buf)
+        munmap(buf + len, (size_t)(raw + H - buf));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, len, MADV_HUGEPAGE);
+#endif
+    size_t got = 0;
+    while (got < size) {
+        size_t want = size - got < ((size_t)1 << 30) ? size - got
+                                                      : (size_t)1 << 30;
+        ssize_t r = pread(fd, buf + got, want, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int err = r < 0 ? errno : 0;
+            munmap(buf, len);
+            if (r == 0)
+                return cinfer_set_error(CINFER_E_IO,
+                                        "gguf: '%s' ended at byte %zu while "
+                                        "reading %zu (did it change?)",
+                                        path, got, size);
+            return cinfer_set_error(CINFER_E_IO, "gguf: cannot read '%s': %s",
+                                    path, strerror(err));
+        }
+        got += (size_t)r;
+    }
+    g->map = buf;
+    g->map_size = len;
+    g->base = buf;
+    g->size = size;
+    return CINFER_OK;
+}
+
+static cinfer_status map_file(cinfer_gguf *g, const char *path, int in_memory)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -877,6 +935,11 @@ static cinfer_status map_file(cinfer_gguf *g, const char *path)
         return cinfer_set_error(CINFER_E_IO, "gguf: '%s' is too large to map",
                                 path);
     }
+    if (in_memory) {
+        cinfer_status st = read_file(g, fd, (size_t)sb.st_size, path);
+        close(fd);
+        return st;
+    }
     void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
     close(fd);
@@ -884,6 +947,7 @@ static cinfer_status map_file(cinfer_gguf *g, const char *path)
         return cinfer_set_error(CINFER_E_IO, "gguf: cannot map '%s': %s", path,
                                 strerror(err));
     g->map = m;
+    g->map_size = (size_t)sb.st_size;
     g->base = m;
     g->size = (size_t)sb.st_size;
     return CINFER_OK;
@@ -904,7 +968,7 @@ cinfer_status cinfer_gguf_create(const cinfer_gguf_params *p,
     if (!g)
         return cinfer_set_error(CINFER_E_NOMEM, "gguf: no memory for a reader");
     if (p->path) {
-        st = map_file(g, p->path);
+        st = map_file(g, p->path, p->in_memory);
         if (st != CINFER_OK)
             goto fail_parse;
     } else {
@@ -941,7 +1005,7 @@ void cinfer_gguf_destroy(cinfer_gguf *g)
     free(g->kv_slots);
     free(g->tensor_slots);
     if (g->map)
-        munmap(g->map, g->size);
+        munmap(g->map, g->map_size);
     free(g);
 }
 

@@ -443,6 +443,7 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
 
     cinfer_gguf_params gp = cinfer_gguf_default_params();
     gp.path = path;
+    gp.in_memory = !p->use_mmap;
     if ((st = cinfer_gguf_create(&gp, &m->gguf)) != CINFER_OK)
         goto fail;
     if ((st = read_hparams(m)) != CINFER_OK)

@@ -52,6 +52,10 @@ typedef struct {
     int max_seqs;              /* sequences the cache is sized for; 0 = 1 */
     int max_batch_rows;        /* most rows one step may carry; 0 = 512 */
     int kv_f32;                /* 1 = F32 KV cache; 0 = F16 */
+    int use_mmap;              /* 1 = weights used from a mapping of the
+                                  file; 0 = read into memory in huge pages
+                                  (gguf.h: in_memory), which decodes
+                                  faster */
     /* Load progress in [0, 1] (optional). */
     void (*progress)(float fraction, void *user);
     void *progress_user;

@@ -67,6 +67,8 @@ static void usage(FILE *f)
             "      --no-special        do not parse special tokens in the prompt\n"
             "      --isa NAME          portable|avx2|avx512 (default: best)\n"
             "      --ctx N             context per sequence (default 4096)\n"
+            "      --mmap              use the weights from a mapping of the file\n"
+            "                          (default: read into memory, in huge pages)\n"
             "      --bench PP,TG       benchmark: PP prompt tokens, TG decoded\n"
             "  -r, --reps N            benchmark repetitions (default 3)\n"
             "  -h, --help\n",
@@ -77,7 +79,7 @@ static void usage(FILE *f)
 enum {
     OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
     OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
-    OPT_CTX
+    OPT_CTX, OPT_MMAP
 };
 
 static int parse_int(const char *s, const char *name, long lo, long hi,
@@ -209,7 +211,7 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL;
     long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096;
-    int chat = 0, ignore_eos = 0, parse_special = 1;
+    int chat = 0, ignore_eos = 0, parse_special = 1, use_mmap = 0;
     int bench_pp = -1, bench_tg = -1;
     cinfer_cpu_isa isa = CINFER_CPU_ISA_AUTO;
     cinfer_sampler_params sp = cinfer_sampler_default_params();
@@ -236,6 +238,7 @@ int main(int argc, char **argv)
         {"isa", required_argument, 0, OPT_ISA},
         {"ctx", required_argument, 0, OPT_CTX},
         {"bench", required_argument, 0, OPT_BENCH},
+        {"mmap", no_argument, 0, OPT_MMAP},
         {0, 0, 0, 0},
     };
     int c;
@@ -283,6 +286,7 @@ int main(int argc, char **argv)
             break;
         case OPT_IGNORE_EOS: ignore_eos = 1; break;
         case OPT_NOSPECIAL: parse_special = 0; break;
+        case OPT_MMAP: use_mmap = 1; break;
         case OPT_CTX:
             if (parse_int(optarg, "--ctx", 16, 1 << 20, &ctx)) return 2;
             break;
@@ -332,6 +336,7 @@ int main(int argc, char **argv)
     mp.n_threads = (int)threads;
     mp.isa = isa;
     mp.n_ctx = (int)ctx;
+    mp.use_mmap = use_mmap;
     if (isatty(2)) {
         mp.progress = progress_bar;
         mp.progress_user = &last_pct;

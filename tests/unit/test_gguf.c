@@ -608,6 +608,28 @@ static void test_file_io(void)
         CHECK_EQ_INT(((uintptr_t)t->data) % 32, 0); /* mapping is page aligned */
         cinfer_gguf_destroy(g);
     }
+    /* Read into memory instead: the same contents. */
+    p.in_memory = 1;
+    CHECK_OK(cinfer_gguf_create(&p, &g));
+    if (g) {
+        const cinfer_gguf_tensor *t = cinfer_gguf_find_tensor(g, "x");
+        CHECK(t && t->n_bytes == sizeof x && memcmp(t->data, x, sizeof x) == 0);
+        cinfer_gguf_str name;
+        CHECK_OK(cinfer_gguf_get_str(g, "general.name", &name));
+        CHECK(name.len == 9 && memcmp(name.ptr, "file test", 9) == 0);
+        CHECK_EQ_INT(((uintptr_t)t->data) % 32, 0);
+        cinfer_gguf_destroy(g);
+    }
+    /* A file cut short reads as the same error in either mode. */
+    CHECK_EQ_INT(truncate(path, (off_t)size - 8), 0);
+    p.in_memory = 0;
+    CHECK_EQ_INT(cinfer_gguf_create(&p, &g), CINFER_E_FORMAT);
+    char mapped_err[512];
+    snprintf(mapped_err, sizeof mapped_err, "%s", cinfer_last_error());
+    p.in_memory = 1;
+    CHECK_EQ_INT(cinfer_gguf_create(&p, &g), CINFER_E_FORMAT);
+    CHECK(strcmp(mapped_err, cinfer_last_error()) == 0);
+    p.in_memory = 0;
 
     /* Empty file, missing file, directory, NULL arguments. */
     f = fopen(path, "wb");
