@@ -773,8 +773,11 @@ void cinfer_engine_destroy(cinfer_engine *e)
 
 /* The retry delay of this thread's last refusal for load. */
 static _Thread_local int64_t tl_refusal_retry_ns;
+static _Thread_local cinfer_engine_refusal tl_refusal_kind;
 
 int64_t cinfer_engine_refusal_retry_ns(void) { return tl_refusal_retry_ns; }
+
+cinfer_engine_refusal cinfer_engine_refusal_kind(void) { return tl_refusal_kind; }
 
 /* (mu, pred_ready) When the first token of a prompt of n_prompt tokens
  * would come, in ns from now, for a request whose turn for a slot comes
@@ -802,10 +805,12 @@ static int64_t first_token_ns(const cinfer_engine *e, int32_t n_prompt,
         chunk = e->min_prefill;
     if (chunk < 1)
         chunk = 1;
-    const int64_t step = a + (running + chunk) * row;
-    const int64_t own = (n_prompt + chunk - 1) / chunk * step;
+    /* steps of `rows` prompt rows, each beside the batch's decodes */
+    const int64_t own = (n_prompt + chunk - 1) / chunk *
+                        (a + (running + (n_prompt < chunk ? n_prompt : chunk)) * row);
     const int64_t rows = e->pred_prefill_rows + e->incoming_rows + n_prompt;
-    const int64_t all = (rows + chunk - 1) / chunk * step;
+    const int64_t all = (rows + chunk - 1) / chunk *
+                        (a + (running + (rows < chunk ? rows : chunk)) * row);
     const int64_t idle_chunk = n_prompt < e->max_batched ? n_prompt
                                                           : e->max_batched;
     *idle_ns = (n_prompt + idle_chunk - 1) / idle_chunk * (a + idle_chunk * row);
@@ -817,6 +822,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
                                    uint64_t *request_id)
 {
     tl_refusal_retry_ns = 0;
+    tl_refusal_kind = CINFER_ENGINE_REFUSAL_NONE;
     if (!e || !p)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "engine: engine or params is NULL");
@@ -860,6 +866,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
         const int64_t wait = start > r->submit_ns ? start - r->submit_ns : 0;
         if (start > r->submit_ns && done > r->deadline_ns) {
             pthread_mutex_unlock(&e->mu);
+            tl_refusal_kind = CINFER_ENGINE_REFUSAL_DEADLINE;
             tl_refusal_retry_ns = wait;
             double late_ms = (double)(done - r->deadline_ns) / 1e6;
             request_free(r);
@@ -872,6 +879,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
         /* A latency-bound request is not left standing in a queue. */
         if (e->max_queue_wait_ns && wait > e->max_queue_wait_ns) {
             pthread_mutex_unlock(&e->mu);
+            tl_refusal_kind = CINFER_ENGINE_REFUSAL_QUEUE_WAIT;
             tl_refusal_retry_ns = wait;
             double wait_ms = (double)wait / 1e6;
             double max_ms = (double)e->max_queue_wait_ns / 1e6;
@@ -893,6 +901,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
             int64_t bound = idle > e->max_ttft_ns ? idle : e->max_ttft_ns;
             if (ttft > bound) {
                 pthread_mutex_unlock(&e->mu);
+                tl_refusal_kind = CINFER_ENGINE_REFUSAL_FIRST_TOKEN;
                 tl_refusal_retry_ns = ttft - bound;
                 double ttft_ms = (double)ttft / 1e6;
                 double max_ms = (double)e->max_ttft_ns / 1e6;

@@ -224,6 +224,17 @@ void cinfer_engine_get_stats(cinfer_engine *e, cinfer_engine_stats *out);
  * the last submit on this thread was not such a refusal. */
 int64_t cinfer_engine_refusal_retry_ns(void);
 
+/* Which bound that refusal was for; NONE when the last submit on this
+ * thread was not a refusal for load. */
+typedef enum {
+    CINFER_ENGINE_REFUSAL_NONE = 0,
+    CINFER_ENGINE_REFUSAL_DEADLINE,    /* CINFER_E_TIMEOUT */
+    CINFER_ENGINE_REFUSAL_QUEUE_WAIT,  /* max_queue_wait_ns */
+    CINFER_ENGINE_REFUSAL_FIRST_TOKEN, /* max_ttft_ns */
+} cinfer_engine_refusal;
+
+cinfer_engine_refusal cinfer_engine_refusal_kind(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -68,6 +68,8 @@ extern "C" {
     X(CINFER_REJECT_SHED_CODEL, "shed_codel", CINFER_E_UNAVAILABLE)            \
     X(CINFER_REJECT_SHED_KV_PRESSURE, "shed_kv_pressure",                      \
       CINFER_E_UNAVAILABLE)                                                    \
+    X(CINFER_REJECT_SHED_FIRST_TOKEN, "shed_first_token",                      \
+      CINFER_E_UNAVAILABLE)                                                    \
     X(CINFER_REJECT_DRAINING, "draining", CINFER_E_UNAVAILABLE)
 
 typedef enum {

@@ -316,6 +316,9 @@ static void reject_message(cinfer_reject r, int64_t retry_ms,
     case CINFER_REJECT_SHED_KV_PRESSURE:
         what = "overloaded: the KV cache is full";
         break;
+    case CINFER_REJECT_SHED_FIRST_TOKEN:
+        what = "overloaded: the first token would come too late";
+        break;
     case CINFER_REJECT_DRAINING:
         what = "the server is shutting down";
         break;
@@ -929,17 +932,21 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
         }
         /* The engine's refusals for its load, at once with a pushback:
          * UNAVAILABLE, a queue too long to wait in (--max-queue-wait-ms),
-         * a first token too late (--max-ttft-ms) or the engine stopping; TIMEOUT, the deadline foreseen to pass
-         * at the current load (as the shedder does); EXHAUSTED, its own
-         * queue bound (--max-queued). */
+         * a first token too late (--max-ttft-ms) or the engine stopping;
+         * TIMEOUT, the deadline foreseen to pass at the current load (as
+         * the shedder does); EXHAUSTED, its own queue bound
+         * (--max-queued). */
         if (st == CINFER_E_UNAVAILABLE || st == CINFER_E_TIMEOUT ||
             st == CINFER_E_EXHAUSTED) {
             cinfer_pushback pb = {.reason = CINFER_REJECT_NONE,
                                   .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
             if (st != CINFER_E_EXHAUSTED) {
-                pb.reason = st == CINFER_E_TIMEOUT
-                                ? CINFER_REJECT_SHED_DEADLINE
-                                : CINFER_REJECT_SHED_QUEUE_FULL;
+                pb.reason =
+                    st == CINFER_E_TIMEOUT ? CINFER_REJECT_SHED_DEADLINE
+                    : cinfer_engine_refusal_kind() ==
+                            CINFER_ENGINE_REFUSAL_FIRST_TOKEN
+                        ? CINFER_REJECT_SHED_FIRST_TOKEN
+                        : CINFER_REJECT_SHED_QUEUE_FULL;
                 pb.retry_after_ms = engine_retry_ms();
             }
             cinfer_call_send_status_ex(c, OP_STEP, NULL, st,

@@ -1635,6 +1635,37 @@ def case_rejections():
         log("ok: a predicted queue wait over the bound refused in %.1f ms" %
             (r.elapsed * 1000))
 
+    # The engine's first-token bound: beside a running decode, a prompt's
+    # step carries one more row than on an idle engine, so with a 1 ms
+    # bound a call with a deadline is refused at once (shed_first_token,
+    # Trailers-Only with its pushback); one without a deadline runs.
+    srv, faults = faulty_server("first-token", [
+        "--max-seqs", "4", "--max-ttft-ms", "1",
+        "--codel-target-ms", "0"], hang_ms=30)
+    with srv:
+        import grpc
+        running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
+        check(running.first.wait(30), "the long request started")
+        t_end = time.time() + 30
+        while running.tokens < 12 and time.time() < t_end:
+            time.sleep(0.02)  # the step model needs a few steps
+        r = expect_rejection(srv, gen_bytes(n=4, request_id="ttft-1"),
+                             "UNAVAILABLE", "shed_first_token",
+                             metadata=(("grpc-timeout", "60S"),))
+        check(r.elapsed < 1.0, "refused at once (%.0f ms)" %
+              (r.elapsed * 1000))
+        check("first token" in (r.md("grpc-message") or ""),
+              "message names the first token: %r" % r.md("grpc-message"))
+        plain = Streamer(srv, gen_bytes(n=4))
+        plain.join()
+        check_eq(plain.code, grpc.StatusCode.OK, "the call without a "
+                 "deadline ran")
+        running.cancel()
+        running.join()
+        wait_engine_idle(srv, 30)
+        log("ok: a first token predicted past the bound refused in %.1f ms"
+            % (r.elapsed * 1000))
+
 
 def case_retry():
     """A grpcio channel whose service config retries UNAVAILABLE and
