@@ -779,6 +779,18 @@ int64_t cinfer_engine_refusal_retry_ns(void) { return tl_refusal_retry_ns; }
 
 cinfer_engine_refusal cinfer_engine_refusal_kind(void) { return tl_refusal_kind; }
 
+/* (mu held, released here) A submit refused for load: frees the request
+ * and records the refusal for cinfer_engine_refusal_*; the caller then
+ * returns its error. */
+static void refuse(cinfer_engine *e, eng_request *r, cinfer_engine_refusal kind,
+                   int64_t retry_ns)
+{
+    pthread_mutex_unlock(&e->mu);
+    request_free(r);
+    tl_refusal_kind = kind;
+    tl_refusal_retry_ns = retry_ns;
+}
+
 /* (mu, pred_ready) When the first token of a prompt of n_prompt tokens
  * would come, in ns from now, for a request whose turn for a slot comes
  * after `wait`. Prompts go through in chunks of the rows the running batch
@@ -865,11 +877,8 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
          * with the output it has (max_tokens may be a loose bound). */
         const int64_t wait = start > r->submit_ns ? start - r->submit_ns : 0;
         if (start > r->submit_ns && done > r->deadline_ns) {
-            pthread_mutex_unlock(&e->mu);
-            tl_refusal_kind = CINFER_ENGINE_REFUSAL_DEADLINE;
-            tl_refusal_retry_ns = wait;
             double late_ms = (double)(done - r->deadline_ns) / 1e6;
-            request_free(r);
+            refuse(e, r, CINFER_ENGINE_REFUSAL_DEADLINE, wait);
             return cinfer_set_error(
                 CINFER_E_TIMEOUT,
                 "engine: the request would finish about %.0f ms after its "
@@ -878,17 +887,13 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
         }
         /* A latency-bound request is not left standing in a queue. */
         if (e->max_queue_wait_ns && wait > e->max_queue_wait_ns) {
-            pthread_mutex_unlock(&e->mu);
-            tl_refusal_kind = CINFER_ENGINE_REFUSAL_QUEUE_WAIT;
-            tl_refusal_retry_ns = wait;
-            double wait_ms = (double)wait / 1e6;
             double max_ms = (double)e->max_queue_wait_ns / 1e6;
-            request_free(r);
+            refuse(e, r, CINFER_ENGINE_REFUSAL_QUEUE_WAIT, wait);
             return cinfer_set_error(CINFER_E_UNAVAILABLE,
                                     "engine: overloaded: the request would "
                                     "wait about %.0f ms for its turn (at "
                                     "most %.0f)",
-                                    wait_ms, max_ms);
+                                    (double)wait / 1e6, max_ms);
         }
         /* Nor is one admitted whose first token would come past the
          * bound, behind the prompts queued ahead and beside the running
@@ -900,17 +905,13 @@ cinfer_status cinfer_engine_submit(cinfer_engine *e,
             int64_t ttft = first_token_ns(e, r->n_prompt, wait, &idle);
             int64_t bound = idle > e->max_ttft_ns ? idle : e->max_ttft_ns;
             if (ttft > bound) {
-                pthread_mutex_unlock(&e->mu);
-                tl_refusal_kind = CINFER_ENGINE_REFUSAL_FIRST_TOKEN;
-                tl_refusal_retry_ns = ttft - bound;
-                double ttft_ms = (double)ttft / 1e6;
                 double max_ms = (double)e->max_ttft_ns / 1e6;
-                request_free(r);
+                refuse(e, r, CINFER_ENGINE_REFUSAL_FIRST_TOKEN, ttft - bound);
                 return cinfer_set_error(CINFER_E_UNAVAILABLE,
                                         "engine: overloaded: the request's "
                                         "first token would come in about "
                                         "%.0f ms (at most %.0f)",
-                                        ttft_ms, max_ms);
+                                        (double)ttft / 1e6, max_ms);
             }
         }
     }

@@ -875,8 +875,7 @@ static cinfer_status read_file(cinfer_gguf *g, int fd, size_t size,
     uint8_t *buf = (uint8_t *)(((uintptr_t)raw + H - 1) / H * H);
     if (buf > raw)
         munmap(raw, (size_t)(buf - raw));
-    if (raw + H > buf)
-        munmap(buf + len, (size_t)(raw + H - buf));
+    munmap(buf + len, (size_t)(raw + H - buf)); /* at least one page */
 #ifdef MADV_HUGEPAGE
     (void)madvise(buf, len, MADV_HUGEPAGE);
 #endif

@@ -1315,6 +1315,17 @@ def gen_bytes(prompt="hello", n=4, request_id="", ignore_eos=False, **kw):
 GENERATE = "/cinfer.v1.Inference/Generate"
 
 
+def timed_stream(srv):
+    """A 200-token stream, returned once it has 12 tokens: the engine's
+    step-time model needs a few steps before it predicts anything."""
+    running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
+    check(running.first.wait(30), "the long request started")
+    t_end = time.time() + 30
+    while running.tokens < 12 and time.time() < t_end:
+        time.sleep(0.02)
+    return running
+
+
 def expect_rejection(srv, req, code, reason, pushback=(0, 30000),
                      quota=None, metadata=(), what=""):
     """Sends req over raw HTTP/2 and checks a Trailers-Only rejection:
@@ -1612,11 +1623,7 @@ def case_rejections():
         "--codel-target-ms", "0"], hang_ms=30)
     with srv:
         import grpc
-        running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
-        check(running.first.wait(30), "the long request started")
-        t_end = time.time() + 30
-        while running.tokens < 12 and time.time() < t_end:
-            time.sleep(0.02)  # the step model needs a few steps
+        running = timed_stream(srv)
         r = expect_rejection(srv, gen_bytes(n=4, request_id="qwait-1"),
                              "UNAVAILABLE", "shed_queue_full",
                              metadata=(("grpc-timeout", "60S"),))
@@ -1644,11 +1651,7 @@ def case_rejections():
         "--codel-target-ms", "0"], hang_ms=30)
     with srv:
         import grpc
-        running = Streamer(srv, gen_bytes(n=200, ignore_eos=True))
-        check(running.first.wait(30), "the long request started")
-        t_end = time.time() + 30
-        while running.tokens < 12 and time.time() < t_end:
-            time.sleep(0.02)  # the step model needs a few steps
+        running = timed_stream(srv)
         r = expect_rejection(srv, gen_bytes(n=4, request_id="ttft-1"),
                              "UNAVAILABLE", "shed_first_token",
                              metadata=(("grpc-timeout", "60S"),))

@@ -264,6 +264,27 @@ static void make_jobs(job *jobs, int n, int max_prompt, int max_gen,
     }
 }
 
+/* Submits with the event lock held, so that rr->id is set before its
+ * first event reaches the callback. */
+static void submit_ok(cinfer_engine *e, const cinfer_request_params *rp,
+                      req_rec *rr)
+{
+    pthread_mutex_lock(&ev_mu);
+    CHECK_OK(cinfer_engine_submit(e, rp, &rr->id));
+    pthread_mutex_unlock(&ev_mu);
+}
+
+/* Waits until rr's first sample has n tokens. */
+static void wait_tokens(const req_rec *rr, int n)
+{
+    for (int got = 0; got < n;) {
+        pthread_mutex_lock(&ev_mu);
+        got = rr->s[0].n_ids;
+        pthread_mutex_unlock(&ev_mu);
+        sched_yield();
+    }
+}
+
 static cinfer_request_params greedy_params(const job *j, req_rec *rr)
 {
     cinfer_request_params rp = cinfer_request_default_params();
@@ -286,9 +307,7 @@ static void run_alone(cinfer_engine *e, const job *jobs, int n, req_rec *recs)
         recs[i].e = e;
         reset_events();
         cinfer_request_params rp = greedy_params(&jobs[i], &recs[i]);
-        pthread_mutex_lock(&ev_mu);
-        CHECK_OK(cinfer_engine_submit(e, &rp, &recs[i].id));
-        pthread_mutex_unlock(&ev_mu);
+        submit_ok(e, &rp, &recs[i]);
         wait_finished(1);
     }
 }
@@ -463,9 +482,7 @@ static void test_sampling_survives_preemption(void)
             rp.sampling.top_p = 0.95f;
             rp.sampling.repetition_penalty = 1.1f;
             rp.sampling.seed = 1000 + (uint64_t)i;
-            pthread_mutex_lock(&ev_mu);
-            CHECK_OK(cinfer_engine_submit(e, &rp, &recs[i].id));
-            pthread_mutex_unlock(&ev_mu);
+            submit_ok(e, &rp, &recs[i]);
         }
         cinfer_engine_pause(e, 0);
         wait_finished(N);
@@ -796,16 +813,9 @@ static void test_refuses_hopeless_deadline(void)
     a.e = b.e = c.e = e;
     reset_events();
     cinfer_request_params rp = greedy_params(&ja, &a);
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &a.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &a);
     /* a holds the only slot; let the step model see 20 steps */
-    for (int n = 0; n < 20;) {
-        pthread_mutex_lock(&ev_mu);
-        n = a.s[0].n_ids;
-        pthread_mutex_unlock(&ev_mu);
-        sched_yield();
-    }
+    wait_tokens(&a, 20);
     cinfer_engine_pause(e, 1);
     /* b would wait for a's 180 remaining steps: refused */
     rp = greedy_params(&jb, &b);
@@ -824,16 +834,12 @@ static void test_refuses_hopeless_deadline(void)
     memset(&d, 0, sizeof d);
     d.e = e;
     rp = greedy_params(&jb, &d);
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &d.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &d);
     e->max_queue_wait_ns = 0;
     /* c has all the time it needs */
     rp = greedy_params(&jb, &c);
     rp.deadline_ns = atomic_load(&clk.t) + (int64_t)1000000000000000;
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &c.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &c);
     cinfer_engine_cancel(e, a.id);
     cinfer_engine_pause(e, 0);
     wait_finished(3);
@@ -877,16 +883,9 @@ static void test_refuses_late_first_token(void)
     a.e = b.e = b2.e = c.e = d.e = e;
     reset_events();
     cinfer_request_params rp = greedy_params(&ja, &a);
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &a.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &a);
     CHECK_EQ_INT(cinfer_engine_refusal_retry_ns(), 0);
-    for (int n = 0; n < 20;) {
-        pthread_mutex_lock(&ev_mu);
-        n = a.s[0].n_ids;
-        pthread_mutex_unlock(&ev_mu);
-        sched_yield();
-    }
+    wait_tokens(&a, 20);
     cinfer_engine_pause(e, 1);
     const int64_t far = (int64_t)1000000000000000;
     e->max_ttft_ns = 1;
@@ -898,17 +897,13 @@ static void test_refuses_late_first_token(void)
     CHECK(cinfer_engine_refusal_retry_ns() > 0);
     /* without a deadline it is not latency-bound: taken */
     rp = greedy_params(&jb, &d);
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &d.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &d);
     CHECK_EQ_INT(cinfer_engine_refusal_retry_ns(), 0);
     /* with a bound the prediction meets, taken */
     e->max_ttft_ns = far;
     rp = greedy_params(&jb, &b2);
     rp.deadline_ns = atomic_load(&clk.t) + far;
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &b2.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &b2);
     cinfer_engine_cancel(e, a.id);
     cinfer_engine_pause(e, 0);
     wait_finished(3);
@@ -925,9 +920,7 @@ static void test_refuses_late_first_token(void)
     e->max_ttft_ns = 1;
     rp = greedy_params(&jb, &c);
     rp.deadline_ns = atomic_load(&clk.t) + far;
-    pthread_mutex_lock(&ev_mu);
-    CHECK_OK(cinfer_engine_submit(e, &rp, &c.id));
-    pthread_mutex_unlock(&ev_mu);
+    submit_ok(e, &rp, &c);
     wait_finished(4);
     CHECK_EQ_INT(c.s[0].fin.finish, CINFER_FINISH_LENGTH);
     e->max_ttft_ns = 0;
@@ -956,9 +949,7 @@ static void test_priority_order(void)
         recs[i].e = e;
         jobs[i].priority = prio[i];
         cinfer_request_params rp = greedy_params(&jobs[i], &recs[i]);
-        pthread_mutex_lock(&ev_mu);
-        CHECK_OK(cinfer_engine_submit(e, &rp, &recs[i].id));
-        pthread_mutex_unlock(&ev_mu);
+        submit_ok(e, &rp, &recs[i]);
     }
     cinfer_engine_stats st;
     cinfer_engine_get_stats(e, &st);
