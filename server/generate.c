@@ -62,10 +62,9 @@
 /* gRPC may notice a deadline this much before our clock reads it. */
 #define DEADLINE_SLACK_NS 5000000
 
-/* Pushback for a request the engine refused for its load: when its turn
- * would have come (at least 1 ms, at most the queue-full pushback). */
-/* Pushback for the engine's refusal on this thread: its own estimate of
- * when a request like it would be taken. */
+/* Pushback for the engine's refusal for load on this thread: its own
+ * estimate of when a request like it would be taken (at least 1 ms, at
+ * most the queue-full pushback). */
 static int64_t engine_retry_ms(void)
 {
     int64_t ms = (cinfer_engine_refusal_retry_ns() + 999999) / 1000000;
