@@ -31,6 +31,8 @@
  */
 #include "gguf.h"
 
+#include "common/huge_pages.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -852,33 +854,17 @@ cinfer_gguf_params cinfer_gguf_default_params(void)
     return p;
 }
 
-#define HUGE_PAGE_BYTES ((size_t)2 << 20)
-
-/* Reads the open file (size bytes) into anonymous memory aligned to huge
- * pages and asks for them (MADV_HUGEPAGE; where the kernel has none, the
- * pages are ordinary ones). */
+/* Reads the open file (size bytes) into anonymous memory in huge pages
+ * (common/huge_pages.h). */
 static cinfer_status read_file(cinfer_gguf *g, int fd, size_t size,
                                const char *path)
 {
-    const size_t H = HUGE_PAGE_BYTES;
-    if (size > SIZE_MAX - 2 * H)
-        return cinfer_set_error(CINFER_E_IO, "gguf: '%s' is too large to read",
-                                path);
-    const size_t len = (size + H - 1) / H * H;
-    uint8_t *raw = mmap(NULL, len + H, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED)
+    size_t len = 0;
+    uint8_t *buf = cinfer_huge_alloc(size, &len);
+    if (!buf)
         return cinfer_set_error(CINFER_E_NOMEM,
                                 "gguf: no memory to read '%s' (%zu bytes): %s",
                                 path, size, strerror(errno));
-    /* keep the aligned part only */
-    uint8_t *buf = (uint8_t *)(((uintptr_t)raw + H - 1) / H * H);
-    if (buf > raw)
-        munmap(raw, (size_t)(buf - raw));
-    munmap(buf + len, (size_t)(raw + H - buf)); /* at least one page */
-#ifdef MADV_HUGEPAGE
-    (void)madvise(buf, len, MADV_HUGEPAGE);
-#endif
     size_t got = 0;
     while (got < size) {
         size_t want = size - got < ((size_t)1 << 30) ? size - got
@@ -888,7 +874,7 @@ static cinfer_status read_file(cinfer_gguf *g, int fd, size_t size,
             continue;
         if (r <= 0) {
             int err = r < 0 ? errno : 0;
-            munmap(buf, len);
+            cinfer_huge_free(buf, len);
             if (r == 0)
                 return cinfer_set_error(CINFER_E_IO,
                                         "gguf: '%s' ended at byte %zu while "

@@ -23,6 +23,8 @@
  */
 #include "model.h"
 
+#include "common/huge_pages.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +208,13 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
                            : 1.0f,
                        lc->p.progress_user);
     }
+
+    /* A weight the backend copied (packed, or on a device) gives the
+     * file's memory under it back at once, so the model is never held
+     * twice; each tensor is loaded once, so nothing reads it again. */
+    cinfer_backend *be = lc->m->be;
+    if (be->ops->weight_borrows && !be->ops->weight_borrows(be, *out))
+        cinfer_pages_release(t->data, t->n_bytes);
     return CINFER_OK;
 }
 

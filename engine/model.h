@@ -94,7 +94,10 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
 void cinfer_model_destroy(cinfer_model *m);
 
 const cinfer_model_info *cinfer_model_get_info(const cinfer_model *m);
-/* Owned by the model. */
+/* Owned by the model. The gguf's metadata stays readable; the data of a
+ * weight that the backend copied (weight_borrows: packed or on a device)
+ * is given back to the system after loading, so read tensor data from a
+ * gguf of one's own. */
 const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m);
 const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m);
 cinfer_backend *cinfer_model_backend(cinfer_model *m);

@@ -116,7 +116,7 @@ struct cinfer_backend_ops {
     /* A read-only tensor holding `data` (host memory laid out as the desc
      * says: whole quantized blocks per row). The CPU backend may use `data`
      * in place (then it must outlive the tensor, as mmapped weights do) or
-     * repack it; a device backend copies it. */
+     * repack it; a device backend copies it. weight_borrows says which. */
     cinfer_status (*tensor_create_weight)(cinfer_backend *be,
                                           const cinfer_tensor_desc *desc,
                                           const void *data,
@@ -130,6 +130,11 @@ struct cinfer_backend_ops {
 
     /* Frees a tensor (NULL is fine). */
     void (*tensor_destroy)(cinfer_backend *be, cinfer_tensor *t);
+
+    /* (optional) 1 if weight t still reads the `data` it was created from
+     * (which must then outlive it); 0 if it holds its own copy, so the
+     * caller may free that memory. NULL slot: always 1. */
+    int (*weight_borrows)(cinfer_backend *be, const cinfer_tensor *t);
 
     /* Copies bytes between host memory and a tensor. Offsets and sizes are
      * in bytes and must lie inside the tensor. */

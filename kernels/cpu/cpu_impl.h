@@ -32,7 +32,19 @@ struct cinfer_tensor {
     size_t nbytes;           /* bytes of the current shape */
     size_t cap_bytes;        /* bytes allocated (the shape at creation) */
     int is_weight;           /* read-only; data borrowed from the caller */
+    int q8_packed;           /* a Q8_0 weight packed (matmul.h) into data */
+    struct cinfer_cpu_slab *slab; /* where a packed weight's data lives */
 };
+
+/* Huge-page memory that packed weights are carved from (cpu_backend.c):
+ * the weights of a model are many tensors of a few hundred KiB, which
+ * would each waste most of a 2 MiB page on their own. */
+typedef struct cinfer_cpu_slab {
+    struct cinfer_cpu_slab *next;
+    uint8_t *base;
+    size_t len, used;
+    int live; /* tensors in it */
+} cinfer_cpu_slab;
 
 /* Inner loops with one implementation per instruction set. Every ISA
  * computes every output with the same float operations in the same order,
@@ -156,6 +168,8 @@ typedef struct {
     cinfer_cpu_buf thread_buf;   /* per-thread floats, thread_stride apart */
     size_t thread_stride;        /* floats */
     cinfer_cpu_buf bounds_buf;   /* per-thread work boundaries */
+
+    cinfer_cpu_slab *slabs;      /* newest first; the first takes new weights */
 } cinfer_cpu_backend;
 
 /* Makes thread_buf hold n_floats per thread. */
@@ -164,10 +178,8 @@ cinfer_status cinfer_cpu_thread_scratch(cinfer_cpu_backend *cb,
 
 /* ---- ops (ops.c): arguments already checked ------------------------- */
 
-void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, cinfer_dtype dt,
-                         const uint8_t *table, size_t row_bytes,
-                         const int32_t *tokens, int64_t n, int64_t d,
-                         float *out);
+void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, const cinfer_tensor *table,
+                         const int32_t *tokens, int64_t n, float *out);
 void cinfer_cpu_op_rms_norm(cinfer_cpu_backend *cb, const float *x,
                             const float *w, float eps, float *out, int64_t n,
                             int64_t d);

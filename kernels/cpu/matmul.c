@@ -328,3 +328,59 @@ void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
         }
     }
 }
+
+/* ---------------------------------------------------------------------- */
+/* packed Q8_0 (matmul.h)                                                 */
+/* ---------------------------------------------------------------------- */
+
+void cinfer_cpu_q8p_pack(const void *w, int64_t n_out, int64_t n_in, void *dst)
+{
+    const int64_t nb = n_in / CINFER_QK, n_full = n_out / 8 * 8;
+    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
+    const size_t gq = (size_t)nb * 256, gs = (size_t)nb * 16;
+    uint8_t *quants = dst;
+    uint8_t *scales = quants + (size_t)(n_full / 8) * gq;
+    for (int64_t row = 0; row < n_full; row++) {
+        const cinfer_block_q8_0 *src =
+            (const cinfer_block_q8_0 *)((const uint8_t *)w + (size_t)row * rb);
+        uint8_t *q = quants + (size_t)(row / 8) * gq + 32 * (row % 8);
+        uint8_t *s = scales + (size_t)(row / 8) * gs + 2 * (row % 8);
+        for (int64_t b = 0; b < nb; b++) {
+            for (int j = 0; j < CINFER_QK; j += 8) {
+                uint64_t v;
+                memcpy(&v, src[b].qs + j, 8);
+                v ^= 0x8080808080808080ull;
+                memcpy(q + (size_t)b * 256 + j, &v, 8);
+            }
+            memcpy(s + (size_t)b * 16, &src[b].d, 2);
+        }
+    }
+    memcpy(scales + (size_t)(n_full / 8) * gs,
+           (const uint8_t *)w + (size_t)n_full * rb,
+           (size_t)(n_out - n_full) * rb);
+}
+
+void cinfer_cpu_q8p_row(const void *p, int64_t n_out, int64_t n_in,
+                        int64_t row, int64_t b0, int64_t b1, void *dst)
+{
+    const int64_t nb = n_in / CINFER_QK, n_full = n_out / 8 * 8;
+    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
+    const size_t gq = (size_t)nb * 256, gs = (size_t)nb * 16;
+    const uint8_t *quants = p;
+    const uint8_t *scales = quants + (size_t)(n_full / 8) * gq;
+    if (row >= n_full) {
+        memcpy(dst,
+               scales + (size_t)(n_full / 8) * gs + (size_t)(row - n_full) * rb +
+                   (size_t)b0 * sizeof(cinfer_block_q8_0),
+               (size_t)(b1 - b0) * sizeof(cinfer_block_q8_0));
+        return;
+    }
+    cinfer_block_q8_0 *out = dst;
+    const uint8_t *q = quants + (size_t)(row / 8) * gq + 32 * (row % 8);
+    const uint8_t *s = scales + (size_t)(row / 8) * gs + 2 * (row % 8);
+    for (int64_t b = b0; b < b1; b++) {
+        for (int j = 0; j < CINFER_QK; j++)
+            out[b - b0].qs[j] = (int8_t)(q[(size_t)b * 256 + j] ^ 0x80u);
+        memcpy(&out[b - b0].d, s + (size_t)b * 16, 2);
+    }
+}

@@ -419,6 +419,69 @@ static ALWAYS_INLINE void tile_q8(const tile *t, const int R, const int G)
         }
 }
 
+/* Q8_0 weights in the packed layout (matmul.h): a group of 8 columns per
+ * tile, its quants one stream of 64-byte aligned column pairs, already
+ * flipped to unsigned, and its 8 scales one 16-byte load per block. The
+ * arithmetic is tile_q8's, lane for lane. t->w[0]: the group's quants;
+ * t->w[1]: its scales. */
+static ALWAYS_INLINE void tile_q8p(const tile *t, const int R)
+{
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    const __m512i zero = _mm512_setzero_si512();
+    const uint8_t *q = t->w[0], *sc = t->w[1];
+
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+            acc[r][g] = _mm512_setzero_ps();
+
+#pragma GCC unroll 2
+    for (int64_t b = 0; b < t->nb; b++) {
+        prefetch_next(t, b);
+        const uint8_t *qb = q + (size_t)b * 256;
+        __m512i wv[4];
+        __m512 dvec[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+            wv[g] = _mm512_load_si512((const void *)(qb + 64 * g));
+        __m256 df = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + (size_t)b * 16)));
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const __m512i idx = _mm512_set_epi32(
+                2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                2 * g + 1, 2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
+                2 * g, 2 * g);
+            dvec[g] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(df));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *ab = t->a[r] + (size_t)b * sizeof(cinfer_block_q8_0);
+            __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ab + 2)));
+            __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, a));
+            __m512 da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld16(ab))));
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i p = _mm512_dpbusd_epi32(corr, wv[g], a);
+                __m512 dd = _mm512_mul_ps(dvec[g], da);
+                acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r][g]);
+            }
+        }
+    }
+
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512 v = acc[r][g];
+            __m512 t4 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+            __m512 h = hsum4_lanes(t4);
+            __m128 s = _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0101, h));
+            store_cols(t, r, 2 * g, s, 2);
+        }
+}
+
 /* F32 / F16 weights (and activations of the same type): R rows x C
  * columns, one 16-lane accumulator per element. */
 static ALWAYS_INLINE __m512 load_f(const uint8_t *p, int64_t i, const int f16)
@@ -565,6 +628,8 @@ static int tile_cols(kind k, int rows)
 TILE_FNS(q41, Q41_CALL)
 TILE_FNS(q40, Q40_CALL)
 TILE_FNS(q8, Q8_CALL)
+#define Q8P_CALL(R) tile_q8p(t, R)
+TILE_FNS(q8p, Q8P_CALL)
 TILE_FNS(f32, F32_CALL)
 TILE_FNS(f16, F16_CALL)
 TILE_FNS(bf16, BF16_CALL)
@@ -634,6 +699,60 @@ void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
                 k_tile_fns[k][rows - 1](&t);
             }
         }
+    }
+}
+
+void cinfer_cpu_matmul_compute_q8p_avx512(const void *w, int64_t n_out,
+                                          const void *act, int64_t n,
+                                          int64_t n_in, float *out,
+                                          int64_t out_stride, int64_t o0,
+                                          int64_t o1)
+{
+    static const tile_fn fns[4] = {q8p_r1, q8p_r2, q8p_r3, q8p_r4};
+    const int64_t nb = n_in / CINFER_QK;
+    const int64_t n_full = n_out / 8 * 8;
+    const size_t arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
+    const size_t gq = (size_t)nb * 256, gs = (size_t)nb * 16;
+    const uint8_t *quants = (const uint8_t *)w;
+    const uint8_t *scales = quants + (size_t)(n_full / 8) * gq;
+    const uint8_t *ab = (const uint8_t *)act;
+    const int64_t e = o1 < n_full ? o1 : n_full;
+
+    /* Column blocks only pay when several row tiles reuse them. */
+    const int64_t cblk = n > 4 ? col_block(gq / 8 + gs / 8) : e - o0;
+    for (int64_t cb = o0; cb < e; cb += cblk) {
+        const int64_t ce = cb + cblk < e ? cb + cblk : e;
+        for (int64_t r = 0; r < n; r += 4) {
+            const int rows = n - r >= 4 ? 4 : (int)(n - r);
+            tile t;
+            t.nb = nb;
+            for (int i = 0; i < 4; i++) {
+                int64_t rr = r + (i < rows ? i : rows - 1);
+                t.a[i] = ab + (size_t)rr * arb;
+            }
+            for (int64_t c = cb; c < ce; c += 8) {
+                t.nc = 8;
+                t.w[0] = quants + (size_t)(c / 8) * gq;
+                t.w[1] = scales + (size_t)(c / 8) * gs;
+                t.pf = t.w[0] + gq;
+                const int more = c + 8 < ce;
+                t.pf_step = more ? (gq / (size_t)(nb > 0 ? nb : 1) + 63) / 64 * 64 : 0;
+                t.pf_lines = (int)(t.pf_step / 64);
+                for (int i = 0; i < 4; i++) {
+                    int64_t rr = r + (i < rows ? i : rows - 1);
+                    t.o[i] = out + rr * out_stride + c;
+                }
+                fns[rows - 1](&t);
+            }
+        }
+    }
+    /* The rows past the last whole group keep the Q8_0 layout. */
+    if (o1 > n_full) {
+        const int64_t t0 = o0 > n_full ? o0 : n_full;
+        cinfer_cpu_matmul_compute_avx512(CINFER_DTYPE_Q8_0,
+                                         scales + (size_t)(n_full / 8) * gs, arb,
+                                         act, n, n_in, out + n_full, out_stride,
+                                         t0 - n_full, o1 - n_full);
     }
 }
 

@@ -32,6 +32,7 @@
 
 #include "cpu_impl.h"
 #include "matmul.h"
+#include "matmul_impl.h"
 
 /* Below this many elements (or multiply-adds) an op runs on the caller. */
 #define INLINE_WORK 16384
@@ -60,6 +61,8 @@ typedef struct {
     cinfer_dtype dt;
     const uint8_t *table;
     size_t row_bytes;
+    int64_t vocab;
+    int q8_packed;
     const int32_t *tokens;
     int64_t d;
     float *out;
@@ -68,17 +71,39 @@ typedef struct {
 static void embed_rows(void *p, int64_t r0, int64_t r1, int thread)
 {
     const embed_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++)
-        cinfer_dequantize_row(c->dt, c->table + (size_t)c->tokens[r] * c->row_bytes,
-                              c->out + r * c->d, c->d);
+    for (int64_t r = r0; r < r1; r++) {
+        if (!c->q8_packed) {
+            cinfer_dequantize_row(c->dt,
+                                  c->table + (size_t)c->tokens[r] * c->row_bytes,
+                                  c->out + r * c->d, c->d);
+            continue;
+        }
+        /* A packed Q8_0 table (matmul.h): unpack the row a run of blocks
+         * at a time. */
+        cinfer_block_q8_0 blk[16];
+        const int64_t nb = c->d / CINFER_QK;
+        for (int64_t b = 0; b < nb; b += 16) {
+            int64_t e = b + 16 < nb ? b + 16 : nb;
+            cinfer_cpu_q8p_row(c->table, c->vocab, c->d, c->tokens[r], b, e, blk);
+            cinfer_dequantize_row(CINFER_DTYPE_Q8_0, blk,
+                                  c->out + r * c->d + b * CINFER_QK,
+                                  (e - b) * CINFER_QK);
+        }
+    }
 }
 
-void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, cinfer_dtype dt,
-                         const uint8_t *table, size_t row_bytes,
-                         const int32_t *tokens, int64_t n, int64_t d,
-                         float *out)
+void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, const cinfer_tensor *table,
+                         const int32_t *tokens, int64_t n, float *out)
 {
-    embed_ctx c = {dt, table, row_bytes, tokens, d, out};
+    const int64_t d = table->desc.shape[1];
+    embed_ctx c = {table->desc.dtype,
+                   table->data,
+                   cinfer_dtype_row_bytes(table->desc.dtype, d),
+                   table->desc.shape[0],
+                   table->q8_packed,
+                   tokens,
+                   d,
+                   out};
     run(cb, n, n * d, embed_rows, &c);
 }
 
@@ -724,6 +749,7 @@ typedef struct {
     const void *w_act[4];        /* per weight: its prepared activations */
     cinfer_dtype wt[4];
     const void *w_data[4];
+    int w_packed[4];             /* Q8_0 packed (matmul.h) */
     size_t w_row_bytes[4];
     float *out[4];
     int64_t n_out[4];
@@ -750,6 +776,14 @@ static void mm_compute(void *p, int64_t u0, int64_t u1, int thread)
         int64_t o1 = (b - c->unit0[i]) * MM_UNIT;
         if (o1 > c->n_out[i])
             o1 = c->n_out[i];
+#ifdef CINFER_MATMUL_HAVE_AVX512
+        if (c->w_packed[i]) {
+            cinfer_cpu_matmul_compute_q8p_avx512(c->w_data[i], c->n_out[i],
+                                                 c->w_act[i], c->n, c->n_in,
+                                                 c->out[i], c->n_out[i], o0, o1);
+            continue;
+        }
+#endif
         cinfer_cpu_matmul_compute(c->cb->isa, c->wt[i], c->w_data[i],
                                   c->w_row_bytes[i], c->w_act[i], c->n,
                                   c->n_in, c->out[i], c->n_out[i], o0, o1);
@@ -806,6 +840,7 @@ cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
                                     (long long)c.n_in, cinfer_dtype_name(at));
         c.wt[i] = wt;
         c.w_data[i] = w[i]->data;
+        c.w_packed[i] = w[i]->q8_packed;
         c.w_row_bytes[i] = cinfer_dtype_row_bytes(wt, c.n_in);
         c.out[i] = out[i]->data;
         c.n_out[i] = w[i]->desc.shape[0];

@@ -446,6 +446,77 @@ static void test_embed(void)
     }
 }
 
+/* Q8_0 matrices are packed into the backend's own memory on the AVX-512
+ * path (weight_borrows 0): they read back as the bytes they were created
+ * from, and keep working after the caller's copy is overwritten. Other
+ * weights are used in place (weight_borrows 1). */
+static void test_weight_copies(void)
+{
+    const int64_t rows = 37, d = 800;
+    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, d);
+    const size_t nbytes = rb * (size_t)rows;
+    uint64_t seed = 5;
+    float *src = randv(rows * d, &seed, 2.0f);
+    uint8_t *table = malloc(nbytes), *copy = malloc(nbytes), *back = malloc(nbytes);
+    CINFER_ASSERT(table && copy && back);
+    for (int64_t v = 0; v < rows; v++)
+        cinfer_quantize_row(CINFER_DTYPE_Q8_0, src + v * d, table + v * rb, d);
+    memcpy(copy, table, nbytes);
+    for (int ci = 0; ci < g_n_configs; ci++) {
+        config c = g_configs[ci];
+        cinfer_backend *be = make_backend(c);
+        cinfer_tensor *tt = wnew(be, CINFER_DTYPE_Q8_0, 2, rows, d, table);
+        cinfer_tensor *tf = wnew(be, CINFER_DTYPE_F32, 2, 2, 16, src);
+        int packed = c.isa == CINFER_CPU_ISA_AVX512;
+        CHECK(be->ops->weight_borrows != NULL);
+        CHECK_EQ_INT(be->ops->weight_borrows(be, tt), !packed);
+        CHECK_EQ_INT(be->ops->weight_borrows(be, tf), 1);
+        if (packed)
+            memset(table, 0xEE, nbytes); /* the caller frees its copy */
+
+        memset(back, 0, nbytes);
+        get(be, tt, back);
+        CHECK(memcmp(back, copy, nbytes) == 0);
+        /* a range across rows and blocks, starting inside a block */
+        size_t off = rb * 7 + 5, len = rb * 9 + 61;
+        memset(back, 0, nbytes);
+        CHECK_OK(be->ops->download(be, tt, off, back, len));
+        CHECK(memcmp(back, copy + off, len) == 0);
+
+        /* embed reads the packed rows (groups of 8 and the tail) */
+        step_buf sb;
+        step_init(&sb, 1, 16);
+        sb.tables[0] = 0;
+        static const int toks[] = {36, 0, 9, 31, 32};
+        for (int r = 0; r < 5; r++)
+            step_row(&sb, 0, r, toks[r]);
+        CHECK_OK(be->ops->set_step(be, &sb.s));
+        cinfer_tensor *out = tnew(be, CINFER_DTYPE_F32, 2, 5, d, 0, 0);
+        CHECK_OK(be->ops->embed(be, tt, out));
+        float *got = malloc(sizeof(float) * 5 * (size_t)d);
+        float *want = malloc(sizeof(float) * (size_t)d);
+        get(be, out, got);
+        int bad = 0;
+        for (int r = 0; r < 5; r++) {
+            cinfer_dequantize_row(CINFER_DTYPE_Q8_0, copy + (size_t)toks[r] * rb,
+                                  want, d);
+            bad += memcmp(got + (size_t)r * d, want, sizeof(float) * (size_t)d) != 0;
+        }
+        CHECK_EQ_INT(bad, 0);
+        free(got);
+        free(want);
+        be->ops->tensor_destroy(be, out);
+        be->ops->tensor_destroy(be, tf);
+        be->ops->tensor_destroy(be, tt);
+        cinfer_backend_destroy(be);
+        memcpy(table, copy, nbytes);
+    }
+    free(back);
+    free(copy);
+    free(table);
+    free(src);
+}
+
 /* ---------------------------------------------------------------------- */
 /* rms_norm, add, add_bias, silu_mul, gather_rows                          */
 /* ---------------------------------------------------------------------- */
@@ -1729,6 +1800,7 @@ int main(void)
     RUN(test_create);
     RUN(test_tensors);
     RUN(test_embed);
+    RUN(test_weight_copies);
     RUN(test_rowwise);
     RUN(test_rowwise_large);
     RUN(test_silu_range);

@@ -258,7 +258,13 @@ static void check_against_reference(const shape *s, double rel_bound)
     float *got = malloc(sizeof(float) * (size_t)N * I->n_vocab);
     CHECK_OK(cinfer_model_eval_single(m, toks, N, 0, 1, got));
 
-    ref_model r = {cinfer_model_gguf(m), I->n_layer, I->n_embd, I->n_head,
+    /* The reference reads the weights from a gguf of its own: the model
+     * gives back the file's memory under weights its backend packed. */
+    cinfer_gguf_params gp = cinfer_gguf_default_params();
+    gp.path = path;
+    cinfer_gguf *g = NULL;
+    CHECK_OK(cinfer_gguf_create(&gp, &g));
+    ref_model r = {g, I->n_layer, I->n_embd, I->n_head,
                    I->n_head_kv, I->head_dim, I->n_ff, I->n_vocab,
                    I->rope_theta, I->norm_eps,
                    strcmp(I->arch, "qwen2") == 0};
@@ -301,6 +307,7 @@ static void check_against_reference(const shape *s, double rel_bound)
     free(step);
     free(want);
     free(got);
+    cinfer_gguf_destroy(g);
     cinfer_model_destroy(m);
     remove(path);
 }
