@@ -15,8 +15,14 @@
  * so activation buffers sized for the largest step serve every step.
  *
  * Tensors are 64-byte aligned heap buffers. Weight tensors borrow the
- * caller's memory (the mmapped GGUF file) in place: it must outlive the
- * tensor, and it is never written.
+ * caller's memory (the GGUF file's) in place: it must outlive the tensor,
+ * and it is never written. One exception, a departure from DESIGN.md's
+ * "computed from in place": on the AVX-512 path Q8_0 matrices are packed
+ * into huge-page slabs of the backend's own (matmul.h's layout), since
+ * the file's 34-byte blocks, eight rows side by side, held decode at one
+ * thread to about 14 GB/s and the packed stream reaches about 23
+ * (bench/results/cpu-vs-llamacpp-2026-11-30-r2.md). weight_borrows says
+ * which, and the model gives the file's memory under a packed weight back.
  */
 #include <math.h>
 #include <stdio.h>
