@@ -347,12 +347,66 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
         }
 }
 
+/* Q8_0 helpers shared by tile_q8 and tile_q8p. */
+
+/* dvec[g]: column 2g's scale in lanes 0..7, column 2g + 1's in 8..15,
+ * from the block's scales df[0..2G). */
+static ALWAYS_INLINE void q8_scales(__m256 df, const int G, __m512 *dvec)
+{
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        const __m512i idx = _mm512_set_epi32(
+            2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+            2 * g + 1, 2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
+            2 * g, 2 * g);
+        dvec[g] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(df));
+    }
+}
+
+/* Block b of every row against the column pairs' unsigned quants wv[g]
+ * (w ^ 0x80) and scales dvec[g]. */
+static ALWAYS_INLINE void q8_rows(const tile *t, const int R, const int G,
+                                  int64_t b, const __m512i *wv,
+                                  const __m512 *dvec, __m512 acc[4][4])
+{
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    const __m512i zero = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const uint8_t *ab = t->a[r] + (size_t)b * sizeof(cinfer_block_q8_0);
+        __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ab + 2)));
+        __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, a));
+        __m512 da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld16(ab))));
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            __m512i p = _mm512_dpbusd_epi32(corr, wv[g], a);
+            __m512 dd = _mm512_mul_ps(dvec[g], da);
+            acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r][g]);
+        }
+    }
+}
+
+static ALWAYS_INLINE void q8_store(const tile *t, const int R, const int G,
+                                   __m512 acc[4][4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            /* l_i + l_{i+4} within each column's 256 bits */
+            __m512 v = acc[r][g];
+            __m512 t4 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+            __m512 h = hsum4_lanes(t4);
+            __m128 s = _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0101, h));
+            store_cols(t, r, 2 * g, s, 2);
+        }
+}
+
 /* Q8_0 weights: R rows x 2G columns, a column pair per register. */
 static ALWAYS_INLINE void tile_q8(const tile *t, const int R, const int G)
 {
     const size_t bs = sizeof(cinfer_block_q8_0);
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    const __m512i zero = _mm512_setzero_si512();
 
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -382,41 +436,10 @@ static ALWAYS_INLINE void tile_q8(const tile *t, const int R, const int G)
 #pragma GCC unroll 4
         for (int g = 2 * G; g < 8; g++)
             dh[g] = 0;
-        __m256 df = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            const __m512i idx = _mm512_set_epi32(
-                2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                2 * g + 1, 2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
-                2 * g, 2 * g);
-            dvec[g] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(df));
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *ab = t->a[r] + off;
-            __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ab + 2)));
-            __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, a));
-            __m512 da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld16(ab))));
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) {
-                __m512i p = _mm512_dpbusd_epi32(corr, wv[g], a);
-                __m512 dd = _mm512_mul_ps(dvec[g], da);
-                acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r][g]);
-            }
-        }
+        q8_scales(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)), G, dvec);
+        q8_rows(t, R, G, b, wv, dvec, acc);
     }
-
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            /* l_i + l_{i+4} within each column's 256 bits */
-            __m512 v = acc[r][g];
-            __m512 t4 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-            __m512 h = hsum4_lanes(t4);
-            __m128 s = _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0101, h));
-            store_cols(t, r, 2 * g, s, 2);
-        }
+    q8_store(t, R, G, acc);
 }
 
 /* Q8_0 weights in the packed layout (matmul.h): a group of 8 columns per
@@ -426,8 +449,6 @@ static ALWAYS_INLINE void tile_q8(const tile *t, const int R, const int G)
  * t->w[1]: its scales. */
 static ALWAYS_INLINE void tile_q8p(const tile *t, const int R)
 {
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    const __m512i zero = _mm512_setzero_si512();
     const uint8_t *q = t->w[0], *sc = t->w[1];
 
     __m512 acc[4][4];
@@ -446,40 +467,11 @@ static ALWAYS_INLINE void tile_q8p(const tile *t, const int R)
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++)
             wv[g] = _mm512_load_si512((const void *)(qb + 64 * g));
-        __m256 df = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + (size_t)b * 16)));
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m512i idx = _mm512_set_epi32(
-                2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                2 * g + 1, 2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
-                2 * g, 2 * g);
-            dvec[g] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(df));
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *ab = t->a[r] + (size_t)b * sizeof(cinfer_block_q8_0);
-            __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(ab + 2)));
-            __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, a));
-            __m512 da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(ld16(ab))));
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                __m512i p = _mm512_dpbusd_epi32(corr, wv[g], a);
-                __m512 dd = _mm512_mul_ps(dvec[g], da);
-                acc[r][g] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[r][g]);
-            }
-        }
+        q8_scales(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(sc + (size_t)b * 16))),
+                  4, dvec);
+        q8_rows(t, R, 4, b, wv, dvec, acc);
     }
-
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            __m512 v = acc[r][g];
-            __m512 t4 = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-            __m512 h = hsum4_lanes(t4);
-            __m128 s = _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0101, h));
-            store_cols(t, r, 2 * g, s, 2);
-        }
+    q8_store(t, R, 4, acc);
 }
 
 /* F32 / F16 weights (and activations of the same type): R rows x C

@@ -390,6 +390,26 @@ static double ref_elem(cinfer_dtype t, const uint8_t *row, int64_t i)
     }
 }
 
+/* Embeds toks[0..n) (one sequence) into a new [n, d] tensor *out; returns
+ * its contents (malloc'd). sb keeps the step for the caller. */
+static float *embed_tokens(cinfer_backend *be, const cinfer_tensor *table,
+                           step_buf *sb, const int *toks, int n,
+                           cinfer_tensor **out)
+{
+    int64_t d = cinfer_tensor_get_desc(table)->shape[1];
+    step_init(sb, 1, 16);
+    sb->tables[0] = 0;
+    for (int r = 0; r < n; r++)
+        step_row(sb, 0, r, toks[r]);
+    CHECK_OK(be->ops->set_step(be, &sb->s));
+    *out = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
+    CHECK_OK(be->ops->embed(be, table, *out));
+    float *got = malloc(sizeof(float) * (size_t)n * (size_t)d);
+    CINFER_ASSERT(got != NULL);
+    get(be, *out, got);
+    return got;
+}
+
 static void test_embed(void)
 {
     static const cinfer_dtype types[] = {CINFER_DTYPE_F32,  CINFER_DTYPE_F16,
@@ -411,17 +431,10 @@ static void test_embed(void)
             cinfer_tensor *tt = wnew(be, dt, 2, vocab, d, table);
 
             step_buf sb;
-            step_init(&sb, 1, 16);
-            sb.tables[0] = 0;
             static const int toks[] = {36, 0, 5, 5, 17, 1, 36, 2, 30};
-            for (int r = 0; r < 9; r++)
-                step_row(&sb, 0, r, toks[r]);
-            CHECK_OK(be->ops->set_step(be, &sb.s));
-            cinfer_tensor *out = tnew(be, CINFER_DTYPE_F32, 2, 9, d, 0, 0);
-            CHECK_OK(be->ops->embed(be, tt, out));
-            float *got = malloc(sizeof(float) * 9 * (size_t)d);
+            cinfer_tensor *out = NULL;
+            float *got = embed_tokens(be, tt, &sb, toks, 9, &out);
             double *want = malloc(sizeof(double) * 9 * (size_t)d);
-            get(be, out, got);
             for (int r = 0; r < 9; r++)
                 for (int64_t i = 0; i < d; i++)
                     want[r * d + i] = ref_elem(dt, table + toks[r] * rb, i);
@@ -485,17 +498,10 @@ static void test_weight_copies(void)
 
         /* embed reads the packed rows (groups of 8 and the tail) */
         step_buf sb;
-        step_init(&sb, 1, 16);
-        sb.tables[0] = 0;
         static const int toks[] = {36, 0, 9, 31, 32};
-        for (int r = 0; r < 5; r++)
-            step_row(&sb, 0, r, toks[r]);
-        CHECK_OK(be->ops->set_step(be, &sb.s));
-        cinfer_tensor *out = tnew(be, CINFER_DTYPE_F32, 2, 5, d, 0, 0);
-        CHECK_OK(be->ops->embed(be, tt, out));
-        float *got = malloc(sizeof(float) * 5 * (size_t)d);
+        cinfer_tensor *out = NULL;
+        float *got = embed_tokens(be, tt, &sb, toks, 5, &out);
         float *want = malloc(sizeof(float) * (size_t)d);
-        get(be, out, got);
         int bad = 0;
         for (int r = 0; r < 5; r++) {
             cinfer_dequantize_row(CINFER_DTYPE_Q8_0, copy + (size_t)toks[r] * rb,
