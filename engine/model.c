@@ -193,28 +193,32 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
     if (st != CINFER_OK)
         return st;
 
-    /* Fault the pages in now, so the first request does not pay for the
-     * disk reads and the progress bar shows the real load. */
+    /* A weight the backend copied (packed, or on a device) gives the
+     * file's memory under it back at once, so the model is never held
+     * twice; each tensor is loaded once, so nothing reads it again. */
+    cinfer_backend *be = lc->m->be;
+    int borrowed = !be->ops->weight_borrows || be->ops->weight_borrows(be, *out);
+    if (!borrowed)
+        cinfer_pages_release(t->data, t->n_bytes);
+
+    /* Fault a mapped file's pages in now, so the first request does not
+     * pay for the disk reads and the progress bar shows the real load (a
+     * file read into memory, or a copied weight, is resident already). */
     if (lc->p.progress) {
-        const volatile uint8_t *b = t->data;
-        size_t page = 4096;
-        uint8_t acc = 0;
-        for (size_t off = 0; off < t->n_bytes; off += page)
-            acc ^= b[off];
-        (void)acc;
+        if (borrowed && lc->p.use_mmap) {
+            const volatile uint8_t *b = t->data;
+            size_t page = 4096;
+            uint8_t acc = 0;
+            for (size_t off = 0; off < t->n_bytes; off += page)
+                acc ^= b[off];
+            (void)acc;
+        }
         lc->bytes_done += t->n_bytes;
         lc->p.progress(lc->bytes_total
                            ? (float)lc->bytes_done / (float)lc->bytes_total
                            : 1.0f,
                        lc->p.progress_user);
     }
-
-    /* A weight the backend copied (packed, or on a device) gives the
-     * file's memory under it back at once, so the model is never held
-     * twice; each tensor is loaded once, so nothing reads it again. */
-    cinfer_backend *be = lc->m->be;
-    if (be->ops->weight_borrows && !be->ops->weight_borrows(be, *out))
-        cinfer_pages_release(t->data, t->n_bytes);
     return CINFER_OK;
 }
 
