@@ -17,12 +17,13 @@
  * Tensors are 64-byte aligned heap buffers. Weight tensors borrow the
  * caller's memory (the GGUF file's) in place: it must outlive the tensor,
  * and it is never written. One exception, a departure from DESIGN.md's
- * "computed from in place": on the AVX-512 path Q8_0 matrices are packed
- * into huge-page slabs of the backend's own (matmul.h's layout), since
- * the file's 34-byte blocks, eight rows side by side, held decode at one
- * thread to about 14 GB/s and the packed stream reaches about 23
- * (bench/results/cpu-vs-llamacpp-2026-11-30-r2.md). weight_borrows says
- * which, and the model gives the file's memory under a packed weight back.
+ * "computed from in place": on the AVX-512 path Q8_0, Q4_0 and Q4_1
+ * matrices are packed into huge-page slabs of the backend's own
+ * (matmul.h's layout), since the file's blocks, 8 or 16 rows read side by
+ * side, held decode at one thread to about 14 GB/s and the packed stream
+ * reaches about 23 (bench/results/cpu-vs-llamacpp-2026-11-30-r2.md).
+ * weight_borrows says which, and the model gives the file's memory under
+ * a packed weight back.
  */
 #include <math.h>
 #include <stdio.h>
@@ -318,7 +319,7 @@ static cinfer_status cpu_tensor_create(cinfer_backend *be,
     t->nbytes = nbytes;
     t->cap_bytes = nbytes;
     t->is_weight = 0;
-    t->q8_packed = 0;
+    t->packed = 0;
     t->slab = NULL;
     *out = t;
     return CINFER_OK;
@@ -391,13 +392,15 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
     t->nbytes = nbytes;
     t->cap_bytes = nbytes;
     t->is_weight = 1;
-    t->q8_packed = 0;
+    t->packed = 0;
     t->slab = NULL;
-    /* Q8_0 matrices for the AVX-512 kernel are packed into the backend's
-     * own memory: decode about a fifth faster at one and two threads
-     * (matmul.h). The caller may then free `data` (weight_borrows). */
-    if (desc->dtype == CINFER_DTYPE_Q8_0 && desc->n_dims == 2 &&
-        desc->shape[0] >= 8 && cpu(be)->isa == CINFER_CPU_ISA_AVX512) {
+    /* Q8_0 / Q4_0 / Q4_1 matrices for the AVX-512 kernels are packed into
+     * the backend's own memory (matmul.h): Q8_0 decode about 1.6 times as
+     * fast at one thread. The caller may then free `data`
+     * (weight_borrows). */
+    const int gr = cinfer_cpu_pack_rows(desc->dtype);
+    if (gr && desc->n_dims == 2 && desc->shape[0] >= gr &&
+        cpu(be)->isa == CINFER_CPU_ISA_AVX512) {
         void *p = slab_alloc(cpu(be), nbytes, &t->slab);
         if (!p) {
             free(t);
@@ -406,9 +409,9 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
                                     "bytes",
                                     nbytes);
         }
-        cinfer_cpu_q8p_pack(data, desc->shape[0], desc->shape[1], p);
+        cinfer_cpu_pack(desc->dtype, data, desc->shape[0], desc->shape[1], p);
         t->data = p;
-        t->q8_packed = 1;
+        t->packed = 1;
     }
     *out = t;
     return CINFER_OK;
@@ -464,7 +467,7 @@ static cinfer_status check_range(const char *op, const cinfer_tensor *t,
 
 static int cpu_weight_borrows(cinfer_backend *be, const cinfer_tensor *t)
 {
-    return t && t->is_weight && !t->q8_packed;
+    return t && t->is_weight && !t->packed;
 }
 
 static cinfer_status cpu_upload(cinfer_backend *be, cinfer_tensor *t,
@@ -483,21 +486,23 @@ static cinfer_status cpu_download(cinfer_backend *be, const cinfer_tensor *t,
     TRY(check_range("download", t, offset, dst, n_bytes));
     if (n_bytes == 0)
         return CINFER_OK;
-    if (!t->q8_packed) {
+    if (!t->packed) {
         memcpy(dst, (const uint8_t *)t->data + offset, n_bytes);
         return CINFER_OK;
     }
-    /* A packed weight reads back as the Q8_0 bytes it was created from. */
+    /* A packed weight reads back as the bytes it was created from. */
+    const cinfer_dtype wt = t->desc.dtype;
     const int64_t n_in = t->desc.shape[1];
-    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
-    const size_t bs = sizeof(cinfer_block_q8_0);
+    const size_t rb = cinfer_dtype_row_bytes(wt, n_in);
+    const size_t bs = cinfer_dtype_row_bytes(wt, CINFER_QK);
     uint8_t *d = dst;
     for (size_t at = offset; at < offset + n_bytes;) {
         const int64_t row = (int64_t)(at / rb);
         const size_t in_row = at % rb;
         const int64_t b = (int64_t)(in_row / bs);
-        cinfer_block_q8_0 blk;
-        cinfer_cpu_q8p_row(t->data, t->desc.shape[0], n_in, row, b, b + 1, &blk);
+        cinfer_block_q8_0 blk; /* the largest packable block */
+        cinfer_cpu_packed_row(wt, t->data, t->desc.shape[0], n_in, row, b, b + 1,
+                              &blk);
         size_t from = in_row - (size_t)b * bs;
         size_t take = bs - from;
         if (take > offset + n_bytes - at)

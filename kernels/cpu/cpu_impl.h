@@ -32,7 +32,7 @@ struct cinfer_tensor {
     size_t nbytes;           /* bytes of the current shape */
     size_t cap_bytes;        /* bytes allocated (the shape at creation) */
     int is_weight;           /* read-only; data borrowed from the caller */
-    int q8_packed;           /* a Q8_0 weight packed (matmul.h) into data */
+    int packed;              /* an int8-block weight packed (matmul.h) */
     struct cinfer_cpu_slab *slab; /* where a packed weight's data lives */
 };
 

@@ -330,57 +330,102 @@ void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
 }
 
 /* ---------------------------------------------------------------------- */
-/* packed Q8_0 (matmul.h)                                                 */
+/* packed int8-block weights (matmul.h)                                   */
 /* ---------------------------------------------------------------------- */
 
-void cinfer_cpu_q8p_pack(const void *w, int64_t n_out, int64_t n_in, void *dst)
+int cinfer_cpu_pack_rows(cinfer_dtype wt)
 {
-    const int64_t nb = n_in / CINFER_QK, n_full = n_out / 8 * 8;
-    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
-    const size_t gq = (size_t)nb * 256, gs = (size_t)nb * 16;
-    uint8_t *quants = dst;
-    uint8_t *scales = quants + (size_t)(n_full / 8) * gq;
-    for (int64_t row = 0; row < n_full; row++) {
-        const cinfer_block_q8_0 *src =
-            (const cinfer_block_q8_0 *)((const uint8_t *)w + (size_t)row * rb);
-        uint8_t *q = quants + (size_t)(row / 8) * gq + 32 * (row % 8);
-        uint8_t *s = scales + (size_t)(row / 8) * gs + 2 * (row % 8);
-        for (int64_t b = 0; b < nb; b++) {
-            for (int j = 0; j < CINFER_QK; j += 8) {
-                uint64_t v;
-                memcpy(&v, src[b].qs + j, 8);
-                v ^= 0x8080808080808080ull;
-                memcpy(q + (size_t)b * 256 + j, &v, 8);
-            }
-            memcpy(s + (size_t)b * 16, &src[b].d, 2);
-        }
+    switch (wt) {
+    case CINFER_DTYPE_Q8_0:
+        return 8;
+    case CINFER_DTYPE_Q4_0:
+    case CINFER_DTYPE_Q4_1:
+        return 16;
+    default:
+        return 0;
     }
-    memcpy(scales + (size_t)(n_full / 8) * gs,
-           (const uint8_t *)w + (size_t)n_full * rb,
-           (size_t)(n_out - n_full) * rb);
 }
 
-void cinfer_cpu_q8p_row(const void *p, int64_t n_out, int64_t n_in,
-                        int64_t row, int64_t b0, int64_t b1, void *dst)
+/* Where a packed matrix's pieces are. */
+typedef struct {
+    int64_t nb, n_full;
+    size_t bb, sb, qb; /* block, scale and quant bytes */
+    size_t gq, gs;     /* a group's quant and scale bytes */
+    int g, flip;
+    size_t rb;
+    const uint8_t *quants, *scales, *tail;
+} pack_geom;
+
+static pack_geom geom(cinfer_dtype wt, const void *p, int64_t n_out,
+                      int64_t n_in)
 {
-    const int64_t nb = n_in / CINFER_QK, n_full = n_out / 8 * 8;
-    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
-    const size_t gq = (size_t)nb * 256, gs = (size_t)nb * 16;
-    const uint8_t *quants = p;
-    const uint8_t *scales = quants + (size_t)(n_full / 8) * gq;
-    if (row >= n_full) {
-        memcpy(dst,
-               scales + (size_t)(n_full / 8) * gs + (size_t)(row - n_full) * rb +
-                   (size_t)b0 * sizeof(cinfer_block_q8_0),
-               (size_t)(b1 - b0) * sizeof(cinfer_block_q8_0));
+    pack_geom m;
+    m.g = cinfer_cpu_pack_rows(wt);
+    m.nb = n_in / CINFER_QK;
+    m.n_full = n_out / m.g * m.g;
+    m.bb = cinfer_dtype_row_bytes(wt, CINFER_QK);
+    m.sb = wt == CINFER_DTYPE_Q4_1 ? 4 : 2;
+    m.qb = m.bb - m.sb;
+    m.gq = (size_t)m.nb * (size_t)m.g * m.qb;
+    m.gs = (size_t)m.nb * (size_t)m.g * m.sb;
+    m.flip = wt == CINFER_DTYPE_Q8_0;
+    m.rb = cinfer_dtype_row_bytes(wt, n_in);
+    m.quants = p;
+    m.scales = m.quants + (size_t)(m.n_full / m.g) * m.gq;
+    m.tail = m.scales + (size_t)(m.n_full / m.g) * m.gs;
+    return m;
+}
+
+/* n bytes from src to dst, flipped to unsigned for Q8_0 (n % 8 == 0). */
+static void copy_quants(uint8_t *dst, const uint8_t *src, size_t n, int flip)
+{
+    if (!flip) {
+        memcpy(dst, src, n);
         return;
     }
-    cinfer_block_q8_0 *out = dst;
-    const uint8_t *q = quants + (size_t)(row / 8) * gq + 32 * (row % 8);
-    const uint8_t *s = scales + (size_t)(row / 8) * gs + 2 * (row % 8);
+    for (size_t j = 0; j < n; j += 8) {
+        uint64_t v;
+        memcpy(&v, src + j, 8);
+        v ^= 0x8080808080808080ull;
+        memcpy(dst + j, &v, 8);
+    }
+}
+
+void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
+                     int64_t n_in, void *dst)
+{
+    pack_geom m = geom(wt, dst, n_out, n_in);
+    uint8_t *quants = dst, *scales = (uint8_t *)m.scales;
+    for (int64_t row = 0; row < m.n_full; row++) {
+        const uint8_t *src = (const uint8_t *)w + (size_t)row * m.rb;
+        uint8_t *q = quants + (size_t)(row / m.g) * m.gq + m.qb * (size_t)(row % m.g);
+        uint8_t *s = scales + (size_t)(row / m.g) * m.gs + m.sb * (size_t)(row % m.g);
+        for (int64_t b = 0; b < m.nb; b++) {
+            const uint8_t *blk = src + (size_t)b * m.bb;
+            copy_quants(q + (size_t)b * m.g * m.qb, blk + m.sb, m.qb, m.flip);
+            memcpy(s + (size_t)b * m.g * m.sb, blk, m.sb);
+        }
+    }
+    memcpy((uint8_t *)m.tail, (const uint8_t *)w + (size_t)m.n_full * m.rb,
+           (size_t)(n_out - m.n_full) * m.rb);
+}
+
+void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
+                           int64_t n_in, int64_t row, int64_t b0, int64_t b1,
+                           void *dst)
+{
+    pack_geom m = geom(wt, p, n_out, n_in);
+    uint8_t *out = dst;
+    if (row >= m.n_full) {
+        memcpy(out, m.tail + (size_t)(row - m.n_full) * m.rb + (size_t)b0 * m.bb,
+               (size_t)(b1 - b0) * m.bb);
+        return;
+    }
+    const uint8_t *q = m.quants + (size_t)(row / m.g) * m.gq + m.qb * (size_t)(row % m.g);
+    const uint8_t *s = m.scales + (size_t)(row / m.g) * m.gs + m.sb * (size_t)(row % m.g);
     for (int64_t b = b0; b < b1; b++) {
-        for (int j = 0; j < CINFER_QK; j++)
-            out[b - b0].qs[j] = (int8_t)(q[(size_t)b * 256 + j] ^ 0x80u);
-        memcpy(&out[b - b0].d, s + (size_t)b * 16, 2);
+        uint8_t *blk = out + (size_t)(b - b0) * m.bb;
+        memcpy(blk, s + (size_t)b * m.g * m.sb, m.sb);
+        copy_quants(blk + m.sb, q + (size_t)b * m.g * m.qb, m.qb, m.flip);
     }
 }

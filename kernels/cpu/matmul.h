@@ -54,35 +54,42 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
                                float *out, int64_t out_stride, int64_t o0,
                                int64_t o1);
 
-/* ---- Q8_0 weights packed for the AVX-512 kernel ------------------------
+/* ---- int8-block weights packed for the AVX-512 kernels -----------------
  *
- * The same bytes as a [n_out, n_in] Q8_0 matrix, reordered so that a tile
- * of eight weight rows is one aligned stream: with n_full = n_out / 8 * 8
- * and nb = n_in / 32,
- *   quants  n_full / 8 groups of nb * 256 bytes: block b of the group's
- *           row k at b * 256 + 32 * k, each quant stored as q ^ 0x80
+ * The same bytes as a [n_out, n_in] Q8_0, Q4_0 or Q4_1 matrix, reordered so
+ * that the weight rows a decode tile reads side by side (G = 8 for Q8_0,
+ * 16 for Q4_0 / Q4_1) are one aligned stream. A block is SB scale bytes
+ * (d; d and m for Q4_1) then QB quant bytes; with n_full = n_out / G * G
+ * and nb = n_in / 32:
+ *   quants  n_full / G groups of nb * G * QB bytes: block b of the group's
+ *           row k at b * G * QB + QB * k; Q8_0 quants stored as q ^ 0x80
  *           (q + 128, the unsigned operand vpdpbusd takes);
- *   scales  n_full / 8 groups of nb * 16 bytes: row k's block b at
- *           b * 16 + 2 * k (fp16);
- *   tail    rows n_full .. n_out - 1 unchanged, as Q8_0 rows.
- * The size is n_out * cinfer_dtype_row_bytes(Q8_0, n_in), as unpacked.
- * Products over packed weights give the same bits as over the Q8_0 rows. */
+ *   scales  n_full / G groups of nb * G * SB bytes: row k's block b at
+ *           b * G * SB + SB * k;
+ *   tail    rows n_full .. n_out - 1 unchanged.
+ * The size is n_out * cinfer_dtype_row_bytes(wt, n_in), as unpacked.
+ * Products over packed weights give the same bits as over the rows. */
 
-/* Packs the Q8_0 matrix w ([n_out, n_in]) into dst (64-byte aligned). */
-void cinfer_cpu_q8p_pack(const void *w, int64_t n_out, int64_t n_in, void *dst);
+/* G for a packable type, 0 for the others. */
+int cinfer_cpu_pack_rows(cinfer_dtype wt);
 
-/* Writes blocks [b0, b1) of row `row` of a packed matrix as Q8_0 blocks. */
-void cinfer_cpu_q8p_row(const void *p, int64_t n_out, int64_t n_in,
-                        int64_t row, int64_t b0, int64_t b1, void *dst);
+/* Packs matrix w ([n_out, n_in] of type wt) into dst (64-byte aligned). */
+void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
+                     int64_t n_in, void *dst);
 
-/* cinfer_cpu_matmul_compute over packed Q8_0 weights (AVX-512 only: the
- * caller packs only where cinfer_cpu_isa_supported(AVX512)); o0 and o1
- * are multiples of 8 or o1 == n_out. */
-void cinfer_cpu_matmul_compute_q8p_avx512(const void *w, int64_t n_out,
-                                          const void *act, int64_t n,
-                                          int64_t n_in, float *out,
-                                          int64_t out_stride, int64_t o0,
-                                          int64_t o1);
+/* Writes blocks [b0, b1) of row `row` of a packed matrix as blocks of wt. */
+void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
+                           int64_t n_in, int64_t row, int64_t b0, int64_t b1,
+                           void *dst);
+
+/* cinfer_cpu_matmul_compute over packed weights (AVX-512 only: the caller
+ * packs only where cinfer_cpu_isa_supported(AVX512)); o0 and o1 are
+ * multiples of G or o1 == n_out. */
+void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
+                                             int64_t n_out, const void *act,
+                                             int64_t n, int64_t n_in,
+                                             float *out, int64_t out_stride,
+                                             int64_t o0, int64_t o1);
 
 #ifdef __cplusplus
 }

@@ -245,8 +245,11 @@ static ALWAYS_INLINE void store_cols(const tile *t, int r, int col, __m128 v, in
 }
 
 /* Q4_0 / Q4_1 weights: R rows x 4G columns. */
+/* packed: the layout of matmul.h, t->w[0] and t->w[1] the tile's first
+ * column pair's quants and scales in its group of 16; else t->w[] the
+ * columns' Q4 rows. */
 static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
-                                  const int q41)
+                                  const int q41, const int packed)
 {
     const size_t wbs = q41 ? sizeof(cinfer_block_q4_1) : sizeof(cinfer_block_q4_0);
     const size_t abs_ = q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
@@ -281,7 +284,24 @@ static ALWAYS_INLINE void tile_q4(const tile *t, const int R, const int G,
         __m256 dmvec[4];
         const size_t wo = (size_t)b * wbs;
 #pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < G && packed; g++) {
+            const uint8_t *qp = t->w[0] + (size_t)b * 256 + 64 * g;
+            const uint8_t *sp = t->w[1] + (size_t)b * (q41 ? 64 : 32) + (q41 ? 16 : 8) * g;
+            __m512i raw = _mm512_loadu_si512((const void *)qp);
+            wlo[g] = _mm512_and_si512(raw, m0f);
+            whi[g] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f);
+            if (q41) {
+                __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp));
+                dvec[g] = _mm512_permutexvar_ps(idx_d4, _mm512_castps256_ps512(f));
+                dmvec[g] = f;
+            } else {
+                __m128 f = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)sp));
+                dvec[g] = _mm512_permutexvar_ps(idx_d2, _mm512_castps128_ps512(f));
+                dmvec[g] = _mm256_castps128_ps256(f);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G && !packed; g++) {
             const uint8_t *p0 = t->w[4 * g] + wo, *p1 = t->w[4 * g + 1] + wo;
             const uint8_t *p2 = t->w[4 * g + 2] + wo, *p3 = t->w[4 * g + 3] + wo;
             __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p0 + wqo)));
@@ -611,8 +631,8 @@ static int tile_cols(kind k, int rows)
     static __attribute__((noinline)) void name##_r2(const tile *t) { call(2); } \
     static __attribute__((noinline)) void name##_r3(const tile *t) { call(3); } \
     static __attribute__((noinline)) void name##_r4(const tile *t) { call(4); }
-#define Q41_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 1)
-#define Q40_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 0)
+#define Q41_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 1, 0)
+#define Q40_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 0, 0)
 #define Q8_CALL(R) tile_q8(t, R, Q8_PAIRS(R))
 #define F32_CALL(R) tile_f(t, R, F_COLS(R), 0)
 #define F16_CALL(R) tile_f(t, R, F_COLS(R), 1)
@@ -621,7 +641,11 @@ TILE_FNS(q41, Q41_CALL)
 TILE_FNS(q40, Q40_CALL)
 TILE_FNS(q8, Q8_CALL)
 #define Q8P_CALL(R) tile_q8p(t, R)
+#define Q41P_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 1, 1)
+#define Q40P_CALL(R) tile_q4(t, R, Q4_GROUPS(R), 0, 1)
 TILE_FNS(q8p, Q8P_CALL)
+TILE_FNS(q41p, Q41P_CALL)
+TILE_FNS(q40p, Q40P_CALL)
 TILE_FNS(f32, F32_CALL)
 TILE_FNS(f16, F16_CALL)
 TILE_FNS(bf16, BF16_CALL)
@@ -694,41 +718,59 @@ void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
     }
 }
 
-void cinfer_cpu_matmul_compute_q8p_avx512(const void *w, int64_t n_out,
-                                          const void *act, int64_t n,
-                                          int64_t n_in, float *out,
-                                          int64_t out_stride, int64_t o0,
-                                          int64_t o1)
+void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
+                                             int64_t n_out, const void *act,
+                                             int64_t n, int64_t n_in,
+                                             float *out, int64_t out_stride,
+                                             int64_t o0, int64_t o1)
 {
-    static const tile_fn fns[4] = {q8p_r1, q8p_r2, q8p_r3, q8p_r4};
+    static const tile_fn q8[4] = {q8p_r1, q8p_r2, q8p_r3, q8p_r4};
+    static const tile_fn q41[4] = {q41p_r1, q41p_r2, q41p_r3, q41p_r4};
+    static const tile_fn q40[4] = {q40p_r1, q40p_r2, q40p_r3, q40p_r4};
+    const tile_fn *fns = wt == CINFER_DTYPE_Q8_0   ? q8
+                         : wt == CINFER_DTYPE_Q4_1 ? q41
+                                                   : q40;
+    const kind k = wt == CINFER_DTYPE_Q8_0   ? K_Q8
+                   : wt == CINFER_DTYPE_Q4_1 ? K_Q41
+                                             : K_Q40;
+    const int gr = cinfer_cpu_pack_rows(wt);
     const int64_t nb = n_in / CINFER_QK;
-    const int64_t n_full = n_out / 8 * 8;
-    const size_t arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
-    const size_t gq = (size_t)nb * 256, gs = (size_t)nb * 16;
+    const int64_t n_full = n_out / gr * gr;
+    const size_t wrb = cinfer_dtype_row_bytes(wt, n_in);
+    const size_t sb = wt == CINFER_DTYPE_Q4_1 ? 4 : 2;
+    const size_t qb = cinfer_dtype_row_bytes(wt, CINFER_QK) - sb;
+    const size_t arb = cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), n_in);
+    const size_t gq = (size_t)nb * (size_t)gr * qb, gs = (size_t)nb * (size_t)gr * sb;
     const uint8_t *quants = (const uint8_t *)w;
-    const uint8_t *scales = quants + (size_t)(n_full / 8) * gq;
+    const uint8_t *scales = quants + (size_t)(n_full / gr) * gq;
     const uint8_t *ab = (const uint8_t *)act;
     const int64_t e = o1 < n_full ? o1 : n_full;
 
     /* Column blocks only pay when several row tiles reuse them. */
-    const int64_t cblk = n > 4 ? col_block(gq / 8 + gs / 8) : e - o0;
+    const int64_t cblk = n > 4 ? col_block(wrb) : e - o0;
     for (int64_t cb = o0; cb < e; cb += cblk) {
         const int64_t ce = cb + cblk < e ? cb + cblk : e;
         for (int64_t r = 0; r < n; r += 4) {
             const int rows = n - r >= 4 ? 4 : (int)(n - r);
+            const int ct = tile_cols(k, rows); /* divides gr */
             tile t;
             t.nb = nb;
             for (int i = 0; i < 4; i++) {
                 int64_t rr = r + (i < rows ? i : rows - 1);
                 t.a[i] = ab + (size_t)rr * arb;
             }
-            for (int64_t c = cb; c < ce; c += 8) {
-                t.nc = 8;
-                t.w[0] = quants + (size_t)(c / 8) * gq;
-                t.w[1] = scales + (size_t)(c / 8) * gs;
-                t.pf = t.w[0] + gq;
-                const int more = c + 8 < ce;
-                t.pf_step = more ? (gq / (size_t)(nb > 0 ? nb : 1) + 63) / 64 * 64 : 0;
+            for (int64_t c = cb; c < ce; c += ct) {
+                /* the tile's place in its group: quants and scales of its
+                 * first column */
+                const size_t in = (size_t)(c % gr);
+                t.nc = ct;
+                t.w[0] = quants + (size_t)(c / gr) * gq + in * qb;
+                t.w[1] = scales + (size_t)(c / gr) * gs + in * sb;
+                /* the next group's quants, spread over this group's tiles */
+                const int last = c + ct >= ce;
+                const int64_t tiles = gr / ct;
+                t.pf = quants + (size_t)(c / gr + 1) * gq + (size_t)(c % gr / ct) * (gq / (size_t)tiles);
+                t.pf_step = last ? 0 : (gq / (size_t)tiles / (size_t)(nb > 0 ? nb : 1) + 63) / 64 * 64;
                 t.pf_lines = (int)(t.pf_step / 64);
                 for (int i = 0; i < 4; i++) {
                     int64_t rr = r + (i < rows ? i : rows - 1);
@@ -738,13 +780,12 @@ void cinfer_cpu_matmul_compute_q8p_avx512(const void *w, int64_t n_out,
             }
         }
     }
-    /* The rows past the last whole group keep the Q8_0 layout. */
+    /* The rows past the last whole group keep their layout. */
     if (o1 > n_full) {
         const int64_t t0 = o0 > n_full ? o0 : n_full;
-        cinfer_cpu_matmul_compute_avx512(CINFER_DTYPE_Q8_0,
-                                         scales + (size_t)(n_full / 8) * gs, arb,
-                                         act, n, n_in, out + n_full, out_stride,
-                                         t0 - n_full, o1 - n_full);
+        cinfer_cpu_matmul_compute_avx512(wt, scales + (size_t)(n_full / gr) * gs,
+                                         wrb, act, n, n_in, out + n_full,
+                                         out_stride, t0 - n_full, o1 - n_full);
     }
 }
 

@@ -62,7 +62,7 @@ typedef struct {
     const uint8_t *table;
     size_t row_bytes;
     int64_t vocab;
-    int q8_packed;
+    int packed;
     const int32_t *tokens;
     int64_t d;
     float *out;
@@ -72,20 +72,21 @@ static void embed_rows(void *p, int64_t r0, int64_t r1, int thread)
 {
     const embed_ctx *c = p;
     for (int64_t r = r0; r < r1; r++) {
-        if (!c->q8_packed) {
+        if (!c->packed) {
             cinfer_dequantize_row(c->dt,
                                   c->table + (size_t)c->tokens[r] * c->row_bytes,
                                   c->out + r * c->d, c->d);
             continue;
         }
-        /* A packed Q8_0 table (matmul.h): unpack the row a run of blocks
-         * at a time. */
-        cinfer_block_q8_0 blk[16];
+        /* A packed table (matmul.h): unpack the row a run of blocks at a
+         * time. */
+        cinfer_block_q8_0 blk[16]; /* the largest packable block */
         const int64_t nb = c->d / CINFER_QK;
         for (int64_t b = 0; b < nb; b += 16) {
             int64_t e = b + 16 < nb ? b + 16 : nb;
-            cinfer_cpu_q8p_row(c->table, c->vocab, c->d, c->tokens[r], b, e, blk);
-            cinfer_dequantize_row(CINFER_DTYPE_Q8_0, blk,
+            cinfer_cpu_packed_row(c->dt, c->table, c->vocab, c->d, c->tokens[r],
+                                  b, e, blk);
+            cinfer_dequantize_row(c->dt, blk,
                                   c->out + r * c->d + b * CINFER_QK,
                                   (e - b) * CINFER_QK);
         }
@@ -100,7 +101,7 @@ void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, const cinfer_tensor *table,
                    table->data,
                    cinfer_dtype_row_bytes(table->desc.dtype, d),
                    table->desc.shape[0],
-                   table->q8_packed,
+                   table->packed,
                    tokens,
                    d,
                    out};
@@ -749,7 +750,7 @@ typedef struct {
     const void *w_act[4];        /* per weight: its prepared activations */
     cinfer_dtype wt[4];
     const void *w_data[4];
-    int w_packed[4];             /* Q8_0 packed (matmul.h) */
+    int w_packed[4];             /* packed (matmul.h) */
     size_t w_row_bytes[4];
     float *out[4];
     int64_t n_out[4];
@@ -778,7 +779,7 @@ static void mm_compute(void *p, int64_t u0, int64_t u1, int thread)
             o1 = c->n_out[i];
 #ifdef CINFER_MATMUL_HAVE_AVX512
         if (c->w_packed[i]) {
-            cinfer_cpu_matmul_compute_q8p_avx512(c->w_data[i], c->n_out[i],
+            cinfer_cpu_matmul_compute_packed_avx512(c->wt[i], c->w_data[i], c->n_out[i],
                                                  c->w_act[i], c->n, c->n_in,
                                                  c->out[i], c->n_out[i], o0, o1);
             continue;
@@ -840,7 +841,7 @@ cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
                                     (long long)c.n_in, cinfer_dtype_name(at));
         c.wt[i] = wt;
         c.w_data[i] = w[i]->data;
-        c.w_packed[i] = w[i]->q8_packed;
+        c.w_packed[i] = w[i]->packed;
         c.w_row_bytes[i] = cinfer_dtype_row_bytes(wt, c.n_in);
         c.out[i] = out[i]->data;
         c.n_out[i] = w[i]->desc.shape[0];

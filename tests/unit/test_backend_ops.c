@@ -459,26 +459,26 @@ static void test_embed(void)
     }
 }
 
-/* Q8_0 matrices are packed into the backend's own memory on the AVX-512
- * path (weight_borrows 0): they read back as the bytes they were created
- * from, and keep working after the caller's copy is overwritten. Other
- * weights are used in place (weight_borrows 1). */
-static void test_weight_copies(void)
+/* Q8_0 / Q4_0 / Q4_1 matrices are packed into the backend's own memory on
+ * the AVX-512 path (weight_borrows 0): they read back as the bytes they
+ * were created from, and keep working after the caller's copy is
+ * overwritten. Other weights are used in place (weight_borrows 1). */
+static void check_weight_copies(cinfer_dtype wt)
 {
     const int64_t rows = 37, d = 800;
-    const size_t rb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, d);
+    const size_t rb = cinfer_dtype_row_bytes(wt, d);
     const size_t nbytes = rb * (size_t)rows;
     uint64_t seed = 5;
     float *src = randv(rows * d, &seed, 2.0f);
     uint8_t *table = malloc(nbytes), *copy = malloc(nbytes), *back = malloc(nbytes);
     CINFER_ASSERT(table && copy && back);
     for (int64_t v = 0; v < rows; v++)
-        cinfer_quantize_row(CINFER_DTYPE_Q8_0, src + v * d, table + v * rb, d);
+        cinfer_quantize_row(wt, src + v * d, table + v * rb, d);
     memcpy(copy, table, nbytes);
     for (int ci = 0; ci < g_n_configs; ci++) {
         config c = g_configs[ci];
         cinfer_backend *be = make_backend(c);
-        cinfer_tensor *tt = wnew(be, CINFER_DTYPE_Q8_0, 2, rows, d, table);
+        cinfer_tensor *tt = wnew(be, wt, 2, rows, d, table);
         cinfer_tensor *tf = wnew(be, CINFER_DTYPE_F32, 2, 2, 16, src);
         int packed = c.isa == CINFER_CPU_ISA_AVX512;
         CHECK(be->ops->weight_borrows != NULL);
@@ -496,7 +496,7 @@ static void test_weight_copies(void)
         CHECK_OK(be->ops->download(be, tt, off, back, len));
         CHECK(memcmp(back, copy + off, len) == 0);
 
-        /* embed reads the packed rows (groups of 8 and the tail) */
+        /* embed reads the packed rows (whole groups and the tail) */
         step_buf sb;
         static const int toks[] = {36, 0, 9, 31, 32};
         cinfer_tensor *out = NULL;
@@ -504,7 +504,7 @@ static void test_weight_copies(void)
         float *want = malloc(sizeof(float) * (size_t)d);
         int bad = 0;
         for (int r = 0; r < 5; r++) {
-            cinfer_dequantize_row(CINFER_DTYPE_Q8_0, copy + (size_t)toks[r] * rb,
+            cinfer_dequantize_row(wt, copy + (size_t)toks[r] * rb,
                                   want, d);
             bad += memcmp(got + (size_t)r * d, want, sizeof(float) * (size_t)d) != 0;
         }
@@ -521,6 +521,13 @@ static void test_weight_copies(void)
     free(copy);
     free(table);
     free(src);
+}
+
+static void test_weight_copies(void)
+{
+    check_weight_copies(CINFER_DTYPE_Q8_0);
+    check_weight_copies(CINFER_DTYPE_Q4_0);
+    check_weight_copies(CINFER_DTYPE_Q4_1);
 }
 
 /* ---------------------------------------------------------------------- */

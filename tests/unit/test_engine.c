@@ -103,6 +103,9 @@ typedef struct {
     uint64_t id;
     int cancel_after; /* cancel from the callback after this many ids */
     int cancel_sent;
+    int pause_after;  /* pause the engine from the callback after this many
+                         ids: a starved test thread then cannot let the
+                         engine run on past them */
     int n_samples; /* set by the random test's submitter */
 } req_rec;
 
@@ -114,7 +117,7 @@ static int ev_bad; /* malformed events */
 static void on_event(void *user, const cinfer_engine_event *ev)
 {
     req_rec *rr = user;
-    int cancel = 0;
+    int cancel = 0, pause = 0;
     pthread_mutex_lock(&ev_mu);
     if (ev->request_id != rr->id && rr->id)
         ev_bad++;
@@ -148,6 +151,10 @@ static void on_event(void *user, const cinfer_engine_event *ev)
             rr->cancel_sent = 1;
             cancel = 1;
         }
+        if (rr->pause_after && s->n_ids >= rr->pause_after) {
+            rr->pause_after = 0;
+            pause = 1;
+        }
     } else if (ev->kind == CINFER_EVENT_FINISH) {
         s->finished = 1;
         s->fin = *ev;
@@ -163,6 +170,8 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     pthread_mutex_unlock(&ev_mu);
     if (cancel)
         cinfer_engine_cancel(rr->e, ev->request_id);
+    if (pause)
+        cinfer_engine_pause(rr->e, 1);
 }
 
 static void reset_events(void)
@@ -813,10 +822,10 @@ static void test_refuses_hopeless_deadline(void)
     a.e = b.e = c.e = e;
     reset_events();
     cinfer_request_params rp = greedy_params(&ja, &a);
+    a.pause_after = 20;
     submit_ok(e, &rp, &a);
     /* a holds the only slot; let the step model see 20 steps */
     wait_tokens(&a, 20);
-    cinfer_engine_pause(e, 1);
     /* b would wait for a's 180 remaining steps: refused */
     rp = greedy_params(&jb, &b);
     rp.deadline_ns = atomic_load(&clk.t) + 20000;
@@ -883,10 +892,10 @@ static void test_refuses_late_first_token(void)
     a.e = b.e = b2.e = c.e = d.e = e;
     reset_events();
     cinfer_request_params rp = greedy_params(&ja, &a);
+    a.pause_after = 20;
     submit_ok(e, &rp, &a);
     CHECK_EQ_INT(cinfer_engine_refusal_retry_ns(), 0);
     wait_tokens(&a, 20);
-    cinfer_engine_pause(e, 1);
     const int64_t far = (int64_t)1000000000000000;
     e->max_ttft_ns = 1;
     /* a slot is free, but a's decode makes b's prompt take a third step */

@@ -435,16 +435,19 @@ static void test_empty_inner(void)
     }
 }
 
-/* Q8_0 weights packed for the AVX-512 kernel (matmul.h): every block
- * unpacks to the bytes it was packed from, and products over the packed
- * weights equal the portable ones over the Q8_0 rows bit for bit, for
- * column ranges in whole groups of 8 and to the end, with a tail of rows
- * past the last whole group. */
-static void check_packed(int64_t n_in, int64_t n_out, int64_t n, uint64_t seed)
+/* Int8-block weights packed for the AVX-512 kernels (matmul.h): every
+ * block unpacks to the bytes it was packed from, and products over the
+ * packed weights equal the portable ones over the rows bit for bit, for
+ * column ranges in whole groups and to the end, with a tail of rows past
+ * the last whole group. */
+static void check_packed(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n,
+                         uint64_t seed)
 {
-    const size_t wrb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_0, n_in);
-    const size_t arb = wrb;
-    uint8_t *w = make_weights(CINFER_DTYPE_Q8_0, n_out, n_in, &seed);
+    const cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
+    const size_t wrb = cinfer_dtype_row_bytes(wt, n_in);
+    const size_t arb = cinfer_dtype_row_bytes(at, n_in);
+    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK);
+    uint8_t *w = make_weights(wt, n_out, n_in, &seed);
     uint8_t *packed = aligned_alloc(64, (wrb * (size_t)n_out + 63) / 64 * 64);
     uint8_t *row = malloc(wrb);
     float *x = malloc(sizeof(float) * (size_t)(n * n_in));
@@ -454,15 +457,15 @@ static void check_packed(int64_t n_in, int64_t n_out, int64_t n, uint64_t seed)
     float *got = malloc(sizeof(float) * (size_t)(n * stride));
     CINFER_ASSERT(w && packed && row && x && act && want && got);
 
-    cinfer_cpu_q8p_pack(w, n_out, n_in, packed);
+    cinfer_cpu_pack(wt, w, n_out, n_in, packed);
     int rows_bad = 0;
     const int64_t nb = n_in / CINFER_QK;
     for (int64_t o = 0; o < n_out; o++) {
-        cinfer_cpu_q8p_row(packed, n_out, n_in, o, 0, nb, row);
+        cinfer_cpu_packed_row(wt, packed, n_out, n_in, o, 0, nb, row);
         rows_bad += memcmp(row, w + wrb * (size_t)o, wrb) != 0;
         if (nb > 2) { /* a block range alone */
-            cinfer_cpu_q8p_row(packed, n_out, n_in, o, 1, 3, row);
-            rows_bad += memcmp(row, w + wrb * (size_t)o + 34, 68) != 0;
+            cinfer_cpu_packed_row(wt, packed, n_out, n_in, o, 1, 3, row);
+            rows_bad += memcmp(row, w + wrb * (size_t)o + bb, 2 * bb) != 0;
         }
     }
     CHECK_EQ_INT(rows_bad, 0);
@@ -470,22 +473,22 @@ static void check_packed(int64_t n_in, int64_t n_out, int64_t n, uint64_t seed)
     if (cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512)) {
         fill_rows(x, n, n_in, &seed);
         for (int64_t r = 0; r < n; r++)
-            cinfer_quantize_row(CINFER_DTYPE_Q8_0, x + r * n_in,
-                                act + arb * (size_t)r, n_in);
+            cinfer_quantize_row(at, x + r * n_in, act + arb * (size_t)r, n_in);
         for (int64_t i = 0; i < n * stride; i++)
             want[i] = -777.0f;
-        cinfer_cpu_matmul_compute(CINFER_CPU_ISA_PORTABLE, CINFER_DTYPE_Q8_0, w,
-                                  wrb, act, n, n_in, want, stride, 0, n_out);
-        /* whole range, then ranges as the backend splits them */
-        int64_t ranges[4][2] = {{0, n_out}, {8, n_out}, {0, 8}, {16, 40}};
+        cinfer_cpu_matmul_compute(CINFER_CPU_ISA_PORTABLE, wt, w, wrb, act, n,
+                                  n_in, want, stride, 0, n_out);
+        /* whole range, then ranges as the backend splits them (units of
+         * 16 columns) */
+        int64_t ranges[4][2] = {{0, n_out}, {16, n_out}, {0, 16}, {16, 48}};
         for (int k = 0; k < 4; k++) {
             int64_t o0 = ranges[k][0], o1 = ranges[k][1] < n_out ? ranges[k][1] : n_out;
             if (o0 >= o1)
                 continue;
             for (int64_t i = 0; i < n * stride; i++)
                 got[i] = -777.0f;
-            cinfer_cpu_matmul_compute_q8p_avx512(packed, n_out, act, n, n_in,
-                                                 got, stride, o0, o1);
+            cinfer_cpu_matmul_compute_packed_avx512(wt, packed, n_out, act, n,
+                                                    n_in, got, stride, o0, o1);
             int bad = 0, outside = 0;
             for (int64_t r = 0; r < n; r++)
                 for (int64_t o = 0; o < stride; o++) {
@@ -496,10 +499,10 @@ static void check_packed(int64_t n_in, int64_t n_out, int64_t n, uint64_t seed)
                         outside += g != -777.0f;
                 }
             if (bad)
-                fprintf(stderr, "packed Q8_0: n_in %lld n_out %lld n %lld "
-                        "[%lld, %lld): %d differ\n", (long long)n_in,
-                        (long long)n_out, (long long)n, (long long)o0,
-                        (long long)o1, bad);
+                fprintf(stderr, "packed %s: n_in %lld n_out %lld n %lld "
+                        "[%lld, %lld): %d differ\n", cinfer_dtype_name(wt),
+                        (long long)n_in, (long long)n_out, (long long)n,
+                        (long long)o0, (long long)o1, bad);
             CHECK_EQ_INT(bad, 0);
             CHECK_EQ_INT(outside, 0);
         }
@@ -513,14 +516,21 @@ static void check_packed(int64_t n_in, int64_t n_out, int64_t n, uint64_t seed)
     free(w);
 }
 
-static void test_q8_0_packed(void)
+static void test_packed(void)
 {
-    check_packed(800, 7, 3, 11);     /* no whole group: all tail */
-    check_packed(800, 8, 1, 12);     /* one group, no tail */
-    check_packed(32, 37, 5, 13);     /* one block per row */
-    check_packed(2560, 769, 1, 14);  /* decode */
-    check_packed(800, 5125, 13, 15); /* several row tiles and column blocks */
-    check_packed(96, 64, 64, 16);
+    static const cinfer_dtype types[] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
+                                         CINFER_DTYPE_Q4_1};
+    for (int i = 0; i < 3; i++) {
+        cinfer_dtype wt = types[i];
+        CHECK(cinfer_cpu_pack_rows(wt) > 0);
+        check_packed(wt, 800, 7, 3, 11);     /* no whole group: all tail */
+        check_packed(wt, 800, 16, 1, 12);    /* whole groups, no tail */
+        check_packed(wt, 32, 37, 5, 13);     /* one block per row */
+        check_packed(wt, 2560, 769, 1, 14);  /* decode */
+        check_packed(wt, 800, 5125, 13, 15); /* row tiles and column blocks */
+        check_packed(wt, 96, 64, 2, 16);
+    }
+    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
 
 int main(void)
@@ -532,7 +542,7 @@ int main(void)
     RUN(test_f16);
     RUN(test_bf16);
     RUN(test_q8_0);
-    RUN(test_q8_0_packed);
+    RUN(test_packed);
     RUN(test_q4_0);
     RUN(test_q4_1);
     return harness_done();
