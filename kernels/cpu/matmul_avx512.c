@@ -660,6 +660,18 @@ static const tile_fn k_tile_fns[6][4] = {
     [K_BF16] = {bf16_r1, bf16_r2, bf16_r3, bf16_r4},
 };
 
+/* A row tile's activation rows r .. r + rows - 1 (the last repeated up to
+ * four) and their output rows. */
+static void tile_set_rows(tile *t, float **orow, const uint8_t *ab, size_t arb,
+                          float *out, int64_t out_stride, int64_t r, int rows)
+{
+    for (int i = 0; i < 4; i++) {
+        int64_t rr = r + (i < rows ? i : rows - 1);
+        t->a[i] = ab + (size_t)rr * arb;
+        orow[i] = out + rr * out_stride;
+    }
+}
+
 void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
                                       size_t w_row_bytes, const void *act,
                                       int64_t n, int64_t n_in, float *out,
@@ -692,11 +704,9 @@ void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
             const int rows = n - r >= 4 ? 4 : (int)(n - r);
             const int ct = tile_cols(k, rows);
             tile t;
+            float *orow[4];
             t.nb = nb;
-            for (int i = 0; i < 4; i++) {
-                int64_t rr = r + (i < rows ? i : rows - 1);
-                t.a[i] = ab + (size_t)rr * arb;
-            }
+            tile_set_rows(&t, orow, ab, arb, out, out_stride, r, rows);
             for (int64_t c = cb; c < ce; c += ct) {
                 const int nc = ce - c >= ct ? ct : (int)(ce - c);
                 t.nc = nc;
@@ -708,10 +718,8 @@ void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
                 t.pf = wb + (size_t)(c + nc) * w_row_bytes;
                 t.pf_step = (pf_bytes / (size_t)(iters > 0 ? iters : 1) + 63) / 64 * 64;
                 t.pf_lines = (int)(t.pf_step / 64);
-                for (int i = 0; i < 4; i++) {
-                    int64_t rr = r + (i < rows ? i : rows - 1);
-                    t.o[i] = out + rr * out_stride + c;
-                }
+                for (int i = 0; i < 4; i++)
+                    t.o[i] = orow[i] + c;
                 k_tile_fns[k][rows - 1](&t);
             }
         }
@@ -754,11 +762,9 @@ void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
             const int rows = n - r >= 4 ? 4 : (int)(n - r);
             const int ct = tile_cols(k, rows); /* divides gr */
             tile t;
+            float *orow[4];
             t.nb = nb;
-            for (int i = 0; i < 4; i++) {
-                int64_t rr = r + (i < rows ? i : rows - 1);
-                t.a[i] = ab + (size_t)rr * arb;
-            }
+            tile_set_rows(&t, orow, ab, arb, out, out_stride, r, rows);
             for (int64_t c = cb; c < ce; c += ct) {
                 /* the tile's place in its group: quants and scales of its
                  * first column */
@@ -772,10 +778,8 @@ void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
                 t.pf = quants + (size_t)(c / gr + 1) * gq + (size_t)(c % gr / ct) * (gq / (size_t)tiles);
                 t.pf_step = last ? 0 : (gq / (size_t)tiles / (size_t)(nb > 0 ? nb : 1) + 63) / 64 * 64;
                 t.pf_lines = (int)(t.pf_step / 64);
-                for (int i = 0; i < 4; i++) {
-                    int64_t rr = r + (i < rows ? i : rows - 1);
-                    t.o[i] = out + rr * out_stride + c;
-                }
+                for (int i = 0; i < 4; i++)
+                    t.o[i] = orow[i] + c;
                 fns[rows - 1](&t);
             }
         }
