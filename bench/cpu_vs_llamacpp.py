@@ -57,14 +57,17 @@ def cinfer_bench(build, model, threads):
 
 
 def floors(build, threads):
-    """Read bandwidth (GB/s) and peak FMA rate (GFLOP/s) from cinfer-kbench."""
+    """Read bandwidth (GB/s, huge pages), peak FP32 FMA rate (GFLOP/s) and
+    peak int8 dot rate (GOP/s) from cinfer-kbench."""
     out = sh([os.path.join(build, "tools", "cinfer-kbench"), "--threads", "2",
               "--isa", "avx512", "--no-decode", "--no-prefill"]).stdout
     bw = float(re.search(r"read bandwidth, 256 MB sum +%d thr +([\d.]+) GB/s" % threads,
                          out).group(1))
     fma = float(re.search(r"peak fp32 FMA, avx512 +%d thr +([\d.]+) GFLOP/s" % threads,
                           out).group(1))
-    return bw, fma
+    dot = float(re.search(r"peak int8 dot \(vpdpbusd\) +%d thr +([\d.]+) GOP/s" % threads,
+                          out).group(1))
+    return bw, fma, dot
 
 
 def main():
@@ -74,6 +77,8 @@ def main():
     ap.add_argument("--types", default="q4_1,q8_0,f16")
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     ap.add_argument("--work", default=os.path.join(ROOT, "bench", "work"))
+    ap.add_argument("--out", help="results file (default: "
+                    "bench/results/cpu-vs-llamacpp-DATE.md)")
     args = ap.parse_args()
 
     bin_dir = sh(["sh", os.path.join(ROOT, "scripts/goldens/build-llama-cpp.sh")]).stdout.strip().splitlines()[-1]
@@ -94,7 +99,9 @@ def main():
     for t, model in models.items():
         wbytes = os.path.getsize(model)
         for th in [int(x) for x in args.threads.split(",")]:
-            bw, fma = floors(args.build, th)
+            bw, fma, dot = floors(args.build, th)
+            # int8-block products run on vpdpbusd, float ones on FMA
+            rate = fma if t in ("f16", "bf16", "f32") else dot
             res = {"cinfer": [], "llama.cpp": []}
             for rep in range(args.reps):
                 order = ["cinfer", "llama.cpp"] if rep % 2 == 0 else ["llama.cpp", "cinfer"]
@@ -111,8 +118,8 @@ def main():
                 "c_pp": med["cinfer"][0], "l_pp": med["llama.cpp"][0],
                 "c_tg": med["cinfer"][1], "l_tg": med["llama.cpp"][1],
                 "floor_tg": bw * 1e9 / wbytes,
-                "floor_pp": fma * 1e9 / (2.0 * params),
-                "bw": bw, "fma": fma,
+                "floor_pp": rate * 1e9 / (2.0 * params),
+                "bw": bw, "rate": rate,
                 "runs": res,
             })
             r = rows[-1]
@@ -132,7 +139,9 @@ def main():
         f"Medians of {args.reps} alternating runs each; 128-token prompt (pp128), "
         "128 decoded tokens (tg128). llama.cpp: llama-cpp-python 0.3.36 sdist, "
         "-fa on -lm none. Floors measured in the same run by cinfer-kbench: "
-        "decode <= bandwidth / file bytes, prefill <= peak FP32 FMA / (2 x params).",
+        "decode <= read bandwidth (huge pages) / file bytes; prefill <= peak rate / "
+        "(2 x params): the FP32 FMA rate for F16, the int8 dot (vpdpbusd) rate for "
+        "the int8-block types.",
         "",
         "| type | threads | cinfer pp tok/s | llama.cpp pp tok/s | pp ratio | prefill floor | "
         "cinfer tg tok/s | llama.cpp tg tok/s | tg ratio | decode floor (BW) |",
@@ -146,7 +155,8 @@ def main():
             f"({r['bw']:.1f} GB/s) |")
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    out = os.path.join(ROOT, "bench", "results", f"cpu-vs-llamacpp-{datetime.date.today()}.md")
+    out = args.out or os.path.join(ROOT, "bench", "results",
+                                   f"cpu-vs-llamacpp-{datetime.date.today()}.md")
     with open(out, "w") as f:
         f.write(text)
         f.write("\nRaw (pp, tg) per run:\n\n```\n")

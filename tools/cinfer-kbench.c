@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/huge_pages.h"
 #include "kernels/cpu/matmul.h"
 
 #if defined(__x86_64__)
@@ -260,6 +261,53 @@ static float fma_plain(long iters)
     return a[0] + a[15];
 }
 
+/* Peak int8 dot-product rate (vpdpbusd: 64 u8 x s8 multiply-adds per
+ * instruction), the ceiling of the int8-block kernels' products. */
+#ifdef KB_X86
+__attribute__((target("avx512f,avx512vnni"))) static float dot_vnni(long iters)
+{
+    __m512i a[12];
+    const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm512_set1_epi32(i);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm512_dpbusd_epi32(a[i], u, v);
+    __m512i s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm512_add_epi32(s, a[i]);
+    return (float)_mm512_reduce_add_epi32(s);
+}
+#endif
+
+static void dot_job(void *p, int ith, int nth)
+{
+    fma_ctx *c = p;
+#ifdef KB_X86
+    c->sink[ith] = dot_vnni(c->iters);
+#else
+    c->sink[ith] = 0.0f;
+#endif
+}
+
+/* Aggregate int8 GOP/s (a multiply-add counts two) of the team's
+ * threads; 0 without AVX-512 VNNI. */
+static double measure_dot(team *tm)
+{
+    if (!cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512))
+        return 0.0;
+    fma_ctx c = {.iters = 20000000};
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        team_run(tm, dot_job, &c);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    return 12.0 * 64 * 2 * (double)c.iters * tm->nth / best / 1e9;
+}
+
 /* FLOPs of one inner step of each variant. */
 static double fma_flops_per_iter(cinfer_cpu_isa isa)
 {
@@ -315,6 +363,7 @@ typedef struct {
      * override wt, n_out, n_in and w_row_bytes. */
     const cinfer_dtype *m_wt;
     const int64_t *m_out, *m_in;
+    int packed; /* w packed (matmul.h), as the backend holds them */
 } mm_ctx;
 
 /* Column range of thread ith, in multiples of 16 columns. */
@@ -342,8 +391,13 @@ static void mm_job(void *p, int ith, int nth)
          * hundred bytes at decode). */
         cinfer_cpu_matmul_prepare(c->isa, at, c->x, n_in, r0, r1, c->act);
         team_barrier(c->tm);
-        cinfer_cpu_matmul_compute(c->isa, wt, c->w[m], wrb, c->act, c->n, n_in,
-                                  c->out, n_out, o0, o1);
+        if (c->packed)
+            cinfer_cpu_matmul_compute_packed_avx512(wt, c->w[m], n_out, c->act,
+                                                    c->n, n_in, c->out, n_out,
+                                                    o0, o1);
+        else
+            cinfer_cpu_matmul_compute(c->isa, wt, c->w[m], wrb, c->act, c->n,
+                                      n_in, c->out, n_out, o0, o1);
         team_barrier(c->tm);
     }
 }
@@ -369,6 +423,46 @@ static uint8_t *make_matrix(cinfer_dtype wt, int64_t n_out, int64_t n_in,
     }
     free(row);
     return w;
+}
+
+/* Packed copies of n matrices (type wt[m] or wt[0], shape out[m] x in[m]
+ * or out[0] x in[0]) in one huge-page block, as the CPU backend holds its
+ * weights; NULL when a type has no packed layout. *len gets the block's
+ * length for cinfer_huge_free(ret[0], len). */
+static uint8_t **pack_all(uint8_t *const *w, int n, const cinfer_dtype *wt,
+                          const int64_t *out, const int64_t *in, int per_mat,
+                          size_t *len)
+{
+    size_t total = 0;
+    for (int m = 0; m < n; m++) {
+        int k = per_mat ? m : 0;
+        if (!cinfer_cpu_pack_rows(wt[k]))
+            return NULL;
+        total += (cinfer_dtype_row_bytes(wt[k], in[k]) * (size_t)out[k] + 63) / 64 * 64;
+    }
+    uint8_t *block = cinfer_huge_alloc(total, len);
+    uint8_t **p = malloc(sizeof(*p) * (size_t)n);
+    if (!block || !p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    size_t at = 0;
+    for (int m = 0; m < n; m++) {
+        int k = per_mat ? m : 0;
+        p[m] = block + at;
+        cinfer_cpu_pack(wt[k], w[m], out[k], in[k], p[m]);
+        at += (cinfer_dtype_row_bytes(wt[k], in[k]) * (size_t)out[k] + 63) / 64 * 64;
+    }
+    return p;
+}
+
+/* The kernel variants measured: the ISAs over the file's layout, then
+ * AVX-512 over packed weights ("avx512p"). */
+#define VARIANT_PACKED (CINFER_CPU_ISA_AVX512 + 1)
+static int variant_isa(int v) { return v == VARIANT_PACKED ? CINFER_CPU_ISA_AVX512 : v; }
+static const char *variant_name(int v)
+{
+    return v == VARIANT_PACKED ? "avx512p" : cinfer_cpu_isa_name((cinfer_cpu_isa)v);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -494,15 +588,19 @@ int main(int argc, char **argv)
     /* floors */
     double bw[MAX_THREADS + 1] = {0};
     {
-        size_t bytes = (size_t)256 << 20;
-        float *buf = malloc(bytes);
+        /* In huge pages, as the CPU backend holds weights: with 4 KiB
+         * pages the sum misses the TLB every page and reads slower than
+         * the kernels stream packed weights. */
+        size_t bytes = (size_t)256 << 20, blen = 0;
+        float *buf = cinfer_huge_alloc(bytes, &blen);
         if (!buf) {
             fprintf(stderr, "out of memory\n");
             return 1;
         }
         for (size_t i = 0; i < bytes / 4; i++)
             buf[i] = (float)(i & 1023);
-        printf("\nfloors (%% of bw below is against the better of the two sums)\n");
+        printf("\nfloors (%% of bw below is against the better of the two sums; "
+               "buffer in huge pages)\n");
         for (int nt = 1; nt <= MAX_THREADS; nt++) {
             double plain = measure_bw(&teams[nt], buf, bytes, 0);
             double nta = measure_bw(&teams[nt], buf, bytes, 1);
@@ -510,7 +608,7 @@ int main(int argc, char **argv)
             printf("  read bandwidth, 256 MB sum                %d thr  %7.1f GB/s\n", nt, plain);
             printf("  read bandwidth, 256 MB sum + nta prefetch %d thr  %7.1f GB/s\n", nt, nta);
         }
-        free(buf);
+        cinfer_huge_free(buf, blen);
     }
     double peak[4][MAX_THREADS + 1] = {{0}};
     for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
@@ -522,6 +620,13 @@ int main(int argc, char **argv)
                    cinfer_cpu_isa_name((cinfer_cpu_isa)isa), nt, peak[isa][nt]);
         }
     }
+    double peak_dot[MAX_THREADS + 1] = {0};
+    if (isa_on[CINFER_CPU_ISA_AVX512] && cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512))
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            peak_dot[nt] = measure_dot(&teams[nt]);
+            printf("  peak int8 dot (vpdpbusd)                  %d thr  %7.1f GOP/s\n",
+                   nt, peak_dot[nt]);
+        }
 
     /* Another process on the cores makes every 2-thread number
      * meaningless; the FMA floor shows it. */
@@ -560,16 +665,21 @@ int main(int argc, char **argv)
                 x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
             void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in));
             float *out = malloc(sizeof(float) * (size_t)d_out);
-            for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
-                if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
+            size_t plen = 0;
+            uint8_t **wp = pack_all(w, n_mats, &wt, &d_out, &d_in, 0, &plen);
+            for (int v = CINFER_CPU_ISA_PORTABLE; v <= VARIANT_PACKED; v++) {
+                int isa = variant_isa(v);
+                if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa) ||
+                    (v == VARIANT_PACKED && !wp))
                     continue;
                 for (int nt = 1; nt <= MAX_THREADS; nt++) {
                     if (!thr_on[nt])
                         continue;
                     mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = n_mats,
-                                .w = (const uint8_t *const *)w, .w_row_bytes = rb,
-                                .n_out = d_out, .n_in = d_in, .n = 1, .x = x,
-                                .act = act, .out = out, .tm = &teams[nt]};
+                                .w = (const uint8_t *const *)(v == VARIANT_PACKED ? wp : w),
+                                .w_row_bytes = rb, .n_out = d_out, .n_in = d_in, .n = 1,
+                                .x = x, .act = act, .out = out, .tm = &teams[nt],
+                                .packed = v == VARIANT_PACKED};
                     int reps = isa == CINFER_CPU_ISA_PORTABLE ? 2 : 8;
                     double best = 1e30;
                     for (int rep = 0; rep < reps; rep++) {
@@ -580,7 +690,7 @@ int main(int argc, char **argv)
                     }
                     double gbs = (double)mat_bytes * n_mats / best / 1e9;
                     printf("  %-8s %-5s %3d %9.1f %7.0f%% %10.0f\n",
-                           cinfer_cpu_isa_name((cinfer_cpu_isa)isa),
+                           variant_name(v),
                            cinfer_dtype_name(wt), nt, gbs, 100.0 * gbs / bw[nt],
                            best * 1e6);
                     fflush(stdout);
@@ -589,6 +699,9 @@ int main(int argc, char **argv)
             for (int m = 0; m < n_mats; m++)
                 free(w[m]);
             free(w);
+            if (wp)
+                cinfer_huge_free(wp[0], plen);
+            free(wp);
             free(x);
             free(act);
             free(out);
@@ -621,16 +734,20 @@ int main(int argc, char **argv)
         printf("\ndecode, default model shapes: 30 x (q k v o gate up down) Q4_1 + "
                "49152 x 576 Q8_0 output = %.1f MB per token\n", bytes / 1e6);
         printf("  %-8s %3s %9s %8s %12s\n", "isa", "thr", "GB/s", "% of bw", "ms/token");
-        for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+        size_t plen = 0;
+        uint8_t **wp = pack_all(w, N_M, m_wt, m_out, m_in, 1, &plen);
+        for (int v = CINFER_CPU_ISA_PORTABLE; v <= VARIANT_PACKED; v++) {
+            int isa = variant_isa(v);
             if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
                 continue;
             for (int nt = 1; nt <= MAX_THREADS; nt++) {
                 if (!thr_on[nt])
                     continue;
                 mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .n_mats = N_M,
-                            .w = (const uint8_t *const *)w, .n = 1, .x = x,
-                            .act = act, .out = out, .tm = &teams[nt],
-                            .m_wt = m_wt, .m_out = m_out, .m_in = m_in};
+                            .w = (const uint8_t *const *)(v == VARIANT_PACKED ? wp : w),
+                            .n = 1, .x = x, .act = act, .out = out, .tm = &teams[nt],
+                            .m_wt = m_wt, .m_out = m_out, .m_in = m_in,
+                            .packed = v == VARIANT_PACKED};
                 int reps = isa == CINFER_CPU_ISA_PORTABLE ? 2 : 10;
                 double best = 1e30;
                 for (int rep = 0; rep < reps; rep++) {
@@ -641,7 +758,7 @@ int main(int argc, char **argv)
                 }
                 double gbs = bytes / best / 1e9;
                 printf("  %-8s %3d %9.1f %7.0f%% %12.2f\n",
-                       cinfer_cpu_isa_name((cinfer_cpu_isa)isa), nt, gbs,
+                       variant_name(v), nt, gbs,
                        100.0 * gbs / bw[nt], best * 1e3);
                 fflush(stdout);
             }
@@ -649,6 +766,8 @@ int main(int argc, char **argv)
         for (int m = 0; m < N_M; m++)
             free(w[m]);
         free(w);
+        cinfer_huge_free(wp[0], plen);
+        free(wp);
         free(m_wt);
         free(m_out);
         free(m_in);
@@ -658,7 +777,8 @@ int main(int argc, char **argv)
     }
 
     if (do_prefill) {
-        printf("\nprefill: w [%lld x %lld], n rows, prepare + compute\n",
+        printf("\nprefill: w [%lld x %lld], n rows, prepare + compute (%% peak: of the "
+               "int8 dot rate for block types on avx512, else of the fp32 FMA rate)\n",
                (long long)d_out, (long long)d_in);
         printf("  %-8s %-5s %3s %4s %9s %8s %10s\n", "isa", "type", "thr", "n",
                "GFLOP/s", "% peak", "ms");
@@ -669,6 +789,8 @@ int main(int argc, char **argv)
             cinfer_dtype wt = k_types[t];
             size_t rb = cinfer_dtype_row_bytes(wt, d_in);
             uint8_t *w = make_matrix(wt, d_out, d_in, &seed);
+            size_t plen = 0;
+            uint8_t **wp = pack_all(&w, 1, &wt, &d_out, &d_in, 0, &plen);
             for (int ni = 0; ni < 2; ni++) {
                 int64_t n = ns[ni];
                 float *x = malloc(sizeof(float) * (size_t)(n * d_in));
@@ -677,19 +799,22 @@ int main(int argc, char **argv)
                 void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in) *
                                    (size_t)n);
                 float *out = malloc(sizeof(float) * (size_t)(n * d_out));
-                for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
-                    if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
+                for (int v = CINFER_CPU_ISA_PORTABLE; v <= VARIANT_PACKED; v++) {
+                    int isa = variant_isa(v);
+                    if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa) ||
+                        (v == VARIANT_PACKED && !wp))
                         continue;
                     if (isa == CINFER_CPU_ISA_PORTABLE && n > 128)
                         continue; /* seconds per run; n = 128 says enough */
                     for (int nt = 1; nt <= MAX_THREADS; nt++) {
                         if (!thr_on[nt])
                             continue;
-                        const uint8_t *wl[1] = {w};
+                        const uint8_t *wl[1] = {v == VARIANT_PACKED ? wp[0] : w};
                         mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = 1,
                                     .w = wl, .w_row_bytes = rb, .n_out = d_out,
                                     .n_in = d_in, .n = n, .x = x, .act = act,
-                                    .out = out, .tm = &teams[nt]};
+                                    .out = out, .tm = &teams[nt],
+                                    .packed = v == VARIANT_PACKED};
                         double best = 1e30, total = 0.0;
                         int reps = 0;
                         while (reps < 3 || (total < 0.3 && reps < 200)) {
@@ -701,10 +826,16 @@ int main(int argc, char **argv)
                             reps++;
                         }
                         double gf = 2.0 * (double)n * (double)d_out * (double)d_in / best / 1e9;
+                        /* int8-block products on AVX-512 run on vpdpbusd */
+                        double pk = isa == CINFER_CPU_ISA_AVX512 &&
+                                            cinfer_dtype_block_elems(wt) > 1 &&
+                                            peak_dot[nt] > 0.0
+                                        ? peak_dot[nt]
+                                        : peak[isa][nt];
                         printf("  %-8s %-5s %3d %4lld %9.1f %7.0f%% %10.3f\n",
-                               cinfer_cpu_isa_name((cinfer_cpu_isa)isa),
+                               variant_name(v),
                                cinfer_dtype_name(wt), nt, (long long)n, gf,
-                               100.0 * gf / peak[isa][nt], best * 1e3);
+                               100.0 * gf / pk, best * 1e3);
                         fflush(stdout);
                     }
                 }
@@ -713,6 +844,9 @@ int main(int argc, char **argv)
                 free(out);
             }
             free(w);
+            if (wp)
+                cinfer_huge_free(wp[0], plen);
+            free(wp);
         }
     }
 
