@@ -321,28 +321,38 @@ static int64_t seq_left(const eng_seq *s)
     return left < 1 ? 1 : left;
 }
 
+static int has_deadline(const eng_seq *s) { return s->req->deadline_ns != 0; }
+
+/* Whether the running sequences with deadlines, and s (NULL: a newcomer
+ * without its prefill counted), still meet them with s in the running set.
+ * A running sequence that will miss its deadline anyway does not hold the
+ * others back. */
+static int deadlines_hold(const cinfer_engine *e, const eng_seq *s,
+                          int64_t now_ns)
+{
+    int64_t step_ns, row_ns, now_step_ns, unused;
+    sched_predict_step(e, e->n_running + 1, &step_ns, &row_ns);
+    sched_predict_step(e, e->n_running, &now_step_ns, &unused);
+    /* the newcomer's prefill rows, spread over the coming steps */
+    const int64_t extra = s ? (int64_t)(s->n_tokens - s->n_computed) * row_ns : 0;
+    for (int i = s ? -1 : 0; i < e->n_running; i++) {
+        const eng_seq *r = i < 0 ? s : e->running[i];
+        if (!has_deadline(r))
+            continue;
+        const int64_t left = seq_left(r);
+        if (i >= 0 && now_ns + left * now_step_ns > r->req->deadline_ns)
+            continue;
+        if (now_ns + extra + left * step_ns > r->req->deadline_ns)
+            return 0;
+    }
+    return 1;
+}
+
 /* Whether one more sequence (its prefill not counted) may join the
  * running set now as far as the running ones' deadlines go. */
 static int room_for_one(const cinfer_engine *e, int64_t now_ns)
 {
-    if (!e->hold_for_deadlines)
-        return 1;
-    int64_t step_ns, row_ns, now_step_ns, unused;
-    sched_predict_step(e, e->n_running + 1, &step_ns, &row_ns);
-    sched_predict_step(e, e->n_running, &now_step_ns, &unused);
-    for (int i = 0; i < e->n_running; i++) {
-        const eng_seq *r = e->running[i];
-        if (!r->req->deadline_ns)
-            continue;
-        int64_t left = r->req->max_tokens - r->n_generated;
-        if (left < 1)
-            left = 1;
-        if (now_ns + left * now_step_ns > r->req->deadline_ns)
-            continue; /* misses anyway */
-        if (now_ns + left * step_ns > r->req->deadline_ns)
-            return 0;
-    }
-    return 1;
+    return !e->hold_for_deadlines || deadlines_hold(e, NULL, now_ns);
 }
 
 int sched_predict_start(const cinfer_engine *e, int64_t now_ns,
@@ -375,8 +385,6 @@ int sched_predict_start(const cinfer_engine *e, int64_t now_ns,
     return 1;
 }
 
-static int has_deadline(const eng_seq *s) { return s->req->deadline_ns != 0; }
-
 /* Whether s may join the running set now as far as deadlines go (see
  * engine_impl.h). */
 static int deadlines_allow(const cinfer_engine *e, const eng_seq *s,
@@ -388,28 +396,7 @@ static int deadlines_allow(const cinfer_engine *e, const eng_seq *s,
     int any = has_deadline(s);
     for (int i = 0; i < e->n_running && !any; i++)
         any = has_deadline(e->running[i]);
-    if (!any)
-        return 1;
-    int64_t step_ns, row_ns, now_step_ns, unused;
-    sched_predict_step(e, e->n_running + 1, &step_ns, &row_ns);
-    sched_predict_step(e, e->n_running, &now_step_ns, &unused);
-    /* the newcomer's prefill rows, spread over the coming steps */
-    const int64_t extra = (int64_t)(s->n_tokens - s->n_computed) * row_ns;
-    for (int i = -1; i < e->n_running; i++) {
-        const eng_seq *r = i < 0 ? s : e->running[i];
-        if (!has_deadline(r))
-            continue;
-        int64_t left = r->req->max_tokens - r->n_generated;
-        if (left < 1)
-            left = 1;
-        /* a running sequence that will miss its deadline anyway does not
-         * hold the others back */
-        if (i >= 0 && now_ns + left * now_step_ns > r->req->deadline_ns)
-            continue;
-        if (now_ns + extra + left * step_ns > r->req->deadline_ns)
-            return 0;
-    }
-    return 1;
+    return !any || deadlines_hold(e, s, now_ns);
 }
 
 /* ---------------------------------------------------------------------- */
