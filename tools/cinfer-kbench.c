@@ -209,6 +209,7 @@ static double measure_bw(team *tm, const float *buf, size_t bytes, int nta)
 
 typedef struct {
     cinfer_cpu_isa isa;
+    int dot; /* the int8 dot product instead of FMA */
     long iters;
     float sink[MAX_THREADS];
 } fma_ctx;
@@ -281,33 +282,6 @@ __attribute__((target("avx512f,avx512vnni"))) static float dot_vnni(long iters)
 }
 #endif
 
-static void dot_job(void *p, int ith, int nth)
-{
-    fma_ctx *c = p;
-#ifdef KB_X86
-    c->sink[ith] = dot_vnni(c->iters);
-#else
-    c->sink[ith] = 0.0f;
-#endif
-}
-
-/* Aggregate int8 GOP/s (a multiply-add counts two) of the team's
- * threads; 0 without AVX-512 VNNI. */
-static double measure_dot(team *tm)
-{
-    if (!cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512))
-        return 0.0;
-    fma_ctx c = {.iters = 20000000};
-    double best = 1e30;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
-        team_run(tm, dot_job, &c);
-        double t = now_s() - t0;
-        best = t < best ? t : best;
-    }
-    return 12.0 * 64 * 2 * (double)c.iters * tm->nth / best / 1e9;
-}
-
 /* FLOPs of one inner step of each variant. */
 static double fma_flops_per_iter(cinfer_cpu_isa isa)
 {
@@ -321,6 +295,12 @@ static double fma_flops_per_iter(cinfer_cpu_isa isa)
 static void fma_job(void *p, int ith, int nth)
 {
     fma_ctx *c = p;
+#ifdef KB_X86
+    if (c->dot) {
+        c->sink[ith] = dot_vnni(c->iters);
+        return;
+    }
+#endif
     switch (c->isa) {
 #ifdef KB_X86
     case CINFER_CPU_ISA_AVX512: c->sink[ith] = fma_avx512(c->iters); return;
@@ -330,18 +310,33 @@ static void fma_job(void *p, int ith, int nth)
     }
 }
 
-/* Aggregate GFLOP/s of all the team's threads. */
-static double measure_fma(team *tm, cinfer_cpu_isa isa)
+/* Aggregate rate (GFLOP/s, or int8 GOP/s with dot: a multiply-add counts
+ * two) of all the team's threads. */
+static double measure_peak(team *tm, cinfer_cpu_isa isa, int dot)
 {
-    fma_ctx c = {.isa = isa, .iters = 20000000};
+    fma_ctx c = {.isa = isa, .dot = dot, .iters = 20000000};
     double best = 1e30;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 5; rep++) {
         double t0 = now_s();
         team_run(tm, fma_job, &c);
         double t = now_s() - t0;
         best = t < best ? t : best;
     }
-    return fma_flops_per_iter(isa) * (double)c.iters * tm->nth / best / 1e9;
+    double per_iter = dot ? 12.0 * 64 * 2 : fma_flops_per_iter(isa);
+    return per_iter * (double)c.iters * tm->nth / best / 1e9;
+}
+
+static double measure_fma(team *tm, cinfer_cpu_isa isa)
+{
+    return measure_peak(tm, isa, 0);
+}
+
+/* 0 without AVX-512 VNNI. */
+static double measure_dot(team *tm)
+{
+    if (!cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512))
+        return 0.0;
+    return measure_peak(tm, CINFER_CPU_ISA_AVX512, 1);
 }
 
 /* ---------------------------------------------------------------------- */
