@@ -369,6 +369,24 @@ static void slab_put(cinfer_cpu_backend *cb, cinfer_cpu_slab *s)
     free(s);
 }
 
+/* A weight packed in parts over the pool (a large model packs at a few
+ * GB/s a thread); small ones on the caller. */
+#define PACK_THREADED_BYTES ((size_t)1 << 20)
+
+typedef struct {
+    cinfer_dtype wt;
+    const void *w;
+    int64_t n_out, n_in;
+    void *dst;
+} pack_ctx;
+
+static void pack_part(void *p, int64_t p0, int64_t p1, int thread)
+{
+    const pack_ctx *c = p;
+    (void)thread;
+    cinfer_cpu_pack_range(c->wt, c->w, c->n_out, c->n_in, c->dst, p0, p1);
+}
+
 static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
                                               const cinfer_tensor_desc *desc,
                                               const void *data,
@@ -409,7 +427,12 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
                                     "bytes",
                                     nbytes);
         }
-        cinfer_cpu_pack(desc->dtype, data, desc->shape[0], desc->shape[1], p);
+        pack_ctx pc = {desc->dtype, data, desc->shape[0], desc->shape[1], p};
+        int64_t parts = cinfer_cpu_pack_parts(desc->dtype, desc->shape[0]);
+        if (nbytes >= PACK_THREADED_BYTES)
+            cinfer_threadpool_parallel_for(cpu(be)->pool, parts, pack_part, &pc);
+        else
+            pack_part(&pc, 0, parts, 0);
         t->data = p;
         t->packed = 1;
     }

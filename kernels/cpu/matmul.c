@@ -391,12 +391,27 @@ static void copy_quants(uint8_t *dst, const uint8_t *src, size_t n, int flip)
     }
 }
 
+int64_t cinfer_cpu_pack_parts(cinfer_dtype wt, int64_t n_out)
+{
+    int g = cinfer_cpu_pack_rows(wt);
+    return g ? n_out / g + 1 : 0;
+}
+
 void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
                      int64_t n_in, void *dst)
 {
+    cinfer_cpu_pack_range(wt, w, n_out, n_in, dst, 0,
+                          cinfer_cpu_pack_parts(wt, n_out));
+}
+
+void cinfer_cpu_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
+                           int64_t n_in, void *dst, int64_t p0, int64_t p1)
+{
     pack_geom m = geom(wt, dst, n_out, n_in);
     uint8_t *quants = dst, *scales = (uint8_t *)m.scales;
-    for (int64_t row = 0; row < m.n_full; row++) {
+    const int64_t n_groups = m.n_full / m.g;
+    const int64_t g1 = p1 < n_groups ? p1 : n_groups;
+    for (int64_t row = p0 * m.g; row < g1 * m.g; row++) {
         const uint8_t *src = (const uint8_t *)w + (size_t)row * m.rb;
         uint8_t *q = quants + (size_t)(row / m.g) * m.gq + m.qb * (size_t)(row % m.g);
         uint8_t *s = scales + (size_t)(row / m.g) * m.gs + m.sb * (size_t)(row % m.g);
@@ -406,8 +421,9 @@ void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
             memcpy(s + (size_t)b * m.g * m.sb, blk, m.sb);
         }
     }
-    memcpy((uint8_t *)m.tail, (const uint8_t *)w + (size_t)m.n_full * m.rb,
-           (size_t)(n_out - m.n_full) * m.rb);
+    if (p1 > n_groups) /* the last part: the tail */
+        memcpy((uint8_t *)m.tail, (const uint8_t *)w + (size_t)m.n_full * m.rb,
+               (size_t)(n_out - m.n_full) * m.rb);
 }
 
 void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,

@@ -77,6 +77,12 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt);
 void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
                      int64_t n_in, void *dst);
 
+/* The same in independent parts, for threads: cinfer_cpu_pack_parts parts
+ * (each group of G rows, then the tail), of which this packs [p0, p1). */
+int64_t cinfer_cpu_pack_parts(cinfer_dtype wt, int64_t n_out);
+void cinfer_cpu_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
+                           int64_t n_in, void *dst, int64_t p0, int64_t p1);
+
 /* Writes blocks [b0, b1) of row `row` of a packed matrix as blocks of wt. */
 void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
                            int64_t n_in, int64_t row, int64_t b0, int64_t b1,

@@ -458,6 +458,19 @@ static void check_packed(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n
     CINFER_ASSERT(w && packed && row && x && act && want && got);
 
     cinfer_cpu_pack(wt, w, n_out, n_in, packed);
+    /* in parts, as threads pack it: the same bytes */
+    {
+        const size_t nbytes = wrb * (size_t)n_out;
+        uint8_t *parts = malloc(nbytes);
+        CINFER_ASSERT(parts != NULL);
+        int64_t np = cinfer_cpu_pack_parts(wt, n_out);
+        CHECK_EQ_INT(np, n_out / cinfer_cpu_pack_rows(wt) + 1);
+        for (int64_t p0 = 0; p0 < np; p0 += 3)
+            cinfer_cpu_pack_range(wt, w, n_out, n_in, parts, p0,
+                                  p0 + 3 < np ? p0 + 3 : np);
+        CHECK(memcmp(parts, packed, nbytes) == 0);
+        free(parts);
+    }
     int rows_bad = 0;
     const int64_t nb = n_in / CINFER_QK;
     for (int64_t o = 0; o < n_out; o++) {
