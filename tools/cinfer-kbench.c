@@ -386,11 +386,13 @@ static void mm_job(void *p, int ith, int nth)
          * hundred bytes at decode). */
         cinfer_cpu_matmul_prepare(c->isa, at, c->x, n_in, r0, r1, c->act);
         team_barrier(c->tm);
+#ifdef KB_X86
         if (c->packed)
             cinfer_cpu_matmul_compute_packed_avx512(wt, c->w[m], n_out, c->act,
                                                     c->n, n_in, c->out, n_out,
                                                     o0, o1);
         else
+#endif
             cinfer_cpu_matmul_compute(c->isa, wt, c->w[m], wrb, c->act, c->n,
                                       n_in, c->out, n_out, o0, o1);
         team_barrier(c->tm);

@@ -90,12 +90,14 @@ void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
 
 /* cinfer_cpu_matmul_compute over packed weights (AVX-512 only: the caller
  * packs only where cinfer_cpu_isa_supported(AVX512)); o0 and o1 are
- * multiples of G or o1 == n_out. */
+ * multiples of G or o1 == n_out. Built on x86-64 alone (matmul_impl.h). */
+#if defined(__x86_64__) || defined(_M_X64)
 void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
                                              int64_t n_out, const void *act,
                                              int64_t n, int64_t n_in,
                                              float *out, int64_t out_stride,
                                              int64_t o0, int64_t o1);
+#endif
 
 #ifdef __cplusplus
 }

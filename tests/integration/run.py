@@ -1369,6 +1369,19 @@ def expect_rejection(srv, req, code, reason, pushback=(0, 30000),
     return r
 
 
+def refused_at_once(srv, request_id, reason, word):
+    """A call with a 60 s deadline that the engine refuses for its load:
+    Trailers-Only UNAVAILABLE (expect_rejection) within a second, the
+    message naming `word`. Returns the H2Result."""
+    r = expect_rejection(srv, gen_bytes(n=4, request_id=request_id),
+                         "UNAVAILABLE", reason,
+                         metadata=(("grpc-timeout", "60S"),))
+    check(r.elapsed < 1.0, "refused at once (%.0f ms)" % (r.elapsed * 1000))
+    check(word in (r.md("grpc-message") or ""),
+          "message names the %s: %r" % (word, r.md("grpc-message")))
+    return r
+
+
 def scrape(srv):
     """The server's /metrics as {(name, labels tuple): value}, parsed with
     prometheus_client's parser; None when it is not installed."""
@@ -1624,13 +1637,7 @@ def case_rejections():
     with srv:
         import grpc
         running = timed_stream(srv)
-        r = expect_rejection(srv, gen_bytes(n=4, request_id="qwait-1"),
-                             "UNAVAILABLE", "shed_queue_full",
-                             metadata=(("grpc-timeout", "60S"),))
-        check(r.elapsed < 1.0, "refused at once (%.0f ms)" %
-              (r.elapsed * 1000))
-        check("wait" in (r.md("grpc-message") or ""),
-              "message names the wait: %r" % r.md("grpc-message"))
+        r = refused_at_once(srv, "qwait-1", "shed_queue_full", "wait")
         plain = Streamer(srv, gen_bytes(n=4))
         wait_stats(srv, lambda i: i.stats.waiting == 1, 30,
                    "a call without a deadline queued")
@@ -1652,13 +1659,7 @@ def case_rejections():
     with srv:
         import grpc
         running = timed_stream(srv)
-        r = expect_rejection(srv, gen_bytes(n=4, request_id="ttft-1"),
-                             "UNAVAILABLE", "shed_first_token",
-                             metadata=(("grpc-timeout", "60S"),))
-        check(r.elapsed < 1.0, "refused at once (%.0f ms)" %
-              (r.elapsed * 1000))
-        check("first token" in (r.md("grpc-message") or ""),
-              "message names the first token: %r" % r.md("grpc-message"))
+        r = refused_at_once(srv, "ttft-1", "shed_first_token", "first token")
         plain = Streamer(srv, gen_bytes(n=4))
         plain.join()
         check_eq(plain.code, grpc.StatusCode.OK, "the call without a "
