@@ -1,0 +1,50 @@
+/*
+ * mmq.cuh - tiled quantized matrix products for batches of rows (prefill):
+ * out = x * w^T with w in Q8_0, Q4_0 or Q4_1 and x already in Q8_1 blocks
+ * (quantize.cuh).
+ *
+ * The model is llama.cpp's ggml-cuda mmq.cuh in its dp4a form: a CTA
+ * computes a 16 x 16 tile of outputs; per step along k it stages 32 blocks
+ * (1024 elements) of 16 weight rows and of 16 activation rows in shared
+ * memory, and every weight block there is used by 16 rows. Thread (warp g,
+ * lane s) takes block s of the step for 4 rows x 8 weight rows, so lane s
+ * is reduction slot s of mmvq.cuh; the slots are added by a reduce-scatter
+ * across the warp (lane bit 4 first), which leaves lane l with output l of
+ * the warp's 32. Each output element therefore has exactly the float
+ * operations of cinfer_cuda_mmvq: the two kernels give the same bits for a
+ * row. Int8 tensor cores (mma) are not used yet.
+ *
+ *     // xq from cinfer_cuda_quantize_q8_1(stream, x, xq, n, k), any n >= 1
+ *     cinfer_cuda_mmq(stream, CINFER_DTYPE_Q8_0, w, n_out, xq, n, k, out);
+ *
+ * The launcher is asynchronous on `stream`; it returns CINFER_E_INVALID_ARG
+ * or CINFER_E_UNSUPPORTED for bad arguments (nothing launched) and
+ * CINFER_E_DEVICE for a failed launch.
+ */
+#ifndef CINFER_CUDA_MMQ_CUH
+#define CINFER_CUDA_MMQ_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "common/status.h"
+#include "kernels/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[r][o] = dot(x[r], w[o]) for r < n, o < n_out.
+ * w: [n_out, k / 32] blocks of w_type (Q8_0, Q4_0 or Q4_1; GGML's layout),
+ * 2-byte aligned; xq: [n, k / 32] cinfer_block_q8_1, 4-byte aligned;
+ * out: [n, n_out] F32. n >= 1, k a positive multiple of 32. */
+cinfer_status cinfer_cuda_mmq(cudaStream_t stream, cinfer_dtype w_type,
+                              const void *w, int64_t n_out, const void *xq,
+                              int32_t n, int64_t k, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_CUDA_MMQ_CUH */

@@ -1,0 +1,200 @@
+/*
+ * mmvq.cu - quantized matrix-vector products for 1..8 rows over Q8_1
+ * activations. See mmvq.cuh for the design and the reduction order.
+ */
+#include "kernels/cuda/mmvq.cuh"
+
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_compat.cuh"
+
+#define MMVQ_WARPS 4
+#define MMVQ_THREADS (32 * MMVQ_WARPS)
+#define MMVQ_LANES_PER_BLOCK 4 /* MMVQ_THREADS / CINFER_MM_SLOTS */
+#define FULL_MASK 0xffffffffu
+
+/* ---------------------------------------------------------------------- */
+/* kernel                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* Two u16 words from p[0], p[1] (2-byte aligned data) as one int. */
+__device__ __forceinline__ int mmvq_int_b2(const uint16_t *__restrict__ p)
+{
+    return (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
+}
+
+// Grid: (n_out), block (MMVQ_THREADS). CTA o computes out[0..NR)[o]. Thread t
+// is slot t / 4 (blocks t / 4, t / 4 + 32, ...) and quarter t % 4 of each
+// block: qs ints q, q + 4 for Q8_0, nibble int q for Q4_x (elements 4q..4q+3
+// and 16+4q..16+4q+3), against activation ints q and q + 4.
+template <cinfer_dtype T, int NR>
+__global__ void __launch_bounds__(MMVQ_THREADS)
+mmvq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
+            const int *__restrict__ xq,     // [NR, nb * 9] Q8_1 blocks
+            float *__restrict__ out,        // [NR, n_out]
+            int64_t n_out, int64_t nb)
+{
+    typedef mm_block_traits<T> tr;
+    CINFER_SHARED(float, red, [MMVQ_WARPS][NR][8]);
+
+    const int tid = (int)threadIdx.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int slot = tid / MMVQ_LANES_PER_BLOCK; /* 8 * warp + lane / 4 */
+    const int q = tid % MMVQ_LANES_PER_BLOCK;
+    const int64_t o = blockIdx.x;
+    const uint16_t *wrow = w + o * nb * tr::U16;
+
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        acc[r] = 0.0f;
+
+    /* b0 is uniform over the CTA, so every lane reaches the shuffles */
+    for (int64_t b0 = 0; b0 < nb; b0 += CINFER_MM_SLOTS) {
+        const int64_t b = b0 + slot;
+        const bool valid = b < nb;
+        int w0 = 0, w1 = 0;
+        float dw = 0.0f, mw = 0.0f;
+        if (valid) {
+            const uint16_t *wb = wrow + b * tr::U16;
+            dw = mm_f16(wb[0]);
+            if (T == CINFER_DTYPE_Q4_1)
+                mw = mm_f16(wb[1]);
+            w0 = mmvq_int_b2(wb + tr::QS + 2 * q);
+            if (T == CINFER_DTYPE_Q8_0)
+                w1 = mmvq_int_b2(wb + tr::QS + 2 * (q + 4));
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            int x0 = 0, x1 = 0;
+            unsigned ds = 0;
+            if (valid) {
+                const int *xb = xq + (r * nb + b) * CINFER_MM_Q8_1_WORDS;
+                ds = (unsigned)xb[0];
+                x0 = xb[1 + q];
+                x1 = xb[1 + q + 4];
+            }
+            int part;
+            if (T == CINFER_DTYPE_Q8_0) {
+                part = __dp4a(w0, x0, __dp4a(w1, x1, 0));
+            } else {
+                part = __dp4a(w0 & 0x0F0F0F0F, x0,
+                              __dp4a((w0 >> 4) & 0x0F0F0F0F, x1, 0));
+                if (T == CINFER_DTYPE_Q4_0)
+                    part -= 8 * __dp4a(0x01010101, x0,
+                                       __dp4a(0x01010101, x1, 0));
+            }
+            /* the block's four quarters: exact integer sums */
+            part += __shfl_xor_sync(FULL_MASK, part, 1);
+            part += __shfl_xor_sync(FULL_MASK, part, 2);
+            if (valid)
+                acc[r] = mm_block_acc<T>(acc[r], part, dw, mw, mm_f16(ds),
+                                         mm_f16(ds >> 16));
+        }
+    }
+
+    /* The slot tree (mmvq.cuh): slot = 8 * warp + lane / 4, so slot bits 4
+     * and 3 are warp bits 1 and 0 (through shared memory), bits 2..0 are
+     * lane bits 4..2 (shuffles). */
+    if (q == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            red[warp][r][lane / 4] = acc[r];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int g = lane % 8;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            float v = (red[0][r][g] + red[2][r][g]) +
+                      (red[1][r][g] + red[3][r][g]);
+            v += __shfl_xor_sync(FULL_MASK, v, 4);
+            v += __shfl_xor_sync(FULL_MASK, v, 2);
+            v += __shfl_xor_sync(FULL_MASK, v, 1);
+            if (lane == 0)
+                out[r * n_out + o] = v;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------- */
+/* launcher                                                                */
+/* ---------------------------------------------------------------------- */
+
+#define MAX_GRID_X 2147483647LL
+
+template <cinfer_dtype T>
+static cinfer_status launch_rows(cudaStream_t stream, const uint16_t *w,
+                                 int64_t n_out, const int *xq, int32_t n,
+                                 int64_t nb, float *out)
+{
+    const dim3 grid((unsigned)n_out), block(MMVQ_THREADS);
+    switch (n) {
+#define MMVQ_CASE(NR)                                                          \
+    case NR:                                                                   \
+        CINFER_LAUNCH((mmvq_kernel<T, NR>), grid, block, 0, stream, w, xq,     \
+                      out, n_out, nb);                                         \
+        break;
+        MMVQ_CASE(1)
+        MMVQ_CASE(2)
+        MMVQ_CASE(3)
+        MMVQ_CASE(4)
+        MMVQ_CASE(5)
+        MMVQ_CASE(6)
+        MMVQ_CASE(7)
+        MMVQ_CASE(8)
+#undef MMVQ_CASE
+    default:
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+    }
+    CINFER_CUDA_TRY_LAUNCH("mmvq_kernel");
+    return CINFER_OK;
+}
+
+extern "C" cinfer_status cinfer_cuda_mmvq(cudaStream_t stream,
+                                          cinfer_dtype w_type, const void *w,
+                                          int64_t n_out, const void *xq,
+                                          int32_t n, int64_t k, float *out)
+{
+    if (w == NULL || xq == NULL || out == NULL)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq w, xq and out must be set");
+    if ((uintptr_t)w % 2 != 0 || (uintptr_t)xq % 4 != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq w must be 2-byte and xq "
+                                "4-byte aligned");
+    if (n_out < 1 || n_out > MAX_GRID_X)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq n_out = %lld out of range",
+                                (long long)n_out);
+    if (k < CINFER_QK || k % CINFER_QK != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq k = %lld (need a positive "
+                                "multiple of 32)",
+                                (long long)k);
+    if (n < 1 || n > CINFER_CUDA_MMVQ_MAX_ROWS)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+    const int64_t nb = k / CINFER_QK;
+    const uint16_t *w16 = (const uint16_t *)w;
+    const int *x32 = (const int *)xq;
+    switch (w_type) {
+    case CINFER_DTYPE_Q8_0:
+        return launch_rows<CINFER_DTYPE_Q8_0>(stream, w16, n_out, x32, n, nb,
+                                              out);
+    case CINFER_DTYPE_Q4_0:
+        return launch_rows<CINFER_DTYPE_Q4_0>(stream, w16, n_out, x32, n, nb,
+                                              out);
+    case CINFER_DTYPE_Q4_1:
+        return launch_rows<CINFER_DTYPE_Q4_1>(stream, w16, n_out, x32, n, nb,
+                                              out);
+    default:
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "cuda matmul: mmvq w_type %s (Q8_0, Q4_0 or "
+                                "Q4_1)",
+                                cinfer_dtype_name(w_type));
+    }
+}
