@@ -188,7 +188,7 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
         int64_t shape[1] = {cols};
         d = cinfer_tensor_desc_make(t->dtype, 1, shape);
     }
-    cinfer_status st = lc->m->be->ops->tensor_create_weight(lc->m->be, &d,
+    cinfer_status st = cinfer_backend_tensor_create_weight(lc->m->be, &d,
                                                             t->data, out);
     if (st != CINFER_OK)
         return st;
@@ -197,7 +197,7 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
      * file's memory under it back at once, so the model is never held
      * twice; each tensor is loaded once, so nothing reads it again. */
     cinfer_backend *be = lc->m->be;
-    int borrowed = !be->ops->weight_borrows || be->ops->weight_borrows(be, *out);
+    int borrowed = cinfer_backend_weight_borrows(be, *out);
     if (!borrowed)
         cinfer_pages_release(t->data, t->n_bytes);
 
@@ -227,7 +227,7 @@ static cinfer_status make_act(cinfer_model *m, cinfer_tensor **out,
 {
     int64_t shape[2] = {rows, cols};
     cinfer_tensor_desc d = cinfer_tensor_desc_make(CINFER_DTYPE_F32, 2, shape);
-    return m->be->ops->tensor_create(m->be, &d, out);
+    return cinfer_backend_tensor_create(m->be, &d, out);
 }
 
 static cinfer_status read_hparams(cinfer_model *m)
@@ -414,12 +414,12 @@ static cinfer_status alloc_state(cinfer_model *m, const cinfer_model_params *p)
     I->kv_bytes = 0;
     for (int il = 0; il < I->n_layer; il++) {
         layer *L = &m->layers[il];
-        if ((st = m->be->ops->tensor_create(m->be, &kd, &L->k_cache)) ||
-            (st = m->be->ops->tensor_create(m->be, &kd, &L->v_cache)))
+        if ((st = cinfer_backend_tensor_create(m->be, &kd, &L->k_cache)) ||
+            (st = cinfer_backend_tensor_create(m->be, &kd, &L->v_cache)))
             return st;
         /* Zeroed so that stale slots never hold NaN bit patterns. */
-        if ((st = m->be->ops->fill_zero(m->be, L->k_cache)) ||
-            (st = m->be->ops->fill_zero(m->be, L->v_cache)))
+        if ((st = cinfer_backend_fill_zero(m->be, L->k_cache)) ||
+            (st = cinfer_backend_fill_zero(m->be, L->v_cache)))
             return st;
         I->kv_bytes += 2 * cinfer_tensor_desc_nbytes(&kd);
     }
@@ -531,7 +531,7 @@ void cinfer_model_destroy(cinfer_model *m)
                                   &m->xo,  &m->ho,   &m->logits,
                                   &m->tok_embd, &m->out_norm, &m->output};
         for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
-            be->ops->tensor_destroy(be, *acts[i]);
+            cinfer_backend_tensor_destroy(be, *acts[i]);
         if (m->layers) {
             for (int il = 0; il < m->info.n_layer; il++) {
                 layer *L = &m->layers[il];
@@ -541,7 +541,7 @@ void cinfer_model_destroy(cinfer_model *m)
                                        L->w_gate,    L->w_up,     L->w_down,
                                        L->k_cache,   L->v_cache};
                 for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-                    be->ops->tensor_destroy(be, ts[i]);
+                    cinfer_backend_tensor_destroy(be, ts[i]);
             }
         }
         if (m->owns_backend)
@@ -576,7 +576,7 @@ static cinfer_status set_rows(cinfer_model *m, int64_t rows,
                               cinfer_tensor *const *ts, int n)
 {
     for (int i = 0; i < n; i++) {
-        cinfer_status st = m->be->ops->tensor_set_rows(m->be, ts[i], rows);
+        cinfer_status st = cinfer_backend_tensor_set_rows(m->be, ts[i], rows);
         if (st != CINFER_OK)
             return st;
     }
@@ -594,7 +594,6 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits)
 {
     const cinfer_model_info *I = &m->info;
-    const struct cinfer_backend_ops *ops = m->be->ops;
     cinfer_backend *be = m->be;
     if (!step || step->n_rows < 1 || step->n_rows > m->max_rows)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -626,62 +625,62 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
     cinfer_tensor *full[] = {m->x, m->h, m->q, m->k, m->v, m->att,
                              m->gate, m->up};
     cinfer_tensor *outs[] = {m->xo, m->ho, m->logits};
-    TRY(ops->set_step(be, step));
+    TRY(cinfer_backend_set_step(be, step));
     TRY(set_rows(m, n, full, 8));
     TRY(set_rows(m, n_out, outs, 3));
 
     float scale = 1.0f / sqrtf((float)I->head_dim);
-    TRY(ops->embed(be, m->tok_embd, m->x));
+    TRY(cinfer_backend_embed(be, m->tok_embd, m->x));
     for (int il = 0; il <= last; il++) {
         layer *L = &m->layers[il];
-        TRY(ops->rms_norm(be, m->x, L->attn_norm, I->norm_eps, m->h));
+        TRY(cinfer_backend_rms_norm(be, m->x, L->attn_norm, I->norm_eps, m->h));
         const cinfer_tensor *wqkv[3] = {L->wq, L->wk, L->wv};
         cinfer_tensor *oqkv[3] = {m->q, m->k, m->v};
-        TRY(ops->matmul(be, 3, wqkv, m->h, oqkv));
+        TRY(cinfer_backend_matmul(be, 3, wqkv, m->h, oqkv));
         if (L->bq) {
-            TRY(ops->add_bias(be, m->q, L->bq));
-            TRY(ops->add_bias(be, m->k, L->bk));
-            TRY(ops->add_bias(be, m->v, L->bv));
+            TRY(cinfer_backend_add_bias(be, m->q, L->bq));
+            TRY(cinfer_backend_add_bias(be, m->k, L->bk));
+            TRY(cinfer_backend_add_bias(be, m->v, L->bv));
         }
-        TRY(ops->rope(be, m->q, I->n_head, I->head_dim, m->rot_dim,
+        TRY(cinfer_backend_rope(be, m->q, I->n_head, I->head_dim, m->rot_dim,
                       I->rope_theta, m->rope_mode));
-        TRY(ops->rope(be, m->k, I->n_head_kv, I->head_dim, m->rot_dim,
+        TRY(cinfer_backend_rope(be, m->k, I->n_head_kv, I->head_dim, m->rot_dim,
                       I->rope_theta, m->rope_mode));
-        TRY(ops->kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
-        TRY(ops->attention(be, m->q, L->k_cache, L->v_cache, I->n_head,
+        TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
+        TRY(cinfer_backend_attention(be, m->q, L->k_cache, L->v_cache, I->n_head,
                            I->n_head_kv, I->head_dim, scale, m->att));
         const cinfer_tensor *wo[1] = {L->wo};
         cinfer_tensor *oo[1] = {m->h};
-        TRY(ops->matmul(be, 1, wo, m->att, oo));
+        TRY(cinfer_backend_matmul(be, 1, wo, m->att, oo));
 
         /* In the last layer only the wanted rows continue. */
         cinfer_tensor *x = m->x, *h = m->h;
         if (il == last) {
-            TRY(ops->gather_rows(be, m->x, m->xo));
-            TRY(ops->gather_rows(be, m->h, m->ho));
+            TRY(cinfer_backend_gather_rows(be, m->x, m->xo));
+            TRY(cinfer_backend_gather_rows(be, m->h, m->ho));
             cinfer_tensor *ffn[] = {m->gate, m->up, m->h};
             TRY(set_rows(m, n_out, ffn, 3));
             x = m->xo;
             h = m->ho;
         }
-        TRY(ops->add(be, x, h, x));
-        TRY(ops->rms_norm(be, x, L->ffn_norm, I->norm_eps, h));
+        TRY(cinfer_backend_add(be, x, h, x));
+        TRY(cinfer_backend_rms_norm(be, x, L->ffn_norm, I->norm_eps, h));
         const cinfer_tensor *wgu[2] = {L->w_gate, L->w_up};
         cinfer_tensor *ogu[2] = {m->gate, m->up};
-        TRY(ops->matmul(be, 2, wgu, h, ogu));
-        TRY(ops->silu_mul(be, m->gate, m->up, m->gate));
+        TRY(cinfer_backend_matmul(be, 2, wgu, h, ogu));
+        TRY(cinfer_backend_silu_mul(be, m->gate, m->up, m->gate));
         const cinfer_tensor *wd[1] = {L->w_down};
         cinfer_tensor *od[1] = {h};
-        TRY(ops->matmul(be, 1, wd, m->gate, od));
-        TRY(ops->add(be, x, h, x));
+        TRY(cinfer_backend_matmul(be, 1, wd, m->gate, od));
+        TRY(cinfer_backend_add(be, x, h, x));
     }
-    TRY(ops->rms_norm(be, m->xo, m->out_norm, I->norm_eps, m->xo));
+    TRY(cinfer_backend_rms_norm(be, m->xo, m->out_norm, I->norm_eps, m->xo));
     const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};
     cinfer_tensor *olog[1] = {m->logits};
-    TRY(ops->matmul(be, 1, wout, m->xo, olog));
-    TRY(ops->download(be, m->logits, 0, logits,
+    TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
+    TRY(cinfer_backend_download(be, m->logits, 0, logits,
                       sizeof(float) * (size_t)n_out * (size_t)I->n_vocab));
-    TRY(ops->synchronize(be));
+    TRY(cinfer_backend_synchronize(be));
     return CINFER_OK;
 }
 

@@ -8,7 +8,11 @@
  *
  * Supported: architecture `llama` (and `qwen2`: Q/K/V bias, NEOX rope),
  * weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1; tied or separate output.
- * Weights stay in the mmapped file (the CPU backend reads them in place).
+ * Weights are read into memory in huge pages, or mapped (use_mmap); the
+ * CPU backend computes from that memory in place where it can and packs
+ * the int8-block types for its AVX-512 kernels, and a device backend copies
+ * them to its memory; either way the file's memory under a copied weight
+ * is given back (cinfer_backend_weight_borrows).
  *
  *     cinfer_model_params p = cinfer_model_default_params();
  *     p.path = "SmolLM2-135M-Instruct.Q4_1.gguf";

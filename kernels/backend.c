@@ -1,14 +1,32 @@
 /*
- * backend.c - backend-independent helpers of the ops table.
+ * backend.c - the backend seam: every check, then the backend's slot.
  *
- * Every backend's tensor struct starts with its cinfer_tensor_desc, so the
- * descriptor of any tensor can be read without knowing the backend, and
- * every backend starts with the cinfer_backend header whose ops table knows
- * how to destroy it.
+ * The cinfer_backend_* calls of backend.h validate their arguments here,
+ * once for every backend (dtype, shape, aliasing, read-only weights, the
+ * step's counts and indices against the tensors), with error messages that
+ * name the op and the argument, and then call the backend's slot in the
+ * ops table (backend_impl.h), which does arithmetic only. set_step keeps a
+ * host copy of the checked step in the backend's base struct, with what
+ * the later checks need (largest slot, position and block id); a device
+ * backend's slot then uploads it. The fallbacks of optional slots live
+ * here too.
  */
-#include "backend.h"
+#include "backend_impl.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#define TRY(expr)                                                              \
+    do {                                                                       \
+        cinfer_status st_ = (expr);                                            \
+        if (st_ != CINFER_OK)                                                  \
+            return st_;                                                        \
+    } while (0)
+
+/* ---------------------------------------------------------------------- */
+/* descriptors                                                             */
+/* ---------------------------------------------------------------------- */
 
 const cinfer_tensor_desc *cinfer_tensor_get_desc(const cinfer_tensor *t)
 {
@@ -55,8 +73,847 @@ cinfer_tensor_desc cinfer_tensor_desc_make(cinfer_dtype dtype, int n_dims,
     return d;
 }
 
+/* ---------------------------------------------------------------------- */
+/* argument checks                                                         */
+/* ---------------------------------------------------------------------- */
+
+/* "F32[7, 769]" */
+static const char *desc_str(const cinfer_tensor_desc *d, char *buf,
+                            size_t size)
+{
+    int off = snprintf(buf, size, "%s[", cinfer_dtype_name(d->dtype));
+    int nd = d->n_dims < 0 ? 0 : d->n_dims > 4 ? 4 : d->n_dims;
+    for (int i = 0; i < nd && off > 0 && (size_t)off < size; i++)
+        off += snprintf(buf + off, size - (size_t)off, "%s%lld",
+                        i ? ", " : "", (long long)d->shape[i]);
+    if (off > 0 && (size_t)off < size)
+        snprintf(buf + off, size - (size_t)off, "]");
+    return buf;
+}
+
+#define t_rows cinfer_tensor_rows
+#define t_cols cinfer_tensor_cols
+
+static cinfer_status need_tensor(const char *op, const char *arg,
+                                 const cinfer_tensor *t)
+{
+    if (!t)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "%s: %s is NULL", op,
+                                arg);
+    return CINFER_OK;
+}
+
+static cinfer_status need_writable(const char *op, const char *arg,
+                                   const cinfer_tensor *t)
+{
+    if (t->is_weight)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %s is a read-only weight tensor", op,
+                                arg);
+    return CINFER_OK;
+}
+
+/* An F32 matrix [rows, cols] (rows < 0 or cols < 0: any). At least 2 dims;
+ * cols is the product of the inner ones. */
+static cinfer_status need_f32_matrix(const char *op, const char *arg,
+                                     const cinfer_tensor *t, int64_t rows,
+                                     int64_t cols)
+{
+    cinfer_status st = need_tensor(op, arg, t);
+    if (st != CINFER_OK)
+        return st;
+    if (t->desc.dtype != CINFER_DTYPE_F32 || t->desc.n_dims < 2 ||
+        (rows >= 0 && t_rows(t) != rows) || (cols >= 0 && t_cols(t) != cols)) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %s must be F32 [%lld, %lld], got %s", op,
+                                arg, (long long)rows, (long long)cols,
+                                desc_str(&t->desc, buf, sizeof buf));
+    }
+    return CINFER_OK;
+}
+
+/* An F32 vector [n]. */
+static cinfer_status need_f32_vector(const char *op, const char *arg,
+                                     const cinfer_tensor *t, int64_t n)
+{
+    cinfer_status st = need_tensor(op, arg, t);
+    if (st != CINFER_OK)
+        return st;
+    if (t->desc.dtype != CINFER_DTYPE_F32 || t->desc.n_dims != 1 ||
+        t->desc.shape[0] != n) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %s must be F32 [%lld], got %s", op, arg,
+                                (long long)n,
+                                desc_str(&t->desc, buf, sizeof buf));
+    }
+    return CINFER_OK;
+}
+
+static int same_shape(const cinfer_tensor_desc *a, const cinfer_tensor_desc *b)
+{
+    if (a->n_dims != b->n_dims)
+        return 0;
+    for (int i = 0; i < a->n_dims; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+static cinfer_status need_same_shape(const char *op, const char *arg,
+                                     const cinfer_tensor *t,
+                                     const char *ref_arg,
+                                     const cinfer_tensor *ref)
+{
+    cinfer_status st = need_tensor(op, arg, t);
+    if (st != CINFER_OK)
+        return st;
+    if (t->desc.dtype != CINFER_DTYPE_F32 || !same_shape(&t->desc, &ref->desc)) {
+        char b1[96], b2[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %s must be F32 shaped like %s (%s), got "
+                                "%s",
+                                op, arg, ref_arg,
+                                desc_str(&ref->desc, b1, sizeof b1),
+                                desc_str(&t->desc, b2, sizeof b2));
+    }
+    return CINFER_OK;
+}
+
+static cinfer_status need_step(const char *op, const cinfer_backend *cb)
+{
+    if (!cb->has_step)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: no step set (call set_step first)", op);
+    return CINFER_OK;
+}
+
+/* A KV cache [n_blocks, step.block_size, n_kv_heads, head_dim], F16/F32. */
+static cinfer_status need_cache(const char *op, const char *arg,
+                                const cinfer_backend *cb,
+                                const cinfer_tensor *t)
+{
+    cinfer_status st = need_tensor(op, arg, t);
+    if (st != CINFER_OK)
+        return st;
+    const cinfer_tensor_desc *d = &t->desc;
+    if ((d->dtype != CINFER_DTYPE_F16 && d->dtype != CINFER_DTYPE_F32) ||
+        d->n_dims != 4 || d->shape[1] != cb->step.block_size) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %s must be F16 or F32 [n_blocks, "
+                                "block_size = %d, n_kv_heads, head_dim], got "
+                                "%s",
+                                op, arg, (int)cb->step.block_size,
+                                desc_str(d, buf, sizeof buf));
+    }
+    return CINFER_OK;
+}
+
+static cinfer_status check_desc(const char *op, const cinfer_tensor_desc *d,
+                                size_t *nbytes)
+{
+    if (!d)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "%s: desc is NULL", op);
+    if (!cinfer_dtype_valid((uint32_t)d->dtype))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: desc.dtype %d is not a known type", op,
+                                (int)d->dtype);
+    if (d->n_dims < 1 || d->n_dims > CINFER_MAX_DIMS)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: desc.n_dims %d is outside 1..%d", op,
+                                d->n_dims, CINFER_MAX_DIMS);
+    for (int i = 0; i < d->n_dims; i++)
+        if (d->shape[i] < 1)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "%s: desc.shape[%d] = %lld is not >= 1",
+                                    op, i, (long long)d->shape[i]);
+    size_t n = cinfer_tensor_desc_nbytes(d);
+    if (n == 0) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %s is not a whole number of %s blocks or "
+                                "is too large",
+                                op, desc_str(d, buf, sizeof buf),
+                                cinfer_dtype_name(d->dtype));
+    }
+    *nbytes = n;
+    return CINFER_OK;
+}
+
+static cinfer_status check_range(const char *op, const cinfer_tensor *t,
+                                 size_t offset, const void *p, size_t n_bytes)
+{
+    TRY(need_tensor(op, "t", t));
+    if (offset > t->nbytes || n_bytes > t->nbytes - offset)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: bytes [%zu, %zu + %zu) lie outside the "
+                                "tensor's %zu bytes",
+                                op, offset, offset, n_bytes, t->nbytes);
+    if (!p && n_bytes > 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: host pointer is NULL", op);
+    return CINFER_OK;
+}
+
+
+/* Makes *p hold at least n bytes (contents not kept): 0, or -1 without
+ * memory (then *p is unchanged). */
+static int reserve(void **p, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    size_t want = *cap + *cap / 2 > n ? *cap + *cap / 2 : n;
+    void *q = malloc(want);
+    if (!q)
+        return -1;
+    free(*p);
+    *p = q;
+    *cap = want;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* lifetime and memory                                                     */
+/* ---------------------------------------------------------------------- */
+
+/* The common fields of a tensor a slot created. */
+static void tensor_init(cinfer_tensor *t, const cinfer_tensor_desc *d,
+                        size_t nbytes, int is_weight)
+{
+    t->desc = *d;
+    t->nbytes = nbytes;
+    t->cap_bytes = nbytes;
+    t->is_weight = is_weight;
+}
+
+cinfer_status cinfer_backend_tensor_create(cinfer_backend *be,
+                                           const cinfer_tensor_desc *desc,
+                                           cinfer_tensor **out)
+{
+    size_t nbytes = 0;
+    if (!out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tensor_create: out is NULL");
+    *out = NULL;
+    TRY(check_desc("tensor_create", desc, &nbytes));
+    TRY(be->ops->tensor_create(be, desc, nbytes, out));
+    tensor_init(*out, desc, nbytes, 0);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_tensor_create_weight(cinfer_backend *be,
+                                                  const cinfer_tensor_desc *desc,
+                                                  const void *data,
+                                                  cinfer_tensor **out)
+{
+    size_t nbytes = 0;
+    if (!out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tensor_create_weight: out is NULL");
+    *out = NULL;
+    TRY(check_desc("tensor_create_weight", desc, &nbytes));
+    if (!data)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tensor_create_weight: data is NULL");
+    TRY(be->ops->tensor_create_weight(be, desc, nbytes, data, out));
+    tensor_init(*out, desc, nbytes, 1);
+    return CINFER_OK;
+}
+
+/* The allocation (cap_bytes) keeps the row count the tensor was created
+ * with, so a tensor shrunk by set_rows can grow back up to it. Rows keep
+ * their byte offsets: the data is not moved. */
+cinfer_status cinfer_backend_tensor_set_rows(cinfer_backend *be,
+                                             cinfer_tensor *t, int64_t rows)
+{
+    TRY(need_tensor("tensor_set_rows", "t", t));
+    TRY(need_writable("tensor_set_rows", "t", t));
+    cinfer_tensor_desc one = t->desc;
+    one.shape[0] = 1;
+    size_t row_bytes = cinfer_tensor_desc_nbytes(&one);
+    size_t cap_rows = row_bytes ? t->cap_bytes / row_bytes : 0;
+    if (rows < 1 || (uint64_t)rows > cap_rows)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tensor_set_rows: rows %lld is outside 1..%zu "
+                                "(the rows it was created with)",
+                                (long long)rows, cap_rows);
+    t->desc.shape[0] = rows;
+    t->nbytes = (size_t)rows * row_bytes;
+    return CINFER_OK;
+}
+
+void cinfer_backend_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
+{
+    if (t)
+        be->ops->tensor_destroy(be, t);
+}
+
+int cinfer_backend_weight_borrows(cinfer_backend *be, const cinfer_tensor *t)
+{
+    if (!t || !t->is_weight)
+        return 0;
+    return be->ops->weight_borrows ? be->ops->weight_borrows(be, t) : 1;
+}
+
+static int matmul_supports(cinfer_backend *be, cinfer_dtype dt)
+{
+    if (be->ops->matmul_supports)
+        return be->ops->matmul_supports(be, dt);
+    return dt == CINFER_DTYPE_F32 || dt == CINFER_DTYPE_F16 ||
+           dt == CINFER_DTYPE_BF16 || dt == CINFER_DTYPE_Q8_0 ||
+           dt == CINFER_DTYPE_Q4_0 || dt == CINFER_DTYPE_Q4_1;
+}
+
+cinfer_status cinfer_backend_upload(cinfer_backend *be, cinfer_tensor *t,
+                                    size_t offset, const void *src,
+                                    size_t n_bytes)
+{
+    TRY(check_range("upload", t, offset, src, n_bytes));
+    TRY(need_writable("upload", "t", t));
+    if (n_bytes == 0)
+        return CINFER_OK;
+    return be->ops->upload(be, t, offset, src, n_bytes);
+}
+
+cinfer_status cinfer_backend_download(cinfer_backend *be,
+                                      const cinfer_tensor *t, size_t offset,
+                                      void *dst, size_t n_bytes)
+{
+    TRY(check_range("download", t, offset, dst, n_bytes));
+    if (n_bytes == 0)
+        return CINFER_OK;
+    return be->ops->download(be, t, offset, dst, n_bytes);
+}
+
+cinfer_status cinfer_backend_fill_zero(cinfer_backend *be, cinfer_tensor *t)
+{
+    TRY(need_tensor("fill_zero", "t", t));
+    TRY(need_writable("fill_zero", "t", t));
+    return be->ops->fill_zero(be, t);
+}
+
+cinfer_status cinfer_backend_synchronize(cinfer_backend *be)
+{
+    return be->ops->synchronize(be);
+}
+
+int cinfer_backend_healthy(cinfer_backend *be)
+{
+    return be->ops->healthy ? be->ops->healthy(be) : 1;
+}
+
+cinfer_status cinfer_backend_memory(cinfer_backend *be, size_t *used_bytes,
+                                    size_t *budget_bytes)
+{
+    *used_bytes = 0;
+    *budget_bytes = 0;
+    if (!be->ops->memory)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "%s backend: no device memory budget",
+                                be->name);
+    return be->ops->memory(be, used_bytes, budget_bytes);
+}
+
+const char *cinfer_backend_name(const cinfer_backend *be)
+{
+    return be->name;
+}
+
+const char *cinfer_backend_device_desc(const cinfer_backend *be)
+{
+    return be->device_desc;
+}
+
 void cinfer_backend_destroy(cinfer_backend *be)
 {
-    if (be)
-        be->ops->destroy(be);
+    if (!be)
+        return;
+    free(be->step_buf);
+    free(be->sort_buf);
+    be->step_buf = be->sort_buf = NULL;
+    be->ops->destroy(be);
 }
+
+/* ---------------------------------------------------------------------- */
+/* step metadata                                                           */
+/* ---------------------------------------------------------------------- */
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
+{
+    cinfer_backend *cb = be;
+    if (!s)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "set_step: step is NULL");
+    if (s->n_rows < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: n_rows %d is not >= 1",
+                                (int)s->n_rows);
+    if (s->n_seqs < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: n_seqs %d is not >= 1",
+                                (int)s->n_seqs);
+    if (s->block_size < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: block_size %d is not >= 1",
+                                (int)s->block_size);
+    if (s->max_blocks < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: max_blocks %d is not >= 1",
+                                (int)s->max_blocks);
+    if (s->n_out < 0 || s->n_out > s->n_rows)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: n_out %d is outside 0..n_rows (%d)",
+                                (int)s->n_out, (int)s->n_rows);
+    if (!s->tokens || !s->positions || !s->row_seq || !s->slots ||
+        !s->block_tables || (s->n_out > 0 && !s->out_rows))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: tokens, positions, row_seq, slots, "
+                                "block_tables and out_rows must not be NULL");
+    int64_t n = s->n_rows, n_seqs = s->n_seqs, n_out = s->n_out;
+    int64_t n_table = n_seqs * (int64_t)s->max_blocks;
+    if (n_table > INT32_MAX)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: n_seqs * max_blocks = %lld is too "
+                                "large",
+                                (long long)n_table);
+    int32_t max_pos = 0, max_slot = 0;
+    for (int64_t r = 0; r < n; r++) {
+        if (s->tokens[r] < 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: tokens[%lld] = %d is negative",
+                                    (long long)r, (int)s->tokens[r]);
+        if (s->positions[r] < 0 ||
+            s->positions[r] / s->block_size >= s->max_blocks)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: positions[%lld] = %d is outside "
+                                    "0..max_blocks * block_size - 1 (%lld)",
+                                    (long long)r, (int)s->positions[r],
+                                    (long long)s->max_blocks * s->block_size -
+                                        1);
+        if (s->row_seq[r] < 0 || s->row_seq[r] >= s->n_seqs)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: row_seq[%lld] = %d is outside "
+                                    "0..n_seqs - 1 (%d)",
+                                    (long long)r, (int)s->row_seq[r],
+                                    (int)s->n_seqs - 1);
+        if (s->slots[r] < 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: slots[%lld] = %d is negative",
+                                    (long long)r, (int)s->slots[r]);
+        max_pos = s->positions[r] > max_pos ? s->positions[r] : max_pos;
+        max_slot = s->slots[r] > max_slot ? s->slots[r] : max_slot;
+    }
+    for (int64_t j = 0; j < n_out; j++) {
+        if (s->out_rows[j] < 0 || s->out_rows[j] >= s->n_rows)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: out_rows[%lld] = %d is outside "
+                                    "0..n_rows - 1 (%d)",
+                                    (long long)j, (int)s->out_rows[j],
+                                    (int)s->n_rows - 1);
+        if (j > 0 && s->out_rows[j] <= s->out_rows[j - 1])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: out_rows[%lld] = %d does not "
+                                    "ascend (previous %d)",
+                                    (long long)j, (int)s->out_rows[j],
+                                    (int)s->out_rows[j - 1]);
+    }
+
+    /* Scratch: sorted slots [n], then the last position per sequence. */
+    size_t scratch = (size_t)(n + n_seqs) * sizeof(int32_t);
+    if (reserve(&cb->sort_buf, &cb->sort_cap, scratch) != 0)
+        return cinfer_set_error(CINFER_E_NOMEM, "set_step: no memory");
+    int32_t *sorted = cb->sort_buf;
+    int32_t *seq_last = sorted + n;
+    memcpy(sorted, s->slots, (size_t)n * sizeof(int32_t));
+    qsort(sorted, (size_t)n, sizeof(int32_t), cmp_i32);
+    for (int64_t r = 1; r < n; r++)
+        if (sorted[r] == sorted[r - 1])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: slot %d is used by two rows",
+                                    (int)sorted[r]);
+
+    /* The block ids rows will read: blocks 0..last/block_size of each
+     * sequence that has rows. Range-checked against the cache later. */
+    for (int64_t q = 0; q < n_seqs; q++)
+        seq_last[q] = -1;
+    for (int64_t r = 0; r < n; r++)
+        if (s->positions[r] > seq_last[s->row_seq[r]])
+            seq_last[s->row_seq[r]] = s->positions[r];
+    int32_t min_block = INT32_MAX, max_block = INT32_MIN;
+    int32_t min_seq = 0, min_idx = 0, max_seq = 0, max_idx = 0;
+    for (int64_t q = 0; q < n_seqs; q++) {
+        if (seq_last[q] < 0)
+            continue;
+        const int32_t *bt = s->block_tables + q * s->max_blocks;
+        for (int32_t i = 0; i <= seq_last[q] / s->block_size; i++) {
+            if (bt[i] < min_block) {
+                min_block = bt[i];
+                min_seq = (int32_t)q;
+                min_idx = i;
+            }
+            if (bt[i] > max_block) {
+                max_block = bt[i];
+                max_seq = (int32_t)q;
+                max_idx = i;
+            }
+        }
+    }
+
+    /* Copy: tokens, positions, row_seq, slots, out_rows, block_tables,
+     * row_gen. */
+    size_t total = (size_t)(5 * n + n_out + n_table) * sizeof(int32_t);
+    if (reserve(&cb->step_buf, &cb->step_cap, total) != 0)
+        return cinfer_set_error(CINFER_E_NOMEM, "set_step: no memory");
+    int32_t *p = cb->step_buf;
+    cinfer_step *c = &cb->step;
+    *c = *s;
+    memcpy(p, s->tokens, (size_t)n * 4);
+    c->tokens = p;
+    p += n;
+    memcpy(p, s->positions, (size_t)n * 4);
+    c->positions = p;
+    p += n;
+    memcpy(p, s->row_seq, (size_t)n * 4);
+    c->row_seq = p;
+    p += n;
+    memcpy(p, s->slots, (size_t)n * 4);
+    c->slots = p;
+    p += n;
+    if (n_out > 0)
+        memcpy(p, s->out_rows, (size_t)n_out * 4);
+    c->out_rows = p;
+    p += n_out;
+    memcpy(p, s->block_tables, (size_t)n_table * 4);
+    c->block_tables = p;
+    p += n_table;
+    if (s->row_gen) {
+        uint8_t *g = (uint8_t *)p;
+        for (int64_t r = 0; r < n; r++)
+            g[r] = s->row_gen[r] ? 1 : 0;
+        c->row_gen = g;
+    }
+
+    cb->max_slot = max_slot;
+    cb->max_position = max_pos;
+    cb->min_block = min_block;
+    cb->max_block = max_block;
+    cb->min_block_seq = min_seq;
+    cb->min_block_idx = min_idx;
+    cb->max_block_seq = max_seq;
+    cb->max_block_idx = max_idx;
+    if (be->ops->set_step) {
+        cinfer_status st = be->ops->set_step(be);
+        if (st != CINFER_OK) {
+            cb->has_step = 0;
+            return st;
+        }
+    }
+    cb->has_step = 1;
+    return CINFER_OK;
+}
+
+
+/* ---------------------------------------------------------------------- */
+/* ops                                                                     */
+/* ---------------------------------------------------------------------- */
+
+cinfer_status cinfer_backend_embed(cinfer_backend *be, const cinfer_tensor *table,
+                               cinfer_tensor *out)
+{
+    const cinfer_backend *cb = be;
+    const char *op = "embed";
+    TRY(need_step(op, cb));
+    TRY(need_tensor(op, "table", table));
+    const cinfer_tensor_desc *td = &table->desc;
+    if (td->n_dims != 2 || td->dtype == CINFER_DTYPE_I32) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "embed: table must be [vocab, d] of a float "
+                                "or quantized type, got %s",
+                                desc_str(td, buf, sizeof buf));
+    }
+    int64_t vocab = td->shape[0], d = td->shape[1];
+    TRY(need_f32_matrix(op, "out", out, cb->step.n_rows, d));
+    TRY(need_writable(op, "out", out));
+    if (out == table)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "embed: out aliases table");
+    for (int32_t r = 0; r < cb->step.n_rows; r++)
+        if (cb->step.tokens[r] >= vocab)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "embed: step.tokens[%d] = %d is outside "
+                                    "the table's %lld rows",
+                                    (int)r, (int)cb->step.tokens[r],
+                                    (long long)vocab);
+    return be->ops->embed(be, table, out);
+}
+
+cinfer_status cinfer_backend_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
+                                  const cinfer_tensor *w, float eps,
+                                  cinfer_tensor *out)
+{
+    const char *op = "rms_norm";
+    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    TRY(need_f32_vector(op, "w", w, t_cols(x)));
+    TRY(need_same_shape(op, "out", out, "x", x));
+    TRY(need_writable(op, "out", out));
+    if (!(eps >= 0.0f) || isinf(eps))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rms_norm: eps %g is not a finite value >= 0",
+                                (double)eps);
+    return be->ops->rms_norm(be, x, w, eps, out);
+}
+
+cinfer_status cinfer_backend_matmul(cinfer_backend *be, int n_w,
+                                const cinfer_tensor *const *w,
+                                const cinfer_tensor *x,
+                                cinfer_tensor *const *out)
+{
+    const char *op = "matmul";
+    if (n_w < 1 || n_w > 4)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "matmul: n_w %d is outside 1..4", n_w);
+    if (!w || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "matmul: w and out must not be NULL");
+    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    if (x->desc.n_dims != 2) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "matmul: x must be F32 [n, n_in], got %s",
+                                desc_str(&x->desc, buf, sizeof buf));
+    }
+    int64_t n = t_rows(x), n_in = t_cols(x);
+    for (int i = 0; i < n_w; i++) {
+        char name[24], buf[96];
+        snprintf(name, sizeof name, "w[%d]", i);
+        TRY(need_tensor(op, name, w[i]));
+        const cinfer_tensor_desc *wd = &w[i]->desc;
+        if (wd->n_dims != 2 || wd->shape[1] != n_in)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "matmul: w[%d] must be [n_out, n_in = "
+                                    "%lld], got %s",
+                                    i, (long long)n_in,
+                                    desc_str(wd, buf, sizeof buf));
+        if (!matmul_supports(be, wd->dtype))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "matmul: w[%d] has type %s, which has no "
+                                    "%s matmul kernel",
+                                    i, cinfer_dtype_name(wd->dtype), be->name);
+        snprintf(name, sizeof name, "out[%d]", i);
+        TRY(need_f32_matrix(op, name, out[i], n, wd->shape[0]));
+        if (out[i]->desc.n_dims != 2)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "matmul: out[%d] must be 2-D [n, n_out]",
+                                    i);
+        TRY(need_writable(op, name, out[i]));
+        if (out[i] == x)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "matmul: out[%d] aliases x", i);
+        for (int j = 0; j < n_w; j++)
+            if (out[i] == w[j])
+                return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                        "matmul: out[%d] aliases w[%d]", i, j);
+        for (int j = 0; j < i; j++)
+            if (out[j] == out[i])
+                return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                        "matmul: out[%d] and out[%d] are the "
+                                        "same tensor",
+                                        j, i);
+    }
+    return be->ops->matmul(be, n_w, w, x, out);
+}
+
+cinfer_status cinfer_backend_add_bias(cinfer_backend *be, cinfer_tensor *x,
+                                  const cinfer_tensor *b)
+{
+    const char *op = "add_bias";
+    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    TRY(need_writable(op, "x", x));
+    TRY(need_f32_vector(op, "b", b, t_cols(x)));
+    return be->ops->add_bias(be, x, b);
+}
+
+cinfer_status cinfer_backend_add(cinfer_backend *be, const cinfer_tensor *a,
+                             const cinfer_tensor *b, cinfer_tensor *out)
+{
+    const char *op = "add";
+    TRY(need_tensor(op, "a", a));
+    if (a->desc.dtype != CINFER_DTYPE_F32) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "add: a must be F32, got %s",
+                                desc_str(&a->desc, buf, sizeof buf));
+    }
+    TRY(need_same_shape(op, "b", b, "a", a));
+    TRY(need_same_shape(op, "out", out, "a", a));
+    TRY(need_writable(op, "out", out));
+    return be->ops->add(be, a, b, out);
+}
+
+cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
+                              int n_heads, int head_dim, int rot_dim,
+                              float theta, cinfer_rope_mode mode)
+{
+    const cinfer_backend *cb = be;
+    const char *op = "rope";
+    TRY(need_step(op, cb));
+    if (n_heads < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope: n_heads %d is not >= 1", n_heads);
+    if (head_dim < 2)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope: head_dim %d is not >= 2", head_dim);
+    if (rot_dim < 2 || rot_dim > head_dim || rot_dim % 2 != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope: rot_dim %d must be even and in "
+                                "2..head_dim (%d)",
+                                rot_dim, head_dim);
+    if (!(theta > 0.0f) || isinf(theta))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope: theta %g is not a finite value > 0",
+                                (double)theta);
+    if (mode != CINFER_ROPE_NORM && mode != CINFER_ROPE_NEOX)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope: mode %d is neither NORM (0) nor NEOX "
+                                "(2)",
+                                (int)mode);
+    TRY(need_f32_matrix(op, "x", x, cb->step.n_rows,
+                        (int64_t)n_heads * head_dim));
+    TRY(need_writable(op, "x", x));
+    return be->ops->rope(be, x, n_heads, head_dim, rot_dim, theta, mode);
+}
+
+cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k,
+                                  const cinfer_tensor *v,
+                                  cinfer_tensor *k_cache,
+                                  cinfer_tensor *v_cache)
+{
+    const cinfer_backend *cb = be;
+    const char *op = "kv_store";
+    TRY(need_step(op, cb));
+    TRY(need_cache(op, "k_cache", cb, k_cache));
+    TRY(need_cache(op, "v_cache", cb, v_cache));
+    TRY(need_writable(op, "k_cache", k_cache));
+    TRY(need_writable(op, "v_cache", v_cache));
+    if (k_cache == v_cache)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "kv_store: k_cache and v_cache are the same "
+                                "tensor");
+    if (!same_shape(&k_cache->desc, &v_cache->desc)) {
+        char b1[96], b2[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "kv_store: v_cache %s is not shaped like "
+                                "k_cache %s",
+                                desc_str(&v_cache->desc, b1, sizeof b1),
+                                desc_str(&k_cache->desc, b2, sizeof b2));
+    }
+    int64_t width = k_cache->desc.shape[2] * k_cache->desc.shape[3];
+    TRY(need_f32_matrix(op, "k", k, cb->step.n_rows, width));
+    TRY(need_f32_matrix(op, "v", v, cb->step.n_rows, width));
+    int64_t n_slots = k_cache->desc.shape[0] * k_cache->desc.shape[1];
+    if (cb->max_slot >= n_slots)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "kv_store: step slot %d is outside the "
+                                "cache's %lld slots",
+                                (int)cb->max_slot, (long long)n_slots);
+    return be->ops->kv_store(be, k, v, k_cache, v_cache);
+}
+
+cinfer_status cinfer_backend_attention(cinfer_backend *be, const cinfer_tensor *q,
+                                   const cinfer_tensor *k_cache,
+                                   const cinfer_tensor *v_cache, int n_heads,
+                                   int n_kv_heads, int head_dim, float scale,
+                                   cinfer_tensor *out)
+{
+    const cinfer_backend *cb = be;
+    const char *op = "attention";
+    TRY(need_step(op, cb));
+    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: n_heads %d must be a positive "
+                                "multiple of n_kv_heads %d",
+                                n_heads, n_kv_heads);
+    if (head_dim < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: head_dim %d is not >= 1",
+                                head_dim);
+    if (!isfinite(scale))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: scale is not finite");
+    TRY(need_cache(op, "k_cache", cb, k_cache));
+    TRY(need_cache(op, "v_cache", cb, v_cache));
+    const char *bad = NULL;
+    if (k_cache->desc.shape[2] != n_kv_heads ||
+        k_cache->desc.shape[3] != head_dim)
+        bad = "k_cache";
+    else if (!same_shape(&k_cache->desc, &v_cache->desc))
+        bad = "v_cache";
+    if (bad) {
+        char buf[96];
+        const cinfer_tensor *t = bad[0] == 'k' ? k_cache : v_cache;
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: %s must be [n_blocks, %d, "
+                                "n_kv_heads = %d, head_dim = %d], got %s",
+                                bad, (int)cb->step.block_size, n_kv_heads,
+                                head_dim, desc_str(&t->desc, buf, sizeof buf));
+    }
+    int64_t width = (int64_t)n_heads * head_dim;
+    TRY(need_f32_matrix(op, "q", q, cb->step.n_rows, width));
+    TRY(need_f32_matrix(op, "out", out, cb->step.n_rows, width));
+    TRY(need_writable(op, "out", out));
+    if (out == q)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: out aliases q");
+    int64_t n_blocks = k_cache->desc.shape[0];
+    if (cb->min_block < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: step.block_tables[%d][%d] = %d is "
+                                "negative",
+                                (int)cb->min_block_seq, (int)cb->min_block_idx,
+                                (int)cb->min_block);
+    if (cb->max_block >= n_blocks)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: step.block_tables[%d][%d] = %d is "
+                                "outside the cache's %lld blocks",
+                                (int)cb->max_block_seq, (int)cb->max_block_idx,
+                                (int)cb->max_block, (long long)n_blocks);
+    return be->ops->attention(be, q, k_cache, v_cache, n_heads, n_kv_heads,
+                              head_dim, scale, out);
+}
+
+cinfer_status cinfer_backend_silu_mul(cinfer_backend *be,
+                                  const cinfer_tensor *gate,
+                                  const cinfer_tensor *up, cinfer_tensor *out)
+{
+    const char *op = "silu_mul";
+    TRY(need_f32_matrix(op, "gate", gate, -1, -1));
+    TRY(need_same_shape(op, "up", up, "gate", gate));
+    TRY(need_same_shape(op, "out", out, "gate", gate));
+    TRY(need_writable(op, "out", out));
+    return be->ops->silu_mul(be, gate, up, out);
+}
+
+cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,
+                                     const cinfer_tensor *x,
+                                     cinfer_tensor *out)
+{
+    const cinfer_backend *cb = be;
+    const char *op = "gather_rows";
+    TRY(need_step(op, cb));
+    TRY(need_f32_matrix(op, "x", x, cb->step.n_rows, -1));
+    TRY(need_f32_matrix(op, "out", out, cb->step.n_out, t_cols(x)));
+    TRY(need_writable(op, "out", out));
+    if (out == x)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "gather_rows: out aliases x");
+    return be->ops->gather_rows(be, x, out);
+}
+

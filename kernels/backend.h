@@ -1,22 +1,24 @@
 /*
  * backend.h - the ops table between the model and the hardware.
  *
- * The model (engine/model.c) is written once against this table; the CPU
- * backend (kernels/cpu/) implements it today and the CUDA backend
- * (kernels/cuda/) implements the same slots. The table is shaped for a GPU:
+ * The model (engine/model.c) is written once against these calls; the CPU
+ * backend (kernels/cpu/) and the CUDA backend (kernels/cuda/) implement
+ * them behind a private ops table (backend_impl.h), as ggml-backend does:
+ * the backend and tensor structs are opaque here, and the cinfer_backend_*
+ * wrappers in backend.c hold every shape, dtype and step check, so a
+ * backend implements arithmetic only. The seam is shaped for a GPU:
  *
  *   - Tensors are backend-owned buffers behind opaque handles with a dtype
  *     and a shape. The model never dereferences activation or KV memory;
  *     data crosses the seam only through upload/download.
  *   - Ops are asynchronous: enqueued in order, complete at synchronize().
- *     The CPU backend runs each op at once.
+ *     The CPU backend runs each op at once; the CUDA backend enqueues them
+ *     on its stream.
  *   - Ops are batch-level: one call per layer op for all rows of all
  *     sequences in the step. The step's metadata (tokens, positions, KV slots,
  *     block tables, rows whose outputs are wanted) is handed over once per
  *     step with set_step() and the ops read it from there, so a decode step
  *     of a given shape is always the same op sequence (graph-capturable).
- *   - Collectives are ops too (optional slots), so tensor parallelism is the
- *     model code plus a communicator.
  *
  * Shapes are written outermost first: a [rows, cols] tensor is row-major with
  * cols contiguous. GGUF lists dimensions innermost first, so a GGUF weight
@@ -32,13 +34,13 @@
  *     cinfer_backend *be;
  *     cinfer_backend_cpu_params bp = cinfer_backend_cpu_default_params();
  *     cinfer_backend_cpu_create(&bp, &be);
- *     be->ops->set_step(be, &step);
- *     be->ops->rms_norm(be, x, attn_norm, eps, h);
+ *     cinfer_backend_set_step(be, &step);
+ *     cinfer_backend_rms_norm(be, x, attn_norm, eps, h);
  *     const cinfer_tensor *w[3] = {wq, wk, wv};
  *     cinfer_tensor *o[3] = {q, k, v};
- *     be->ops->matmul(be, 3, w, h, o);
+ *     cinfer_backend_matmul(be, 3, w, h, o);
  *     ...
- *     be->ops->synchronize(be);
+ *     cinfer_backend_synchronize(be);
  *
  * Thread safety: a backend instance is used by one thread at a time (the
  * engine thread); distinct instances are independent.
@@ -99,141 +101,154 @@ typedef enum {
 } cinfer_rope_mode;
 
 /*
- * The ops table. Every op returns CINFER_OK or an error status with
+ * The ops. Every op returns CINFER_OK or an error status with
  * cinfer_set_error() filled; an op that fails changes none of its outputs'
- * meaning beyond "undefined" and leaves the backend usable.
- * Slots marked (optional) may be NULL.
+ * meaning beyond "undefined" and leaves the backend usable. These wrappers
+ * hold every dtype, shape, aliasing and step check (backend.c); a backend
+ * implements only the arithmetic, behind the private ops table
+ * (backend_impl.h). Ops may be asynchronous (a device backend enqueues
+ * them); synchronize() waits for them and reports a device fault that
+ * happened meanwhile.
  */
-struct cinfer_backend_ops {
-    /* ---- lifetime and memory ---------------------------------------- */
-    void (*destroy)(cinfer_backend *be);
 
-    /* A new tensor with undefined contents. */
-    cinfer_status (*tensor_create)(cinfer_backend *be,
-                                   const cinfer_tensor_desc *desc,
-                                   cinfer_tensor **out);
+/* ---- lifetime and memory ------------------------------------------------ */
 
-    /* A read-only tensor holding `data` (host memory laid out as the desc
-     * says: whole quantized blocks per row). The CPU backend may use `data`
-     * in place (then it must outlive the tensor, as mmapped weights do) or
-     * repack it; a device backend copies it. weight_borrows says which. */
-    cinfer_status (*tensor_create_weight)(cinfer_backend *be,
-                                          const cinfer_tensor_desc *desc,
-                                          const void *data,
-                                          cinfer_tensor **out);
+/* A new tensor with undefined contents. */
+cinfer_status cinfer_backend_tensor_create(cinfer_backend *be,
+                                           const cinfer_tensor_desc *desc,
+                                           cinfer_tensor **out);
 
-    /* Sets shape[0] of a tensor to `rows`, 1 <= rows <= shape[0] at
-     * creation, keeping the layout of the first rows: one set of activation
-     * buffers serves steps of any row count up to the capacity. */
-    cinfer_status (*tensor_set_rows)(cinfer_backend *be, cinfer_tensor *t,
-                                     int64_t rows);
+/* A read-only tensor holding `data` (host memory laid out as the desc says:
+ * whole quantized blocks per row). The CPU backend may use `data` in place
+ * (then it must outlive the tensor, as mmapped weights do) or repack it; a
+ * device backend copies it. cinfer_backend_weight_borrows says which. */
+cinfer_status cinfer_backend_tensor_create_weight(cinfer_backend *be,
+                                                  const cinfer_tensor_desc *desc,
+                                                  const void *data,
+                                                  cinfer_tensor **out);
 
-    /* Frees a tensor (NULL is fine). */
-    void (*tensor_destroy)(cinfer_backend *be, cinfer_tensor *t);
+/* Sets shape[0] of a tensor to `rows`, 1 <= rows <= shape[0] at creation,
+ * keeping the layout of the first rows: one set of activation buffers
+ * serves steps of any row count up to the capacity. */
+cinfer_status cinfer_backend_tensor_set_rows(cinfer_backend *be,
+                                             cinfer_tensor *t, int64_t rows);
 
-    /* (optional) 1 if weight t still reads the `data` it was created from
-     * (which must then outlive it); 0 if it holds its own copy, so the
-     * caller may free that memory. NULL slot: always 1. */
-    int (*weight_borrows)(cinfer_backend *be, const cinfer_tensor *t);
+/* Frees a tensor (NULL is fine). */
+void cinfer_backend_tensor_destroy(cinfer_backend *be, cinfer_tensor *t);
 
-    /* Copies bytes between host memory and a tensor. Offsets and sizes are
-     * in bytes and must lie inside the tensor. */
-    cinfer_status (*upload)(cinfer_backend *be, cinfer_tensor *t,
-                            size_t offset, const void *src, size_t n_bytes);
-    cinfer_status (*download)(cinfer_backend *be, const cinfer_tensor *t,
-                              size_t offset, void *dst, size_t n_bytes);
+/* 1 if weight t still reads the `data` it was created from (which must
+ * then outlive it); 0 if it holds its own copy, so the caller may free that
+ * memory. */
+int cinfer_backend_weight_borrows(cinfer_backend *be, const cinfer_tensor *t);
 
-    /* Sets every byte of a tensor to zero. */
-    cinfer_status (*fill_zero)(cinfer_backend *be, cinfer_tensor *t);
+/* Copies bytes between host memory and a tensor. Offsets and sizes are in
+ * bytes and must lie inside the tensor. Both complete before they return
+ * (the host buffer may be reused at once); download waits for the ops
+ * enqueued before it. */
+cinfer_status cinfer_backend_upload(cinfer_backend *be, cinfer_tensor *t,
+                                    size_t offset, const void *src,
+                                    size_t n_bytes);
+cinfer_status cinfer_backend_download(cinfer_backend *be,
+                                      const cinfer_tensor *t, size_t offset,
+                                      void *dst, size_t n_bytes);
 
-    /* Waits until every enqueued op has completed. */
-    cinfer_status (*synchronize)(cinfer_backend *be);
+/* Sets every byte of a tensor to zero. */
+cinfer_status cinfer_backend_fill_zero(cinfer_backend *be, cinfer_tensor *t);
 
-    /* ---- step metadata ----------------------------------------------- */
+/* Waits until every enqueued op has completed. */
+cinfer_status cinfer_backend_synchronize(cinfer_backend *be);
 
-    /* Hands over the step's metadata; the ops below read it. Checked here:
-     * counts, indices in range, out_rows ascending. */
-    cinfer_status (*set_step)(cinfer_backend *be, const cinfer_step *step);
+/* 1 while the backend can run ops; 0 once it hit a fault it cannot recover
+ * from (a sticky device error: illegal address, uncorrectable ECC). */
+int cinfer_backend_healthy(cinfer_backend *be);
 
-    /* ---- ops (activations are F32 unless said otherwise) ------------- */
+/* ---- step metadata --------------------------------------------------------- */
 
-    /* out[r] = table[step.tokens[r]].  table: [vocab, d] any dtype;
-     * out: [n_rows, d]. A token outside the table is an error. */
-    cinfer_status (*embed)(cinfer_backend *be, const cinfer_tensor *table,
-                           cinfer_tensor *out);
+/* Hands over the step's metadata; the ops below read it. Checked here:
+ * counts, indices in range, slots unique, out_rows ascending. */
+cinfer_status cinfer_backend_set_step(cinfer_backend *be,
+                                      const cinfer_step *step);
 
-    /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [n, d];
-     * w: [d] F32. out may alias x. */
-    cinfer_status (*rms_norm)(cinfer_backend *be, const cinfer_tensor *x,
-                              const cinfer_tensor *w, float eps,
-                              cinfer_tensor *out);
+/* ---- ops (activations are F32 unless said otherwise) ----------------------- */
 
-    /* For i in 0..n_w-1: out[i] = x * w[i]^T, i.e. out[i][r][o] =
-     * dot(x[r], w[i][o]).  w[i]: [n_out_i, n_in] any weight dtype;
-     * x: [n, n_in]; out[i]: [n, n_out_i]. Weights sharing one input are
-     * passed together so the input is prepared (quantized) once.
-     * 1 <= n_w <= 4. Each output element's reduction order is fixed by
-     * n_in alone, so results do not depend on n or on a row's place in the
-     * batch (batch invariance). */
-    cinfer_status (*matmul)(cinfer_backend *be, int n_w,
-                            const cinfer_tensor *const *w,
-                            const cinfer_tensor *x, cinfer_tensor *const *out);
+/* out[r] = table[step.tokens[r]].  table: [vocab, d] any dtype;
+ * out: [n_rows, d]. A token outside the table is an error. */
+cinfer_status cinfer_backend_embed(cinfer_backend *be,
+                                   const cinfer_tensor *table,
+                                   cinfer_tensor *out);
 
-    /* x[r] += b.  x: [n, d]; b: [d] F32. */
-    cinfer_status (*add_bias)(cinfer_backend *be, cinfer_tensor *x,
-                              const cinfer_tensor *b);
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [n, d];
+ * w: [d] F32. out may alias x. */
+cinfer_status cinfer_backend_rms_norm(cinfer_backend *be,
+                                      const cinfer_tensor *x,
+                                      const cinfer_tensor *w, float eps,
+                                      cinfer_tensor *out);
 
-    /* out = a + b, elementwise, same shapes. out may alias a or b. */
-    cinfer_status (*add)(cinfer_backend *be, const cinfer_tensor *a,
-                         const cinfer_tensor *b, cinfer_tensor *out);
+/* For i in 0..n_w-1: out[i] = x * w[i]^T, i.e. out[i][r][o] =
+ * dot(x[r], w[i][o]).  w[i]: [n_out_i, n_in] any weight dtype the backend
+ * has a kernel for; x: [n, n_in]; out[i]: [n, n_out_i]. Weights sharing
+ * one input are passed together so the input is prepared (quantized) once.
+ * 1 <= n_w <= 4. On the CPU each output element's reduction order is fixed
+ * by n_in alone, so results do not depend on n or on a row's place in the
+ * batch (batch invariance). */
+cinfer_status cinfer_backend_matmul(cinfer_backend *be, int n_w,
+                                    const cinfer_tensor *const *w,
+                                    const cinfer_tensor *x,
+                                    cinfer_tensor *const *out);
 
-    /* Rotary embedding in place at each row's step position.
-     * x: [n, n_heads * head_dim]; the first rot_dim dims of each head are
-     * rotated with frequency theta^(-2i/rot_dim). */
-    cinfer_status (*rope)(cinfer_backend *be, cinfer_tensor *x, int n_heads,
-                          int head_dim, int rot_dim, float theta,
-                          cinfer_rope_mode mode);
+/* x[r] += b.  x: [n, d]; b: [d] F32. */
+cinfer_status cinfer_backend_add_bias(cinfer_backend *be, cinfer_tensor *x,
+                                      const cinfer_tensor *b);
 
-    /* Writes each row's K and V into the cache at its step slot.
-     * k, v: [n, n_kv_heads * head_dim]; k_cache, v_cache:
-     * [n_blocks, block_size, n_kv_heads, head_dim] F16 or F32. */
-    cinfer_status (*kv_store)(cinfer_backend *be, const cinfer_tensor *k,
-                              const cinfer_tensor *v, cinfer_tensor *k_cache,
-                              cinfer_tensor *v_cache);
+/* out = a + b, elementwise, same shapes. out may alias a or b. */
+cinfer_status cinfer_backend_add(cinfer_backend *be, const cinfer_tensor *a,
+                                 const cinfer_tensor *b, cinfer_tensor *out);
 
-    /* Causal paged attention: row r of sequence s = step.row_seq[r] attends
-     * to positions 0..step.positions[r] of s, read through s's block table
-     * (so kv_store for the step must come first). Grouped-query: query head
-     * h uses KV head h / (n_heads / n_kv_heads).
-     * q, out: [n, n_heads * head_dim]. */
-    cinfer_status (*attention)(cinfer_backend *be, const cinfer_tensor *q,
-                               const cinfer_tensor *k_cache,
-                               const cinfer_tensor *v_cache, int n_heads,
-                               int n_kv_heads, int head_dim, float scale,
-                               cinfer_tensor *out);
+/* Rotary embedding in place at each row's step position.
+ * x: [n, n_heads * head_dim]; the first rot_dim dims of each head are
+ * rotated with frequency theta^(-2i/rot_dim). */
+cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
+                                  int n_heads, int head_dim, int rot_dim,
+                                  float theta, cinfer_rope_mode mode);
 
-    /* out = silu(gate) * up.  gate, up, out: [n, f]. out may alias gate. */
-    cinfer_status (*silu_mul)(cinfer_backend *be, const cinfer_tensor *gate,
-                              const cinfer_tensor *up, cinfer_tensor *out);
+/* Writes each row's K and V into the cache at its step slot.
+ * k, v: [n, n_kv_heads * head_dim]; k_cache, v_cache:
+ * [n_blocks, block_size, n_kv_heads, head_dim] F16 or F32. */
+cinfer_status cinfer_backend_kv_store(cinfer_backend *be,
+                                      const cinfer_tensor *k,
+                                      const cinfer_tensor *v,
+                                      cinfer_tensor *k_cache,
+                                      cinfer_tensor *v_cache);
 
-    /* out[j] = x[step.out_rows[j]].  x: [n_rows, d]; out: [n_out, d]. */
-    cinfer_status (*gather_rows)(cinfer_backend *be, const cinfer_tensor *x,
-                                 cinfer_tensor *out);
+/* Causal paged attention: row r of sequence s = step.row_seq[r] attends to
+ * positions 0..step.positions[r] of s, read through s's block table (so
+ * kv_store for the step must come first). Grouped-query: query head h uses
+ * KV head h / (n_heads / n_kv_heads).  q, out: [n, n_heads * head_dim]. */
+cinfer_status cinfer_backend_attention(cinfer_backend *be,
+                                       const cinfer_tensor *q,
+                                       const cinfer_tensor *k_cache,
+                                       const cinfer_tensor *v_cache,
+                                       int n_heads, int n_kv_heads,
+                                       int head_dim, float scale,
+                                       cinfer_tensor *out);
 
-    /* (optional) Sums t across the ranks of the backend's communicator, in
-     * place. */
-    cinfer_status (*all_reduce_sum)(cinfer_backend *be, cinfer_tensor *t);
-};
+/* out = silu(gate) * up.  gate, up, out: [n, f]. out may alias gate. */
+cinfer_status cinfer_backend_silu_mul(cinfer_backend *be,
+                                      const cinfer_tensor *gate,
+                                      const cinfer_tensor *up,
+                                      cinfer_tensor *out);
 
-/* Every backend instance starts with this header. */
-struct cinfer_backend {
-    const struct cinfer_backend_ops *ops;
-    const char *name;        /* "cpu", "cuda" */
-    char device_desc[128];   /* human-readable device description */
-};
+/* out[j] = x[step.out_rows[j]].  x: [n_rows, d]; out: [n_out, d]. */
+cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,
+                                         const cinfer_tensor *x,
+                                         cinfer_tensor *out);
 
-/* Descriptor of an existing tensor (backend-independent accessor: every
- * backend's tensor struct starts with a cinfer_tensor_desc). */
+/* The backend's name ("cpu", "cuda") and a human-readable description of
+ * its device; both live as long as the backend. */
+const char *cinfer_backend_name(const cinfer_backend *be);
+const char *cinfer_backend_device_desc(const cinfer_backend *be);
+
+/* Descriptor of an existing tensor (valid while the tensor lives). */
 const cinfer_tensor_desc *cinfer_tensor_get_desc(const cinfer_tensor *t);
 
 /* Elements and bytes of a descriptor (0 bytes if the last dimension is not
@@ -276,6 +291,39 @@ cinfer_status cinfer_backend_cpu_create(const cinfer_backend_cpu_params *p,
 cinfer_cpu_isa cinfer_backend_cpu_isa(const cinfer_backend *be);
 int cinfer_cpu_isa_supported(cinfer_cpu_isa isa);
 const char *cinfer_cpu_isa_name(cinfer_cpu_isa isa);
+
+/* ---------------------------------------------------------------------- */
+/* CUDA backend (kernels/cuda/, built when nvcc is found: CINFER_CUDA)     */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    int device;             /* CUDA device ordinal; 0 = the first */
+    double memory_fraction; /* share of the device's memory the backend may
+                               hold (weights, activations, scratch, then the
+                               KV cache in what is left); 0 = 0.9 */
+} cinfer_backend_cuda_params;
+
+cinfer_backend_cuda_params cinfer_backend_cuda_default_params(void);
+
+/* Creates a CUDA backend on p->device. Fails with CINFER_E_UNSUPPORTED in a
+ * build without the CUDA backend, CINFER_E_NOT_FOUND when the device does
+ * not exist, CINFER_E_DEVICE when the runtime refuses it. */
+cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
+                                         cinfer_backend **out);
+
+/* CUDA devices this process can use: 0 without a device or driver, and in
+ * a build without the CUDA backend. */
+int cinfer_cuda_device_count(void);
+
+/* ---------------------------------------------------------------------- */
+/* any backend                                                             */
+/* ---------------------------------------------------------------------- */
+
+/* Device memory: bytes the backend holds now, and the most it may hold
+ * (its budget). A backend without a fixed budget (the CPU) reports 0 for
+ * both and returns CINFER_E_UNSUPPORTED. */
+cinfer_status cinfer_backend_memory(cinfer_backend *be, size_t *used_bytes,
+                                    size_t *budget_bytes);
 
 /* Destroys any backend (NULL is fine). */
 void cinfer_backend_destroy(cinfer_backend *be);

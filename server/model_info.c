@@ -59,9 +59,9 @@ static cinfer_status model_info(srv_call *c, const uint8_t *req, size_t len,
     resp.max_batched_tokens = s->params.max_batched_tokens;
     resp.kv_block_size = mi->block_size;
 
-    backend.name = (char *)(be && be->name ? be->name : "");
+    backend.name = (char *)(be ? cinfer_backend_name(be) : "");
     if (be) {
-        devices[0] = be->device_desc;
+        devices[0] = (char *)cinfer_backend_device_desc(be);
         backend.n_devices = 1;
         backend.devices = devices;
     }

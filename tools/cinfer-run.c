@@ -195,7 +195,7 @@ static int run_bench(cinfer_model *m, int pp, int tg, int reps, int threads)
         printf("{\"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, "
                "\"isa\": \"%s\", \"type\": \"%s\", \"pp_tps\": %.3f, "
                "\"tg_tps\": %.3f}\n",
-               pp, tg, threads, cinfer_model_backend(m)->device_desc,
+               pp, tg, threads, cinfer_backend_device_desc(cinfer_model_backend(m)),
                I->quant, pp_tps, tg_tps);
         fflush(stdout);
     }
@@ -456,7 +456,7 @@ int main(int argc, char **argv)
             "tokens, %.1f tokens/s | %s\n",
             t_load, n_ids, (double)n_ids / t_prompt, n_done,
             n_forward > 0 ? (double)n_forward / t_gen : 0.0,
-            cinfer_model_backend(m)->device_desc);
+            cinfer_backend_device_desc(cinfer_model_backend(m)));
     rc = 0;
 out:
     cinfer_sampler_destroy(smp);

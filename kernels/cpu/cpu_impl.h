@@ -19,22 +19,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../backend.h"
+#include "../backend_impl.h"
 #include "threadpool.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-struct cinfer_tensor {
-    cinfer_tensor_desc desc; /* first: cinfer_tensor_get_desc reads it */
-    void *data;              /* 64-byte aligned unless a weight */
-    size_t nbytes;           /* bytes of the current shape */
-    size_t cap_bytes;        /* bytes allocated (the shape at creation) */
-    int is_weight;           /* read-only; data borrowed from the caller */
-    int packed;              /* an int8-block weight packed (matmul.h) */
+/* A CPU tensor: base.data is 64-byte aligned unless a borrowed weight. */
+typedef struct {
+    struct cinfer_tensor base;    /* first: backend.c reads it */
+    int packed;                   /* an int8-block weight packed (matmul.h) */
     struct cinfer_cpu_slab *slab; /* where a packed weight's data lives */
-};
+} cinfer_cpu_tensor;
+
+/* Whether a CPU tensor is a packed weight. */
+static inline int cinfer_cpu_packed(const cinfer_tensor *t)
+{
+    return ((const cinfer_cpu_tensor *)t)->packed;
+}
 
 /* Huge-page memory that packed weights are carved from (cpu_backend.c):
  * the weights of a model are many tensors of a few hundred KiB, which
@@ -144,17 +147,7 @@ typedef struct {
     cinfer_threadpool *pool;
     const cinfer_cpu_vec_kernels *vec;
 
-    /* Step metadata (copies of the caller's arrays). */
-    int has_step;
-    cinfer_step step;
-    cinfer_cpu_buf step_buf;   /* backing store of step's arrays */
-    cinfer_cpu_buf sort_buf;   /* slot duplicate check */
-    int32_t max_slot;          /* largest step slot */
-    int32_t min_block;         /* smallest / largest block id any row reads */
-    int32_t max_block;
-    int32_t min_block_seq, min_block_idx; /* where they are in the table */
-    int32_t max_block_seq, max_block_idx;
-    int32_t max_position;
+    /* The step: base.step, checked and copied by backend.c. */
 
     /* rope's cos/sin table for the current step ([n_rows, rot_dim]); valid
      * until the next set_step. */

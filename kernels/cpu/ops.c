@@ -101,7 +101,7 @@ void cinfer_cpu_op_embed(cinfer_cpu_backend *cb, const cinfer_tensor *table,
                    table->data,
                    cinfer_dtype_row_bytes(table->desc.dtype, d),
                    table->desc.shape[0],
-                   table->packed,
+                   cinfer_cpu_packed(table),
                    tokens,
                    d,
                    out};
@@ -690,9 +690,9 @@ static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
 cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
                                       const cinfer_cpu_attn_args *a)
 {
-    const cinfer_step *s = &cb->step;
+    const cinfer_step *s = &cb->base.step;
     int group = a->n_heads / a->n_kv_heads;
-    size_t ctx = ((size_t)cb->max_position + 1 + 15) & ~(size_t)15;
+    size_t ctx = ((size_t)cb->base.max_position + 1 + 15) & ~(size_t)15;
     size_t hd = (size_t)a->head_dim;
     cinfer_status st = cinfer_cpu_thread_scratch(
         cb, (size_t)(group + 4) * ctx + 65 * hd);
@@ -841,7 +841,7 @@ cinfer_status cinfer_cpu_op_matmul(cinfer_cpu_backend *cb, int n_w,
                                     (long long)c.n_in, cinfer_dtype_name(at));
         c.wt[i] = wt;
         c.w_data[i] = w[i]->data;
-        c.w_packed[i] = w[i]->packed;
+        c.w_packed[i] = cinfer_cpu_packed(w[i]);
         c.w_row_bytes[i] = cinfer_dtype_row_bytes(wt, c.n_in);
         c.out[i] = out[i]->data;
         c.n_out[i] = w[i]->desc.shape[0];

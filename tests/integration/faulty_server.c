@@ -3,8 +3,8 @@
  * over a backend that injects device faults, for the integration tests of
  * the circuit breaker and of health (run.py, case "breaker").
  *
- * The backend wraps the CPU backend: every slot of the ops table forwards
- * to it, except that matmul fails with CINFER_E_DEVICE on chosen steps, the
+ * The backend wraps the CPU backend: every slot of the ops table
+ * (kernels/backend_impl.h) forwards to it through the public calls, except that matmul fails with CINFER_E_DEVICE on chosen steps, the
  * way a CUDA kernel that faults returns through the check macro. What fails
  * is read from a control file named by the environment variable
  * CINFER_FAULT_FILE (the tests rewrite it while the server runs), at most
@@ -27,7 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/backend.h"
+#include "kernels/backend_impl.h"
 #include "server/server.h"
 
 #define CONTROL_POLL_MS 20
@@ -89,72 +89,71 @@ static void f_destroy(cinfer_backend *be)
 
 static cinfer_status f_tensor_create(cinfer_backend *be,
                                      const cinfer_tensor_desc *desc,
-                                     cinfer_tensor **out)
+                                     size_t nbytes, cinfer_tensor **out)
 {
-    return INNER(be)->ops->tensor_create(INNER(be), desc, out);
+    return cinfer_backend_tensor_create(INNER(be), desc, out);
 }
 
 static cinfer_status f_tensor_create_weight(cinfer_backend *be,
                                             const cinfer_tensor_desc *desc,
-                                            const void *data,
+                                            size_t nbytes, const void *data,
                                             cinfer_tensor **out)
 {
-    return INNER(be)->ops->tensor_create_weight(INNER(be), desc, data, out);
-}
-
-static cinfer_status f_tensor_set_rows(cinfer_backend *be, cinfer_tensor *t,
-                                       int64_t rows)
-{
-    return INNER(be)->ops->tensor_set_rows(INNER(be), t, rows);
+    return cinfer_backend_tensor_create_weight(INNER(be), desc, data, out);
 }
 
 static void f_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
 {
-    INNER(be)->ops->tensor_destroy(INNER(be), t);
+    cinfer_backend_tensor_destroy(INNER(be), t);
+}
+
+static int f_weight_borrows(cinfer_backend *be, const cinfer_tensor *t)
+{
+    return cinfer_backend_weight_borrows(INNER(be), t);
 }
 
 static cinfer_status f_upload(cinfer_backend *be, cinfer_tensor *t,
                               size_t offset, const void *src, size_t n)
 {
-    return INNER(be)->ops->upload(INNER(be), t, offset, src, n);
+    return cinfer_backend_upload(INNER(be), t, offset, src, n);
 }
 
 static cinfer_status f_download(cinfer_backend *be, const cinfer_tensor *t,
                                 size_t offset, void *dst, size_t n)
 {
-    return INNER(be)->ops->download(INNER(be), t, offset, dst, n);
+    return cinfer_backend_download(INNER(be), t, offset, dst, n);
 }
 
 static cinfer_status f_fill_zero(cinfer_backend *be, cinfer_tensor *t)
 {
-    return INNER(be)->ops->fill_zero(INNER(be), t);
+    return cinfer_backend_fill_zero(INNER(be), t);
 }
 
 static cinfer_status f_synchronize(cinfer_backend *be)
 {
-    return INNER(be)->ops->synchronize(INNER(be));
+    return cinfer_backend_synchronize(INNER(be));
 }
 
-static cinfer_status f_set_step(cinfer_backend *be, const cinfer_step *step)
+static cinfer_status f_set_step(cinfer_backend *be)
 {
     faulty_backend *f = (faulty_backend *)be;
     poll_control(f);
     f->steps++;
     f->step_armed = 1;
-    return f->inner->ops->set_step(f->inner, step);
+    return cinfer_backend_set_step(f->inner, &be->step);
 }
 
 static cinfer_status f_embed(cinfer_backend *be, const cinfer_tensor *table,
                              cinfer_tensor *out)
 {
-    return INNER(be)->ops->embed(INNER(be), table, out);
+    return cinfer_backend_embed(INNER(be), table, out);
 }
 
 static cinfer_status f_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
                                 const cinfer_tensor *w, float eps,
                                 cinfer_tensor *out)
 {
-    return INNER(be)->ops->rms_norm(INNER(be), x, w, eps, out);
+    return cinfer_backend_rms_norm(INNER(be), x, w, eps, out);
 }
 
 static cinfer_status f_matmul(cinfer_backend *be, int n_w,
@@ -181,34 +180,34 @@ static cinfer_status f_matmul(cinfer_backend *be, int n_w,
                                     "(step %llu)",
                                     (unsigned long long)k);
     }
-    return f->inner->ops->matmul(f->inner, n_w, w, x, out);
+    return cinfer_backend_matmul(f->inner, n_w, w, x, out);
 }
 
 static cinfer_status f_add_bias(cinfer_backend *be, cinfer_tensor *x,
                                 const cinfer_tensor *b)
 {
-    return INNER(be)->ops->add_bias(INNER(be), x, b);
+    return cinfer_backend_add_bias(INNER(be), x, b);
 }
 
 static cinfer_status f_add(cinfer_backend *be, const cinfer_tensor *a,
                            const cinfer_tensor *b, cinfer_tensor *out)
 {
-    return INNER(be)->ops->add(INNER(be), a, b, out);
+    return cinfer_backend_add(INNER(be), a, b, out);
 }
 
 static cinfer_status f_rope(cinfer_backend *be, cinfer_tensor *x, int n_heads,
                             int head_dim, int rot_dim, float theta,
                             cinfer_rope_mode mode)
 {
-    return INNER(be)->ops->rope(INNER(be), x, n_heads, head_dim, rot_dim,
-                                theta, mode);
+    return cinfer_backend_rope(INNER(be), x, n_heads, head_dim, rot_dim, theta,
+                               mode);
 }
 
 static cinfer_status f_kv_store(cinfer_backend *be, const cinfer_tensor *k,
                                 const cinfer_tensor *v, cinfer_tensor *kc,
                                 cinfer_tensor *vc)
 {
-    return INNER(be)->ops->kv_store(INNER(be), k, v, kc, vc);
+    return cinfer_backend_kv_store(INNER(be), k, v, kc, vc);
 }
 
 static cinfer_status f_attention(cinfer_backend *be, const cinfer_tensor *q,
@@ -217,33 +216,28 @@ static cinfer_status f_attention(cinfer_backend *be, const cinfer_tensor *q,
                                  int n_kv_heads, int head_dim, float scale,
                                  cinfer_tensor *out)
 {
-    return INNER(be)->ops->attention(INNER(be), q, kc, vc, n_heads,
-                                     n_kv_heads, head_dim, scale, out);
+    return cinfer_backend_attention(INNER(be), q, kc, vc, n_heads, n_kv_heads,
+                                    head_dim, scale, out);
 }
 
 static cinfer_status f_silu_mul(cinfer_backend *be, const cinfer_tensor *gate,
                                 const cinfer_tensor *up, cinfer_tensor *out)
 {
-    return INNER(be)->ops->silu_mul(INNER(be), gate, up, out);
+    return cinfer_backend_silu_mul(INNER(be), gate, up, out);
 }
 
 static cinfer_status f_gather_rows(cinfer_backend *be, const cinfer_tensor *x,
                                    cinfer_tensor *out)
 {
-    return INNER(be)->ops->gather_rows(INNER(be), x, out);
-}
-
-static cinfer_status f_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
-{
-    return INNER(be)->ops->all_reduce_sum(INNER(be), t);
+    return cinfer_backend_gather_rows(INNER(be), x, out);
 }
 
 static const struct cinfer_backend_ops faulty_ops = {
     .destroy = f_destroy,
     .tensor_create = f_tensor_create,
     .tensor_create_weight = f_tensor_create_weight,
-    .tensor_set_rows = f_tensor_set_rows,
     .tensor_destroy = f_tensor_destroy,
+    .weight_borrows = f_weight_borrows,
     .upload = f_upload,
     .download = f_download,
     .fill_zero = f_fill_zero,
@@ -259,13 +253,11 @@ static const struct cinfer_backend_ops faulty_ops = {
     .attention = f_attention,
     .silu_mul = f_silu_mul,
     .gather_rows = f_gather_rows,
-    .all_reduce_sum = NULL, /* set below when the inner backend has one */
 };
 
 static cinfer_status create_faulty(void *user, int n_threads,
                                    cinfer_backend **out)
 {
-    static struct cinfer_backend_ops ops;
     cinfer_backend_cpu_params bp = cinfer_backend_cpu_default_params();
     bp.n_threads = n_threads;
     cinfer_backend *inner;
@@ -277,13 +269,10 @@ static cinfer_status create_faulty(void *user, int n_threads,
         cinfer_backend_destroy(inner);
         return cinfer_set_error(CINFER_E_NOMEM, "faulty backend: no memory");
     }
-    ops = faulty_ops;
-    if (inner->ops->all_reduce_sum)
-        ops.all_reduce_sum = f_all_reduce_sum;
-    f->base.ops = &ops;
-    f->base.name = inner->name;
+    f->base.ops = &faulty_ops;
+    f->base.name = cinfer_backend_name(inner);
     snprintf(f->base.device_desc, sizeof f->base.device_desc,
-             "%.100s (fault injection)", inner->device_desc);
+             "%.100s (fault injection)", cinfer_backend_device_desc(inner));
     f->inner = inner;
     f->control_path = user;
     *out = &f->base;

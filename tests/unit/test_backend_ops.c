@@ -67,7 +67,7 @@ static cinfer_tensor *tnew(cinfer_backend *be, cinfer_dtype dt, int nd,
     int64_t shape[4] = {d0, d1, d2, d3};
     cinfer_tensor_desc d = cinfer_tensor_desc_make(dt, nd, shape);
     cinfer_tensor *t = NULL;
-    CHECK_OK(be->ops->tensor_create(be, &d, &t));
+    CHECK_OK(cinfer_backend_tensor_create(be, &d, &t));
     CINFER_ASSERT(t != NULL);
     return t;
 }
@@ -78,7 +78,7 @@ static cinfer_tensor *wnew(cinfer_backend *be, cinfer_dtype dt, int nd,
     int64_t shape[2] = {d0, d1};
     cinfer_tensor_desc d = cinfer_tensor_desc_make(dt, nd, shape);
     cinfer_tensor *t = NULL;
-    CHECK_OK(be->ops->tensor_create_weight(be, &d, data, &t));
+    CHECK_OK(cinfer_backend_tensor_create_weight(be, &d, data, &t));
     CINFER_ASSERT(t != NULL);
     return t;
 }
@@ -90,12 +90,12 @@ static size_t tbytes(const cinfer_tensor *t)
 
 static void put(cinfer_backend *be, cinfer_tensor *t, const void *src)
 {
-    CHECK_OK(be->ops->upload(be, t, 0, src, tbytes(t)));
+    CHECK_OK(cinfer_backend_upload(be, t, 0, src, tbytes(t)));
 }
 
 static void get(cinfer_backend *be, const cinfer_tensor *t, void *dst)
 {
-    CHECK_OK(be->ops->download(be, t, 0, dst, tbytes(t)));
+    CHECK_OK(cinfer_backend_download(be, t, 0, dst, tbytes(t)));
 }
 
 static float *randv(int64_t n, uint64_t *seed, float scale)
@@ -186,10 +186,9 @@ static void test_create(void)
     CHECK_OK(cinfer_backend_cpu_create(NULL, &be));
     CHECK(be != NULL);
     if (be) {
-        CHECK_EQ_STR(be->name, "cpu");
-        CHECK(strncmp(be->device_desc, "cpu: ", 5) == 0);
+        CHECK_EQ_STR(cinfer_backend_name(be), "cpu");
+        CHECK(strncmp(cinfer_backend_device_desc(be), "cpu: ", 5) == 0);
         CHECK(cinfer_backend_cpu_isa(be) != CINFER_CPU_ISA_AUTO);
-        CHECK(be->ops->all_reduce_sum == NULL);
         cinfer_backend_destroy(be);
     }
     cinfer_backend_destroy(NULL);
@@ -200,7 +199,7 @@ static void test_create(void)
         snprintf(want, sizeof want, "cpu: %d thread%s, %s",
                  g_configs[i].n_threads, g_configs[i].n_threads == 1 ? "" : "s",
                  cinfer_cpu_isa_name(g_configs[i].isa));
-        CHECK_EQ_STR(be->device_desc, want);
+        CHECK_EQ_STR(cinfer_backend_device_desc(be), want);
         CHECK_EQ_INT(cinfer_backend_cpu_isa(be), g_configs[i].isa);
         cinfer_backend_destroy(be);
     }
@@ -253,37 +252,37 @@ static void test_tensors(void)
     CHECK(memcmp(x, y, 7 * 769 * 4) == 0);
     /* partial transfers at an offset */
     float part[3] = {1.5f, -2.0f, 3.25f}, back[3];
-    CHECK_OK(be->ops->upload(be, t, 100 * 4, part, sizeof part));
-    CHECK_OK(be->ops->download(be, t, 100 * 4, back, sizeof back));
+    CHECK_OK(cinfer_backend_upload(be, t, 100 * 4, part, sizeof part));
+    CHECK_OK(cinfer_backend_download(be, t, 100 * 4, back, sizeof back));
     CHECK(memcmp(part, back, sizeof part) == 0);
     /* bounds */
-    CHECK_EQ_INT(be->ops->upload(be, t, tbytes(t) - 8, part, 12),
+    CHECK_EQ_INT(cinfer_backend_upload(be, t, tbytes(t) - 8, part, 12),
                  CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->download(be, t, tbytes(t) + 1, back, 0),
+    CHECK_EQ_INT(cinfer_backend_download(be, t, tbytes(t) + 1, back, 0),
                  CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->download(be, t, 4, back, SIZE_MAX),
+    CHECK_EQ_INT(cinfer_backend_download(be, t, 4, back, SIZE_MAX),
                  CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->upload(be, t, 0, NULL, 4), CINFER_E_INVALID_ARG);
-    CHECK_OK(be->ops->upload(be, t, tbytes(t), NULL, 0));
-    CHECK_OK(be->ops->fill_zero(be, t));
+    CHECK_EQ_INT(cinfer_backend_upload(be, t, 0, NULL, 4), CINFER_E_INVALID_ARG);
+    CHECK_OK(cinfer_backend_upload(be, t, tbytes(t), NULL, 0));
+    CHECK_OK(cinfer_backend_fill_zero(be, t));
     get(be, t, y);
     int nonzero = 0;
     for (int i = 0; i < 7 * 769; i++)
         nonzero += y[i] != 0.0f;
     CHECK_EQ_INT(nonzero, 0);
-    CHECK_OK(be->ops->synchronize(be));
-    be->ops->tensor_destroy(be, t);
-    be->ops->tensor_destroy(be, NULL);
+    CHECK_OK(cinfer_backend_synchronize(be));
+    cinfer_backend_tensor_destroy(be, t);
+    cinfer_backend_tensor_destroy(be, NULL);
 
     /* a weight reads the caller's memory in place and is read-only */
     cinfer_tensor *w = wnew(be, CINFER_DTYPE_F32, 2, 7, 769, x);
     x[5] = 42.0f;
     float got5;
-    CHECK_OK(be->ops->download(be, w, 5 * 4, &got5, 4));
+    CHECK_OK(cinfer_backend_download(be, w, 5 * 4, &got5, 4));
     CHECK(got5 == 42.0f);
-    CHECK_EQ_INT(be->ops->upload(be, w, 0, part, 4), CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->fill_zero(be, w), CINFER_E_INVALID_ARG);
-    be->ops->tensor_destroy(be, w);
+    CHECK_EQ_INT(cinfer_backend_upload(be, w, 0, part, 4), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_fill_zero(be, w), CINFER_E_INVALID_ARG);
+    cinfer_backend_tensor_destroy(be, w);
 
     /* set_rows: a shorter view of the same rows, up to the creation size */
     t = tnew(be, CINFER_DTYPE_F32, 2, 7, 769, 0, 0);
@@ -291,18 +290,18 @@ static void test_tensors(void)
     cinfer_tensor *wn = wnew(be, CINFER_DTYPE_F32, 1, 769, 0, x);
     put(be, t, x);
     put(be, tn3, y);
-    CHECK_OK(be->ops->tensor_set_rows(be, t, 3));
-    CHECK_OK(be->ops->tensor_set_rows(be, tn3, 3));
+    CHECK_OK(cinfer_backend_tensor_set_rows(be, t, 3));
+    CHECK_OK(cinfer_backend_tensor_set_rows(be, tn3, 3));
     CHECK_EQ_INT(cinfer_tensor_get_desc(t)->shape[0], 3);
     CHECK_EQ_INT(tbytes(t), 3 * 769 * 4);
-    CHECK_EQ_INT(be->ops->download(be, t, 3 * 769 * 4, back, 4),
+    CHECK_EQ_INT(cinfer_backend_download(be, t, 3 * 769 * 4, back, 4),
                  CINFER_E_INVALID_ARG);
-    CHECK_OK(be->ops->rms_norm(be, t, wn, 1e-5f, tn3)); /* 3 rows only */
-    CHECK_EQ_INT(be->ops->tensor_set_rows(be, t, 8), CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->tensor_set_rows(be, t, 0), CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->tensor_set_rows(be, wn, 1), CINFER_E_INVALID_ARG);
-    CHECK_OK(be->ops->tensor_set_rows(be, t, 7));
-    CHECK_OK(be->ops->tensor_set_rows(be, tn3, 7));
+    CHECK_OK(cinfer_backend_rms_norm(be, t, wn, 1e-5f, tn3)); /* 3 rows only */
+    CHECK_EQ_INT(cinfer_backend_tensor_set_rows(be, t, 8), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_set_rows(be, t, 0), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_set_rows(be, wn, 1), CINFER_E_INVALID_ARG);
+    CHECK_OK(cinfer_backend_tensor_set_rows(be, t, 7));
+    CHECK_OK(cinfer_backend_tensor_set_rows(be, tn3, 7));
     float *z = malloc(sizeof(float) * 7 * 769);
     get(be, t, z);
     CHECK(memcmp(z, x, sizeof(float) * 7 * 769) == 0); /* rows kept */
@@ -310,27 +309,27 @@ static void test_tensors(void)
     CHECK(memcmp(z + 3 * 769, y + 3 * 769, sizeof(float) * 4 * 769) == 0);
     CHECK(memcmp(z, y, sizeof(float) * 3 * 769) != 0);
     free(z);
-    be->ops->tensor_destroy(be, t);
-    be->ops->tensor_destroy(be, tn3);
-    be->ops->tensor_destroy(be, wn);
+    cinfer_backend_tensor_destroy(be, t);
+    cinfer_backend_tensor_destroy(be, tn3);
+    cinfer_backend_tensor_destroy(be, wn);
 
     /* bad descriptors */
     cinfer_tensor *bad = (cinfer_tensor *)&d;
     int64_t s2[2] = {4, 33};
     d = cinfer_tensor_desc_make(CINFER_DTYPE_Q4_1, 2, s2);
-    CHECK_EQ_INT(be->ops->tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
     CHECK(bad == NULL);
     d = cinfer_tensor_desc_make(CINFER_DTYPE_F32, 0, s2);
-    CHECK_EQ_INT(be->ops->tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
     d = cinfer_tensor_desc_make(CINFER_DTYPE_F32, 2, s2);
     d.shape[0] = 0;
-    CHECK_EQ_INT(be->ops->tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
     d = cinfer_tensor_desc_make((cinfer_dtype)7, 2, s2);
-    CHECK_EQ_INT(be->ops->tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_create(be, &d, &bad), CINFER_E_INVALID_ARG);
     d = cinfer_tensor_desc_make(CINFER_DTYPE_F32, 2, s2);
-    CHECK_EQ_INT(be->ops->tensor_create_weight(be, &d, NULL, &bad),
+    CHECK_EQ_INT(cinfer_backend_tensor_create_weight(be, &d, NULL, &bad),
                  CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(be->ops->tensor_create(be, NULL, &bad), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_backend_tensor_create(be, NULL, &bad), CINFER_E_INVALID_ARG);
     free(x);
     free(y);
     cinfer_backend_destroy(be);
@@ -401,9 +400,9 @@ static float *embed_tokens(cinfer_backend *be, const cinfer_tensor *table,
     sb->tables[0] = 0;
     for (int r = 0; r < n; r++)
         step_row(sb, 0, r, toks[r]);
-    CHECK_OK(be->ops->set_step(be, &sb->s));
+    CHECK_OK(cinfer_backend_set_step(be, &sb->s));
     *out = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
-    CHECK_OK(be->ops->embed(be, table, *out));
+    CHECK_OK(cinfer_backend_embed(be, table, *out));
     float *got = malloc(sizeof(float) * (size_t)n * (size_t)d);
     CINFER_ASSERT(got != NULL);
     get(be, *out, got);
@@ -444,12 +443,12 @@ static void test_embed(void)
 
             /* a token past the table is an error */
             sb.tokens[4] = (int32_t)vocab;
-            CHECK_OK(be->ops->set_step(be, &sb.s));
-            CHECK_EQ_INT(be->ops->embed(be, tt, out), CINFER_E_INVALID_ARG);
+            CHECK_OK(cinfer_backend_set_step(be, &sb.s));
+            CHECK_EQ_INT(cinfer_backend_embed(be, tt, out), CINFER_E_INVALID_ARG);
             CHECK(strstr(cinfer_last_error(), "embed") != NULL);
 
-            be->ops->tensor_destroy(be, out);
-            be->ops->tensor_destroy(be, tt);
+            cinfer_backend_tensor_destroy(be, out);
+            cinfer_backend_tensor_destroy(be, tt);
             free(got);
             free(want);
             free(table);
@@ -481,9 +480,8 @@ static void check_weight_copies(cinfer_dtype wt)
         cinfer_tensor *tt = wnew(be, wt, 2, rows, d, table);
         cinfer_tensor *tf = wnew(be, CINFER_DTYPE_F32, 2, 2, 16, src);
         int packed = c.isa == CINFER_CPU_ISA_AVX512;
-        CHECK(be->ops->weight_borrows != NULL);
-        CHECK_EQ_INT(be->ops->weight_borrows(be, tt), !packed);
-        CHECK_EQ_INT(be->ops->weight_borrows(be, tf), 1);
+        CHECK_EQ_INT(cinfer_backend_weight_borrows(be, tt), !packed);
+        CHECK_EQ_INT(cinfer_backend_weight_borrows(be, tf), 1);
         if (packed)
             memset(table, 0xEE, nbytes); /* the caller frees its copy */
 
@@ -493,7 +491,7 @@ static void check_weight_copies(cinfer_dtype wt)
         /* a range across rows and blocks, starting inside a block */
         size_t off = rb * 7 + 5, len = rb * 9 + 61;
         memset(back, 0, nbytes);
-        CHECK_OK(be->ops->download(be, tt, off, back, len));
+        CHECK_OK(cinfer_backend_download(be, tt, off, back, len));
         CHECK(memcmp(back, copy + off, len) == 0);
 
         /* embed reads the packed rows (whole groups and the tail) */
@@ -511,9 +509,9 @@ static void check_weight_copies(cinfer_dtype wt)
         CHECK_EQ_INT(bad, 0);
         free(got);
         free(want);
-        be->ops->tensor_destroy(be, out);
-        be->ops->tensor_destroy(be, tf);
-        be->ops->tensor_destroy(be, tt);
+        cinfer_backend_tensor_destroy(be, out);
+        cinfer_backend_tensor_destroy(be, tf);
+        cinfer_backend_tensor_destroy(be, tt);
         cinfer_backend_destroy(be);
         memcpy(table, copy, nbytes);
     }
@@ -561,22 +559,22 @@ static void test_rowwise(void)
                 want[r * d + i] = x[r * d + i] * s * w[i];
         }
         put(be, tx, x);
-        CHECK_OK(be->ops->rms_norm(be, tx, tw, 1e-5f, to));
+        CHECK_OK(cinfer_backend_rms_norm(be, tx, tw, 1e-5f, to));
         get(be, to, got);
         check_close("rms_norm", c, got, want, n * d, 2e-6 * 8);
-        CHECK_OK(be->ops->rms_norm(be, tx, tw, 1e-5f, tx));
+        CHECK_OK(cinfer_backend_rms_norm(be, tx, tw, 1e-5f, tx));
         get(be, tx, got);
         check_close("rms_norm in place", c, got, want, n * d, 2e-6 * 8);
 
         /* add (out aliasing b), add_bias */
         put(be, tx, x);
         put(be, ty, y);
-        CHECK_OK(be->ops->add(be, tx, ty, ty));
+        CHECK_OK(cinfer_backend_add(be, tx, ty, ty));
         get(be, ty, got);
         for (int i = 0; i < n * d; i++)
             want[i] = (double)x[i] + y[i];
         check_close("add", c, got, want, n * d, 1e-6);
-        CHECK_OK(be->ops->add_bias(be, tx, tw));
+        CHECK_OK(cinfer_backend_add_bias(be, tx, tw));
         get(be, tx, got);
         for (int i = 0; i < n * d; i++)
             want[i] = (double)x[i] + w[i % d];
@@ -585,7 +583,7 @@ static void test_rowwise(void)
         /* silu_mul, out aliasing gate */
         put(be, tx, x);
         put(be, ty, y);
-        CHECK_OK(be->ops->silu_mul(be, tx, ty, tx));
+        CHECK_OK(cinfer_backend_silu_mul(be, tx, ty, tx));
         get(be, tx, got);
         for (int i = 0; i < n * d; i++)
             want[i] = (double)x[i] / (1.0 + exp(-(double)x[i])) * y[i];
@@ -601,21 +599,21 @@ static void test_rowwise(void)
         sb.out_rows[0] = 0;
         sb.out_rows[1] = 2;
         sb.out_rows[2] = 4;
-        CHECK_OK(be->ops->set_step(be, &sb.s));
+        CHECK_OK(cinfer_backend_set_step(be, &sb.s));
         put(be, tx, x);
         cinfer_tensor *tg = tnew(be, CINFER_DTYPE_F32, 2, 3, d, 0, 0);
-        CHECK_OK(be->ops->gather_rows(be, tx, tg));
+        CHECK_OK(cinfer_backend_gather_rows(be, tx, tg));
         get(be, tg, got);
         for (int j = 0; j < 3; j++)
             for (int i = 0; i < d; i++)
                 want[j * d + i] = x[sb.out_rows[j] * d + i];
         check_close("gather_rows", c, got, want, 3 * d, 0.0);
 
-        be->ops->tensor_destroy(be, tg);
-        be->ops->tensor_destroy(be, tx);
-        be->ops->tensor_destroy(be, ty);
-        be->ops->tensor_destroy(be, to);
-        be->ops->tensor_destroy(be, tw);
+        cinfer_backend_tensor_destroy(be, tg);
+        cinfer_backend_tensor_destroy(be, tx);
+        cinfer_backend_tensor_destroy(be, ty);
+        cinfer_backend_tensor_destroy(be, to);
+        cinfer_backend_tensor_destroy(be, tw);
         free(x);
         free(y);
         free(w);
@@ -655,10 +653,10 @@ static void test_rowwise_large(void)
         cinfer_tensor *tw = wnew(be, CINFER_DTYPE_F32, 1, d, 0, w);
         put(be, tx, x);
         put(be, ty, y);
-        CHECK_OK(be->ops->silu_mul(be, tx, ty, ty));
-        CHECK_OK(be->ops->add(be, tx, ty, tx));
-        CHECK_OK(be->ops->add_bias(be, tx, tw));
-        CHECK_OK(be->ops->rms_norm(be, tx, tw, 1e-6f, tx));
+        CHECK_OK(cinfer_backend_silu_mul(be, tx, ty, ty));
+        CHECK_OK(cinfer_backend_add(be, tx, ty, tx));
+        CHECK_OK(cinfer_backend_add_bias(be, tx, tw));
+        CHECK_OK(cinfer_backend_rms_norm(be, tx, tw, 1e-6f, tx));
         float *got = malloc(sizeof(float) * (size_t)(n * d));
         get(be, tx, got);
         check_close("elementwise chain", g_configs[ci], got, want, n * d, 1e-5);
@@ -666,9 +664,9 @@ static void test_rowwise_large(void)
             CHECK(memcmp(prev, got, sizeof(float) * (size_t)(n * d)) == 0);
         free(prev);
         prev = got;
-        be->ops->tensor_destroy(be, tx);
-        be->ops->tensor_destroy(be, ty);
-        be->ops->tensor_destroy(be, tw);
+        cinfer_backend_tensor_destroy(be, tx);
+        cinfer_backend_tensor_destroy(be, ty);
+        cinfer_backend_tensor_destroy(be, tw);
         cinfer_backend_destroy(be);
     }
     free(prev);
@@ -704,7 +702,7 @@ static void test_silu_range(void)
         cinfer_tensor *tu = tnew(be, CINFER_DTYPE_F32, 2, 1, N, 0, 0);
         put(be, tg, g);
         put(be, tu, u);
-        CHECK_OK(be->ops->silu_mul(be, tg, tu, tg));
+        CHECK_OK(cinfer_backend_silu_mul(be, tg, tu, tg));
         get(be, tg, got);
         int bad = 0;
         for (int i = 0; i < N; i++) {
@@ -719,13 +717,13 @@ static void test_silu_range(void)
         CHECK_EQ_INT(bad, 0);
         /* NaN in, NaN out */
         float nan_in[2] = {NAN, 1.0f};
-        CHECK_OK(be->ops->upload(be, tg, 0, nan_in, sizeof nan_in));
-        CHECK_OK(be->ops->silu_mul(be, tg, tu, tg));
+        CHECK_OK(cinfer_backend_upload(be, tg, 0, nan_in, sizeof nan_in));
+        CHECK_OK(cinfer_backend_silu_mul(be, tg, tu, tg));
         float nan_out;
-        CHECK_OK(be->ops->download(be, tg, 0, &nan_out, 4));
+        CHECK_OK(cinfer_backend_download(be, tg, 0, &nan_out, 4));
         CHECK(isnan(nan_out));
-        be->ops->tensor_destroy(be, tg);
-        be->ops->tensor_destroy(be, tu);
+        cinfer_backend_tensor_destroy(be, tg);
+        cinfer_backend_tensor_destroy(be, tu);
         cinfer_backend_destroy(be);
     }
 }
@@ -775,7 +773,7 @@ static void test_step_ops_large(void)
     for (int ci = 0; ci < g_n_configs; ci++) {
         config c = g_configs[ci];
         cinfer_backend *be = make_backend(c);
-        CHECK_OK(be->ops->set_step(be, &sb.s));
+        CHECK_OK(cinfer_backend_set_step(be, &sb.s));
         cinfer_tensor *tt = wnew(be, CINFER_DTYPE_Q4_1, 2, VOCAB, W, table);
         cinfer_tensor *x = tnew(be, CINFER_DTYPE_F32, 2, N, W, 0, 0);
         cinfer_tensor *v = tnew(be, CINFER_DTYPE_F32, 2, N, W, 0, 0);
@@ -783,17 +781,17 @@ static void test_step_ops_large(void)
         cinfer_tensor *kc = tnew(be, CINFER_DTYPE_F16, 4, NBLK, BS, NH, HD);
         cinfer_tensor *vc = tnew(be, CINFER_DTYPE_F32, 4, NBLK, BS, NH, HD);
         float *got = malloc(sizeof(float) * N * W);
-        CHECK_OK(be->ops->embed(be, tt, x));
+        CHECK_OK(cinfer_backend_embed(be, tt, x));
         get(be, x, got);
         check_close("embed large", c, got, want_embed, N * W, 1e-6);
         memcpy(emb_f, got, sizeof(float) * N * W);
-        CHECK_OK(be->ops->rope(be, x, NH, HD, HD, 10000.0f, CINFER_ROPE_NEOX));
+        CHECK_OK(cinfer_backend_rope(be, x, NH, HD, HD, 10000.0f, CINFER_ROPE_NEOX));
         get(be, x, got);
         for (int r = 0; r < N; r++)
             check_close("rope large", c, got + r * W, want_rope + r * W, W,
                         1e-5 + sb.positions[r] * 4e-7);
         put(be, v, vv);
-        CHECK_OK(be->ops->kv_store(be, x, v, kc, vc));
+        CHECK_OK(cinfer_backend_kv_store(be, x, v, kc, vc));
         uint16_t *kh = malloc(tbytes(kc));
         float *vh = malloc(tbytes(vc));
         get(be, kc, kh);
@@ -807,7 +805,7 @@ static void test_step_ops_large(void)
             }
         CHECK_EQ_INT(bad, 0);
         put(be, x, emb_f);
-        CHECK_OK(be->ops->gather_rows(be, x, g));
+        CHECK_OK(cinfer_backend_gather_rows(be, x, g));
         float *gg = malloc(sizeof(float) * NOUT * W);
         get(be, g, gg);
         bad = 0;
@@ -821,7 +819,7 @@ static void test_step_ops_large(void)
         free(got);
         cinfer_tensor *ts[] = {tt, x, v, g, kc, vc};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            be->ops->tensor_destroy(be, ts[i]);
+            cinfer_backend_tensor_destroy(be, ts[i]);
         cinfer_backend_destroy(be);
     }
     free(emb_f);
@@ -859,7 +857,7 @@ static void test_rope(void)
             sb.tables[b] = b;
         for (int r = 0; r < n; r++)
             step_row(&sb, 0, pos[r], 0);
-        CHECK_OK(be->ops->set_step(be, &sb.s));
+        CHECK_OK(cinfer_backend_set_step(be, &sb.s));
         for (int k = 0; k < 4; k++) {
             int hd = cases[k].head_dim, rd = cases[k].rot_dim;
             int64_t width = (int64_t)n_heads * hd;
@@ -886,13 +884,13 @@ static void test_rope(void)
             }
             cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, n, width, 0, 0);
             put(be, tx, x);
-            CHECK_OK(be->ops->rope(be, tx, n_heads, hd, rd, cases[k].theta,
+            CHECK_OK(cinfer_backend_rope(be, tx, n_heads, hd, rd, cases[k].theta,
                                    cases[k].mode));
             get(be, tx, got);
             /* a second rope in the step reuses the cos/sin table */
             float *again = malloc(sizeof(float) * (size_t)(n * width));
             put(be, tx, x);
-            CHECK_OK(be->ops->rope(be, tx, n_heads, hd, rd, cases[k].theta,
+            CHECK_OK(cinfer_backend_rope(be, tx, n_heads, hd, rd, cases[k].theta,
                                    cases[k].mode));
             get(be, tx, again);
             CHECK(memcmp(again, got, sizeof(float) * (size_t)(n * width)) == 0);
@@ -910,7 +908,7 @@ static void test_rope(void)
                                  x + r * width + h * hd + rd,
                                  sizeof(float) * (size_t)(hd - rd)) == 0);
             }
-            be->ops->tensor_destroy(be, tx);
+            cinfer_backend_tensor_destroy(be, tx);
             free(x);
             free(got);
             free(want);
@@ -951,7 +949,7 @@ static void test_kv_store(void)
             step_row(&sb, 0, 4, 0);
             step_row(&sb, 1, 1, 0);
             step_row(&sb, 0, 7, 0);
-            CHECK_OK(be->ops->set_step(be, &sb.s));
+            CHECK_OK(cinfer_backend_set_step(be, &sb.s));
             uint64_t seed = 3;
             float *k = randv(n * width, &seed, 100.0f);
             float *v = randv(n * width, &seed, 0.01f);
@@ -961,7 +959,7 @@ static void test_kv_store(void)
             cinfer_tensor *tv = tnew(be, CINFER_DTYPE_F32, 2, n, width, 0, 0);
             put(be, tk, k);
             put(be, tv, v);
-            CHECK_OK(be->ops->kv_store(be, tk, tv, kc, vc));
+            CHECK_OK(cinfer_backend_kv_store(be, tk, tv, kc, vc));
             uint8_t *gk = malloc(tbytes(kc)), *gv = malloc(tbytes(vc));
             get(be, kc, gk);
             get(be, vc, gv);
@@ -999,8 +997,8 @@ static void test_kv_store(void)
 
             /* a slot past the cache is an error */
             sb.slots[3] = (int32_t)n_slots;
-            CHECK_OK(be->ops->set_step(be, &sb.s));
-            CHECK_EQ_INT(be->ops->kv_store(be, tk, tv, kc, vc),
+            CHECK_OK(cinfer_backend_set_step(be, &sb.s));
+            CHECK_EQ_INT(cinfer_backend_kv_store(be, tk, tv, kc, vc),
                          CINFER_E_INVALID_ARG);
             CHECK(strstr(cinfer_last_error(), "kv_store") != NULL);
 
@@ -1009,10 +1007,10 @@ static void test_kv_store(void)
             free(k);
             free(v);
             free(sentinel);
-            be->ops->tensor_destroy(be, tk);
-            be->ops->tensor_destroy(be, tv);
-            be->ops->tensor_destroy(be, kc);
-            be->ops->tensor_destroy(be, vc);
+            cinfer_backend_tensor_destroy(be, tk);
+            cinfer_backend_tensor_destroy(be, tv);
+            cinfer_backend_tensor_destroy(be, kc);
+            cinfer_backend_tensor_destroy(be, vc);
         }
         cinfer_backend_destroy(be);
     }
@@ -1054,10 +1052,10 @@ static void test_matmul(void)
         /* two calls of up to 4 weights, mixing activation formats */
         const cinfer_tensor *wa[4] = {tw[0], tw[1], tw[2], tw[3]};
         cinfer_tensor *oa[4] = {to[0], to[1], to[2], to[3]};
-        CHECK_OK(be->ops->matmul(be, 4, wa, tx, oa));
+        CHECK_OK(cinfer_backend_matmul(be, 4, wa, tx, oa));
         const cinfer_tensor *wb[2] = {tw[4], tw[5]};
         cinfer_tensor *ob[2] = {to[4], to[5]};
-        CHECK_OK(be->ops->matmul(be, 2, wb, tx, ob));
+        CHECK_OK(cinfer_backend_matmul(be, 2, wb, tx, ob));
 
         for (int i = 0; i < 6; i++) {
             /* reference: dequantized weights times the activations in the
@@ -1117,7 +1115,7 @@ static void test_matmul(void)
             /* one weight at a time gives the same bits */
             const cinfer_tensor *w1[1] = {tw[i]};
             cinfer_tensor *o1[1] = {tsolo[i]};
-            CHECK_OK(be->ops->matmul(be, 1, w1, tx, o1));
+            CHECK_OK(cinfer_backend_matmul(be, 1, w1, tx, o1));
             float *solo = malloc(sizeof(float) * (size_t)(n * n_outs[i]));
             get(be, tsolo[i], solo);
             CHECK(memcmp(solo, got, sizeof(float) * (size_t)(n * n_outs[i])) ==
@@ -1129,11 +1127,11 @@ static void test_matmul(void)
             free(arow);
         }
         for (int i = 0; i < 6; i++) {
-            be->ops->tensor_destroy(be, tw[i]);
-            be->ops->tensor_destroy(be, to[i]);
-            be->ops->tensor_destroy(be, tsolo[i]);
+            cinfer_backend_tensor_destroy(be, tw[i]);
+            cinfer_backend_tensor_destroy(be, to[i]);
+            cinfer_backend_tensor_destroy(be, tsolo[i]);
         }
-        be->ops->tensor_destroy(be, tx);
+        cinfer_backend_tensor_destroy(be, tx);
         cinfer_backend_destroy(be);
     }
     for (int i = 0; i < 6; i++)
@@ -1188,8 +1186,8 @@ static float *attention_case(config c, const attn_case *ac)
 
     cinfer_tensor *kc = tnew(be, ac->kdt, 4, n_blocks, bs, n_kv, hd);
     cinfer_tensor *vc = tnew(be, ac->vdt, 4, n_blocks, bs, n_kv, hd);
-    CHECK_OK(be->ops->fill_zero(be, kc));
-    CHECK_OK(be->ops->fill_zero(be, vc));
+    CHECK_OK(cinfer_backend_fill_zero(be, kc));
+    CHECK_OK(cinfer_backend_fill_zero(be, vc));
 
     /* Step 1: history rows go into the cache. */
     {
@@ -1201,14 +1199,14 @@ static float *attention_case(config c, const attn_case *ac)
             memcpy(k + r * kvw, kh + src, sizeof(float) * (size_t)kvw);
             memcpy(v + r * kvw, vh + src, sizeof(float) * (size_t)kvw);
         }
-        CHECK_OK(be->ops->set_step(be, &hb.s));
+        CHECK_OK(cinfer_backend_set_step(be, &hb.s));
         cinfer_tensor *tk = tnew(be, CINFER_DTYPE_F32, 2, n, kvw, 0, 0);
         cinfer_tensor *tv = tnew(be, CINFER_DTYPE_F32, 2, n, kvw, 0, 0);
         put(be, tk, k);
         put(be, tv, v);
-        CHECK_OK(be->ops->kv_store(be, tk, tv, kc, vc));
-        be->ops->tensor_destroy(be, tk);
-        be->ops->tensor_destroy(be, tv);
+        CHECK_OK(cinfer_backend_kv_store(be, tk, tv, kc, vc));
+        cinfer_backend_tensor_destroy(be, tk);
+        cinfer_backend_tensor_destroy(be, tv);
         free(k);
         free(v);
     }
@@ -1231,7 +1229,7 @@ static float *attention_case(config c, const attn_case *ac)
     for (int r = 0; r < n; r++)
         gen[r] = (uint8_t)(r & 1);
     sb.s.row_gen = gen;
-    CHECK_OK(be->ops->set_step(be, &sb.s));
+    CHECK_OK(cinfer_backend_set_step(be, &sb.s));
     float *k = malloc(sizeof(float) * (size_t)(n * kvw));
     float *v = malloc(sizeof(float) * (size_t)(n * kvw));
     for (int r = 0; r < n; r++) {
@@ -1247,8 +1245,8 @@ static float *attention_case(config c, const attn_case *ac)
     put(be, tk, k);
     put(be, tv, v);
     put(be, tq, q);
-    CHECK_OK(be->ops->kv_store(be, tk, tv, kc, vc));
-    CHECK_OK(be->ops->attention(be, tq, kc, vc, n_heads, n_kv, hd, ac->scale,
+    CHECK_OK(cinfer_backend_kv_store(be, tk, tv, kc, vc));
+    CHECK_OK(cinfer_backend_attention(be, tq, kc, vc, n_heads, n_kv, hd, ac->scale,
                                 to));
     float *got = malloc(sizeof(float) * (size_t)(n * qw));
     get(be, to, got);
@@ -1310,23 +1308,23 @@ static float *attention_case(config c, const attn_case *ac)
     bad.s.block_tables = bad.tables;
     bad.s.out_rows = bad.out_rows;
     bad.tables[0 * MAX_BLOCKS + 3] = n_blocks;
-    CHECK_OK(be->ops->set_step(be, &bad.s));
-    CHECK_EQ_INT(be->ops->attention(be, tq, kc, vc, n_heads, n_kv, hd,
+    CHECK_OK(cinfer_backend_set_step(be, &bad.s));
+    CHECK_EQ_INT(cinfer_backend_attention(be, tq, kc, vc, n_heads, n_kv, hd,
                                     ac->scale, to),
                  CINFER_E_INVALID_ARG);
     CHECK(strstr(cinfer_last_error(), "attention") != NULL);
     bad.tables[0 * MAX_BLOCKS + 3] = -1;
-    CHECK_OK(be->ops->set_step(be, &bad.s));
-    CHECK_EQ_INT(be->ops->attention(be, tq, kc, vc, n_heads, n_kv, hd,
+    CHECK_OK(cinfer_backend_set_step(be, &bad.s));
+    CHECK_EQ_INT(cinfer_backend_attention(be, tq, kc, vc, n_heads, n_kv, hd,
                                     ac->scale, to),
                  CINFER_E_INVALID_ARG);
 
-    be->ops->tensor_destroy(be, tk);
-    be->ops->tensor_destroy(be, tv);
-    be->ops->tensor_destroy(be, tq);
-    be->ops->tensor_destroy(be, to);
-    be->ops->tensor_destroy(be, kc);
-    be->ops->tensor_destroy(be, vc);
+    cinfer_backend_tensor_destroy(be, tk);
+    cinfer_backend_tensor_destroy(be, tv);
+    cinfer_backend_tensor_destroy(be, tq);
+    cinfer_backend_tensor_destroy(be, to);
+    cinfer_backend_tensor_destroy(be, kc);
+    cinfer_backend_tensor_destroy(be, vc);
     free(want);
     free(q);
     free(k);
@@ -1449,8 +1447,8 @@ static void layer_model_init(layer_model *m, config c, const layer_weights *lw)
     m->norm2 = wnew(be, CINFER_DTYPE_F32, 1, L_D, 0, lw->norm2);
     m->kc = tnew(be, CINFER_DTYPE_F16, 4, L_NBLOCKS, L_BS, L_NKV, L_HD);
     m->vc = tnew(be, CINFER_DTYPE_F16, 4, L_NBLOCKS, L_BS, L_NKV, L_HD);
-    CHECK_OK(be->ops->fill_zero(be, m->kc));
-    CHECK_OK(be->ops->fill_zero(be, m->vc));
+    CHECK_OK(cinfer_backend_fill_zero(be, m->kc));
+    CHECK_OK(cinfer_backend_fill_zero(be, m->vc));
 }
 
 static void layer_model_free(layer_model *m)
@@ -1458,7 +1456,7 @@ static void layer_model_free(layer_model *m)
     cinfer_tensor *ts[] = {m->embd, m->wq, m->wk, m->wv, m->wo, m->wg,
                            m->wu,   m->wd, m->norm1, m->norm2, m->kc, m->vc};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        m->be->ops->tensor_destroy(m->be, ts[i]);
+        cinfer_backend_tensor_destroy(m->be, ts[i]);
     cinfer_backend_destroy(m->be);
 }
 
@@ -1468,7 +1466,6 @@ static void layer_forward(layer_model *m, const cinfer_step *s, float *out,
                           float *attn_out)
 {
     cinfer_backend *be = m->be;
-    const struct cinfer_backend_ops *o = be->ops;
     int n = s->n_rows;
     cinfer_tensor *x = tnew(be, CINFER_DTYPE_F32, 2, n, L_D, 0, 0);
     cinfer_tensor *h = tnew(be, CINFER_DTYPE_F32, 2, n, L_D, 0, 0);
@@ -1479,36 +1476,36 @@ static void layer_forward(layer_model *m, const cinfer_step *s, float *out,
     cinfer_tensor *g = tnew(be, CINFER_DTYPE_F32, 2, n, L_F, 0, 0);
     cinfer_tensor *u = tnew(be, CINFER_DTYPE_F32, 2, n, L_F, 0, 0);
     cinfer_tensor *y = tnew(be, CINFER_DTYPE_F32, 2, s->n_out, L_D, 0, 0);
-    CHECK_OK(o->set_step(be, s));
-    CHECK_OK(o->embed(be, m->embd, x));
-    CHECK_OK(o->rms_norm(be, x, m->norm1, 1e-5f, h));
+    CHECK_OK(cinfer_backend_set_step(be, s));
+    CHECK_OK(cinfer_backend_embed(be, m->embd, x));
+    CHECK_OK(cinfer_backend_rms_norm(be, x, m->norm1, 1e-5f, h));
     const cinfer_tensor *wqkv[3] = {m->wq, m->wk, m->wv};
     cinfer_tensor *qkv[3] = {q, k, v};
-    CHECK_OK(o->matmul(be, 3, wqkv, h, qkv));
-    CHECK_OK(o->rope(be, q, L_NH, L_HD, L_HD, 10000.0f, CINFER_ROPE_NORM));
-    CHECK_OK(o->rope(be, k, L_NKV, L_HD, L_HD, 10000.0f, CINFER_ROPE_NORM));
-    CHECK_OK(o->kv_store(be, k, v, m->kc, m->vc));
-    CHECK_OK(o->attention(be, q, m->kc, m->vc, L_NH, L_NKV, L_HD, 0.25f, a));
+    CHECK_OK(cinfer_backend_matmul(be, 3, wqkv, h, qkv));
+    CHECK_OK(cinfer_backend_rope(be, q, L_NH, L_HD, L_HD, 10000.0f, CINFER_ROPE_NORM));
+    CHECK_OK(cinfer_backend_rope(be, k, L_NKV, L_HD, L_HD, 10000.0f, CINFER_ROPE_NORM));
+    CHECK_OK(cinfer_backend_kv_store(be, k, v, m->kc, m->vc));
+    CHECK_OK(cinfer_backend_attention(be, q, m->kc, m->vc, L_NH, L_NKV, L_HD, 0.25f, a));
     const cinfer_tensor *wo[1] = {m->wo};
     cinfer_tensor *ho[1] = {h};
-    CHECK_OK(o->matmul(be, 1, wo, a, ho));
-    CHECK_OK(o->add(be, x, h, x));
-    CHECK_OK(o->rms_norm(be, x, m->norm2, 1e-5f, h));
+    CHECK_OK(cinfer_backend_matmul(be, 1, wo, a, ho));
+    CHECK_OK(cinfer_backend_add(be, x, h, x));
+    CHECK_OK(cinfer_backend_rms_norm(be, x, m->norm2, 1e-5f, h));
     const cinfer_tensor *wgu[2] = {m->wg, m->wu};
     cinfer_tensor *gu[2] = {g, u};
-    CHECK_OK(o->matmul(be, 2, wgu, h, gu));
-    CHECK_OK(o->silu_mul(be, g, u, g));
+    CHECK_OK(cinfer_backend_matmul(be, 2, wgu, h, gu));
+    CHECK_OK(cinfer_backend_silu_mul(be, g, u, g));
     const cinfer_tensor *wd[1] = {m->wd};
     ho[0] = h;
-    CHECK_OK(o->matmul(be, 1, wd, g, ho));
-    CHECK_OK(o->add(be, x, h, x));
-    CHECK_OK(o->gather_rows(be, x, y));
-    CHECK_OK(o->synchronize(be));
+    CHECK_OK(cinfer_backend_matmul(be, 1, wd, g, ho));
+    CHECK_OK(cinfer_backend_add(be, x, h, x));
+    CHECK_OK(cinfer_backend_gather_rows(be, x, y));
+    CHECK_OK(cinfer_backend_synchronize(be));
     get(be, y, out);
     get(be, a, attn_out);
     cinfer_tensor *ts[] = {x, h, q, k, v, a, g, u, y};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        o->tensor_destroy(be, ts[i]);
+        cinfer_backend_tensor_destroy(be, ts[i]);
 }
 
 static void test_batch_invariance(void)
@@ -1624,7 +1621,6 @@ static void test_batch_invariance(void)
 static void test_validation(void)
 {
     cinfer_backend *be = make_backend(g_configs[g_n_configs - 1]);
-    const struct cinfer_backend_ops *o = be->ops;
     const int n = 3, d = 64;
     cinfer_tensor *x = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
     cinfer_tensor *y = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
@@ -1634,57 +1630,57 @@ static void test_validation(void)
     cinfer_tensor *wv2 = tnew(be, CINFER_DTYPE_F32, 1, d + 1, 0, 0, 0);
     float zeros[4 * 64] = {0};
     cinfer_tensor *ro = wnew(be, CINFER_DTYPE_F32, 2, n, d, zeros);
-    CHECK_OK(o->fill_zero(be, x));
-    CHECK_OK(o->fill_zero(be, y));
-    CHECK_OK(o->fill_zero(be, wv));
+    CHECK_OK(cinfer_backend_fill_zero(be, x));
+    CHECK_OK(cinfer_backend_fill_zero(be, y));
+    CHECK_OK(cinfer_backend_fill_zero(be, wv));
 
     /* ops that need a step refuse to run without one */
-    CHECK_BAD(o->embed(be, ro, x), "embed");
-    CHECK_BAD(o->rope(be, x, 1, 64, 64, 1e4f, CINFER_ROPE_NORM), "rope");
-    CHECK_BAD(o->gather_rows(be, x, y), "gather_rows");
+    CHECK_BAD(cinfer_backend_embed(be, ro, x), "embed");
+    CHECK_BAD(cinfer_backend_rope(be, x, 1, 64, 64, 1e4f, CINFER_ROPE_NORM), "rope");
+    CHECK_BAD(cinfer_backend_gather_rows(be, x, y), "gather_rows");
 
     /* elementwise ops */
-    CHECK_BAD(o->rms_norm(be, x16, wv, 1e-5f, x), "rms_norm");
-    CHECK_BAD(o->rms_norm(be, x, wv2, 1e-5f, y), "rms_norm");
-    CHECK_BAD(o->rms_norm(be, x, wv, 1e-5f, x4), "rms_norm");
-    CHECK_BAD(o->rms_norm(be, x, wv, -1.0f, y), "rms_norm");
-    CHECK_BAD(o->rms_norm(be, x, wv, 1e-5f, ro), "rms_norm");
-    CHECK_BAD(o->rms_norm(be, NULL, wv, 1e-5f, y), "rms_norm");
-    CHECK_BAD(o->add(be, x, x4, y), "add");
-    CHECK_BAD(o->add(be, x16, x, y), "add");
-    CHECK_BAD(o->add(be, x, y, ro), "add");
-    CHECK_BAD(o->add_bias(be, x, wv2), "add_bias");
-    CHECK_BAD(o->add_bias(be, ro, wv), "add_bias");
-    CHECK_BAD(o->silu_mul(be, x, x4, y), "silu_mul");
-    CHECK_BAD(o->silu_mul(be, x, y, x16), "silu_mul");
+    CHECK_BAD(cinfer_backend_rms_norm(be, x16, wv, 1e-5f, x), "rms_norm");
+    CHECK_BAD(cinfer_backend_rms_norm(be, x, wv2, 1e-5f, y), "rms_norm");
+    CHECK_BAD(cinfer_backend_rms_norm(be, x, wv, 1e-5f, x4), "rms_norm");
+    CHECK_BAD(cinfer_backend_rms_norm(be, x, wv, -1.0f, y), "rms_norm");
+    CHECK_BAD(cinfer_backend_rms_norm(be, x, wv, 1e-5f, ro), "rms_norm");
+    CHECK_BAD(cinfer_backend_rms_norm(be, NULL, wv, 1e-5f, y), "rms_norm");
+    CHECK_BAD(cinfer_backend_add(be, x, x4, y), "add");
+    CHECK_BAD(cinfer_backend_add(be, x16, x, y), "add");
+    CHECK_BAD(cinfer_backend_add(be, x, y, ro), "add");
+    CHECK_BAD(cinfer_backend_add_bias(be, x, wv2), "add_bias");
+    CHECK_BAD(cinfer_backend_add_bias(be, ro, wv), "add_bias");
+    CHECK_BAD(cinfer_backend_silu_mul(be, x, x4, y), "silu_mul");
+    CHECK_BAD(cinfer_backend_silu_mul(be, x, y, x16), "silu_mul");
 
     /* matmul */
     const cinfer_tensor *w1[1] = {ro};
     cinfer_tensor *o1[1] = {y};
-    CHECK_BAD(o->matmul(be, 1, w1, x, o1), "out[0]"); /* want [3, 3] */
+    CHECK_BAD(cinfer_backend_matmul(be, 1, w1, x, o1), "out[0]"); /* want [3, 3] */
     cinfer_tensor *o33 = tnew(be, CINFER_DTYPE_F32, 2, n, n, 0, 0);
     o1[0] = o33;
-    CHECK_OK(o->matmul(be, 1, w1, x, o1));
+    CHECK_OK(cinfer_backend_matmul(be, 1, w1, x, o1));
     cinfer_tensor *w_in = tnew(be, CINFER_DTYPE_F32, 2, 5, d + 32, 0, 0);
     cinfer_tensor *q81 = tnew(be, CINFER_DTYPE_Q8_1, 2, 5, d, 0, 0);
     cinfer_tensor *o35 = tnew(be, CINFER_DTYPE_F32, 2, n, 5, 0, 0);
     const cinfer_tensor *wbad[1] = {w_in};
     cinfer_tensor *obad[1] = {o35};
-    CHECK_BAD(o->matmul(be, 1, wbad, x, obad), "matmul");
+    CHECK_BAD(cinfer_backend_matmul(be, 1, wbad, x, obad), "matmul");
     wbad[0] = q81;
-    CHECK_BAD(o->matmul(be, 1, wbad, x, obad), "matmul");
-    CHECK_BAD(o->matmul(be, 0, w1, x, o1), "matmul");
-    CHECK_BAD(o->matmul(be, 5, w1, x, o1), "matmul");
+    CHECK_BAD(cinfer_backend_matmul(be, 1, wbad, x, obad), "matmul");
+    CHECK_BAD(cinfer_backend_matmul(be, 0, w1, x, o1), "matmul");
+    CHECK_BAD(cinfer_backend_matmul(be, 5, w1, x, o1), "matmul");
     cinfer_tensor *oalias[1] = {x};
     const cinfer_tensor *wsq[1] = {ro};
-    CHECK_BAD(o->matmul(be, 1, wsq, x, oalias), "matmul");
+    CHECK_BAD(cinfer_backend_matmul(be, 1, wsq, x, oalias), "matmul");
     cinfer_tensor *x33 = tnew(be, CINFER_DTYPE_F32, 2, n, n, 0, 0);
-    CHECK_OK(o->fill_zero(be, x33));
-    CHECK_OK(o->fill_zero(be, o33));
+    CHECK_OK(cinfer_backend_fill_zero(be, x33));
+    CHECK_OK(cinfer_backend_fill_zero(be, o33));
     const cinfer_tensor *wself[1] = {o33};
     cinfer_tensor *oself[1] = {o33};
-    CHECK_BAD(o->matmul(be, 1, wself, x33, oself), "aliases w[0]");
-    be->ops->tensor_destroy(be, x33);
+    CHECK_BAD(cinfer_backend_matmul(be, 1, wself, x33, oself), "aliases w[0]");
+    cinfer_backend_tensor_destroy(be, x33);
 
     /* step metadata */
     step_buf sb;
@@ -1696,7 +1692,7 @@ static void test_validation(void)
     step_row(&sb, 1, 0, 2);
     step_row(&sb, 0, 5, 3);
     step_all_out(&sb);
-    CHECK_OK(o->set_step(be, &sb.s));
+    CHECK_OK(cinfer_backend_set_step(be, &sb.s));
     step_buf bad;
 #define RESET_BAD()                                                            \
     do {                                                                       \
@@ -1710,67 +1706,67 @@ static void test_validation(void)
     } while (0)
     RESET_BAD();
     bad.s.n_rows = 0;
-    CHECK_BAD(o->set_step(be, &bad.s), "n_rows");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "n_rows");
     RESET_BAD();
     bad.row_seq[1] = 2;
-    CHECK_BAD(o->set_step(be, &bad.s), "row_seq");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "row_seq");
     RESET_BAD();
     bad.positions[2] = -1;
-    CHECK_BAD(o->set_step(be, &bad.s), "positions");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "positions");
     RESET_BAD();
     bad.positions[2] = MAX_BLOCKS * 4;
-    CHECK_BAD(o->set_step(be, &bad.s), "positions");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "positions");
     RESET_BAD();
     bad.tokens[0] = -5;
-    CHECK_BAD(o->set_step(be, &bad.s), "tokens");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "tokens");
     RESET_BAD();
     bad.out_rows[1] = 2;
     bad.out_rows[2] = 1;
-    CHECK_BAD(o->set_step(be, &bad.s), "out_rows");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "out_rows");
     RESET_BAD();
     bad.out_rows[1] = 0;
-    CHECK_BAD(o->set_step(be, &bad.s), "out_rows");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "out_rows");
     RESET_BAD();
     bad.out_rows[2] = 3;
-    CHECK_BAD(o->set_step(be, &bad.s), "out_rows");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "out_rows");
     RESET_BAD();
     bad.slots[2] = bad.slots[0];
-    CHECK_BAD(o->set_step(be, &bad.s), "slot");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "slot");
     RESET_BAD();
     bad.slots[1] = -1;
-    CHECK_BAD(o->set_step(be, &bad.s), "slots");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "slots");
     RESET_BAD();
     bad.s.n_seqs = 0;
-    CHECK_BAD(o->set_step(be, &bad.s), "n_seqs");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "n_seqs");
     RESET_BAD();
     bad.s.block_tables = NULL;
-    CHECK_BAD(o->set_step(be, &bad.s), "set_step");
-    CHECK_BAD(o->set_step(be, NULL), "set_step");
+    CHECK_BAD(cinfer_backend_set_step(be, &bad.s), "set_step");
+    CHECK_BAD(cinfer_backend_set_step(be, NULL), "set_step");
 
     /* the good step is still in force after the failed ones */
     cinfer_tensor *g = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
-    CHECK_OK(o->gather_rows(be, x, g));
-    CHECK_BAD(o->gather_rows(be, x, x4), "gather_rows");
-    CHECK_BAD(o->gather_rows(be, x, x), "gather_rows");
+    CHECK_OK(cinfer_backend_gather_rows(be, x, g));
+    CHECK_BAD(cinfer_backend_gather_rows(be, x, x4), "gather_rows");
+    CHECK_BAD(cinfer_backend_gather_rows(be, x, x), "gather_rows");
 
     /* embed: wrong out shape, dtype */
     uint8_t table[10 * 68];
     memset(table, 0, sizeof table);
     cinfer_tensor *emb = wnew(be, CINFER_DTYPE_Q8_0, 2, 10, d, table);
-    CHECK_OK(o->embed(be, emb, x));
-    CHECK_BAD(o->embed(be, emb, x4), "embed");
-    CHECK_BAD(o->embed(be, emb, x16), "embed");
-    CHECK_BAD(o->embed(be, emb, ro), "embed");
+    CHECK_OK(cinfer_backend_embed(be, emb, x));
+    CHECK_BAD(cinfer_backend_embed(be, emb, x4), "embed");
+    CHECK_BAD(cinfer_backend_embed(be, emb, x16), "embed");
+    CHECK_BAD(cinfer_backend_embed(be, emb, ro), "embed");
     cinfer_tensor *small = wnew(be, CINFER_DTYPE_Q8_0, 2, 3, d, table);
-    CHECK_BAD(o->embed(be, small, x), "step.tokens[2]");
+    CHECK_BAD(cinfer_backend_embed(be, small, x), "step.tokens[2]");
 
     /* rope */
-    CHECK_BAD(o->rope(be, x, 2, 32, 33, 1e4f, CINFER_ROPE_NORM), "rope");
-    CHECK_BAD(o->rope(be, x, 2, 32, 34, 1e4f, CINFER_ROPE_NORM), "rope");
-    CHECK_BAD(o->rope(be, x, 3, 32, 32, 1e4f, CINFER_ROPE_NORM), "rope");
-    CHECK_BAD(o->rope(be, x, 2, 32, 32, 1e4f, (cinfer_rope_mode)1), "rope");
-    CHECK_BAD(o->rope(be, x, 2, 32, 32, 0.0f, CINFER_ROPE_NEOX), "rope");
-    CHECK_OK(o->rope(be, x, 2, 32, 32, 1e4f, CINFER_ROPE_NEOX));
+    CHECK_BAD(cinfer_backend_rope(be, x, 2, 32, 33, 1e4f, CINFER_ROPE_NORM), "rope");
+    CHECK_BAD(cinfer_backend_rope(be, x, 2, 32, 34, 1e4f, CINFER_ROPE_NORM), "rope");
+    CHECK_BAD(cinfer_backend_rope(be, x, 3, 32, 32, 1e4f, CINFER_ROPE_NORM), "rope");
+    CHECK_BAD(cinfer_backend_rope(be, x, 2, 32, 32, 1e4f, (cinfer_rope_mode)1), "rope");
+    CHECK_BAD(cinfer_backend_rope(be, x, 2, 32, 32, 0.0f, CINFER_ROPE_NEOX), "rope");
+    CHECK_OK(cinfer_backend_rope(be, x, 2, 32, 32, 1e4f, CINFER_ROPE_NEOX));
 
     /* kv_store and attention */
     cinfer_tensor *kc = tnew(be, CINFER_DTYPE_F16, 4, 3, 4, 2, 32);
@@ -1778,32 +1774,32 @@ static void test_validation(void)
     cinfer_tensor *kc8 = tnew(be, CINFER_DTYPE_F16, 4, 3, 8, 2, 32);
     cinfer_tensor *kcq = tnew(be, CINFER_DTYPE_Q8_0, 4, 3, 4, 2, 32);
     cinfer_tensor *vc1 = tnew(be, CINFER_DTYPE_F16, 4, 3, 4, 1, 64);
-    CHECK_OK(o->fill_zero(be, kc));
-    CHECK_OK(o->fill_zero(be, vc));
-    CHECK_OK(o->kv_store(be, x, y, kc, vc));
-    CHECK_BAD(o->kv_store(be, x, y, kc8, vc), "kv_store");
-    CHECK_BAD(o->kv_store(be, x, y, kcq, vc), "kv_store");
-    CHECK_BAD(o->kv_store(be, x, y, kc, vc1), "kv_store");
-    CHECK_BAD(o->kv_store(be, x4, y, kc, vc), "kv_store");
-    CHECK_BAD(o->kv_store(be, x16, y, kc, vc), "kv_store");
-    CHECK_BAD(o->kv_store(be, x, y, kc, kc), "kv_store");
-    CHECK_OK(o->attention(be, x, kc, vc, 2, 2, 32, 0.2f, y));
-    CHECK_BAD(o->attention(be, x, kc, vc, 2, 1, 32, 0.2f, y), "k_cache");
-    CHECK_BAD(o->attention(be, x, kc, vc, 3, 2, 32, 0.2f, y), "attention");
-    CHECK_BAD(o->attention(be, x, kc, vc, 2, 2, 32, 0.2f, x), "attention");
-    CHECK_BAD(o->attention(be, x, kc, vc1, 2, 2, 32, 0.2f, y), "attention");
-    CHECK_BAD(o->attention(be, x, kc, vc, 2, 2, 32, NAN, y), "attention");
-    CHECK_BAD(o->attention(be, x4, kc, vc, 2, 2, 32, 0.2f, y), "attention");
-    CHECK_BAD(o->attention(be, x, kc, vc, 2, 2, 32, 0.2f, ro), "attention");
+    CHECK_OK(cinfer_backend_fill_zero(be, kc));
+    CHECK_OK(cinfer_backend_fill_zero(be, vc));
+    CHECK_OK(cinfer_backend_kv_store(be, x, y, kc, vc));
+    CHECK_BAD(cinfer_backend_kv_store(be, x, y, kc8, vc), "kv_store");
+    CHECK_BAD(cinfer_backend_kv_store(be, x, y, kcq, vc), "kv_store");
+    CHECK_BAD(cinfer_backend_kv_store(be, x, y, kc, vc1), "kv_store");
+    CHECK_BAD(cinfer_backend_kv_store(be, x4, y, kc, vc), "kv_store");
+    CHECK_BAD(cinfer_backend_kv_store(be, x16, y, kc, vc), "kv_store");
+    CHECK_BAD(cinfer_backend_kv_store(be, x, y, kc, kc), "kv_store");
+    CHECK_OK(cinfer_backend_attention(be, x, kc, vc, 2, 2, 32, 0.2f, y));
+    CHECK_BAD(cinfer_backend_attention(be, x, kc, vc, 2, 1, 32, 0.2f, y), "k_cache");
+    CHECK_BAD(cinfer_backend_attention(be, x, kc, vc, 3, 2, 32, 0.2f, y), "attention");
+    CHECK_BAD(cinfer_backend_attention(be, x, kc, vc, 2, 2, 32, 0.2f, x), "attention");
+    CHECK_BAD(cinfer_backend_attention(be, x, kc, vc1, 2, 2, 32, 0.2f, y), "attention");
+    CHECK_BAD(cinfer_backend_attention(be, x, kc, vc, 2, 2, 32, NAN, y), "attention");
+    CHECK_BAD(cinfer_backend_attention(be, x4, kc, vc, 2, 2, 32, 0.2f, y), "attention");
+    CHECK_BAD(cinfer_backend_attention(be, x, kc, vc, 2, 2, 32, 0.2f, ro), "attention");
 
     /* after all that, the backend still computes */
-    CHECK_OK(o->add(be, x, y, y));
+    CHECK_OK(cinfer_backend_add(be, x, y, y));
 
     cinfer_tensor *ts[] = {x,   y,     x16, x4,  wv,  wv2, ro,
                            o33, w_in,  q81, o35, g,   emb, small,
                            kc,  vc,    kc8, kcq, vc1};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        o->tensor_destroy(be, ts[i]);
+        cinfer_backend_tensor_destroy(be, ts[i]);
     cinfer_backend_destroy(be);
 }
 

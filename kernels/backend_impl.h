@@ -1,0 +1,158 @@
+/*
+ * backend_impl.h - what a backend implements: the private ops table and the
+ * structs every backend's objects start with.
+ *
+ * The public calls (backend.h) check their arguments in backend.c and then
+ * call a slot of the table here, so a backend implements arithmetic, never
+ * validation (ggml-backend-impl.h's split). Slots marked (optional) may be
+ * NULL; backend.c supplies the fallback.
+ *
+ * A backend's backend struct starts with struct cinfer_backend and its
+ * tensor struct with struct cinfer_tensor:
+ *
+ *     typedef struct { struct cinfer_tensor base; int packed; } my_tensor;
+ *     typedef struct { struct cinfer_backend base; void *stream; } my_be;
+ *     static const struct cinfer_backend_ops my_ops = {.destroy = ...};
+ *     my_be *b = calloc(1, sizeof *b);
+ *     b->base.ops = &my_ops;
+ *
+ * The base struct must start zeroed (calloc): backend.c keeps the checked
+ * step in it and frees its buffers in cinfer_backend_destroy before the
+ * destroy slot runs.
+ */
+#ifndef CINFER_BACKEND_IMPL_H
+#define CINFER_BACKEND_IMPL_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The part of every tensor that backend.c reads and writes. */
+struct cinfer_tensor {
+    cinfer_tensor_desc desc; /* current shape (set_rows changes shape[0]) */
+    void *data;              /* the backend's memory: host for the CPU,
+                                device for CUDA */
+    size_t nbytes;           /* bytes of the current shape */
+    size_t cap_bytes;        /* bytes of the shape at creation */
+    int is_weight;           /* read-only: created by tensor_create_weight */
+};
+
+/* The part of every backend that backend.c reads and writes. */
+struct cinfer_backend {
+    const struct cinfer_backend_ops *ops;
+    const char *name;      /* "cpu", "cuda" */
+    char device_desc[128]; /* human-readable device description */
+
+    /* The step as cinfer_backend_set_step checked and copied it: host
+     * memory, valid until the next set_step. */
+    int has_step;
+    cinfer_step step;
+    void *step_buf;             /* backing store of step's arrays */
+    size_t step_cap;
+    void *sort_buf;             /* set_step's scratch (duplicate slots) */
+    size_t sort_cap;
+    int32_t max_slot;           /* largest step slot */
+    int32_t max_position;       /* largest step position */
+    int32_t min_block;          /* smallest / largest block id a row reads */
+    int32_t max_block;
+    int32_t min_block_seq, min_block_idx; /* where they are in the table */
+    int32_t max_block_seq, max_block_idx;
+};
+
+/*
+ * The ops table. Arguments arrive checked: tensors non-NULL with the
+ * dtypes, shapes and aliasing the op's comment in backend.h allows, the
+ * step set and its indices within the tensors. A slot returns CINFER_OK or
+ * an error status with cinfer_set_error() filled (a device fault:
+ * CINFER_E_DEVICE); it fires no callback and leaves the backend usable
+ * unless the fault was sticky.
+ */
+struct cinfer_backend_ops {
+    /* Frees the backend struct and everything it owns. */
+    void (*destroy)(cinfer_backend *be);
+
+    /* A tensor struct of the backend's own (starting with struct
+     * cinfer_tensor) with nbytes of memory at data; backend.c fills the
+     * common fields after. desc is valid; nbytes its size. */
+    cinfer_status (*tensor_create)(cinfer_backend *be,
+                                   const cinfer_tensor_desc *desc,
+                                   size_t nbytes, cinfer_tensor **out);
+    /* The same holding `data` (nbytes of host memory), read-only. */
+    cinfer_status (*tensor_create_weight)(cinfer_backend *be,
+                                          const cinfer_tensor_desc *desc,
+                                          size_t nbytes, const void *data,
+                                          cinfer_tensor **out);
+    void (*tensor_destroy)(cinfer_backend *be, cinfer_tensor *t);
+    /* (optional) see cinfer_backend_weight_borrows; NULL: always 1. */
+    int (*weight_borrows)(cinfer_backend *be, const cinfer_tensor *t);
+    /* (optional) 1 if matmul has a kernel for weights of dtype; NULL: the
+     * float types and Q8_0, Q4_0, Q4_1. */
+    int (*matmul_supports)(cinfer_backend *be, cinfer_dtype dtype);
+
+    /* Ranges lie inside the tensor; upload's tensor is not a weight. */
+    cinfer_status (*upload)(cinfer_backend *be, cinfer_tensor *t,
+                            size_t offset, const void *src, size_t n_bytes);
+    cinfer_status (*download)(cinfer_backend *be, const cinfer_tensor *t,
+                              size_t offset, void *dst, size_t n_bytes);
+    cinfer_status (*fill_zero)(cinfer_backend *be, cinfer_tensor *t);
+    cinfer_status (*synchronize)(cinfer_backend *be);
+    /* (optional) 0 once the backend is unusable; NULL: always 1. */
+    int (*healthy)(cinfer_backend *be);
+    /* (optional) see cinfer_backend_memory; NULL: unsupported. */
+    cinfer_status (*memory)(cinfer_backend *be, size_t *used_bytes,
+                            size_t *budget_bytes);
+
+    /* (optional) be->step holds the new, checked step: a device backend
+     * uploads what its kernels read. NULL: nothing to do. */
+    cinfer_status (*set_step)(cinfer_backend *be);
+
+    /* The ops, with backend.h's meanings; rows come from the tensors. */
+    cinfer_status (*embed)(cinfer_backend *be, const cinfer_tensor *table,
+                           cinfer_tensor *out);
+    cinfer_status (*rms_norm)(cinfer_backend *be, const cinfer_tensor *x,
+                              const cinfer_tensor *w, float eps,
+                              cinfer_tensor *out);
+    cinfer_status (*matmul)(cinfer_backend *be, int n_w,
+                            const cinfer_tensor *const *w,
+                            const cinfer_tensor *x, cinfer_tensor *const *out);
+    cinfer_status (*add_bias)(cinfer_backend *be, cinfer_tensor *x,
+                              const cinfer_tensor *b);
+    cinfer_status (*add)(cinfer_backend *be, const cinfer_tensor *a,
+                         const cinfer_tensor *b, cinfer_tensor *out);
+    cinfer_status (*rope)(cinfer_backend *be, cinfer_tensor *x, int n_heads,
+                          int head_dim, int rot_dim, float theta,
+                          cinfer_rope_mode mode);
+    cinfer_status (*kv_store)(cinfer_backend *be, const cinfer_tensor *k,
+                              const cinfer_tensor *v, cinfer_tensor *k_cache,
+                              cinfer_tensor *v_cache);
+    cinfer_status (*attention)(cinfer_backend *be, const cinfer_tensor *q,
+                               const cinfer_tensor *k_cache,
+                               const cinfer_tensor *v_cache, int n_heads,
+                               int n_kv_heads, int head_dim, float scale,
+                               cinfer_tensor *out);
+    cinfer_status (*silu_mul)(cinfer_backend *be, const cinfer_tensor *gate,
+                              const cinfer_tensor *up, cinfer_tensor *out);
+    cinfer_status (*gather_rows)(cinfer_backend *be, const cinfer_tensor *x,
+                                 cinfer_tensor *out);
+};
+
+/* Rows and elements per row (the product of all dimensions but the first)
+ * of a tensor. */
+static inline int64_t cinfer_tensor_rows(const cinfer_tensor *t)
+{
+    return t->desc.shape[0];
+}
+static inline int64_t cinfer_tensor_cols(const cinfer_tensor *t)
+{
+    int64_t c = 1;
+    for (int i = 1; i < t->desc.n_dims; i++)
+        c *= t->desc.shape[i];
+    return c;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_BACKEND_IMPL_H */
