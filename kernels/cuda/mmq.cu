@@ -205,7 +205,6 @@ mmq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
 /* ---------------------------------------------------------------------- */
 
 #define MAX_GRID_X 2147483647LL
-#define MAX_GRID_Y 65535LL
 
 extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,
                                          cinfer_dtype w_type, const void *w,
@@ -223,7 +222,7 @@ extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmq n_out = %lld out of range",
                                 (long long)n_out);
-    if (n < 1 || (n + MMQ_ROWS - 1) / MMQ_ROWS > MAX_GRID_Y)
+    if (n < 1 || n > CINFER_CUDA_MMQ_MAX_ROWS)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmq n = %d out of range", (int)n);
     if (k < CINFER_QK || k % CINFER_QK != 0)

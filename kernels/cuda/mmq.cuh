@@ -36,10 +36,14 @@
 extern "C" {
 #endif
 
+/* Most activation rows cinfer_cuda_mmq takes (the grid's y limit). */
+#define CINFER_CUDA_MMQ_MAX_ROWS (65535 * 16)
+
 /* out[r][o] = dot(x[r], w[o]) for r < n, o < n_out.
  * w: [n_out, k / 32] blocks of w_type (Q8_0, Q4_0 or Q4_1; GGML's layout),
  * 2-byte aligned; xq: [n, k / 32] cinfer_block_q8_1, 4-byte aligned;
- * out: [n, n_out] F32. n >= 1, k a positive multiple of 32. */
+ * out: [n, n_out] F32. 1 <= n <= CINFER_CUDA_MMQ_MAX_ROWS, k a positive
+ * multiple of 32. */
 cinfer_status cinfer_cuda_mmq(cudaStream_t stream, cinfer_dtype w_type,
                               const void *w, int64_t n_out, const void *xq,
                               int32_t n, int64_t k, float *out);
