@@ -416,6 +416,18 @@ cinfer_status cinfer_backend_memory(cinfer_backend *be, size_t *used_bytes,
     return be->ops->memory(be, used_bytes, budget_bytes);
 }
 
+cinfer_status cinfer_backend_reserve_scratch(
+    cinfer_backend *be, const cinfer_backend_scratch_plan *p)
+{
+    if (!p || p->max_rows < 1 || p->max_k < 1 || p->n_heads < 1 ||
+        p->head_dim < 1 || p->max_context < 1)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "reserve_scratch: every count of the plan "
+                                "must be >= 1");
+    return be->ops->reserve_scratch ? be->ops->reserve_scratch(be, p)
+                                    : CINFER_OK;
+}
+
 const char *cinfer_backend_name(const cinfer_backend *be)
 {
     return be->name;

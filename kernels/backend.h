@@ -325,6 +325,22 @@ int cinfer_cuda_device_count(void);
 cinfer_status cinfer_backend_memory(cinfer_backend *be, size_t *used_bytes,
                                     size_t *budget_bytes);
 
+/* The largest step a model will run, for cinfer_backend_reserve_scratch. */
+typedef struct {
+    int32_t max_rows;    /* rows of the largest step */
+    int64_t max_k;       /* widest matmul input (elements) */
+    int n_heads;         /* attention query heads */
+    int head_dim;        /* attention head size */
+    int32_t max_context; /* longest context a row attends to (tokens) */
+} cinfer_backend_scratch_plan;
+
+/* Allocates now the scratch memory the largest step needs, so that memory
+ * planning (the KV cache takes what is left of the budget) accounts for
+ * it and no step allocates. A no-op for backends whose scratch is host
+ * memory (the CPU). */
+cinfer_status cinfer_backend_reserve_scratch(
+    cinfer_backend *be, const cinfer_backend_scratch_plan *p);
+
 /* Destroys any backend (NULL is fine). */
 void cinfer_backend_destroy(cinfer_backend *be);
 

@@ -104,6 +104,11 @@ struct cinfer_backend_ops {
     cinfer_status (*memory)(cinfer_backend *be, size_t *used_bytes,
                             size_t *budget_bytes);
 
+    /* (optional) see cinfer_backend_reserve_scratch; NULL: nothing to
+     * reserve (scratch comes from host memory as needed). */
+    cinfer_status (*reserve_scratch)(cinfer_backend *be,
+                                     const cinfer_backend_scratch_plan *p);
+
     /* (optional) be->step holds the new, checked step: a device backend
      * uploads what its kernels read. NULL: nothing to do. */
     cinfer_status (*set_step)(cinfer_backend *be);

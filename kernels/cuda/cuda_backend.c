@@ -1,0 +1,602 @@
+/*
+ * cuda_backend.c - the CUDA implementation of the backend ops table.
+ *
+ * This file owns the backend object: the device, one stream, a cuBLAS
+ * handle, tensors in device memory, the step's metadata on the device and
+ * one scratch buffer. Arguments arrive checked (kernels/backend.c); the
+ * arithmetic is the launchers of the .cu files beside this one, each
+ * enqueued on the stream. Nothing waits for the device except download,
+ * upload (so the caller's host buffer is free when it returns),
+ * synchronize and set_step (before it reuses its pinned staging buffer).
+ *
+ * Memory is planned, not discovered: the backend may hold
+ * memory_fraction of the device's memory (its budget). Weights (copied:
+ * they keep their file type, F16/BF16 for cuBLAS, Q8_0/Q4_x for the
+ * quantized kernels), activations and the scratch of the largest step
+ * (reserve_scratch) are allocated first; the model then gives the KV cache
+ * what is left (cinfer_backend_memory). An allocation past the budget
+ * fails with CINFER_E_NOMEM naming the sizes.
+ *
+ * The step's metadata (tokens, positions, row_seq, slots, out_rows, block
+ * tables, and attention's plan) is packed into one pinned host buffer and
+ * sent in one copy; the ops read it from fixed offsets of one device
+ * buffer.
+ *
+ * Faults: every CUDA and cuBLAS call goes through the check macros
+ * (cuda_check.h), so a failure returns CINFER_E_DEVICE with the statement,
+ * file and line, and the engine fails that step's requests. A sticky error
+ * (the context is unusable) marks the backend unhealthy: healthy() turns
+ * 0 and the server reports NOT_SERVING.
+ *
+ * The same file links against the CUDA runtime and cuBLAS for a device,
+ * and against tests/cudasim/ (the CPU harness) in the test builds.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend_impl.h"
+#include "attention.cuh"
+#include "cuda_check.h"
+#include "elementwise.cuh"
+#include "embed.cuh"
+#include "gather.cuh"
+#include "kv_store.cuh"
+#include "matmul.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+
+typedef struct {
+    struct cinfer_backend base; /* first: backend.c reads it */
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    cudaEvent_t step_copied; /* the last step's staging copy is done */
+    int unhealthy;           /* a sticky error was seen */
+
+    size_t budget; /* bytes the backend may hold */
+    size_t used;   /* bytes it holds */
+
+    /* The step: packed on the host (pinned), copied in one go. */
+    int32_t *h_meta, *d_meta;
+    size_t meta_cap; /* int32s of each */
+    const int32_t *d_tokens, *d_positions, *d_row_seq, *d_slots, *d_out_rows,
+        *d_tables, *d_plan;
+    cinfer_cuda_attn_plan_info plan;
+
+    void *scratch; /* device scratch of matmul and attention */
+    size_t scratch_bytes;
+} cuda_backend;
+
+static cuda_backend *cu(cinfer_backend *be) { return (cuda_backend *)be; }
+
+/* Every status from a launcher or a check passes through here, so a sticky
+ * fault is noticed whichever op hit it. */
+static cinfer_status seen(cuda_backend *cb, cinfer_status st)
+{
+    if (st == CINFER_E_DEVICE && cinfer_cuda_sticky_seen())
+        cb->unhealthy = 1;
+    return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* device memory within the budget                                         */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status dev_alloc(cuda_backend *cb, size_t n, const char *what,
+                               void **out)
+{
+    *out = NULL;
+    if (n > cb->budget || cb->used > cb->budget - n)
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "cuda: %s needs %zu bytes but %zu of the "
+                                "budget of %zu bytes (device %d) are in use",
+                                what, n, cb->used, cb->budget, cb->device);
+    CINFER_CUDA_TRY(cudaMalloc(out, n ? n : 1));
+    cb->used += n;
+    return CINFER_OK;
+}
+
+static void dev_free(cuda_backend *cb, void *p, size_t n)
+{
+    if (!p)
+        return;
+    cudaFree(p); /* an error here has nothing left to fail */
+    cb->used -= n;
+}
+
+/* Makes the scratch buffer at least n bytes. */
+static cinfer_status need_scratch(cuda_backend *cb, size_t n)
+{
+    if (n <= cb->scratch_bytes)
+        return CINFER_OK;
+    dev_free(cb, cb->scratch, cb->scratch_bytes);
+    cb->scratch = NULL;
+    cb->scratch_bytes = 0;
+    cinfer_status st = dev_alloc(cb, n, "scratch", &cb->scratch);
+    if (st == CINFER_OK)
+        cb->scratch_bytes = n;
+    return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* lifetime and memory                                                     */
+/* ---------------------------------------------------------------------- */
+
+static void cuda_destroy(cinfer_backend *be)
+{
+    cuda_backend *cb = cu(be);
+    if (cb->stream)
+        cudaStreamSynchronize(cb->stream);
+    dev_free(cb, cb->scratch, cb->scratch_bytes);
+    dev_free(cb, cb->d_meta, cb->meta_cap * sizeof(int32_t));
+    if (cb->h_meta)
+        cudaFreeHost(cb->h_meta);
+    if (cb->step_copied)
+        cudaEventDestroy(cb->step_copied);
+    if (cb->cublas)
+        cublasDestroy(cb->cublas);
+    if (cb->stream)
+        cudaStreamDestroy(cb->stream);
+    free(cb);
+}
+
+static cinfer_status cuda_tensor_create(cinfer_backend *be,
+                                        const cinfer_tensor_desc *desc,
+                                        size_t nbytes, cinfer_tensor **out)
+{
+    cuda_backend *cb = cu(be);
+    cinfer_tensor *t = calloc(1, sizeof *t);
+    if (!t)
+        return cinfer_set_error(CINFER_E_NOMEM, "tensor_create: no memory");
+    cinfer_status st = seen(cb, dev_alloc(cb, nbytes, "a tensor", &t->data));
+    if (st != CINFER_OK) {
+        free(t);
+        return st;
+    }
+    t->cap_bytes = nbytes; /* dev_free reads it if the caller frees now */
+    *out = t;
+    return CINFER_OK;
+}
+
+static void cuda_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
+{
+    dev_free(cu(be), t->data, t->cap_bytes);
+    free(t);
+}
+
+static cinfer_status copy_in(cuda_backend *cb, void *dst, const void *src,
+                             size_t n)
+{
+    CINFER_CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
+                                    cb->stream));
+    /* The caller may reuse src at once. */
+    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_tensor_create_weight(cinfer_backend *be,
+                                               const cinfer_tensor_desc *desc,
+                                               size_t nbytes,
+                                               const void *data,
+                                               cinfer_tensor **out)
+{
+    cuda_backend *cb = cu(be);
+    cinfer_status st = cuda_tensor_create(be, desc, nbytes, out);
+    if (st != CINFER_OK)
+        return st;
+    st = seen(cb, copy_in(cb, (*out)->data, data, nbytes));
+    if (st != CINFER_OK) {
+        cuda_tensor_destroy(be, *out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static int cuda_weight_borrows(cinfer_backend *be, const cinfer_tensor *t)
+{
+    return 0; /* weights are copied to the device */
+}
+
+static int cuda_matmul_supports(cinfer_backend *be, cinfer_dtype dt)
+{
+    return dt == CINFER_DTYPE_F32 || dt == CINFER_DTYPE_F16 ||
+           dt == CINFER_DTYPE_BF16 || dt == CINFER_DTYPE_Q8_0 ||
+           dt == CINFER_DTYPE_Q4_0 || dt == CINFER_DTYPE_Q4_1;
+}
+
+static cinfer_status cuda_upload(cinfer_backend *be, cinfer_tensor *t,
+                                 size_t offset, const void *src, size_t n)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, copy_in(cb, (char *)t->data + offset, src, n));
+}
+
+static cinfer_status download(cuda_backend *cb, const cinfer_tensor *t,
+                              size_t offset, void *dst, size_t n)
+{
+    CINFER_CUDA_TRY(cudaMemcpyAsync(dst, (const char *)t->data + offset, n,
+                                    cudaMemcpyDeviceToHost, cb->stream));
+    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_download(cinfer_backend *be, const cinfer_tensor *t,
+                                   size_t offset, void *dst, size_t n)
+{
+    return seen(cu(be), download(cu(be), t, offset, dst, n));
+}
+
+static cinfer_status fill_zero(cuda_backend *cb, cinfer_tensor *t)
+{
+    CINFER_CUDA_TRY(cudaMemsetAsync(t->data, 0, t->nbytes, cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_fill_zero(cinfer_backend *be, cinfer_tensor *t)
+{
+    return seen(cu(be), fill_zero(cu(be), t));
+}
+
+static cinfer_status synchronize(cuda_backend *cb)
+{
+    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_synchronize(cinfer_backend *be)
+{
+    return seen(cu(be), synchronize(cu(be)));
+}
+
+static int cuda_healthy(cinfer_backend *be)
+{
+    return !cu(be)->unhealthy && !cinfer_cuda_sticky_seen();
+}
+
+static cinfer_status cuda_memory(cinfer_backend *be, size_t *used,
+                                 size_t *budget)
+{
+    *used = cu(be)->used;
+    *budget = cu(be)->budget;
+    return CINFER_OK;
+}
+
+static size_t scratch_for(const cinfer_backend_scratch_plan *p)
+{
+    size_t mm = cinfer_cuda_matmul_scratch_bytes(p->max_rows, p->max_k);
+    size_t at = cinfer_cuda_attention_scratch_bytes(p->max_rows, p->n_heads,
+                                                    p->head_dim,
+                                                    p->max_context);
+    return mm > at ? mm : at;
+}
+
+static cinfer_status cuda_reserve_scratch(cinfer_backend *be,
+                                          const cinfer_backend_scratch_plan *p)
+{
+    return seen(cu(be), need_scratch(cu(be), scratch_for(p)));
+}
+
+/* ---------------------------------------------------------------------- */
+/* step metadata                                                           */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status upload_step(cuda_backend *cb)
+{
+    const cinfer_step *s = &cb->base.step;
+    size_t n = (size_t)s->n_rows, n_table = (size_t)s->n_seqs * s->max_blocks;
+    size_t n_plan = cinfer_cuda_attention_plan_ints(s);
+    size_t total = 4 * n + (size_t)s->n_out + n_table + n_plan;
+    /* The previous step's copy must be done before the staging buffer is
+     * rewritten (it is, unless the caller enqueued ops and never waited). */
+    CINFER_CUDA_TRY(cudaEventSynchronize(cb->step_copied));
+    if (total > cb->meta_cap) {
+        size_t cap = total + total / 2;
+        if (cb->h_meta)
+            CINFER_CUDA_TRY(cudaFreeHost(cb->h_meta));
+        cb->h_meta = NULL;
+        dev_free(cb, cb->d_meta, cb->meta_cap * sizeof(int32_t));
+        cb->d_meta = NULL;
+        cb->meta_cap = 0;
+        CINFER_CUDA_TRY(
+            cudaMallocHost((void **)&cb->h_meta, cap * sizeof(int32_t)));
+        void *d;
+        cinfer_status st = dev_alloc(cb, cap * sizeof(int32_t),
+                                     "step metadata", &d);
+        if (st != CINFER_OK)
+            return st;
+        cb->d_meta = d;
+        cb->meta_cap = cap;
+    }
+    int32_t *h = cb->h_meta;
+    const int32_t *d = cb->d_meta;
+#define PUT(src, count, dptr)                                                  \
+    do {                                                                       \
+        if ((count) > 0)                                                       \
+            memcpy(h, (src), (count) * sizeof(int32_t));                       \
+        dptr = d;                                                              \
+        h += (count);                                                          \
+        d += (count);                                                          \
+    } while (0)
+    PUT(s->tokens, n, cb->d_tokens);
+    PUT(s->positions, n, cb->d_positions);
+    PUT(s->row_seq, n, cb->d_row_seq);
+    PUT(s->slots, n, cb->d_slots);
+    PUT(s->out_rows, (size_t)s->n_out, cb->d_out_rows);
+    PUT(s->block_tables, n_table, cb->d_tables);
+#undef PUT
+    cinfer_status st = cinfer_cuda_attention_plan(s, h, n_plan, &cb->plan);
+    if (st != CINFER_OK)
+        return st;
+    cb->d_plan = d;
+    CINFER_CUDA_TRY(cudaMemcpyAsync(cb->d_meta, cb->h_meta,
+                                    total * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, cb->stream));
+    CINFER_CUDA_TRY(cudaEventRecord(cb->step_copied, cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_set_step(cinfer_backend *be)
+{
+    return seen(cu(be), upload_step(cu(be)));
+}
+
+/* ---------------------------------------------------------------------- */
+/* ops                                                                     */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status cuda_embed(cinfer_backend *be, const cinfer_tensor *table,
+                                cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_embed(cb->stream, table->desc.dtype,
+                                      table->data, table->desc.shape[0],
+                                      table->desc.shape[1], cb->d_tokens,
+                                      be->step.n_rows, out->data));
+}
+
+static cinfer_status cuda_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
+                                   const cinfer_tensor *w, float eps,
+                                   cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_rms_norm(cb->stream, x->data, w->data, eps,
+                                         out->data, cinfer_tensor_rows(x),
+                                         cinfer_tensor_cols(x)));
+}
+
+static cinfer_status cuda_matmul(cinfer_backend *be, int n_w,
+                                 const cinfer_tensor *const *w,
+                                 const cinfer_tensor *x,
+                                 cinfer_tensor *const *out)
+{
+    cuda_backend *cb = cu(be);
+    int32_t n = (int32_t)cinfer_tensor_rows(x);
+    int64_t k = cinfer_tensor_cols(x);
+    cinfer_status st = seen(cb, need_scratch(cb, cinfer_cuda_matmul_scratch_bytes(n, k)));
+    if (st != CINFER_OK)
+        return st;
+    cinfer_cuda_mm_weight mw[4];
+    for (int i = 0; i < n_w; i++) {
+        mw[i].dtype = w[i]->desc.dtype;
+        mw[i].data = w[i]->data;
+        mw[i].n_out = w[i]->desc.shape[0];
+        mw[i].out = out[i]->data;
+    }
+    return seen(cb, cinfer_cuda_matmul(cb->stream, cb->cublas, n_w, mw,
+                                       x->data, n, k, cb->scratch,
+                                       cb->scratch_bytes));
+}
+
+static cinfer_status cuda_add_bias(cinfer_backend *be, cinfer_tensor *x,
+                                   const cinfer_tensor *b)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_add_bias(cb->stream, x->data, b->data,
+                                         cinfer_tensor_rows(x),
+                                         cinfer_tensor_cols(x)));
+}
+
+static cinfer_status cuda_add(cinfer_backend *be, const cinfer_tensor *a,
+                              const cinfer_tensor *b, cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_add(cb->stream, a->data, b->data, out->data,
+                                    cinfer_tensor_desc_nelems(&a->desc)));
+}
+
+static cinfer_status cuda_rope(cinfer_backend *be, cinfer_tensor *x,
+                               int n_heads, int head_dim, int rot_dim,
+                               float theta, cinfer_rope_mode mode)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_rope(cb->stream, x->data, cb->d_positions,
+                                     be->step.n_rows, n_heads, head_dim,
+                                     rot_dim, theta, (int)mode));
+}
+
+static cinfer_status cuda_kv_store(cinfer_backend *be, const cinfer_tensor *k,
+                                   const cinfer_tensor *v,
+                                   cinfer_tensor *k_cache,
+                                   cinfer_tensor *v_cache)
+{
+    cuda_backend *cb = cu(be);
+    int64_t width = k_cache->desc.shape[2] * k_cache->desc.shape[3];
+    return seen(cb, cinfer_cuda_kv_store(cb->stream, k->data, v->data,
+                                         cb->d_slots, be->step.n_rows, width,
+                                         k_cache->data, k_cache->desc.dtype,
+                                         v_cache->data,
+                                         v_cache->desc.dtype));
+}
+
+static cinfer_status cuda_attention(cinfer_backend *be, const cinfer_tensor *q,
+                                    const cinfer_tensor *k_cache,
+                                    const cinfer_tensor *v_cache, int n_heads,
+                                    int n_kv_heads, int head_dim, float scale,
+                                    cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    const cinfer_step *s = &be->step;
+    size_t need = cinfer_cuda_attention_scratch_bytes(
+        cb->plan.n_decode, n_heads, head_dim,
+        cb->plan.max_parts * CINFER_CUDA_ATTN_PART_TOKENS);
+    cinfer_status st = seen(cb, need_scratch(cb, need));
+    if (st != CINFER_OK)
+        return st;
+    cinfer_cuda_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.stream = cb->stream;
+    a.q = q->data;
+    a.k_cache = k_cache->data;
+    a.v_cache = v_cache->data;
+    a.k_dtype = k_cache->desc.dtype;
+    a.v_dtype = v_cache->desc.dtype;
+    a.out = out->data;
+    a.positions = cb->d_positions;
+    a.row_seq = cb->d_row_seq;
+    a.block_tables = cb->d_tables;
+    a.plan_ints = cb->d_plan;
+    a.n_rows = s->n_rows;
+    a.n_seqs = s->n_seqs;
+    a.max_blocks = s->max_blocks;
+    a.block_size = s->block_size;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.head_dim = head_dim;
+    a.scale = scale;
+    a.plan = cb->plan;
+    a.scratch = cb->scratch;
+    a.scratch_bytes = cb->scratch_bytes;
+    return seen(cb, cinfer_cuda_attention(&a));
+}
+
+static cinfer_status cuda_silu_mul(cinfer_backend *be,
+                                   const cinfer_tensor *gate,
+                                   const cinfer_tensor *up, cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_silu_mul(cb->stream, gate->data, up->data,
+                                         out->data,
+                                         cinfer_tensor_desc_nelems(&gate->desc)));
+}
+
+static cinfer_status cuda_gather_rows(cinfer_backend *be,
+                                      const cinfer_tensor *x,
+                                      cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_gather_rows(cb->stream, x->data,
+                                            cb->d_out_rows, be->step.n_out,
+                                            cinfer_tensor_cols(x), out->data));
+}
+
+static const struct cinfer_backend_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .tensor_create = cuda_tensor_create,
+    .tensor_create_weight = cuda_tensor_create_weight,
+    .tensor_destroy = cuda_tensor_destroy,
+    .weight_borrows = cuda_weight_borrows,
+    .matmul_supports = cuda_matmul_supports,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .fill_zero = cuda_fill_zero,
+    .synchronize = cuda_synchronize,
+    .healthy = cuda_healthy,
+    .memory = cuda_memory,
+    .reserve_scratch = cuda_reserve_scratch,
+    .set_step = cuda_set_step,
+    .embed = cuda_embed,
+    .rms_norm = cuda_rms_norm,
+    .matmul = cuda_matmul,
+    .add_bias = cuda_add_bias,
+    .add = cuda_add,
+    .rope = cuda_rope,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .silu_mul = cuda_silu_mul,
+    .gather_rows = cuda_gather_rows,
+};
+
+/* ---------------------------------------------------------------------- */
+/* creation                                                                */
+/* ---------------------------------------------------------------------- */
+
+cinfer_backend_cuda_params cinfer_backend_cuda_default_params(void)
+{
+    cinfer_backend_cuda_params p;
+    memset(&p, 0, sizeof p);
+    p.device = 0;
+    p.memory_fraction = 0.9;
+    return p;
+}
+
+int cinfer_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+        return 0; /* no driver or no device: not an error here */
+    return n;
+}
+
+static cinfer_status open_device(cuda_backend *cb, double fraction)
+{
+    CINFER_CUDA_TRY(cudaSetDevice(cb->device));
+    struct cudaDeviceProp prop;
+    CINFER_CUDA_TRY(cudaGetDeviceProperties(&prop, cb->device));
+    size_t free_b = 0, total_b = 0;
+    CINFER_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    size_t budget = (size_t)((double)total_b * fraction);
+    /* Another process may hold part of the device already. */
+    cb->budget = budget < free_b ? budget : free_b;
+    CINFER_CUDA_TRY(
+        cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    CINFER_CUDA_TRY(
+        cudaEventCreateWithFlags(&cb->step_copied, cudaEventDisableTiming));
+    CINFER_CUBLAS_TRY(cublasCreate(&cb->cublas));
+    CINFER_CUBLAS_TRY(cublasSetStream(cb->cublas, cb->stream));
+    snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
+             "cuda:%d: %.60s, sm_%d%d, %.1f of %.1f GiB", cb->device,
+             prop.name, prop.major, prop.minor,
+             (double)cb->budget / (1 << 30), (double)total_b / (1 << 30));
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
+                                         cinfer_backend **out)
+{
+    if (!out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "backend_cuda_create: out is NULL");
+    *out = NULL;
+    cinfer_backend_cuda_params dp = cinfer_backend_cuda_default_params();
+    if (!p)
+        p = &dp;
+    double fraction = p->memory_fraction == 0 ? 0.9 : p->memory_fraction;
+    if (!(fraction > 0 && fraction <= 1))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "backend_cuda_create: memory_fraction %g is "
+                                "outside (0, 1]",
+                                p->memory_fraction);
+    int n = cinfer_cuda_device_count();
+    if (p->device < 0 || p->device >= n)
+        return cinfer_set_error(CINFER_E_NOT_FOUND,
+                                "backend_cuda_create: device %d does not "
+                                "exist (%d CUDA device%s)",
+                                p->device, n, n == 1 ? "" : "s");
+    cuda_backend *cb = calloc(1, sizeof *cb);
+    if (!cb)
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "backend_cuda_create: no memory");
+    cb->base.ops = &cuda_ops;
+    cb->base.name = "cuda";
+    cb->device = p->device;
+    cinfer_status st = open_device(cb, fraction);
+    if (st != CINFER_OK) {
+        cuda_destroy(&cb->base);
+        return st;
+    }
+    *out = &cb->base;
+    return CINFER_OK;
+}
