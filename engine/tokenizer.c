@@ -43,8 +43,17 @@
  */
 #include "tokenizer.h"
 
+/* CINFER_HAVE_PCRE2 is 0 only in the GPU-check build (CMake's
+ * CINFER_GPU_CHECK: the device machine has no -dev packages): there a
+ * pre-tokenizer that needs a regex beyond the hand-written splitters is
+ * refused at create, and everything else works as here. */
+#ifndef CINFER_HAVE_PCRE2
+#define CINFER_HAVE_PCRE2 1
+#endif
+#if CINFER_HAVE_PCRE2
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#endif
 
 #include <limits.h>
 #include <stdlib.h>
@@ -343,8 +352,10 @@ struct cinfer_tokenizer {
 
     /* Pre-tokenizer regexes, applied in order. */
     int ignore_merges;
+#if CINFER_HAVE_PCRE2
     pcre2_code *re[MAX_REGEX];
     int re_jit[MAX_REGEX];
+#endif
     int n_re;
 };
 
@@ -571,6 +582,15 @@ static int name_in_list(const char *list, const char *name)
 
 static cinfer_status compile_regexes(cinfer_tokenizer *t, const pre_def *d)
 {
+#if !CINFER_HAVE_PCRE2
+    if (d->re[0])
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "tokenizer: pre-tokenizer '%s' needs PCRE2, "
+                                "which this build (CINFER_GPU_CHECK) leaves "
+                                "out",
+                                t->pre);
+    return CINFER_OK;
+#else
     for (int i = 0; i < MAX_REGEX && d->re[i]; i++) {
         int err;
         PCRE2_SIZE erroff;
@@ -591,6 +611,7 @@ static cinfer_status compile_regexes(cinfer_tokenizer *t, const pre_def *d)
         t->n_re = i + 1;
     }
     return CINFER_OK;
+#endif
 }
 
 /* ======================================================================== */
@@ -1322,8 +1343,10 @@ void cinfer_tokenizer_destroy(cinfer_tokenizer *t)
 {
     if (!t)
         return;
+#if CINFER_HAVE_PCRE2
     for (int i = 0; i < t->n_re; i++)
         pcre2_code_free(t->re[i]);
+#endif
     free(t->merges.slots);
     strtab_free(&t->bstr);
     strtab_free(&t->texts);
@@ -1520,7 +1543,9 @@ typedef struct {
     size_t heap_cap;
     char *buf; /* SPM escaped text */
     size_t buf_cap;
+#if CINFER_HAVE_PCRE2
     pcre2_match_data *md;
+#endif
 } scratch;
 
 static void scratch_free(scratch *s)
@@ -1531,8 +1556,10 @@ static void scratch_free(scratch *s)
     free(s->sym);
     free(s->heap);
     free(s->buf);
+#if CINFER_HAVE_PCRE2
     if (s->md)
         pcre2_match_data_free(s->md);
+#endif
 }
 
 static int bigram_before(const bigram *a, const bigram *b)
@@ -1687,6 +1714,7 @@ fail_nomem:
 
 /* Splits every text segment of `in` by regex `re` into `out`: matches and
  * the text between them each become a segment. */
+#if CINFER_HAVE_PCRE2
 static cinfer_status regex_split(const cinfer_tokenizer *t, scratch *s,
                                  int ri, const char *text,
                                  const span_vec *in, span_vec *out)
@@ -1749,6 +1777,7 @@ static cinfer_status regex_split(const cinfer_tokenizer *t, scratch *s,
 fail_nomem:
     return cinfer_set_error(CINFER_E_NOMEM, "tokenizer: out of memory");
 }
+#endif
 
 static cinfer_status bpe_fragment(const cinfer_tokenizer *t, scratch *s,
                                   const char *text, size_t start, size_t len,
@@ -1774,6 +1803,7 @@ static cinfer_status bpe_fragment(const cinfer_tokenizer *t, scratch *s,
     if (end > run && span_push(&s->segs, run, end - run, -1, 0) != 0)
         goto fail_nomem;
 
+#if CINFER_HAVE_PCRE2
     for (int r = 0; r < t->n_re; r++) {
         cinfer_status st = regex_split(t, s, r, text, &s->segs, &s->segs2);
         if (st != CINFER_OK)
@@ -1782,6 +1812,7 @@ static cinfer_status bpe_fragment(const cinfer_tokenizer *t, scratch *s,
         s->segs = s->segs2;
         s->segs2 = tmp;
     }
+#endif
     for (size_t k = 0; k < s->segs.n; k++) {
         cinfer_status st = bpe_piece(t, s, text + s->segs.v[k].start,
                                      s->segs.v[k].len, out);
@@ -2008,11 +2039,13 @@ cinfer_status cinfer_tokenizer_encode(const cinfer_tokenizer *t,
     memset(&s, 0, sizeof s);
     cinfer_status st = CINFER_OK;
     if (t->kind == CINFER_TOKENIZER_BPE) {
+#if CINFER_HAVE_PCRE2
         s.md = pcre2_match_data_create(1, NULL);
         if (!s.md) {
             st = cinfer_set_error(CINFER_E_NOMEM, "tokenizer: out of memory");
             goto done;
         }
+#endif
     }
     st = partition(t, &s, text, len, parse_special);
     if (st != CINFER_OK)

@@ -1,0 +1,271 @@
+/*
+ * cinfer-devbench - batched decode and prefill speed of a model on a
+ * backend, through the model's own forward pass (engine/model.h).
+ *
+ * B sequences decode in lockstep from an empty context, one row each per
+ * step (llama-bench's tg test, B at a time), and a prefill test runs one
+ * prompt of P tokens in chunks of the model's step capacity. Tokens are
+ * synthetic; logits of every decode row come back to the host each step,
+ * as the engine needs them today. One JSON line per (test, batch, rep) on
+ * stdout; scripts/gpu-check.sh turns them into its table.
+ *
+ *     cinfer-devbench -m model.gguf --device cuda --batch 1,8,64 --steps 32
+ *         [--prompt 2048] [-r 3] [--gpu-memory-fraction 0.9] [-t THREADS]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/model.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: cinfer-devbench -m MODEL [--device cpu|cuda[:N]] "
+               "[--batch B1,B2,...] [--steps N] [--prompt P] [-r REPS] "
+               "[--gpu-memory-fraction F] [-t THREADS]\n");
+}
+
+/* The step of B sequences at position pos, sequence s in blocks
+ * s * per_seq, s * per_seq + 1, ... */
+typedef struct {
+    int32_t *tokens, *positions, *row_seq, *slots, *tables, *out_rows;
+    cinfer_step step;
+} batch_step;
+
+static int batch_init(batch_step *b, int rows, int n_seqs, int per_seq,
+                      int block_size)
+{
+    memset(b, 0, sizeof *b);
+    b->tokens = calloc((size_t)rows, 4);
+    b->positions = calloc((size_t)rows, 4);
+    b->row_seq = calloc((size_t)rows, 4);
+    b->slots = calloc((size_t)rows, 4);
+    b->out_rows = calloc((size_t)rows, 4);
+    b->tables = calloc((size_t)n_seqs * (size_t)per_seq, 4);
+    if (!b->tokens || !b->positions || !b->row_seq || !b->slots ||
+        !b->out_rows || !b->tables)
+        return -1;
+    for (int s = 0; s < n_seqs; s++)
+        for (int i = 0; i < per_seq; i++)
+            b->tables[s * per_seq + i] = s * per_seq + i;
+    b->step.n_seqs = n_seqs;
+    b->step.block_size = block_size;
+    b->step.max_blocks = per_seq;
+    b->step.tokens = b->tokens;
+    b->step.positions = b->positions;
+    b->step.row_seq = b->row_seq;
+    b->step.slots = b->slots;
+    b->step.block_tables = b->tables;
+    b->step.out_rows = b->out_rows;
+    return 0;
+}
+
+static void batch_free(batch_step *b)
+{
+    free(b->tokens);
+    free(b->positions);
+    free(b->row_seq);
+    free(b->slots);
+    free(b->out_rows);
+    free(b->tables);
+}
+
+/* Rows r0..r0+n-1 of sequence seq at positions pos0.. ; outputs wanted for
+ * the rows listed by want_all (every row) or the last one. */
+static void fill_rows(batch_step *b, int at, int seq, int pos0, int n,
+                      uint64_t *rng, int vocab)
+{
+    const cinfer_step *s = &b->step;
+    for (int i = 0; i < n; i++) {
+        int r = at + i, p = pos0 + i;
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        b->tokens[r] = (int32_t)(*rng % (uint64_t)vocab);
+        b->positions[r] = p;
+        b->row_seq[r] = seq;
+        b->slots[r] = b->tables[seq * s->max_blocks + p / s->block_size] *
+                          s->block_size +
+                      p % s->block_size;
+    }
+}
+
+static int run(cinfer_model *m, const char *dev, int batch, int steps,
+               int prompt, int reps)
+{
+    const cinfer_model_info *I = cinfer_model_get_info(m);
+    int bs = I->block_size;
+    int ctx = steps > prompt ? steps : prompt;
+    int per_seq = (ctx + bs - 1) / bs;
+    int rows = batch > I->max_batch_rows ? I->max_batch_rows : batch;
+    float *logits = malloc(sizeof(float) * (size_t)I->n_vocab * (size_t)rows);
+    batch_step b;
+    uint64_t rng = 88172645463325252ull;
+    int rc = 1;
+    if (!logits || batch_init(&b, rows, batch, per_seq, bs) != 0) {
+        fprintf(stderr, "cinfer-devbench: out of memory\n");
+        goto out;
+    }
+    if ((int64_t)batch * per_seq > I->n_kv_blocks) {
+        fprintf(stderr,
+                "cinfer-devbench: batch %d x %d tokens needs %d KV blocks, "
+                "the cache has %d\n",
+                batch, ctx, batch * per_seq, I->n_kv_blocks);
+        goto out;
+    }
+    for (int rep = 0; rep < reps; rep++) {
+        double tg_tps = 0, pp_tps = 0;
+        if (steps > 0 && batch <= rows) {
+            b.step.n_rows = batch;
+            b.step.n_out = batch;
+            for (int r = 0; r < batch; r++)
+                b.out_rows[r] = r;
+            /* step 0 warms up (first launches, cuBLAS heuristics) */
+            double t0 = 0;
+            for (int i = 0; i <= steps; i++) {
+                if (i == 1)
+                    t0 = now_s();
+                for (int s = 0; s < batch; s++)
+                    fill_rows(&b, s, s, i % ctx, 1, &rng, I->n_vocab);
+                if (cinfer_model_forward(m, &b.step, logits) != CINFER_OK)
+                    goto fail;
+            }
+            tg_tps = (double)batch * steps / (now_s() - t0);
+        }
+        if (prompt > 0) {
+            double t0 = now_s();
+            for (int at = 0; at < prompt; at += rows) {
+                int n = prompt - at < rows ? prompt - at : rows;
+                fill_rows(&b, 0, 0, at, n, &rng, I->n_vocab);
+                b.step.n_rows = n;
+                b.step.n_out = 1;
+                b.out_rows[0] = n - 1;
+                if (cinfer_model_forward(m, &b.step, logits) != CINFER_OK)
+                    goto fail;
+            }
+            pp_tps = prompt / (now_s() - t0);
+        }
+        printf("{\"device\": \"%s\", \"desc\": \"%s\", \"type\": \"%s\", "
+               "\"weight_bytes\": %llu, \"batch\": %d, \"steps\": %d, "
+               "\"tg_tps\": %.3f, \"prompt\": %d, \"pp_tps\": %.3f}\n",
+               dev, cinfer_backend_device_desc(cinfer_model_backend(m)),
+               I->quant, (unsigned long long)I->weight_bytes, batch, steps,
+               tg_tps, prompt, pp_tps);
+        fflush(stdout);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "cinfer-devbench: %s\n", cinfer_last_error());
+out:
+    batch_free(&b);
+    free(logits);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL, *device = "cpu", *batches = "1";
+    int steps = 32, prompt = 0, reps = 3, threads = 0;
+    double fraction = 0.9;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"device", required_argument, 0, 'd'},
+        {"batch", required_argument, 0, 'b'},
+        {"steps", required_argument, 0, 's'},
+        {"prompt", required_argument, 0, 'p'},
+        {"reps", required_argument, 0, 'r'},
+        {"threads", required_argument, 0, 't'},
+        {"gpu-memory-fraction", required_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:h", opts, NULL)) !=
+           -1) {
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 'd': device = optarg; break;
+        case 'b': batches = optarg; break;
+        case 's': steps = atoi(optarg); break;
+        case 'p': prompt = atoi(optarg); break;
+        case 'r': reps = atoi(optarg); break;
+        case 't': threads = atoi(optarg); break;
+        case 'f': fraction = atof(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!path || steps < 0 || prompt < 0 || reps < 1) {
+        usage(stderr);
+        return 2;
+    }
+    int max_batch = 0;
+    for (const char *p = batches; *p;) {
+        int v = atoi(p);
+        if (v < 1) {
+            fprintf(stderr, "cinfer-devbench: --batch takes B1,B2,... >= 1\n");
+            return 2;
+        }
+        max_batch = v > max_batch ? v : max_batch;
+        p = strchr(p, ',');
+        if (!p)
+            break;
+        p++;
+    }
+
+    cinfer_backend *be = NULL;
+    cinfer_status st;
+    if (strncmp(device, "cuda", 4) == 0) {
+        cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
+        cp.device = device[4] == ':' ? atoi(device + 5) : 0;
+        cp.memory_fraction = fraction;
+        st = cinfer_backend_cuda_create(&cp, &be);
+    } else if (strcmp(device, "cpu") == 0) {
+        cinfer_backend_cpu_params cp = cinfer_backend_cpu_default_params();
+        cp.n_threads = threads;
+        st = cinfer_backend_cpu_create(&cp, &be);
+    } else {
+        fprintf(stderr, "cinfer-devbench: --device is cpu or cuda[:N]\n");
+        return 2;
+    }
+    if (st != CINFER_OK) {
+        fprintf(stderr, "cinfer-devbench: %s\n", cinfer_last_error());
+        return 1;
+    }
+    int ctx = steps > prompt ? steps : prompt;
+    cinfer_model_params mp = cinfer_model_default_params();
+    mp.path = path;
+    mp.backend = be;
+    mp.n_ctx = ctx + 1;
+    mp.max_seqs = max_batch;
+    mp.max_batch_rows = max_batch > 512 ? max_batch : 512;
+    cinfer_model *m = NULL;
+    double t0 = now_s();
+    if (cinfer_model_create(&mp, &m) != CINFER_OK) {
+        fprintf(stderr, "cinfer-devbench: %s\n", cinfer_last_error());
+        cinfer_backend_destroy(be);
+        return 1;
+    }
+    fprintf(stderr, "cinfer-devbench: %s loaded in %.1f s on %s\n", path,
+            now_s() - t0, cinfer_backend_device_desc(be));
+    int rc = 0;
+    for (const char *p = batches; *p && rc == 0;) {
+        rc = run(m, device, atoi(p), steps, p == batches ? prompt : 0, reps);
+        p = strchr(p, ',');
+        if (!p)
+            break;
+        p++;
+    }
+    cinfer_model_destroy(m);
+    cinfer_backend_destroy(be);
+    return rc;
+}
