@@ -13,7 +13,8 @@
  *     the context in KV tiles gathered through the block table into shared
  *     memory, with an online softmax in fp32 (flash-attention 2's loop,
  *     on CUDA cores). The causal mask is per row: the row at position p
- *     sees keys <= p.
+ *     sees keys <= p. A tile's context is not split: one block walks all
+ *     of it (a chunk of many rows already gives many blocks).
  *   - decode rows: every row that is a run of one. Its context is split
  *     into partitions of CINFER_CUDA_ATTN_PART_TOKENS tokens, one block per
  *     (row, KV head, partition) with the group's query heads together
