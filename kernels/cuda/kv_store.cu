@@ -60,10 +60,8 @@ static cinfer_status launch(cudaStream_t stream, dim3 grid, const float *k,
                             const float *v, const int32_t *slots,
                             int64_t width, void *k_cache, void *v_cache)
 {
-    void (*kernel)(const float *, const float *, const int32_t *, int64_t,
-                   KT *, VT *) = kv_store_kernel<KT, VT>;
-    CINFER_LAUNCH(kernel, grid, dim3(THREADS), 0, stream, k, v, slots, width,
-                  (KT *)k_cache, (VT *)v_cache);
+    CINFER_LAUNCH((kv_store_kernel<KT, VT>), grid, dim3(THREADS), 0, stream,
+                  k, v, slots, width, (KT *)k_cache, (VT *)v_cache);
     CINFER_CUDA_TRY_LAUNCH("kv_store_kernel");
     return CINFER_OK;
 }
