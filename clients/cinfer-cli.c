@@ -737,6 +737,22 @@ static int on_info(void *user, const uint8_t *data, size_t len)
             for (size_t i = 0; i < r->backend->n_devices; i++)
                 printf("%s%s", i ? ", " : " (", r->backend->devices[i]);
             printf("%s\n", r->backend->n_devices ? ")" : "");
+            const Cinfer__V1__Backend *b = r->backend;
+            const double mib = 1024.0 * 1024.0;
+            printf("memory:           weights %.1f MiB, activations %.1f MiB, "
+                   "scratch %.1f MiB, KV cache %.1f MiB",
+                   (double)b->weights_bytes / mib,
+                   (double)b->activation_bytes / mib,
+                   (double)b->scratch_bytes / mib,
+                   (double)b->kv_cache_bytes / mib);
+            if (b->memory_budget_bytes)
+                printf("; budget %.1f MiB\n",
+                       (double)b->memory_budget_bytes / mib);
+            else
+                printf("; no budget\n");
+            if (b->device_lost)
+                printf("device:           lost (sticky fault; health is "
+                       "NOT_SERVING)\n");
         }
         printf("server:           %s\n", r->server_version);
         if (r->stats) {

@@ -539,6 +539,10 @@ static void run_step(cinfer_engine *e)
     e->st.last_step_ns = t1;
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
+        /* Asked here, on the thread that owns the backend, so that the
+         * server's health reads a published flag rather than the device. */
+        if (!cinfer_backend_healthy(cinfer_model_backend(e->model)))
+            e->st.device_lost = 1;
         /* The step's sequences fail; the rest carry on. */
         while (e->n_sched > 0) {
             eng_seq *s = e->sched[--e->n_sched];

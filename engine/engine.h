@@ -211,6 +211,10 @@ typedef struct {
     uint64_t generated_tokens;
     uint64_t steps;
     int64_t last_step_ns;      /* engine clock at the last step's end */
+    int device_lost;           /* 1 once a step failed and the backend
+                                  reported a fault it cannot recover from
+                                  (cinfer_backend_healthy 0: a sticky
+                                  device error); it stays 1 */
 } cinfer_engine_stats;
 
 /* A consistent snapshot. Thread-safe. */

@@ -315,6 +315,30 @@ static cinfer_status read_hparams(cinfer_model *m)
     return CINFER_OK;
 }
 
+/* Parameter count, weight bytes and dominant type, from the file (before
+ * loading, so that memory planning knows the weights' size up front). */
+static void weight_stats(cinfer_model *m)
+{
+    cinfer_model_info *I = &m->info;
+    uint64_t by_type[64] = {0};
+    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(m->gguf); i++) {
+        const cinfer_gguf_tensor *t = cinfer_gguf_tensor_at(m->gguf, i);
+        int64_t n = 1;
+        for (uint32_t j = 0; j < t->n_dims; j++)
+            n *= t->ne[j];
+        I->n_params += n;
+        I->weight_bytes += t->n_bytes;
+        if ((unsigned)t->dtype < 64 && t->n_dims >= 2)
+            by_type[t->dtype] += t->n_bytes;
+    }
+    int best = 0;
+    for (int i = 0; i < 64; i++)
+        if (by_type[i] > by_type[best])
+            best = i;
+    snprintf(I->quant, sizeof I->quant, "%s",
+             cinfer_dtype_name((cinfer_dtype)best));
+}
+
 static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
 {
     cinfer_model_info *I = &m->info;
@@ -368,49 +392,78 @@ static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
             return st;
     }
 
-    /* statistics */
-    uint64_t by_type[64] = {0};
-    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(m->gguf); i++) {
-        const cinfer_gguf_tensor *t = cinfer_gguf_tensor_at(m->gguf, i);
-        int64_t n = 1;
-        for (uint32_t j = 0; j < t->n_dims; j++)
-            n *= t->ne[j];
-        I->n_params += n;
-        I->weight_bytes += t->n_bytes;
-        if ((unsigned)t->dtype < 64 && t->n_dims >= 2)
-            by_type[t->dtype] += t->n_bytes;
-    }
-    int best = 0;
-    for (int i = 0; i < 64; i++)
-        if (by_type[i] > by_type[best])
-            best = i;
-    snprintf(I->quant, sizeof I->quant, "%s",
-             cinfer_dtype_name((cinfer_dtype)best));
     return CINFER_OK;
 }
 
-static cinfer_status alloc_state(cinfer_model *m, const cinfer_model_params *p)
+/* The activation buffers, max_rows rows each: their widths, for
+ * allocation and for planning (act_bytes). */
+static int act_widths(cinfer_model *m, cinfer_tensor ***ts, int64_t *widths)
 {
-    cinfer_model_info *I = &m->info;
-    cinfer_status st;
-    int R = m->max_rows;
+    const cinfer_model_info *I = &m->info;
     int64_t d = I->n_embd, ff = I->n_ff;
     int64_t dq = (int64_t)I->n_head * I->head_dim;
     int64_t dkv = (int64_t)I->n_head_kv * I->head_dim;
-    if ((st = make_act(m, &m->x, R, d)) || (st = make_act(m, &m->h, R, d)) ||
-        (st = make_act(m, &m->q, R, dq)) || (st = make_act(m, &m->k, R, dkv)) ||
-        (st = make_act(m, &m->v, R, dkv)) ||
-        (st = make_act(m, &m->att, R, dq)) ||
-        (st = make_act(m, &m->gate, R, ff)) ||
-        (st = make_act(m, &m->up, R, ff)) || (st = make_act(m, &m->xo, R, d)) ||
-        (st = make_act(m, &m->ho, R, d)) ||
-        (st = make_act(m, &m->logits, R, I->n_vocab)))
-        return st;
+    cinfer_tensor **t[] = {&m->x,  &m->h,   &m->q,    &m->k,
+                           &m->v,  &m->att, &m->gate, &m->up,
+                           &m->xo, &m->ho,  &m->logits};
+    int64_t w[] = {d, d, dq, dkv, dkv, dq, ff, ff, d, d, I->n_vocab};
+    int n = (int)(sizeof w / sizeof w[0]);
+    for (int i = 0; i < n; i++) {
+        if (ts)
+            ts[i] = t[i];
+        widths[i] = w[i];
+    }
+    return n;
+}
 
-    int64_t kv_shape[4] = {I->n_kv_blocks, I->block_size, I->n_head_kv,
+#define N_ACTS 11
+
+static uint64_t act_bytes(cinfer_model *m)
+{
+    int64_t w[N_ACTS];
+    int n = act_widths(m, NULL, w);
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++)
+        b += (uint64_t)m->max_rows * (uint64_t)w[i] * sizeof(float);
+    return b;
+}
+
+static cinfer_status alloc_acts(cinfer_model *m)
+{
+    cinfer_tensor **ts[N_ACTS];
+    int64_t w[N_ACTS];
+    int n = act_widths(m, ts, w);
+    for (int i = 0; i < n; i++) {
+        cinfer_status st = make_act(m, ts[i], m->max_rows, w[i]);
+        if (st != CINFER_OK)
+            return st;
+    }
+    m->info.activation_bytes = act_bytes(m);
+    return CINFER_OK;
+}
+
+static cinfer_tensor_desc kv_desc(const cinfer_model *m, int64_t n_blocks,
+                                  int kv_f32)
+{
+    const cinfer_model_info *I = &m->info;
+    int64_t kv_shape[4] = {n_blocks, I->block_size, I->n_head_kv,
                            I->head_dim};
-    cinfer_tensor_desc kd = cinfer_tensor_desc_make(
-        p->kv_f32 ? CINFER_DTYPE_F32 : CINFER_DTYPE_F16, 4, kv_shape);
+    return cinfer_tensor_desc_make(
+        kv_f32 ? CINFER_DTYPE_F32 : CINFER_DTYPE_F16, 4, kv_shape);
+}
+
+/* Bytes of one KV block over all layers, K and V. */
+static uint64_t kv_block_bytes(const cinfer_model *m, int kv_f32)
+{
+    cinfer_tensor_desc d = kv_desc(m, 1, kv_f32);
+    return 2 * (uint64_t)m->info.n_layer * cinfer_tensor_desc_nbytes(&d);
+}
+
+static cinfer_status alloc_kv(cinfer_model *m, const cinfer_model_params *p)
+{
+    cinfer_model_info *I = &m->info;
+    cinfer_status st;
+    cinfer_tensor_desc kd = kv_desc(m, I->n_kv_blocks, p->kv_f32);
     I->kv_bytes = 0;
     for (int il = 0; il < I->n_layer; il++) {
         layer *L = &m->layers[il];
@@ -429,6 +482,120 @@ static cinfer_status alloc_state(cinfer_model *m, const cinfer_model_params *p)
         return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
     for (int i = 0; i < max_blocks; i++)
         m->single_tables[i] = i < I->n_kv_blocks ? i : 0;
+    return CINFER_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* memory planning on a backend with a budget                             */
+/* ---------------------------------------------------------------------- */
+
+/* What planning knows so far. Sizes not yet measured are estimates:
+ * weights from the file until they are loaded, scratch 0 until it is
+ * reserved. */
+typedef struct {
+    size_t used0;      /* backend bytes in use before the model */
+    size_t budget;     /* the backend's budget */
+    uint64_t kv_need;  /* KV bytes the plan needs at least */
+    int kv_min_blocks; /* blocks of one full-context sequence */
+} mem_plan;
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+/* The refusal of a model that does not fit: every size in MiB. `cause`,
+ * if not empty, is the backend's own message (copied first: set_error
+ * rewrites the buffer it lives in). */
+static cinfer_status refuse_fit(cinfer_model *m, const mem_plan *mp,
+                                const char *why, const char *cause)
+{
+    const cinfer_model_info *I = &m->info;
+    char c[256];
+    snprintf(c, sizeof c, "%s", cause ? cause : "");
+    uint64_t w = I->weights_held_bytes ? I->weights_held_bytes
+                                       : I->weight_bytes;
+    uint64_t a = act_bytes(m); /* what alloc_acts asks for, exactly */
+    return cinfer_set_error(
+        CINFER_E_NOMEM,
+        "model: does not fit the %s memory budget (%s): weights %.1f MiB + "
+        "activations %.1f MiB + scratch %.1f MiB + KV %.1f MiB (%d blocks, "
+        "one %d-token sequence) > budget %.1f MiB (%.1f MiB held before); "
+        "give the backend a larger share of the device, or lower the "
+        "context size, sequences or batch rows%s%s%s",
+        cinfer_backend_name(m->be), why, mib(w), mib(a),
+        mib(I->scratch_bytes), mib(mp->kv_need), mp->kv_min_blocks, I->n_ctx,
+        mib(mp->budget), mib(mp->used0), c[0] ? " [" : "", c,
+        c[0] ? "]" : "");
+}
+
+/* A failed allocation while planning: out of budget is a refusal with the
+ * sizes; anything else (a device fault) passes through. */
+static cinfer_status plan_failed(cinfer_model *m, const mem_plan *mp,
+                                 cinfer_status st, const char *why)
+{
+    if (st != CINFER_E_NOMEM)
+        return st;
+    return refuse_fit(m, mp, why, cinfer_last_error());
+}
+
+static size_t backend_used(cinfer_model *m)
+{
+    size_t used = 0, budget = 0;
+    cinfer_backend_memory(m->be, &used, &budget);
+    return used;
+}
+
+/* Before anything is loaded: can weights, activations and one sequence's
+ * KV fit at all? Refusing here spares a load that would fail. */
+static cinfer_status plan_precheck(cinfer_model *m, mem_plan *mp)
+{
+    const cinfer_model_info *I = &m->info;
+    uint64_t need = I->weight_bytes + act_bytes(m) + mp->kv_need;
+    if (mp->used0 > mp->budget || need > mp->budget - mp->used0)
+        return refuse_fit(m, mp, "weights, activations and one sequence's "
+                                 "KV alone exceed it", NULL);
+    return CINFER_OK;
+}
+
+/* After weights and activations: reserves the largest step's scratch,
+ * then gives the KV cache what is left (or checks the blocks asked for). */
+static cinfer_status plan_scratch_and_kv(cinfer_model *m,
+                                         const cinfer_model_params *p,
+                                         mem_plan *mp)
+{
+    cinfer_model_info *I = &m->info;
+    size_t before = backend_used(m);
+    int64_t max_k = I->n_embd > I->n_ff ? I->n_embd : I->n_ff;
+    int64_t dq = (int64_t)I->n_head * I->head_dim;
+    cinfer_backend_scratch_plan sp = {
+        .max_rows = m->max_rows,
+        .max_k = max_k > dq ? max_k : dq,
+        .n_heads = I->n_head,
+        .head_dim = I->head_dim,
+        .max_context = I->n_ctx,
+    };
+    cinfer_status st = cinfer_backend_reserve_scratch(m->be, &sp);
+    size_t used = backend_used(m);
+    I->scratch_bytes = used > before ? used - before : 0;
+    if (st != CINFER_OK)
+        return plan_failed(m, mp, st, "the scratch of the largest step "
+                                      "does not fit");
+
+    uint64_t per_block = kv_block_bytes(m, p->kv_f32);
+    uint64_t left = used < mp->budget ? mp->budget - used : 0;
+    uint64_t fit = per_block ? left / per_block : 0;
+    if (p->kv_from_budget) {
+        int max_seqs = p->max_seqs ? p->max_seqs : 1;
+        uint64_t cap = (uint64_t)mp->kv_min_blocks * (uint64_t)max_seqs;
+        if (cap > (1u << 24))
+            cap = 1u << 24;
+        if (fit < (uint64_t)mp->kv_min_blocks)
+            return refuse_fit(m, mp, "the KV cache has no room for one "
+                                     "full-context sequence", NULL);
+        I->n_kv_blocks = (int)(fit < cap ? fit : cap);
+    } else if ((uint64_t)I->n_kv_blocks > fit) {
+        mp->kv_need = (uint64_t)I->n_kv_blocks * per_block;
+        return refuse_fit(m, mp, "the KV cache asked for does not fit",
+                          NULL);
+    }
     return CINFER_OK;
 }
 
@@ -507,10 +674,36 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
             goto fail;
         m->owns_backend = 1;
     }
-    if ((st = load_weights(m, p)) != CINFER_OK)
+    weight_stats(m);
+    mem_plan plan = {0};
+    plan.kv_min_blocks = blocks_per_seq;
+    plan.kv_need = (uint64_t)blocks_per_seq * kv_block_bytes(m, p->kv_f32);
+    int budgeted = cinfer_backend_memory(m->be, &plan.used0, &plan.budget) ==
+                   CINFER_OK;
+    if (!budgeted)
+        cinfer_clear_error(); /* no budget (the CPU) is not a failure */
+    I->budget_bytes = budgeted ? plan.budget : 0;
+    if (budgeted && (st = plan_precheck(m, &plan)) != CINFER_OK)
         goto fail;
-    if ((st = alloc_state(m, p)) != CINFER_OK)
+    st = load_weights(m, p);
+    if (budgeted && st != CINFER_OK)
+        st = plan_failed(m, &plan, st, "the weights do not fit");
+    if (st != CINFER_OK)
         goto fail;
+    I->weights_held_bytes =
+        budgeted ? backend_used(m) - plan.used0 : I->weight_bytes;
+    st = alloc_acts(m);
+    if (budgeted && st != CINFER_OK)
+        st = plan_failed(m, &plan, st, "the activations do not fit");
+    if (st != CINFER_OK)
+        goto fail;
+    if (budgeted && (st = plan_scratch_and_kv(m, p, &plan)) != CINFER_OK)
+        goto fail;
+    if ((st = alloc_kv(m, p)) != CINFER_OK) {
+        if (budgeted)
+            st = plan_failed(m, &plan, st, "the KV cache does not fit");
+        goto fail;
+    }
     *out = m;
     return CINFER_OK;
 

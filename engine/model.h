@@ -53,6 +53,13 @@ typedef struct {
     int block_size;            /* KV block size in tokens; 0 = 16 */
     int n_kv_blocks;           /* KV blocks in the cache; 0 = enough for
                                   max_seqs full sequences */
+    int kv_from_budget;        /* 1 = on a backend with a memory budget
+                                  (cinfer_backend_memory), the KV cache
+                                  takes what weights, activations and
+                                  scratch leave of it, at most enough for
+                                  max_seqs full sequences (n_kv_blocks is
+                                  then ignored); 0 = n_kv_blocks as given
+                                  (checked against the budget if any) */
     int max_seqs;              /* sequences the cache is sized for; 0 = 1 */
     int max_batch_rows;        /* most rows one step may carry; 0 = 512 */
     int kv_f32;                /* 1 = F32 KV cache; 0 = F16 */
@@ -89,10 +96,25 @@ typedef struct {
     int n_kv_blocks;        /* KV blocks in the cache */
     uint64_t kv_bytes;      /* bytes of the whole KV cache */
     int max_batch_rows;     /* most rows one forward step may carry */
+    /* Memory as the backend holds it. On a backend with a budget the
+     * weights are measured there (they may differ from weight_bytes);
+     * on the CPU weights_held_bytes = weight_bytes and scratch is 0
+     * (host memory taken as needed). */
+    uint64_t weights_held_bytes;  /* weights in the backend's memory */
+    uint64_t activation_bytes;    /* activation buffers (max_batch_rows) */
+    uint64_t scratch_bytes;       /* reserved scratch of the largest step */
+    uint64_t budget_bytes;        /* the backend's memory budget; 0 = none */
 } cinfer_model_info;
 
 /* Loads a model: maps the file, checks every tensor the architecture needs
- * (name, shape, type), builds the tokenizer, allocates the KV cache. */
+ * (name, shape, type), builds the tokenizer, allocates the KV cache.
+ *
+ * On a backend with a memory budget (a GPU), memory is planned here, at
+ * start: weights, then activations, then the scratch of the largest step
+ * (cinfer_backend_reserve_scratch), then the KV cache. A model that does
+ * not fit (the first three over the budget, or room for fewer KV blocks
+ * than one full-context sequence needs) fails with CINFER_E_NOMEM and a
+ * message with each size in MiB; no step allocates later. */
 cinfer_status cinfer_model_create(const cinfer_model_params *p,
                                   cinfer_model **out);
 void cinfer_model_destroy(cinfer_model *m);

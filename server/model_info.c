@@ -65,6 +65,14 @@ static cinfer_status model_info(srv_call *c, const uint8_t *req, size_t len,
         backend.n_devices = 1;
         backend.devices = devices;
     }
+    backend.weights_bytes = mi->weights_held_bytes;
+    backend.activation_bytes = mi->activation_bytes;
+    backend.scratch_bytes = mi->scratch_bytes;
+    backend.kv_cache_bytes = mi->kv_bytes;
+    backend.memory_budget_bytes = mi->budget_bytes;
+    /* From the engine's published stats: the backend itself belongs to
+     * the engine thread. */
+    backend.device_lost = es.device_lost != 0;
     resp.backend = &backend;
 
     stats.running = es.running;

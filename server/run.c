@@ -17,6 +17,14 @@
  * by the main thread with sigwait, so no handler runs inside gRPC or the
  * engine.
  *
+ * Device: --device auto|cpu|cuda[:N] picks the backend (auto = CUDA device
+ * 0 when there is one, else the CPU). On CUDA the memory is planned at
+ * start within --gpu-memory-fraction of the device (engine/model.h): the
+ * KV cache takes what weights, activations and scratch leave, unless
+ * --kv-cache-mem is given; a model that does not fit is refused with the
+ * sizes. A device that cannot be opened (none, or a build without the
+ * CUDA backend) is an error at start, exit 1.
+ *
  * Resilience flags (rate limits, breaker, shedder, CoDel, deadlines, the
  * watchdog) fill the server's params; --resilience off switches admission
  * off altogether, for comparison. /metrics is served on --metrics-listen
@@ -45,9 +53,15 @@
 #define CINFER_VERSION "0.1.0"
 #endif
 
+/* --device: which backend runs the model. */
+typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } device_kind;
+
 typedef struct {
     const char *listen;
     const char *model;
+    device_kind device;
+    int cuda_device;       /* ordinal for DEVICE_CUDA */
+    double gpu_memory_fraction;
     long threads;
     int compute_prio; /* cinfer_thread_prio */
     long grpc_threads;
@@ -58,6 +72,7 @@ typedef struct {
     long ctx_size;
     long default_max_tokens;
     long long kv_cache_mem;
+    int kv_cache_mem_given; /* on CUDA the budget sizes the cache otherwise */
     double drain_timeout_s;
     long max_receive_message_bytes;
     long prefix_cache;
@@ -105,7 +120,17 @@ static const flag_doc flags[] = {
      "address to serve on (default 127.0.0.1:50051; 0.0.0.0:PORT in "
      "containers; port 0 picks a free one)"},
     {"model", "CINFER_MODEL", "PATH", "GGUF model (default: %s)"},
-    {"threads", "CINFER_THREADS", "N", "CPU threads for the model (default: all cores)"},
+    {"device", "CINFER_DEVICE", "auto|cpu|cuda[:N]",
+     "where the model runs: cuda:N = CUDA device N (cuda = cuda:0), cpu = "
+     "the CPU (see --threads), auto = cuda:0 when a CUDA device is present, "
+     "else the CPU. A CUDA device that cannot be opened (none, or a build "
+     "without the CUDA backend) is an error at start (default auto)"},
+    {"gpu-memory-fraction", "CINFER_GPU_MEMORY_FRACTION", "F",
+     "share of the CUDA device's memory the server may hold, in (0, 1]: "
+     "weights, activations and scratch first, then the KV cache takes what "
+     "is left; a model that does not fit is refused at start (default 0.9)"},
+    {"threads", "CINFER_THREADS", "N",
+     "CPU threads for the model on the CPU backend (default: all cores)"},
     {"compute-priority", "CINFER_COMPUTE_PRIORITY", "normal|low|idle",
      "scheduling class of the compute threads (engine and CPU workers), so "
      "that the network threads answer and refuse calls at once while a "
@@ -131,7 +156,9 @@ static const flag_doc flags[] = {
     {"ctx-size", "CINFER_CTX_SIZE", "N",
      "tokens per sequence (default: the model's, at most 8192)"},
     {"kv-cache-mem", "CINFER_KV_CACHE_MEM", "BYTES",
-     "KV cache size, with K/M/G suffix (default 512M)"},
+     "KV cache size, with K/M/G suffix (default 512M on the CPU; on CUDA "
+     "the cache takes what --gpu-memory-fraction leaves unless this is "
+     "given)"},
     {"default-max-tokens", "CINFER_DEFAULT_MAX_TOKENS", "N",
      "max_tokens of requests that leave it unset (default 256)"},
     {"drain-timeout", "CINFER_DRAIN_TIMEOUT", "SECONDS",
@@ -299,6 +326,30 @@ static int parse_bytes(const char *s, long long *out)
     return 1;
 }
 
+/* "auto", "cpu", "cuda", "cuda:N" -> kind and ordinal. */
+static int parse_device(const char *s, device_kind *kind, int *ordinal)
+{
+    *ordinal = 0;
+    if (strcmp(s, "auto") == 0) {
+        *kind = DEVICE_AUTO;
+        return 1;
+    }
+    if (strcmp(s, "cpu") == 0) {
+        *kind = DEVICE_CPU;
+        return 1;
+    }
+    if (strncmp(s, "cuda", 4) != 0)
+        return 0;
+    *kind = DEVICE_CUDA;
+    if (s[4] == '\0')
+        return 1;
+    long n;
+    if (s[4] != ':' || !parse_long(s + 5, 0, 1023, &n))
+        return 0;
+    *ordinal = (int)n;
+    return 1;
+}
+
 /* Applies one option value (from a flag or the environment) to cfg.
  * Returns 0 and prints the problem if the value is bad. */
 static int apply(config *cfg, int i, const char *v, const char *from)
@@ -320,6 +371,12 @@ static int apply(config *cfg, int i, const char *v, const char *from)
                 ok = 1;
             }
         }
+    } else if (strcmp(name, "device") == 0) {
+        ok = parse_device(v, &cfg->device, &cfg->cuda_device);
+    } else if (strcmp(name, "gpu-memory-fraction") == 0) {
+        /* parse_double's range is closed; 0 is not a share */
+        ok = parse_double(v, 0, 1, &cfg->gpu_memory_fraction) &&
+             cfg->gpu_memory_fraction > 0;
     } else if (strcmp(name, "threads") == 0) {
         ok = parse_long(v, 0, 1024, &cfg->threads);
     } else if (strcmp(name, "grpc-threads") == 0) {
@@ -336,6 +393,7 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 0, 1 << 20, &cfg->ctx_size);
     } else if (strcmp(name, "kv-cache-mem") == 0) {
         ok = parse_bytes(v, &cfg->kv_cache_mem);
+        cfg->kv_cache_mem_given = 1;
     } else if (strcmp(name, "default-max-tokens") == 0) {
         ok = parse_long(v, 1, 1 << 20, &cfg->default_max_tokens);
     } else if (strcmp(name, "drain-timeout") == 0) {
@@ -413,9 +471,40 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 0, 1L << 30, &cfg->unhealthy_after_faults);
     }
     if (!ok)
-        fprintf(stderr, "cinfer-server: bad value '%s' for %s%s\n", v, from,
-                from[0] == '-' ? name : "");
+        fprintf(stderr, "cinfer-server: bad value '%s' for %s%s%s\n", v, from,
+                from[0] == '-' ? name : "",
+                strcmp(name, "device") == 0
+                    ? " (auto, cpu, cuda or cuda:N)"
+                : strcmp(name, "gpu-memory-fraction") == 0
+                    ? " (a share in (0, 1])"
+                    : "");
     return ok;
+}
+
+/* The backend --device asks for: *out stays NULL for the CPU (the model
+ * then makes its own, with --threads); a CUDA device that cannot be opened
+ * is an error, logged with the backend's reason. */
+static int open_device(const config *cfg, cinfer_backend **out)
+{
+    *out = NULL;
+    int ordinal = cfg->cuda_device;
+    if (cfg->device == DEVICE_CPU ||
+        (cfg->device == DEVICE_AUTO && cinfer_cuda_device_count() <= 0))
+        return 1;
+    cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
+    cp.device = ordinal;
+    cp.memory_fraction = cfg->gpu_memory_fraction;
+    if (cinfer_backend_cuda_create(&cp, out) == CINFER_OK)
+        return 1;
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "cannot open device", NULL)) {
+        char dev[32];
+        snprintf(dev, sizeof dev, "cuda:%d", ordinal);
+        cinfer_log_str(&l, "device", dev);
+        cinfer_log_str(&l, "error", cinfer_last_error());
+        cinfer_log_end(&l);
+    }
+    return 0;
 }
 
 /* KV blocks that fit in `bytes`, from the model file's shape (read without
@@ -555,6 +644,8 @@ int cinfer_server_main(int argc, char **argv,
     config cfg = {
         .listen = "127.0.0.1:50051",
         .model = NULL,
+        .device = DEVICE_AUTO,
+        .gpu_memory_fraction = 0.9,
         .threads = 0,
         .compute_prio = CINFER_THREAD_PRIO_IDLE,
         .grpc_threads = 2,
@@ -707,7 +798,19 @@ int cinfer_server_main(int argc, char **argv,
             goto out;
         }
         mp.backend = backend;
+    } else {
+        if (!open_device(&cfg, &backend))
+            goto out;
+        mp.backend = backend;
     }
+    /* A backend with a budget (CUDA) gives the KV cache what the model
+     * leaves of it, unless the size was asked for. */
+    size_t be_used = 0, be_budget = 0;
+    int budgeted = backend &&
+                   cinfer_backend_memory(backend, &be_used, &be_budget) ==
+                       CINFER_OK;
+    cinfer_clear_error();
+    mp.kv_from_budget = budgeted && !cfg.kv_cache_mem_given;
     mp.n_ctx = (int)cfg.ctx_size;
     mp.max_seqs = (int)cfg.max_seqs;
     {
@@ -720,8 +823,9 @@ int cinfer_server_main(int argc, char **argv,
                                       ? rows
                                       : cfg.max_batched_tokens);
     }
-    mp.n_kv_blocks = kv_blocks_for(model_path, cfg.kv_cache_mem,
-                                   mp.block_size ? mp.block_size : 16);
+    if (!mp.kv_from_budget)
+        mp.n_kv_blocks = kv_blocks_for(model_path, cfg.kv_cache_mem,
+                                       mp.block_size ? mp.block_size : 16);
     int last_quarter = -1;
     mp.progress = load_progress;
     mp.progress_user = &last_quarter;
@@ -729,7 +833,10 @@ int cinfer_server_main(int argc, char **argv,
         cinfer_log_line l;
         if (cinfer_log_begin(&l, CINFER_LOG_INFO, "loading model", NULL)) {
             cinfer_log_str(&l, "path", model_path);
-            cinfer_log_int(&l, "kv_blocks", mp.n_kv_blocks);
+            if (mp.kv_from_budget)
+                cinfer_log_int(&l, "kv_from_budget", 1);
+            else
+                cinfer_log_int(&l, "kv_blocks", mp.n_kv_blocks);
             cinfer_log_end(&l);
         }
     }

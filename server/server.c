@@ -682,7 +682,8 @@ int cinfer_server_healthy(const cinfer_server *s)
 {
     cinfer_server *m = (cinfer_server *)s;
     return atomic_load(&m->state) == SERVER_SERVING &&
-           !atomic_load(&m->stuck) && !atomic_load(&m->faulted);
+           !atomic_load(&m->stuck) && !atomic_load(&m->faulted) &&
+           !atomic_load(&m->device_lost);
 }
 
 /* The metrics collector: gauges read at scrape time (HTTP thread). */
@@ -760,6 +761,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     pthread_condattr_destroy(&ca);
     atomic_init(&s->stuck, 0);
     atomic_init(&s->faulted, 0);
+    atomic_init(&s->device_lost, 0);
     atomic_init(&s->fault_run, 0);
     atomic_init(&s->probe_ok, 0);
     s->health_reported = 1;
@@ -926,6 +928,20 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
         cinfer_log_str(&l, "quant", mi->quant);
         cinfer_log_int(&l, "n_ctx", mi->n_ctx);
         cinfer_log_int(&l, "n_vocab", s->limits.n_vocab);
+        cinfer_backend *be = cinfer_model_backend(model);
+        cinfer_log_str(&l, "backend", cinfer_backend_name(be));
+        cinfer_log_str(&l, "device", cinfer_backend_device_desc(be));
+        /* Memory as planned at start (GetModelInfo's Backend has the
+         * bytes); budget 0 = none (the CPU). */
+        const double mib = 1024.0 * 1024.0;
+        cinfer_log_double(&l, "weights_mib",
+                          (double)mi->weights_held_bytes / mib);
+        cinfer_log_double(&l, "activations_mib",
+                          (double)mi->activation_bytes / mib);
+        cinfer_log_double(&l, "scratch_mib", (double)mi->scratch_bytes / mib);
+        cinfer_log_double(&l, "kv_mib", (double)mi->kv_bytes / mib);
+        cinfer_log_int(&l, "kv_blocks", mi->n_kv_blocks);
+        cinfer_log_double(&l, "budget_mib", (double)mi->budget_bytes / mib);
         cinfer_log_str(&l, "chat_template",
                        tmpl.ptr ? (s->chat.format ? cinfer_chat_format_name(
                                                         s->chat.format)

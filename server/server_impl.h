@@ -166,11 +166,13 @@ struct cinfer_server {
     cinfer_admission *adm;       /* NULL = admission off */
     cinfer_metrics *metrics;     /* borrowed; NULL = none */
 
-    /* Health beyond the lifecycle state: SERVING needs both clear. */
+    /* Health beyond the lifecycle state: SERVING needs all three clear. */
     atomic_int stuck;            /* the engine made no step for watchdog_ms
                                     while it had work */
     atomic_int faulted;          /* unhealthy_after_faults device faults in
                                     a row, no success since */
+    atomic_int device_lost;      /* the backend hit a sticky fault (engine
+                                    stats device_lost); never cleared */
     atomic_int fault_run;        /* device faults in a row */
     int health_reported;         /* last health notified (watchdog thread) */
 

@@ -13,11 +13,16 @@
  *     is NOT_SERVING (a hung device, a deadlocked kernel); it is SERVING
  *     again as soon as a step completes;
  *   - device faults: unhealthy_after_faults requests in a row that ended
- *     with a device error (CINFER_E_DEVICE; a CUDA fault is sticky) make
- *     health NOT_SERVING. Since a NOT_SERVING replica gets no traffic to
- *     prove it recovered, the watchdog then sends the engine a one-token
- *     probe every PROBE_INTERVAL_MS; the first probe (or request) that
- *     produces a token makes it SERVING again;
+ *     with a device error (CINFER_E_DEVICE) make health NOT_SERVING.
+ *     Since a NOT_SERVING replica gets no traffic to prove it recovered,
+ *     the watchdog then sends the engine a one-token probe every
+ *     PROBE_INTERVAL_MS; the first probe (or request) that produces a
+ *     token makes it SERVING again;
+ *   - a lost device: once the engine reports that the backend hit a
+ *     sticky fault (cinfer_backend_healthy 0: the CUDA context is
+ *     unusable), health is NOT_SERVING for good and no probes are sent;
+ *     the process keeps running and answering, so the orchestrator sees
+ *     the state and replaces the replica;
  *   - queued Generate calls are re-checked against the shedder (their
  *     deadline, CoDel), which may shed them (generate.c);
  *   - a change of health is told to Health.Watch streams.
@@ -117,6 +122,7 @@ static void log_health_change(cinfer_server *s, int healthy)
         return;
     cinfer_log_int(&l, "stuck", atomic_load(&s->stuck));
     cinfer_log_int(&l, "faulted", atomic_load(&s->faulted));
+    cinfer_log_int(&l, "device_lost", atomic_load(&s->device_lost));
     cinfer_log_int(&l, "device_faults_in_a_row", atomic_load(&s->fault_run));
     cinfer_log_end(&l);
 }
@@ -167,8 +173,18 @@ static void *watchdog_main(void *arg)
             atomic_store(&s->stuck, 0);
         }
 
-        /* Faulted: probe the engine now and then. */
-        if (atomic_load(&s->faulted) && !probing &&
+        if (es.device_lost && !atomic_load(&s->device_lost)) {
+            atomic_store(&s->device_lost, 1);
+            cinfer_log(CINFER_LOG_ERROR,
+                       "device lost: the backend reported a sticky fault; "
+                       "health stays NOT_SERVING",
+                       NULL);
+        }
+
+        /* Faulted: probe the engine now and then (a lost device does not
+         * come back, so it is not probed). */
+        if (atomic_load(&s->faulted) && !atomic_load(&s->device_lost) &&
+            !probing &&
             now - last_probe >= cinfer_ms_to_ns(PROBE_INTERVAL_MS)) {
             last_probe = now;
             send_probe(s);

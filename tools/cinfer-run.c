@@ -3,9 +3,13 @@
  *
  *   cinfer-run [-m MODEL] -p "prompt" [-n 64] [--temperature 0] [--top-k K]
  *              [--top-p P] [--min-p P] [--seed S] [-t THREADS] [--chat]
+ *              [--device auto|cpu|cuda[:N]] [--gpu-memory-fraction F]
  *
  * Streams the generated text to stdout as it is sampled and ends with the
  * prompt and decode speeds on stderr. With no -m it uses the default model.
+ * After loading, one stderr line gives the memory the model holds
+ * (weights, activations, scratch, KV cache, and the device budget); on
+ * CUDA the KV cache takes what the budget leaves (engine/model.h).
  * While a model loads, a progress bar is drawn when stderr is a terminal.
  *
  * Benchmark mode (`--bench PP,TG [-r REPS]`) evaluates a synthetic prompt of
@@ -54,7 +58,15 @@ static void usage(FILE *f)
             "  -m, --model PATH        GGUF model (default: %s)\n"
             "  -p, --prompt TEXT       prompt text ('-' reads standard input)\n"
             "  -n, --max-tokens N      tokens to generate (default 64)\n"
-            "  -t, --threads N         CPU threads (default: all cores)\n"
+            "  -t, --threads N         CPU threads of the CPU backend (default:\n"
+            "                          all cores)\n"
+            "      --device D          auto|cpu|cuda[:N]: cuda:N = CUDA device N\n"
+            "                          (cuda = cuda:0); auto = cuda:0 when a CUDA\n"
+            "                          device is present, else the CPU (default\n"
+            "                          auto)\n"
+            "      --gpu-memory-fraction F  share of the CUDA device's memory to\n"
+            "                          hold, in (0, 1]; the KV cache takes what\n"
+            "                          the model leaves (default 0.9)\n"
             "      --chat              wrap the prompt as a ChatML user turn\n"
             "      --temperature T     0 = greedy (default 0)\n"
             "      --top-k K           0 = off\n"
@@ -79,8 +91,73 @@ static void usage(FILE *f)
 enum {
     OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
     OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
-    OPT_CTX, OPT_MMAP
+    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION
 };
+
+/* --device: "auto", "cpu", "cuda", "cuda:N". *cuda is -1 for the CPU,
+ * -2 for auto, else the CUDA ordinal. */
+static int parse_device(const char *s, int *cuda)
+{
+    if (strcmp(s, "auto") == 0) {
+        *cuda = -2;
+        return 0;
+    }
+    if (strcmp(s, "cpu") == 0) {
+        *cuda = -1;
+        return 0;
+    }
+    char *end;
+    long n = 0;
+    if (strcmp(s, "cuda") == 0) {
+        *cuda = 0;
+        return 0;
+    }
+    if (strncmp(s, "cuda:", 5) == 0) {
+        errno = 0;
+        n = strtol(s + 5, &end, 10);
+        if (!errno && end != s + 5 && !*end && n >= 0 && n <= 1023) {
+            *cuda = (int)n;
+            return 0;
+        }
+    }
+    fprintf(stderr, "cinfer-run: --device must be auto, cpu, cuda or cuda:N, "
+                    "got '%s'\n", s);
+    return -1;
+}
+
+/* The backend --device asks for; NULL (and 0) for the CPU, which the model
+ * then creates itself with --threads and --isa. */
+static int open_device(int cuda, double fraction, cinfer_backend **out)
+{
+    *out = NULL;
+    if (cuda == -1 || (cuda == -2 && cinfer_cuda_device_count() <= 0))
+        return 0;
+    cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
+    cp.device = cuda < 0 ? 0 : cuda;
+    cp.memory_fraction = fraction;
+    if (cinfer_backend_cuda_create(&cp, out) != CINFER_OK) {
+        fprintf(stderr, "cinfer-run: --device cuda:%d: %s\n", cp.device,
+                cinfer_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static void print_memory(const cinfer_model *m)
+{
+    const cinfer_model_info *I = cinfer_model_get_info(m);
+    const double mib = 1024.0 * 1024.0;
+    fprintf(stderr,
+            "memory: weights %.1f MiB, activations %.1f MiB, scratch %.1f "
+            "MiB, KV cache %.1f MiB (%d blocks of %d tokens)",
+            (double)I->weights_held_bytes / mib,
+            (double)I->activation_bytes / mib, (double)I->scratch_bytes / mib,
+            (double)I->kv_bytes / mib, I->n_kv_blocks, I->block_size);
+    if (I->budget_bytes)
+        fprintf(stderr, "; budget %.1f MiB\n", (double)I->budget_bytes / mib);
+    else
+        fprintf(stderr, "; no budget\n");
+}
 
 static int parse_int(const char *s, const char *name, long lo, long hi,
                      long *out)
@@ -215,6 +292,8 @@ int main(int argc, char **argv)
     long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096;
     int chat = 0, ignore_eos = 0, parse_special = 1, use_mmap = 0;
     int bench_pp = -1, bench_tg = -1;
+    int cuda = -2; /* --device auto */
+    double gpu_fraction = 0.9;
     cinfer_cpu_isa isa = CINFER_CPU_ISA_AUTO;
     cinfer_sampler_params sp = cinfer_sampler_default_params();
     sp.temperature = 0.0f;
@@ -241,6 +320,8 @@ int main(int argc, char **argv)
         {"ctx", required_argument, 0, OPT_CTX},
         {"bench", required_argument, 0, OPT_BENCH},
         {"mmap", no_argument, 0, OPT_MMAP},
+        {"device", required_argument, 0, OPT_DEVICE},
+        {"gpu-memory-fraction", required_argument, 0, OPT_GPU_FRACTION},
         {0, 0, 0, 0},
     };
     int c;
@@ -289,6 +370,21 @@ int main(int argc, char **argv)
         case OPT_IGNORE_EOS: ignore_eos = 1; break;
         case OPT_NOSPECIAL: parse_special = 0; break;
         case OPT_MMAP: use_mmap = 1; break;
+        case OPT_DEVICE:
+            if (parse_device(optarg, &cuda)) return 2;
+            break;
+        case OPT_GPU_FRACTION: {
+            char *end;
+            errno = 0;
+            gpu_fraction = strtod(optarg, &end);
+            if (errno || end == optarg || *end ||
+                !(gpu_fraction > 0 && gpu_fraction <= 1)) {
+                fprintf(stderr, "cinfer-run: --gpu-memory-fraction must be "
+                                "a share in (0, 1], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case OPT_CTX:
             if (parse_int(optarg, "--ctx", 16, 1 << 20, &ctx)) return 2;
             break;
@@ -332,8 +428,17 @@ int main(int argc, char **argv)
         prompt = owned_prompt;
     }
 
+    cinfer_backend *backend = NULL;
+    if (open_device(cuda, gpu_fraction, &backend)) {
+        free(owned_prompt);
+        return 1;
+    }
     int last_pct = -1;
     cinfer_model_params mp = cinfer_model_default_params();
+    mp.backend = backend;
+    /* A device with a budget: the KV cache takes what the model leaves,
+     * at most one full-context sequence (max_seqs 1). */
+    mp.kv_from_budget = 1;
     mp.path = model_path;
     mp.n_threads = (int)threads;
     mp.isa = isa;
@@ -347,15 +452,18 @@ int main(int argc, char **argv)
     double t_load = now_s();
     if (cinfer_model_create(&mp, &m) != CINFER_OK) {
         fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        cinfer_backend_destroy(backend);
         free(owned_prompt);
         return 1;
     }
     t_load = now_s() - t_load;
     const cinfer_model_info *I = cinfer_model_get_info(m);
+    print_memory(m);
 
     if (bench_pp >= 0) {
         int rc = run_bench(m, bench_pp, bench_tg, (int)reps, (int)threads);
         cinfer_model_destroy(m);
+        cinfer_backend_destroy(backend);
         free(owned_prompt);
         return rc;
     }
@@ -465,5 +573,6 @@ out:
     free(text);
     free(owned_prompt);
     cinfer_model_destroy(m);
+    cinfer_backend_destroy(backend); /* after the model that borrows it */
     return rc;
 }

@@ -1,7 +1,8 @@
 /*
  * faulty_server.c - cinfer-server-faulty: the real server (cinfer_server_main)
  * over a backend that injects device faults, for the integration tests of
- * the circuit breaker and of health (run.py, case "breaker").
+ * the circuit breaker and of health (run.py, cases "breaker" and
+ * "device_lost").
  *
  * The backend wraps the CPU backend: every slot of the ops table
  * (kernels/backend_impl.h) forwards to it through the public calls, except that matmul fails with CINFER_E_DEVICE on chosen steps, the
@@ -14,6 +15,10 @@
  *                 spread evenly (0.5 = every second step); default 0
  *     hang_ms=T   each step's first matmul sleeps T ms first (a stuck
  *                 device, for the health watchdog); default 0
+ *     sticky=1    an injected fault is sticky, as an illegal address or an
+ *                 uncorrectable ECC error is on a GPU: from then on the
+ *                 healthy slot returns 0 and every matmul fails, whatever
+ *                 the file says later; default 0
  *
  * A missing or unreadable file means no faults. This is a test program
  * only: the production server has no fault switch.
@@ -39,6 +44,8 @@ typedef struct {
     int64_t next_poll_ns;
     double fail_fraction;
     int64_t hang_ms;
+    int sticky;           /* the next injected fault loses the device */
+    int lost;             /* a sticky fault happened: never cleared */
     uint64_t steps;       /* set_step calls */
     int step_armed;       /* the step's first matmul is still to come */
 } faulty_backend;
@@ -59,6 +66,7 @@ static void poll_control(faulty_backend *f)
     f->next_poll_ns = now + (int64_t)CONTROL_POLL_MS * 1000000;
     double fail = 0;
     long long hang = 0;
+    int sticky = 0;
     FILE *fp = fopen(f->control_path, "r");
     if (fp) {
         char word[64];
@@ -69,11 +77,14 @@ static void poll_control(faulty_backend *f)
                 fail = d < 0 ? 0 : d > 1 ? 1 : d;
             else if (sscanf(word, "hang_ms=%lld", &v) == 1)
                 hang = v < 0 ? 0 : v;
+            else if (sscanf(word, "sticky=%lld", &v) == 1)
+                sticky = v != 0;
         }
         fclose(fp);
     }
     f->fail_fraction = fail;
     f->hang_ms = hang;
+    f->sticky = sticky;
 }
 
 /* ---- the ops: forward, with the fault in matmul ------------------------ */
@@ -134,6 +145,11 @@ static cinfer_status f_synchronize(cinfer_backend *be)
     return cinfer_backend_synchronize(INNER(be));
 }
 
+static int f_healthy(cinfer_backend *be)
+{
+    return !((faulty_backend *)be)->lost;
+}
+
 static cinfer_status f_set_step(cinfer_backend *be)
 {
     faulty_backend *f = (faulty_backend *)be;
@@ -162,6 +178,10 @@ static cinfer_status f_matmul(cinfer_backend *be, int n_w,
                               cinfer_tensor *const *out)
 {
     faulty_backend *f = (faulty_backend *)be;
+    if (f->lost)
+        return cinfer_set_error(CINFER_E_DEVICE,
+                                "injected device fault: the device is lost "
+                                "(an earlier sticky fault)");
     if (f->step_armed) {
         f->step_armed = 0;
         if (f->hang_ms > 0) {
@@ -174,11 +194,14 @@ static cinfer_status f_matmul(cinfer_backend *be, int n_w,
         double fr = f->fail_fraction;
         uint64_t k = f->steps;
         if (fr > 0 &&
-            (uint64_t)((double)k * fr) != (uint64_t)((double)(k - 1) * fr))
+            (uint64_t)((double)k * fr) != (uint64_t)((double)(k - 1) * fr)) {
+            f->lost = f->sticky;
             return cinfer_set_error(CINFER_E_DEVICE,
-                                    "injected device fault in matmul "
+                                    "injected %sdevice fault in matmul "
                                     "(step %llu)",
+                                    f->sticky ? "sticky " : "",
                                     (unsigned long long)k);
+        }
     }
     return cinfer_backend_matmul(f->inner, n_w, w, x, out);
 }
@@ -242,6 +265,7 @@ static const struct cinfer_backend_ops faulty_ops = {
     .download = f_download,
     .fill_zero = f_fill_zero,
     .synchronize = f_synchronize,
+    .healthy = f_healthy,
     .set_step = f_set_step,
     .embed = f_embed,
     .rms_norm = f_rms_norm,

@@ -1125,10 +1125,11 @@ class Faults:
         self.path = os.path.join(ARGS.work, name + ".faults")
         self.set()
 
-    def set(self, fail=0.0, hang_ms=0):
+    def set(self, fail=0.0, hang_ms=0, sticky=False):
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            f.write("fail=%g hang_ms=%d\n" % (fail, hang_ms))
+            f.write("fail=%g hang_ms=%d sticky=%d\n" %
+                    (fail, hang_ms, 1 if sticky else 0))
         os.replace(tmp, self.path)
         time.sleep(0.08)  # the backend re-reads it every 20 ms
 
@@ -1958,6 +1959,61 @@ def case_breaker():
         log("ok: health NOT_SERVING while a step hangs, SERVING after")
 
 
+def case_device_lost():
+    """A sticky device fault (the faulty backend's healthy slot turns 0)
+    fails the step's request with INTERNAL, turns health NOT_SERVING for
+    good (no probe brings it back), and the server keeps running: health,
+    GetModelInfo and Tokenize still answer, later Generate calls fail
+    INTERNAL without holding KV blocks, and SIGTERM still exits 0."""
+    import grpc
+    pb = stubs()[0]
+    # A breaker that never judges: this case is about health alone.
+    srv, faults = faulty_server("device_lost", [
+        "--breaker-min-calls", "1000", "--unhealthy-after-faults", "0"])
+    with srv:
+        stub = srv.stub()
+        collect(stub.Generate(gen_bytes(request_id="ok"), timeout=30))
+        check_eq(srv.health(), "SERVING", "health before the fault")
+        check(not srv.info().backend.device_lost, "device_lost before")
+        faults.set(fail=1, sticky=True)
+        try:
+            collect(stub.Generate(gen_bytes(request_id="sticky"), timeout=30))
+            raise AssertionError("the step with a sticky fault succeeded")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.INTERNAL, "sticky fault")
+            check("sticky device fault" in e.details(), e.details())
+        srv.wait_health("NOT_SERVING", 10)
+        log("ok: health NOT_SERVING after a sticky fault")
+
+        # The file no longer asks for faults, but the device stays lost:
+        # later calls fail, and health does not come back (the watchdog
+        # probes only faults that may pass; wait past its interval).
+        faults.set(fail=0)
+        for i in range(3):
+            try:
+                collect(stub.Generate(gen_bytes(request_id="after-%d" % i),
+                                      timeout=30))
+                raise AssertionError("a step on a lost device succeeded")
+            except grpc.RpcError as e:
+                check_eq(e.code(), grpc.StatusCode.INTERNAL, "lost device")
+                check("device is lost" in e.details(), e.details())
+        time.sleep(1.5)
+        check_eq(srv.health(), "NOT_SERVING", "health stays NOT_SERVING")
+        check(srv.proc.poll() is None, "the server is still running")
+        # The failed requests left nothing behind in the engine.
+        wait_engine_idle(srv, 30)
+        info = srv.info()
+        check(info.backend.device_lost, "GetModelInfo: device_lost")
+        tok = stub.Tokenize(pb.TokenizeRequest(text="hello"), timeout=30)
+        check(len(tok.token_ids) > 0, "Tokenize answers")
+        if srv.metrics_port:
+            m = scrape(srv)
+            if m is not None:
+                check_eq(metric(m, "cinfer:health_serving"), 0.0,
+                         "health gauge")
+        log("ok: the server keeps answering with the device lost")
+
+
 def case_saturated():
     """With every sequence slot busy and the queue full, health checks,
     reflection and GetModelInfo still answer at once, and the overflow is
@@ -2044,6 +2100,7 @@ CASES = {
     "timeouts": case_timeouts,
     "deadline_free": case_deadline_free,
     "breaker": case_breaker,
+    "device_lost": case_device_lost,
     "saturated": case_saturated,
 }
 
