@@ -75,8 +75,7 @@ struct fiber;
 
 /* One CUDA thread of the block being run. */
 struct cthread {
-    uint3 tid;
-    unsigned linear;
+    unsigned linear;        /* threadIdx is derived from it (tid_of) */
     uint8_t state;
     fiber *fib;             /* the carrier running it, once started */
     const char *file;       /* where it waits (barrier or warp operation) */
@@ -257,9 +256,17 @@ CUDASIM_NO_ASAN inline void switch_to(worker *w, fiber *to, bool dying)
     landed(w, tr);
 }
 
+inline uint3 tid_of(unsigned l)
+{
+    const uint3 &b = cudasim_bi.bdim;
+    if (b.y == 1 && b.z == 1)
+        return make_uint3(l, 0, 0);
+    return make_uint3(l % b.x, (l / b.x) % b.y, l / (b.x * b.y));
+}
+
 inline void set_builtins(const cthread *t)
 {
-    cudasim_bi.tid = t->tid;
+    cudasim_bi.tid = tid_of(t->linear);
     cudasim_bi.linear = t->linear;
 }
 
@@ -284,11 +291,6 @@ inline cthread *pick_next(worker *w)
                  : w->sched == CUDASIM_SCHEDULE_REVERSE ? (unsigned)(w->n - 1 - i)
                                                         : w->perm[i];
     cthread *t = &w->threads[l];
-    const uint3 &b = cudasim_bi.bdim;
-    if (b.y == 1 && b.z == 1)
-        t->tid = make_uint3(l, 0, 0);
-    else
-        t->tid = make_uint3(l % b.x, (l / b.x) % b.y, l / (b.x * b.y));
     t->linear = l;
     t->state = T_RUNNING;
     t->fib = nullptr;
@@ -410,7 +412,11 @@ const char *op_name(int op)
 /* "thread (x,y,z)" */
 struct tname {
     char s[48];
-    explicit tname(const cthread &t) { snprintf(s, sizeof s, "thread (%u,%u,%u)", t.tid.x, t.tid.y, t.tid.z); }
+    explicit tname(const cthread &t)
+    {
+        uint3 i = tid_of(t.linear);
+        snprintf(s, sizeof s, "thread (%u,%u,%u)", i.x, i.y, i.z);
+    }
 };
 
 /* What thread t is doing, for "... never arrived (it waits at ...)". */

@@ -17,9 +17,12 @@
  * random:7); the timing lines it prints are information, not checks.
  */
 #include <cublas_v2.h>
+#include <nccl.h>
 
+#include <stdlib.h>
 #include <time.h>
 
+#include <thread>
 #include <vector>
 
 #include "tests/cudasim/cudasim_ctl.h"
@@ -1205,6 +1208,101 @@ static void test_faults(void)
 }
 
 /* ---------------------------------------------------------------------- */
+/* NCCL                                                                    */
+/* ---------------------------------------------------------------------- */
+
+static void test_nccl(void)
+{
+    setenv("CUDASIM_DEVICES", "2", 1);
+    fresh();
+    int count = 0;
+    CHECK_EQ_INT(cudaGetDeviceCount(&count), cudaSuccess);
+    CHECK_EQ_INT(count, 2);
+    const int n = 777;
+
+    /* One thread drives both ranks through a group. */
+    ncclComm_t comms[2];
+    int devs[2] = {0, 1};
+    CHECK_EQ_INT(ncclCommInitAll(comms, 2, devs), ncclSuccess);
+    float *send[2], *recv[2];
+    for (int r = 0; r < 2; r++) {
+        CHECK_EQ_INT(cudaSetDevice(r), cudaSuccess);
+        send[r] = dev_alloc<float>(n);
+        recv[r] = dev_alloc<float>(2 * n);
+        std::vector<float> h(n);
+        for (int i = 0; i < n; i++)
+            h[i] = (float)(i * (r + 1));
+        to_dev(send[r], h);
+    }
+    CHECK_EQ_INT(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < 2; r++)
+        CHECK_EQ_INT(ncclAllReduce(send[r], recv[r], n, ncclFloat, ncclSum, comms[r], 0), ncclSuccess);
+    CHECK_EQ_INT(ncclGroupEnd(), ncclSuccess);
+    for (int r = 0; r < 2; r++)
+        CHECK_NEAR(from_dev(recv[r], n)[n - 1], 3.0 * (n - 1), 0);
+    int rank = -1, nr = 0;
+    CHECK_EQ_INT(ncclCommUserRank(comms[1], &rank), ncclSuccess);
+    CHECK_EQ_INT(ncclCommCount(comms[1], &nr), ncclSuccess);
+    CHECK_EQ_INT(rank, 1);
+    CHECK_EQ_INT(nr, 2);
+    for (int r = 0; r < 2; r++)
+        CHECK_EQ_INT(ncclCommDestroy(comms[r]), ncclSuccess);
+
+    /* A thread per rank: half and bf16 sums, all-gather, a mismatch. */
+    ncclUniqueId id;
+    CHECK_EQ_INT(ncclGetUniqueId(&id), ncclSuccess);
+    int results[2][4] = {{-1, -1, -1, -1}, {-1, -1, -1, -1}};
+    float got[2][3] = {{0}};
+    auto rank_main = [&](int r) {
+        cudaSetDevice(r);
+        ncclComm_t c;
+        results[r][0] = ncclCommInitRank(&c, 2, id, r);
+        __half *h = nullptr;
+        __nv_bfloat16 *b = nullptr;
+        cudaMalloc((void **)&h, 4 * sizeof(__half));
+        cudaMalloc((void **)&b, 4 * sizeof(__nv_bfloat16));
+        std::vector<__half> hh(4, __float2half(0.5f + r));
+        std::vector<__nv_bfloat16> hb(4, __float2bfloat16(1.5f * (r + 1)));
+        cudaMemcpy(h, hh.data(), 8, cudaMemcpyHostToDevice);
+        cudaMemcpy(b, hb.data(), 8, cudaMemcpyHostToDevice);
+        results[r][1] = ncclAllReduce(h, h, 4, ncclHalf, ncclSum, c, 0); /* in place */
+        results[r][2] = ncclAllReduce(b, b, 4, ncclBfloat16, ncclSum, c, 0);
+        cudaMemcpy(hh.data(), h, 8, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hb.data(), b, 8, cudaMemcpyDeviceToHost);
+        got[r][0] = __half2float(hh[3]);
+        got[r][1] = __bfloat162float(hb[3]);
+        results[r][3] = ncclAllGather(send[r], recv[r], n, ncclFloat, c, 0);
+        got[r][2] = from_dev(recv[r] + n, n)[5]; /* rank 1's part */
+        /* Counts disagree: both ranks fail. */
+        if (ncclAllReduce(send[r], recv[r], r ? n : n - 1, ncclFloat, ncclSum, c, 0) != ncclSuccess)
+            results[r][0] += 100;
+        ncclCommDestroy(c);
+        cudaFree(h);
+        cudaFree(b);
+    };
+    std::thread t0(rank_main, 0), t1(rank_main, 1);
+    t0.join();
+    t1.join();
+    for (int r = 0; r < 2; r++) {
+        CHECK_EQ_INT(results[r][0], 100); /* init ok, then the mismatch failed */
+        CHECK_EQ_INT(results[r][1], ncclSuccess);
+        CHECK_EQ_INT(results[r][2], ncclSuccess);
+        CHECK_EQ_INT(results[r][3], ncclSuccess);
+        CHECK_NEAR(got[r][0], 2.0, 0);
+        CHECK_NEAR(got[r][1], 4.5, 0);
+        CHECK_NEAR(got[r][2], 10.0, 0);
+    }
+    CHECK(report_has("ncclInvalidUsage"));
+    for (int r = 0; r < 2; r++) {
+        cudaFree(send[r]);
+        cudaFree(recv[r]);
+    }
+    CHECK_EQ_INT(cudasim_live_allocations(), 0);
+    unsetenv("CUDASIM_DEVICES");
+    fresh();
+}
+
+/* ---------------------------------------------------------------------- */
 /* Timing (printed, not checked)                                           */
 /* ---------------------------------------------------------------------- */
 
@@ -1292,6 +1390,7 @@ int main(void)
     RUN(test_unwritten_shared);
     RUN(test_bad_shuffles);
     RUN(test_faults);
+    RUN(test_nccl);
     RUN(test_timing);
     CHECK_EQ_INT(cudasim_live_allocations(), 0);
     return harness_done();
