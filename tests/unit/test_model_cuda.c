@@ -1,0 +1,561 @@
+/*
+ * test_model_cuda.c - the model's forward pass on the CUDA backend against
+ * the CPU backend, on tiny random models and on the default model.
+ *
+ * Built twice (tests/CMakeLists.txt):
+ *   test_model_cuda          linked with cinfer_device: a real GPU; skips
+ *                            (77) when cinfer_cuda_device_count() is 0
+ *                            (scripts/gpu-check.sh runs it on a device).
+ *   test_model_cuda_cudasim  CINFER_TEST_CUDASIM, linked with
+ *                            cinfer_cuda_sim: the same CUDA backend with its
+ *                            kernels run on the CPU by tests/cudasim/; adds
+ *                            the device-fault checks, which need the
+ *                            harness's fault injection.
+ *
+ * Each tiny model is loaded twice from one file, once per backend. A prompt
+ * of 20 tokens is prefilled on both (logits of every prompt row compared),
+ * then each backend decodes 32 greedy tokens, feeding back its own argmax:
+ * the logits are compared at every step and the token streams must be
+ * equal. Covered: GQA ratios 1, 2, 3 and 4 (4/4, 4/2, 6/2, 8/2), both rope
+ * modes (llama = NORM; qwen2 = NEOX with Q/K/V biases), every weight type
+ * (F32, F16, BF16, Q8_0, Q4_0, Q4_1, embeddings of the same type, tied and
+ * separate output), head_dim 64 and the odd widths 40 and 20 (the attention
+ * kernels take multiples of 4 up to 256), F16 and F32 KV caches. Prefill
+ * runs the batched paths (cuBLAS GEMM, tiled mmq, prefill attention tiles),
+ * decode the single-row ones (mmvq, partitioned decode attention).
+ *
+ * The bounds are relative L2 errors over the vocabulary, |cuda - cpu| /
+ * |cpu|, worst over every compared row (bound_for below). Given the same
+ * inputs every op of these models agrees with the CPU's to < 1e-6 (checked
+ * op by op while writing this test, each op fed the CPU's inputs): both
+ * backends round activations the same way (F16 / BF16 copies for the float
+ * weights, the CPU's Q8_1 bytes for the quantized ones) and differ only in
+ * the order of float additions. What grows through the model is that
+ * noise, crossing a rounding step: a value an ulp apart rounds to a
+ * different F16 (KV cache, F16 activations), BF16 or int8 (a Q8_1 block's
+ * scale moves and its 32 values re-round), and the step after sees an
+ * error of that format's precision, not of float's. So the bound depends on
+ * the coarsest rounding on the way (worst seen over the shapes below and 3
+ * runs of the whole file, cudasim, forward schedule -> bound):
+ *   F32 weights, F32 KV cache   1.3e-6 -> 1e-5 (no rounding but float's)
+ *   F32 weights, F16 KV cache   4.2e-4 -> 2e-3
+ *   F16 weights                 1.3e-3 -> 5e-3
+ *   BF16 weights                6.2e-3 -> 2.5e-2
+ *   Q8_0 / Q4_0 / Q4_1          2.2e-2 -> 6e-2 (one re-rounded Q8_1 block
+ *                               of the attention output at one position
+ *                               of a 2-layer model moves the rest of the
+ *                               run by 1e-2: traced op by op)
+ * A wrong index, scale or missing term gives errors of order 1 (the
+ * logits of a random model have std ~2 and the wrong ones are unrelated),
+ * and the greedy tokens, which must all be equal, diverge. The F32 + F32
+ * KV case keeps a tight bound so that an arithmetic change shows there.
+ *
+ * The default model (SmolLM2-135M Q4_1; its test says SKIP when the file is
+ * absent) runs the same comparison on 3 prompts with DEFAULT_STEPS greedy
+ * steps each, within the same bound. Its forward pass through the harness
+ * (release build, 2 host threads, 2-core machine): about 3.3 s for a decode
+ * step of one token and 11 s for a 12-token prefill (the CPU backend: a
+ * few ms); printed as the test runs. Under ASan + UBSan the tiny models
+ * take 8 greedy steps instead of 32 and the default model runs 1 prompt of
+ * 2 steps, so the test stays within its time budget.
+ *
+ * Fault checks (the harness build only): a device call that fails in the
+ * middle of a decode step (every counted call of the step in turn) fails
+ * that step with CINFER_E_DEVICE, leaves the backend healthy, and the same
+ * step run again gives the fault-free logits bit for bit; after a sticky
+ * fault (cudaErrorIllegalAddress) the backend reports itself unhealthy and
+ * later steps fail without crashing; either way destroying the model and
+ * the backend frees every device allocation (cudasim_live_allocations).
+ * The sticky check runs last: cuda_check.c keeps a process-wide "a sticky
+ * error was seen" flag, as a real process would after such a fault.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/model.h"
+#include "engine/tinymodel.h"
+#include "harness.h"
+
+#ifdef CINFER_TEST_CUDASIM
+#include "tests/cudasim/cudasim_ctl.h"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+/* Relative L2 bound of CUDA vs CPU logits: the coarsest rounding the
+ * activations cross (header comment). */
+static double bound_for(cinfer_dtype wt, int kv_f32)
+{
+    switch (wt) {
+    case CINFER_DTYPE_F32:
+        return kv_f32 ? 1e-5 : 2e-3;
+    case CINFER_DTYPE_F16:
+        return 5e-3;
+    case CINFER_DTYPE_BF16:
+        return 2.5e-2;
+    default: /* Q8_0, Q4_0, Q4_1: Q8_1 activations */
+        return 6e-2;
+    }
+}
+
+#define PROMPT_LEN 20
+#define GREEDY_STEPS (UNDER_ASAN ? 8 : 32)
+#define DEFAULT_PROMPTS (UNDER_ASAN ? 1 : 3)
+#define DEFAULT_STEPS (UNDER_ASAN ? 2 : 6)
+#define MAX_STEPS 32
+
+/* CUDA error codes (driver_types.h) the fault checks inject; spelled out so
+ * the test needs no CUDA header. */
+#define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701 /* not sticky */
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700         /* sticky */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------------- */
+/* the two models                                                         */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    const char *arch;
+    int n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab;
+    cinfer_dtype wt;
+    int tied;
+    int kv_f32;
+} shape;
+
+typedef struct {
+    cinfer_backend *cuda; /* owned here; the CUDA model borrows it */
+    cinfer_model *cpu_m, *cuda_m;
+} model_pair;
+
+static const char *tmp_path(const char *tag)
+{
+    static char buf[256];
+    snprintf(buf, sizeof buf, "/tmp/cinfer-test-model-cuda-%d-%s.gguf",
+             (int)getpid(), tag);
+    return buf;
+}
+
+static cinfer_status open_cuda(cinfer_backend **out)
+{
+    cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
+    cinfer_status st = cinfer_backend_cuda_create(&cp, out);
+    if (st != CINFER_OK)
+        fprintf(stderr, "cuda backend: %s\n", cinfer_last_error());
+    return st;
+}
+
+static cinfer_model *load(const char *path, cinfer_backend *be, int kv_f32,
+                          int n_ctx)
+{
+    cinfer_model_params mp = cinfer_model_default_params();
+    mp.path = path;
+    mp.backend = be;
+    mp.n_threads = 2;
+    mp.n_ctx = n_ctx;
+    mp.kv_f32 = kv_f32;
+    mp.max_seqs = 1;
+    mp.block_size = 16; /* the server's; a 52-token sequence spans 4 blocks */
+    mp.max_batch_rows = 64;
+    cinfer_model *m = NULL;
+    if (cinfer_model_create(&mp, &m) != CINFER_OK)
+        fprintf(stderr, "model (%s): %s\n", be ? "cuda" : "cpu",
+                cinfer_last_error());
+    return m;
+}
+
+/* Both models of one file; 0 on success. */
+static int pair_open(model_pair *p, const char *path, int kv_f32, int n_ctx)
+{
+    memset(p, 0, sizeof *p);
+    if (open_cuda(&p->cuda) != CINFER_OK)
+        return -1;
+    p->cpu_m = load(path, NULL, kv_f32, n_ctx);
+    p->cuda_m = load(path, p->cuda, kv_f32, n_ctx);
+    return p->cpu_m && p->cuda_m ? 0 : -1;
+}
+
+static void pair_close(model_pair *p)
+{
+    cinfer_model_destroy(p->cuda_m);
+    cinfer_model_destroy(p->cpu_m);
+    cinfer_backend_destroy(p->cuda);
+    memset(p, 0, sizeof *p);
+}
+
+static int write_tiny(const shape *s, const char *path)
+{
+    cinfer_tinymodel_params tp = cinfer_tinymodel_default_params();
+    tp.arch = s->arch;
+    tp.n_layer = (uint32_t)s->n_layer;
+    tp.n_embd = (uint32_t)s->n_embd;
+    tp.n_head = (uint32_t)s->n_head;
+    tp.n_head_kv = (uint32_t)s->n_head_kv;
+    tp.n_ff = (uint32_t)s->n_ff;
+    tp.n_vocab = (uint32_t)s->n_vocab;
+    tp.n_ctx = 256;
+    tp.weight_dtype = s->wt;
+    tp.embd_dtype = s->wt;
+    tp.tied_output = s->tied;
+    /* SentencePiece needs no regex library, so the GPU-check build
+     * (CINFER_GPU_CHECK, no PCRE2) loads these files too. */
+    tp.tokenizer = "llama";
+    tp.seed = (uint64_t)(s->n_embd * 7 + s->n_head * 3 + s->n_vocab + s->wt);
+    if (cinfer_tinymodel_write(&tp, path) != CINFER_OK) {
+        fprintf(stderr, "tinymodel: %s\n", cinfer_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* comparison                                                             */
+/* ---------------------------------------------------------------------- */
+
+static double rel_l2(const float *got, const float *want, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+typedef struct {
+    double worst_prefill, worst_decode;
+    int steps_equal;     /* greedy steps whose tokens agreed */
+    int first_diff_step; /* -1 = none */
+    double cuda_prefill_s, cuda_decode_s; /* CUDA forward time, per call */
+    double cpu_decode_s;
+} run_result;
+
+/* Prefills `prompt` on both models (logits of every row compared), then
+ * decodes n_steps greedy tokens on each backend from its own argmax. */
+static void compare_run(model_pair *p, const int32_t *prompt, int n_prompt,
+                        int n_steps, run_result *r)
+{
+    int V = cinfer_model_get_info(p->cpu_m)->n_vocab;
+    memset(r, 0, sizeof *r);
+    r->first_diff_step = -1;
+    float *lc = malloc(sizeof(float) * (size_t)n_prompt * V);
+    float *lg = malloc(sizeof(float) * (size_t)n_prompt * V);
+    CHECK_OK(cinfer_model_eval_single(p->cpu_m, prompt, n_prompt, 0, 1, lc));
+    double t0 = now_s();
+    cinfer_status st =
+        cinfer_model_eval_single(p->cuda_m, prompt, n_prompt, 0, 1, lg);
+    r->cuda_prefill_s = now_s() - t0;
+    CHECK_OK(st);
+    for (int t = 0; t < n_prompt; t++) {
+        double e = rel_l2(lg + (size_t)t * V, lc + (size_t)t * V, V);
+        r->worst_prefill = e > r->worst_prefill ? e : r->worst_prefill;
+    }
+    int32_t tok_c = argmax(lc + (size_t)(n_prompt - 1) * V, V);
+    int32_t tok_g = argmax(lg + (size_t)(n_prompt - 1) * V, V);
+    double cuda_s = 0, cpu_s = 0;
+    for (int i = 0; i < n_steps && st == CINFER_OK; i++) {
+        if (tok_c != tok_g) {
+            r->first_diff_step = i;
+            fprintf(stderr, "  greedy token %d: cpu %d, cuda %d\n", i, tok_c,
+                    tok_g);
+            break;
+        }
+        r->steps_equal++;
+        if (i == n_steps - 1)
+            break; /* the last token is compared, not decoded */
+        double a = now_s();
+        CHECK_OK(cinfer_model_eval_single(p->cpu_m, &tok_c, 1, n_prompt + i,
+                                          0, lc));
+        double b = now_s();
+        st = cinfer_model_eval_single(p->cuda_m, &tok_g, 1, n_prompt + i, 0,
+                                      lg);
+        cuda_s += now_s() - b;
+        cpu_s += b - a;
+        CHECK_OK(st);
+        double e = rel_l2(lg, lc, V);
+        r->worst_decode = e > r->worst_decode ? e : r->worst_decode;
+        tok_c = argmax(lc, V);
+        tok_g = argmax(lg, V);
+    }
+    if (n_steps > 1) {
+        r->cuda_decode_s = cuda_s / (n_steps - 1);
+        r->cpu_decode_s = cpu_s / (n_steps - 1);
+    }
+    free(lc);
+    free(lg);
+}
+
+static void random_prompt(int32_t *toks, int n, int n_vocab, uint64_t seed)
+{
+    for (int i = 0; i < n; i++)
+        toks[i] = (int32_t)(harness_rand(&seed) % (uint64_t)n_vocab);
+}
+
+/* ---------------------------------------------------------------------- */
+/* tiny models                                                            */
+/* ---------------------------------------------------------------------- */
+
+static void check_shape(const shape *s)
+{
+    const char *path = tmp_path("tiny");
+    CHECK(write_tiny(s, path) == 0);
+    model_pair p;
+    int ok = pair_open(&p, path, s->kv_f32, 128) == 0;
+    CHECK(ok);
+    if (ok) {
+        int32_t prompt[PROMPT_LEN];
+        random_prompt(prompt, PROMPT_LEN, s->n_vocab,
+                      77 + (uint64_t)s->n_vocab + (uint64_t)s->wt);
+        double bound = bound_for(s->wt, s->kv_f32);
+        run_result r;
+        compare_run(&p, prompt, PROMPT_LEN, GREEDY_STEPS, &r);
+        fprintf(stderr,
+                "  %s L%d D%d H%d/%d hd%d F%d V%d %s%s kv %s: rel L2 "
+                "prefill %.2e decode %.2e (bound %.1e), %d/%d greedy "
+                "tokens equal; cuda %.0f ms prefill, %.0f ms/step\n",
+                s->arch, s->n_layer, s->n_embd, s->n_head, s->n_head_kv,
+                s->n_embd / s->n_head, s->n_ff, s->n_vocab,
+                cinfer_dtype_name(s->wt), s->tied ? " tied" : "",
+                s->kv_f32 ? "f32" : "f16", r.worst_prefill, r.worst_decode,
+                bound, r.steps_equal, GREEDY_STEPS,
+                r.cuda_prefill_s * 1e3, r.cuda_decode_s * 1e3);
+        CHECK(r.worst_prefill <= bound);
+        CHECK(r.worst_decode <= bound);
+        CHECK_EQ_INT(r.steps_equal, GREEDY_STEPS);
+    }
+    pair_close(&p);
+    remove(path);
+}
+
+static void test_tiny_models_match_cpu(void)
+{
+    static const shape shapes[] = {
+        /* arch     L  D    H  KV  F    V    type              tied kv32 */
+        {"llama", 2, 256, 4, 4, 192, 384, CINFER_DTYPE_F32, 1, 0},  /* MHA, hd 64 */
+        {"llama", 2, 256, 4, 2, 256, 512, CINFER_DTYPE_F16, 0, 0},  /* GQA 2 */
+        {"qwen2", 2, 320, 8, 2, 256, 448, CINFER_DTYPE_BF16, 1, 0}, /* GQA 4, hd 40, NEOX+bias */
+        {"llama", 2, 384, 6, 2, 256, 512, CINFER_DTYPE_Q8_0, 0, 0}, /* GQA 3, hd 64 */
+        {"qwen2", 2, 256, 4, 2, 192, 384, CINFER_DTYPE_Q4_0, 0, 1}, /* NEOX+bias, F32 KV */
+        {"llama", 2, 160, 8, 2, 224, 320, CINFER_DTYPE_Q4_1, 1, 0}, /* GQA 4, hd 20 */
+        {"qwen2", 1, 256, 4, 4, 192, 384, CINFER_DTYPE_Q4_1, 1, 0}, /* NEOX MHA, Q4_1 */
+        {"llama", 1, 256, 4, 2, 192, 384, CINFER_DTYPE_F32, 0, 1},  /* NORM, F32 KV */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_shape(&shapes[i]);
+}
+
+/* ---------------------------------------------------------------------- */
+/* the default model                                                      */
+/* ---------------------------------------------------------------------- */
+
+static void test_default_model_matches_cpu(void)
+{
+    const char *path = cinfer_model_default_path();
+    if (!path || !*path || access(path, R_OK) != 0) {
+        fprintf(stderr, "  SKIP: the default model is not installed\n");
+        return;
+    }
+    model_pair p;
+    if (pair_open(&p, path, 0, 256) != 0) {
+        /* The GPU-check build has no PCRE2, which SmolLM2's byte-level
+         * BPE pre-tokenizer needs: the file cannot be loaded there. */
+        if (cinfer_last_error() && strstr(cinfer_last_error(), "PCRE2")) {
+            fprintf(stderr, "  SKIP: %s\n", cinfer_last_error());
+        } else {
+            CHECK(!"the default model loads on both backends");
+        }
+        pair_close(&p);
+        return;
+    }
+    static const char *prompts[] = {
+        "The capital of France is",
+        "def fibonacci(n):\n    ",
+        "Once upon a time, in a small village by the sea,",
+    };
+    const cinfer_tokenizer *tk = cinfer_model_tokenizer(p.cpu_m);
+    /* Q4_1 weights (Q8_0 embeddings): the quantized types' bound. */
+    double bound = bound_for(CINFER_DTYPE_Q4_1, 0);
+    for (int i = 0; i < DEFAULT_PROMPTS; i++) {
+        int32_t ids[64];
+        size_t n_ids = 0;
+        CHECK_OK(cinfer_tokenizer_encode(tk, prompts[i], strlen(prompts[i]),
+                                         1, 0, ids, 64, &n_ids));
+        int n = (int)n_ids;
+        CHECK(n > 0);
+        if (n <= 0)
+            continue;
+        run_result r;
+        compare_run(&p, ids, n, DEFAULT_STEPS, &r);
+        fprintf(stderr,
+                "  default model, prompt %d (%d tokens): rel L2 prefill %.2e "
+                "decode %.2e (bound %.1e), %d/%d greedy tokens equal; cuda "
+                "forward %.2f s prefill, %.2f s/decode step (cpu %.3f "
+                "s/step)\n",
+                i, n, r.worst_prefill, r.worst_decode, bound,
+                r.steps_equal, DEFAULT_STEPS, r.cuda_prefill_s,
+                r.cuda_decode_s, r.cpu_decode_s);
+        CHECK(r.worst_prefill <= bound);
+        CHECK(r.worst_decode <= bound);
+        CHECK_EQ_INT(r.steps_equal, DEFAULT_STEPS);
+    }
+    pair_close(&p);
+}
+
+/* ---------------------------------------------------------------------- */
+/* device faults (harness only)                                           */
+/* ---------------------------------------------------------------------- */
+
+#ifdef CINFER_TEST_CUDASIM
+static const shape fault_shape = {"llama", 1, 128, 4, 2, 128, 300,
+                                  CINFER_DTYPE_Q4_1, 0, 0};
+
+/* One CUDA model of fault_shape with a 6-token prompt prefilled. */
+static cinfer_model *fault_model(const char *path, cinfer_backend **be,
+                                 float *logits)
+{
+    *be = NULL;
+    if (open_cuda(be) != CINFER_OK)
+        return NULL;
+    cinfer_model *m = load(path, *be, 0, 64);
+    if (!m)
+        return NULL;
+    int32_t prompt[6] = {11, 42, 7, 200, 3, 99};
+    CHECK_OK(cinfer_model_eval_single(m, prompt, 6, 0, 0, logits));
+    return m;
+}
+
+/* A fault at each counted device call of a decode step in turn: the step
+ * fails with CINFER_E_DEVICE, the backend stays healthy, and the step run
+ * again gives the fault-free logits bit for bit. Then everything is freed. */
+static void test_transient_fault_fails_the_step_only(void)
+{
+    const char *path = tmp_path("fault");
+    CHECK(write_tiny(&fault_shape, path) == 0);
+    long live0 = cudasim_live_allocations();
+    long reports0 = cudasim_report_count();
+    int V = fault_shape.n_vocab;
+    float *clean = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    cinfer_backend *be;
+    cinfer_model *m = fault_model(path, &be, clean);
+    CHECK(m != NULL);
+    if (m) {
+        int32_t tok = 5;
+        CHECK_OK(cinfer_model_eval_single(m, &tok, 1, 6, 0, clean));
+        int failed = 0, nth;
+        /* Under ASan every third call, to stay within the time budget. */
+        int stride = UNDER_ASAN ? 3 : 1;
+        for (nth = 0; nth < 2000; nth += stride) {
+            cudasim_inject_fault(nth, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 0);
+            cinfer_status st = cinfer_model_eval_single(m, &tok, 1, 6, 0, got);
+            if (st == CINFER_OK) {
+                cudasim_inject_fault(-1, 0, 0); /* past the step's calls */
+                CHECK(memcmp(got, clean, sizeof(float) * V) == 0);
+                break;
+            }
+            failed++;
+            if (st != CINFER_E_DEVICE ||
+                !strstr(cinfer_last_error(), "cudaError")) {
+                fprintf(stderr, "  call %d: status %d: %s\n", nth, st,
+                        cinfer_last_error());
+                CHECK_EQ_INT(st, CINFER_E_DEVICE);
+            }
+            CHECK_EQ_INT(cinfer_backend_healthy(be), 1);
+            /* The next attempt of the same step succeeds, as the engine's
+             * next step would. */
+            CHECK_OK(cinfer_model_eval_single(m, &tok, 1, 6, 0, got));
+            if (memcmp(got, clean, sizeof(float) * V) != 0) {
+                fprintf(stderr, "  after a fault at call %d: rel L2 %.2e\n",
+                        nth, rel_l2(got, clean, V));
+                CHECK(!"a step after a fault gives the fault-free logits");
+            }
+        }
+        fprintf(stderr,
+                "  a fault at each of %d device calls of a decode step "
+                "(every %d%s) failed it; the step after each recovered\n",
+                failed, stride, stride == 1 ? "" : " calls");
+        CHECK(failed >= 10); /* a decode step makes dozens of calls */
+    }
+    cinfer_model_destroy(m);
+    cinfer_backend_destroy(be);
+    CHECK_EQ_INT(cudasim_live_allocations(), live0);
+    CHECK_EQ_INT(cudasim_report_count(), reports0);
+    free(clean);
+    free(got);
+    remove(path);
+}
+
+/* A sticky fault: the step fails, the backend says it is unhealthy, later
+ * steps fail with CINFER_E_DEVICE (no crash, no abort), and destroy still
+ * frees every allocation. Last: the sticky flag stays set. */
+static void test_sticky_fault_marks_backend_unhealthy(void)
+{
+    const char *path = tmp_path("sticky");
+    CHECK(write_tiny(&fault_shape, path) == 0);
+    long live0 = cudasim_live_allocations();
+    float *logits = malloc(sizeof(float) * fault_shape.n_vocab);
+    cinfer_backend *be;
+    cinfer_model *m = fault_model(path, &be, logits);
+    CHECK(m != NULL);
+    if (m) {
+        CHECK_EQ_INT(cinfer_backend_healthy(be), 1);
+        int32_t tok = 5;
+        cudasim_inject_fault(3, CUDA_ERROR_ILLEGAL_ADDRESS, 1);
+        CHECK_EQ_INT(cinfer_model_eval_single(m, &tok, 1, 6, 0, logits),
+                     CINFER_E_DEVICE);
+        CHECK(strstr(cinfer_last_error(), "cudaErrorIllegalAddress") != NULL);
+        CHECK_EQ_INT(cinfer_backend_healthy(be), 0);
+        for (int i = 0; i < 2; i++)
+            CHECK_EQ_INT(cinfer_model_eval_single(m, &tok, 1, 6, 0, logits),
+                         CINFER_E_DEVICE);
+        CHECK_EQ_INT(cinfer_backend_healthy(be), 0);
+    }
+    cinfer_model_destroy(m);
+    cinfer_backend_destroy(be);
+    CHECK_EQ_INT(cudasim_live_allocations(), live0);
+    free(logits);
+    remove(path);
+}
+#endif
+
+int main(void)
+{
+#ifndef CINFER_TEST_CUDASIM
+    if (cinfer_cuda_device_count() == 0)
+        return harness_skip("no CUDA device");
+#endif
+    RUN(test_tiny_models_match_cpu);
+    RUN(test_default_model_matches_cpu);
+#ifdef CINFER_TEST_CUDASIM
+    RUN(test_transient_fault_fails_the_step_only);
+    RUN(test_sticky_fault_marks_backend_unhealthy); /* last: see above */
+#endif
+    return harness_done();
+}
