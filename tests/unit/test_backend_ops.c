@@ -308,7 +308,12 @@ static void check_close(const char *what, const factory *f, const float *got,
     int64_t at = 0;
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - want[i]);
-        if (!(e <= worst)) {
+        if (isnan(e)) { /* a later finite error must not hide it */
+            worst = e;
+            at = i;
+            break;
+        }
+        if (e > worst) {
             worst = e;
             at = i;
         }
