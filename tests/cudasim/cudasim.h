@@ -53,12 +53,20 @@
  *   - Shared memory (CINFER_SHARED, CINFER_DYN_SHARED) is per block and
  *     filled with 0xFF bytes (NaN as f32/f16/bf16) when each block starts.
  *   - Atomics are real atomics (relaxed, as CUDA's): blocks run in parallel.
+ *     Blocks are not all resident at once (CUDA does not promise it either):
+ *     a block that spins until another block does something may hang.
  *   - __CUDA_ARCH__ and __CUDACC__ are not defined: code under
  *     #ifdef __CUDA_ARCH__ is not compiled here. Plain `__shared__` is a
  *     compile error (it would silently make a per-thread array); use the
  *     CINFER_SHARED macros. A template kernel is launched with its template
  *     arguments spelled out (CINFER_LAUNCH(k<128>, ...)); a kernel whose
  *     name has a comma goes in parentheses: CINFER_LAUNCH((k<a, b>), ...).
+ *
+ * g++ warns about nvcc's `#pragma unroll`; cinfer_cudasim_flags() adds
+ * -Wno-unknown-pragmas for it. Fiber stacks are CUDASIM_STACK_KB (128 KiB,
+ * 512 under ASan) with a guard page: a kernel whose locals overflow that
+ * dies with SIGSEGV. Host-side limits and environment variables are in
+ * cudasim_ctl.h.
  *
  * Include system and toolkit headers a kernel file needs; this header has
  * already included the common ones (<cmath>, <cstdint>, <memory>, ...)

@@ -20,10 +20,21 @@
 #include <nccl.h>
 
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
 
 #include "tests/cudasim/cudasim_ctl.h"
 #include "tests/unit/harness.h"
@@ -1109,6 +1120,38 @@ static void test_out_of_bounds(void)
     CHECK_EQ_INT(cudasim_live_allocations(), 0);
 }
 
+/* Under ASan the guard zones are poisoned: the faulting write itself stops
+ * the process with ASan's report (checked in a child process). */
+static void test_asan_guards(void)
+{
+#ifdef TEST_ASAN
+    int fd[2];
+    CHECK_EQ_INT(pipe(fd), 0);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        float *x = nullptr;
+        cudaMalloc((void **)&x, 400);
+        CINFER_LAUNCH(k_oob, dim3(1), dim3(128), 0, 0, x, 100); /* one block: this thread */
+        _exit(0);
+    }
+    close(fd[1]);
+    std::string out;
+    char buf[4096];
+    ssize_t k;
+    while ((k = read(fd[0], buf, sizeof buf)) > 0)
+        out.append(buf, (size_t)k);
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    CHECK(out.find("AddressSanitizer: use-after-poison") != std::string::npos);
+    CHECK(out.find("k_oob") != std::string::npos);
+#endif
+}
+
 static void test_branch_barrier(void)
 {
     float *x = dev_alloc<float>(64);
@@ -1205,6 +1248,38 @@ static void test_faults(void)
     fresh();
     CHECK_EQ_INT(cudaMalloc(&p[0], 16), cudaSuccess);
     CHECK_EQ_INT(cudaFree(p[0]), cudaSuccess);
+
+    /* From the environment, as a whole server process would be tested
+     * (cudasim_reset re-reads it; fresh's cudaGetLastError is call 0). */
+    setenv("CUDASIM_FAULT", "1:cudaErrorMemoryAllocation", 1);
+    fresh();
+    CHECK_EQ_INT(cudaMalloc(&p[0], 16), cudaErrorMemoryAllocation);
+    CHECK_EQ_INT(cudaMalloc(&p[0], 16), cudaSuccess);
+    CHECK_EQ_INT(cudaFree(p[0]), cudaSuccess);
+    setenv("CUDASIM_FAULT", "0:719:sticky", 1); /* cudaErrorLaunchFailure */
+    cudasim_reset();
+    CHECK_EQ_INT(cudaMalloc(&p[0], 16), cudaErrorLaunchFailure);
+    CHECK_EQ_INT(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+    unsetenv("CUDASIM_FAULT");
+    fresh();
+}
+
+/* CUDASIM_DEVICES=0: the no-GPU path. */
+static void test_no_device(void)
+{
+    setenv("CUDASIM_DEVICES", "0", 1);
+    cudasim_reset();
+    int count = -1;
+    CHECK_EQ_INT(cudaGetDeviceCount(&count), cudaErrorNoDevice);
+    CHECK_EQ_INT(count, 0);
+    void *p = nullptr;
+    CHECK_EQ_INT(cudaMalloc(&p, 16), cudaErrorNoDevice);
+    cudaStream_t s;
+    CHECK_EQ_INT(cudaStreamCreate(&s), cudaErrorNoDevice);
+    unsetenv("CUDASIM_DEVICES");
+    fresh();
+    CHECK_EQ_INT(cudaGetDeviceCount(&count), cudaSuccess);
+    CHECK_EQ_INT(count, 1);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1386,10 +1461,12 @@ int main(void)
     RUN(test_limits);
     RUN(test_missing_barrier);
     RUN(test_out_of_bounds);
+    RUN(test_asan_guards);
     RUN(test_branch_barrier);
     RUN(test_unwritten_shared);
     RUN(test_bad_shuffles);
     RUN(test_faults);
+    RUN(test_no_device);
     RUN(test_nccl);
     RUN(test_timing);
     CHECK_EQ_INT(cudasim_live_allocations(), 0);
