@@ -49,16 +49,18 @@ void cudasim_set_schedule(int kind, unsigned long long seed);
 int cudasim_get_schedule(unsigned long long *seed);
 
 /* The nth counted call from now (0 = the next) fails. Counted calls: every
- * CUDA runtime, cuBLAS and NCCL function that returns a status, and every
- * kernel launch (as cudaLaunchKernel would be). A runtime call or launch
- * returns (sets) cuda_error; a cuBLAS call returns
- * CUBLAS_STATUS_EXECUTION_FAILED, an NCCL call ncclUnhandledCudaError. With
- * sticky != 0 the device keeps cuda_error as a sticky error afterwards, as
- * after a device fault. nth < 0 cancels a pending fault. */
+ * CUDA runtime function that returns a status, every kernel launch (as
+ * cudaLaunchKernel would be), the cuBLAS calls that create, destroy or
+ * configure a handle or run a GEMM, and NCCL's ncclGetUniqueId, comm
+ * init and destroy and collectives. A runtime call or launch returns (sets)
+ * cuda_error; a cuBLAS call returns CUBLAS_STATUS_EXECUTION_FAILED (create:
+ * NOT_INITIALIZED), an NCCL call ncclUnhandledCudaError. With sticky != 0
+ * the device keeps cuda_error as a sticky error afterwards, as after a
+ * device fault. nth < 0 cancels a pending fault. */
 void cudasim_inject_fault(long nth, int cuda_error, int sticky);
 
 /* Back to a fresh process: frees every allocation, stream, event, graph and
- * handle, clears sticky errors, pending faults, last errors of the calling
+ * cuBLAS handle (NCCL communicators stay the caller's), clears sticky errors, pending faults, last errors of the calling
  * thread and the last report, and re-reads the environment. */
 void cudasim_reset(void);
 

@@ -13,7 +13,8 @@
  * ncclInvalidUsage; a rank that never arrives fails the others after
  * CUDASIM_NCCL_TIMEOUT_S seconds (default 120) with ncclSystemError, where
  * real NCCL would hang. A collective on a capturing stream is recorded and
- * meets the other ranks at each replay.
+ * meets the other ranks at each replay; collectives between ncclGroupStart
+ * and ncclGroupEnd run at ncclGroupEnd and are not recorded.
  */
 #include <nccl.h>
 
