@@ -4,7 +4,7 @@
  */
 #include <string.h>
 
-#include "backend.h"
+#include "../backend.h"
 
 cinfer_backend_cuda_params cinfer_backend_cuda_default_params(void)
 {
