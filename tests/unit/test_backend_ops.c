@@ -97,6 +97,7 @@ static void add_cpu_factory(cinfer_cpu_isa isa, int n_threads)
              n_threads);
 }
 
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
 static void add_cuda_factory(const char *name)
 {
     factory *f = &g_factories[g_n_factories++];
@@ -104,6 +105,7 @@ static void add_cuda_factory(const char *name)
     f->kind = KIND_CUDA;
     snprintf(f->name, sizeof f->name, "%s", name);
 }
+#endif
 
 /* The first factory is always a CPU one: the CUDA checks compare with its
  * output. */
