@@ -73,11 +73,18 @@ typedef struct {
 static cuda_backend *cu(cinfer_backend *be) { return (cuda_backend *)be; }
 
 /* Every status from a launcher or a check passes through here, so a sticky
- * fault is noticed whichever op hit it. */
+ * fault is noticed whichever op hit it. A failed runtime call also leaves
+ * its error as the thread's last error, which the next launch check
+ * (cudaGetLastError after a launch) would report as its own: the next step
+ * would fail too. It is cleared here (a sticky error stays: every call
+ * returns it). */
 static cinfer_status seen(cuda_backend *cb, cinfer_status st)
 {
-    if (st == CINFER_E_DEVICE && cinfer_cuda_sticky_seen())
-        cb->unhealthy = 1;
+    if (st == CINFER_E_DEVICE) {
+        (void)cudaGetLastError();
+        if (cinfer_cuda_sticky_seen())
+            cb->unhealthy = 1;
+    }
     return st;
 }
 
