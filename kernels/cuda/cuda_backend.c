@@ -77,12 +77,15 @@ static cuda_backend *cu(cinfer_backend *be) { return (cuda_backend *)be; }
  * its error as the thread's last error, which the next launch check
  * (cudaGetLastError after a launch) would report as its own: the next step
  * would fail too. It is cleared here (a sticky error stays: every call
- * returns it). */
+ * returns it), and a sticky one marks the backend unhealthy. */
 static cinfer_status seen(cuda_backend *cb, cinfer_status st)
 {
     if (st == CINFER_E_DEVICE) {
-        (void)cudaGetLastError();
-        if (cinfer_cuda_sticky_seen())
+        /* A cuBLAS call reports a fault as its own status; the context's
+         * sticky error, if any, is in the last error. */
+        cudaError_t last = cudaGetLastError();
+        if (cinfer_cuda_sticky_seen() ||
+            cinfer_cuda_error_is_sticky((int)last))
             cb->unhealthy = 1;
     }
     return st;
