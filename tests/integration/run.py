@@ -2086,6 +2086,198 @@ def case_saturated():
         wait_engine_idle(srv, 30)
 
 
+# ---------------------------------------------------------------------------
+# The CUDA backend under the CPU harness (cinfer-server-cudasim)
+# ---------------------------------------------------------------------------
+
+def need_cudasim():
+    if not ARGS.cudasim_bin or not os.path.isfile(ARGS.cudasim_bin):
+        raise Skip("cinfer-server-cudasim not built (--cudasim-bin)")
+    return ARGS.cudasim_bin
+
+
+def cudasim_server(name, extra=(), env=None):
+    """cinfer-server-cudasim with --device cuda on the tiny model. The
+    harness reports what it finds on stderr (the server's log) and its own
+    memory is plenty for the tiny model."""
+    e = {"CUDASIM_THREADS": "1"}
+    e.update(env or {})
+    return Server(tiny_model(), ["--device", "cuda"] + list(extra),
+                  name=name, binary=need_cudasim(), env=e, threads=1)
+
+
+def check_on_harness(srv):
+    """The server really runs the CUDA backend on the harness's device (a
+    link that picked the real CUDA backend would fail to open a device
+    here, or name another one)."""
+    info = srv.info()
+    check_eq(info.backend.name, "cuda", "backend name")
+    check(any("cudasim" in d for d in info.backend.devices),
+          "device is the harness's: %r" % list(info.backend.devices))
+    check(info.backend.memory_budget_bytes > 0, "a device memory budget")
+
+
+def device_error_named(details, cuda_error):
+    """The status names the failed call and its error: the planted CUDA
+    error, or the status cuBLAS reports for it when the planted call was a
+    cuBLAS one (the harness answers CUBLAS_STATUS_EXECUTION_FAILED)."""
+    d = details or ""
+    return "failed at" in d and (cuda_error in d or
+                                 "CUBLAS_STATUS_EXECUTION_FAILED" in d)
+
+
+def stream_greedy(srv, prompt, n):
+    pb = stubs()[0]
+    text, final, _ = collect(srv.stub().Generate(
+        greedy_request(pb, prompt, n, request_id="greedy"), timeout=300))
+    return text, final
+
+
+def case_cudasim_generate():
+    """A greedy Generate streamed through cinfer-server-cudasim (--device
+    cuda: the CUDA backend's kernels on the CPU harness) gives the CPU
+    server's text for the same tiny model and request, token for token;
+    health is SERVING; the engine ends idle."""
+    model = tiny_model()
+    n = ARGS.tokens
+    prompts = ["Once upon a time", "The capital of France is"]
+    want = {}
+    with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
+        check_eq(cpu.info().backend.name, "cpu", "the CPU server's backend")
+        for p in prompts:
+            want[p] = stream_greedy(cpu, p, n)
+    with cudasim_server("cudasim") as srv:
+        check_eq(srv.health(), "SERVING", "health")
+        check_on_harness(srv)
+        for p in prompts:
+            text, final = stream_greedy(srv, p, n)
+            check_eq(text, want[p][0], "streamed text for %r" % p)
+            check_eq(final.usage.completion_tokens, want[p][1].usage.completion_tokens,
+                     "completion tokens for %r" % p)
+            check(final.usage.completion_tokens > 0, "tokens were generated")
+        wait_engine_idle(srv, 30)
+        check_eq(srv.health(), "SERVING", "health after the requests")
+    log("ok: cudasim server streams the CPU server's greedy text")
+
+
+# The harness counts every runtime and cuBLAS call and every kernel launch
+# from the start of the process; the fault fires at this one. Loading the
+# tiny model takes a few hundred calls and a step about a hundred, so this
+# lands in a step of the first few requests, after the server serves.
+CUDASIM_FAULT_AT = 4000
+
+
+def requests_until_failure(srv, limit, n=8):
+    """Sends greedy requests one at a time until one fails; returns
+    (successes before it, the RpcError)."""
+    import grpc
+    stub = srv.stub()
+    for i in range(limit):
+        try:
+            collect(stub.Generate(gen_bytes(n=n, request_id="r-%d" % i,
+                                            ignore_eos=True), timeout=120))
+        except grpc.RpcError as e:
+            return i, e
+    raise AssertionError("no request failed in %d (the fault was never "
+                         "reached: raise the requests or lower "
+                         "CUDASIM_FAULT_AT)" % limit)
+
+
+def case_cudasim_fault():
+    """A transient device error (cudaErrorLaunchOutOfResources, not
+    sticky) in one step, planted with CUDASIM_FAULT: that request ends
+    INTERNAL and counts as a breaker failure (a breaker that opens on one
+    failure opens: the next call is refused UNAVAILABLE, then it closes
+    after its wait), the server keeps running, the next requests succeed,
+    no KV block stays held, no stream stays open, health stays SERVING."""
+    import grpc
+    srv = cudasim_server("cudasim_fault", [
+        "--breaker-failure-rate", "1", "--breaker-min-calls", "1",
+        "--breaker-window-ms", "60000", "--breaker-wait-ms", "300",
+        "--breaker-half-open-probes", "1"],
+        env={"CUDASIM_FAULT": "%d:cudaErrorLaunchOutOfResources" %
+             CUDASIM_FAULT_AT})
+    with srv:
+        check_on_harness(srv)
+        ok, err = requests_until_failure(srv, 60)
+        check(ok >= 1, "a request succeeded before the fault (%d)" % ok)
+        check_eq(err.code(), grpc.StatusCode.INTERNAL, "faulted request")
+        check(device_error_named(err.details(), "cudaErrorLaunchOutOfResources"),
+              "the device error is named: %r" % err.details())
+        log("ok: request %d failed INTERNAL: %s" % (ok, err.details()))
+        stub = srv.stub()
+        try:
+            collect(stub.Generate(gen_bytes(n=4, request_id="open"),
+                                  timeout=60))
+            raise AssertionError("the breaker did not count the fault")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.UNAVAILABLE, "breaker open")
+            check("circuit breaker open" in (e.details() or ""),
+                  e.details())
+        time.sleep(0.4)  # past --breaker-wait-ms: half-open, one probe
+        check(srv.proc.poll() is None, "the server is still running")
+        for i in range(3):
+            text, final, _ = collect(stub.Generate(
+                gen_bytes(n=4, request_id="after-%d" % i), timeout=120))
+            check(final.usage.completion_tokens > 0, "a request after the fault")
+        info = wait_engine_idle(srv, 30)
+        check_eq(info.stats.kv_blocks_used, 0, "KV blocks held")
+        check_eq(info.server.generate_open, 0, "Generate calls open")
+        check(not info.backend.device_lost,
+              "a transient fault loses no device")
+        check_eq(srv.health(), "SERVING", "health after a transient fault")
+        m = scrape(srv)
+        if m is not None:
+            check_eq(metric(m, "cinfer:request_total", method="Generate",
+                            code="INTERNAL"), 1.0, "INTERNAL count")
+            check_eq(metric(m, "cinfer:rejected_requests_total",
+                            reason="breaker_open"), 1.0, "breaker refusals")
+            # closed -> open -> half-open -> closed
+            check_eq(metric(m, "cinfer:breaker_transitions_total"), 3.0,
+                     "breaker transitions")
+            check_eq(metric(m, "cinfer:breaker_state"), 0.0, "breaker closed")
+            check_eq(metric(m, "cinfer:kv_cache_usage_perc"), 0.0,
+                     "KV usage")
+        log("ok: the fault counted for the breaker; the requests after it "
+            "succeed; nothing leaked")
+
+
+def case_cudasim_device_lost():
+    """A sticky device error (cudaErrorIllegalAddress) in a step, planted
+    with CUDASIM_FAULT: the request ends INTERNAL, the backend reports
+    itself unhealthy and health turns NOT_SERVING, the process neither
+    aborts nor stops answering health and GetModelInfo, later requests fail
+    without holding KV blocks, and SIGTERM still exits 0."""
+    import grpc
+    srv = cudasim_server("cudasim_lost", [
+        "--breaker-min-calls", "1000", "--unhealthy-after-faults", "0"],
+        env={"CUDASIM_FAULT": "%d:cudaErrorIllegalAddress:sticky" %
+             CUDASIM_FAULT_AT})
+    with srv:
+        check_on_harness(srv)
+        ok, err = requests_until_failure(srv, 60)
+        check(ok >= 1, "a request succeeded before the fault (%d)" % ok)
+        check_eq(err.code(), grpc.StatusCode.INTERNAL, "faulted request")
+        check(device_error_named(err.details(), "cudaErrorIllegalAddress"),
+              "the device error is named: %r" % err.details())
+        srv.wait_health("NOT_SERVING", 15)
+        log("ok: health NOT_SERVING after a sticky fault")
+        for i in range(2):
+            try:
+                collect(srv.stub().Generate(
+                    gen_bytes(n=4, request_id="lost-%d" % i), timeout=60))
+                raise AssertionError("a step on a lost device succeeded")
+            except grpc.RpcError as e:
+                check_eq(e.code(), grpc.StatusCode.INTERNAL, "lost device")
+        time.sleep(1.0)
+        check_eq(srv.health(), "NOT_SERVING", "health stays NOT_SERVING")
+        check(srv.proc.poll() is None, "the server is still running")
+        info = wait_engine_idle(srv, 30)
+        check(info.backend.device_lost, "GetModelInfo: device_lost")
+        check_eq(info.stats.kv_blocks_used, 0, "KV blocks held")
+        log("ok: the server keeps answering with the device lost")
+
+
 CASES = {
     "streams": case_streams,
     "concurrent": case_concurrent,
@@ -2102,6 +2294,9 @@ CASES = {
     "breaker": case_breaker,
     "device_lost": case_device_lost,
     "saturated": case_saturated,
+    "cudasim_generate": case_cudasim_generate,
+    "cudasim_fault": case_cudasim_fault,
+    "cudasim_device_lost": case_cudasim_device_lost,
 }
 
 
@@ -2114,6 +2309,7 @@ def main():
     ap.add_argument("--run-bin", required=True)
     ap.add_argument("--mkmodel-bin", required=True)
     ap.add_argument("--faulty-bin", default="")
+    ap.add_argument("--cudasim-bin", default="")
     ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--work", default=None)
