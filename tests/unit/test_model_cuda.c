@@ -35,8 +35,9 @@
  * different F16 (KV cache, F16 activations), BF16 or int8 (a Q8_1 block's
  * scale moves and its 32 values re-round), and the step after sees an
  * error of that format's precision, not of float's. So the bound depends on
- * the coarsest rounding on the way (worst seen over the shapes below and 3
- * runs of the whole file, cudasim, forward schedule -> bound):
+ * the coarsest rounding on the way (worst seen over the shapes below in 2
+ * runs of the whole file, identical as the harness's forward schedule is
+ * deterministic, cudasim -> bound):
  *   F32 weights, F32 KV cache   1.3e-6 -> 1e-5 (no rounding but float's)
  *   F32 weights, F16 KV cache   4.2e-4 -> 2e-3
  *   F16 weights                 1.3e-3 -> 5e-3
@@ -50,14 +51,28 @@
  * and the greedy tokens, which must all be equal, diverge. The F32 + F32
  * KV case keeps a tight bound so that an arithmetic change shows there.
  *
- * The default model (SmolLM2-135M Q4_1; its test says SKIP when the file is
- * absent) runs the same comparison on 3 prompts with DEFAULT_STEPS greedy
- * steps each, within the same bound. Its forward pass through the harness
- * (release build, 2 host threads, 2-core machine): about 3.3 s for a decode
- * step of one token and 11 s for a 12-token prefill (the CPU backend: a
- * few ms); printed as the test runs. Under ASan + UBSan the tiny models
- * take 8 greedy steps instead of 32 and the default model runs 1 prompt of
- * 2 steps, so the test stays within its time budget.
+ * The default model (SmolLM2-135M Q4_1, 30 layers; its test says SKIP when
+ * the file is absent) runs the same comparison on 1 prompt with
+ * DEFAULT_STEPS greedy tokens, with an F32 KV cache (the F16 cache's
+ * attention differs, below). Every op agrees with the CPU's to < 1e-5 on
+ * identical inputs there too, but 30 layers of Q8_1 re-rounding grow the
+ * float noise to 4.7e-2 (prefill) and 7.0e-2 (decode) at the logits (7.4e-2
+ * with the F16 cache): bound DEFAULT_BOUND = 0.2, and the greedy tokens must
+ * be equal. Its forward pass through the harness, release build, 2 harness
+ * threads on a shared 2-core machine: 19 s for the 5-token prompt and 7.8 s
+ * per decode step at a load average of ~3 (63-79 s and 15-20 s at ~10; the
+ * CPU backend: 0.035 s per step), which is why it runs 1 prompt and 2
+ * tokens; the whole file then takes 40 s. Under ASan + UBSan the tiny
+ * models take 8 greedy steps instead of 32 and the default model is left
+ * out, so the test stays within its time budget.
+ *
+ * Attention over an F16 KV cache: the CPU backend (kernels/cpu/ops.c)
+ * normalises the probabilities and rounds them to F16 before the V
+ * product (GGML's arithmetic); kernels/cuda/attention.cu keeps them in
+ * fp32 (online softmax) and rounds only the query. On identical inputs
+ * the op then differs by 1-2e-4 (relative L2; every row but a sequence's
+ * first), in the prefill tiles and the decode partitions alike, where with
+ * an F32 cache it agrees to < 1e-6. The F16-cache bounds above include it.
  *
  * Fault checks (the harness build only): a device call that fails in the
  * middle of a decode step (every counted call of the step in turn) fails
@@ -113,9 +128,9 @@ static double bound_for(cinfer_dtype wt, int kv_f32)
 
 #define PROMPT_LEN 20
 #define GREEDY_STEPS (UNDER_ASAN ? 8 : 32)
-#define DEFAULT_PROMPTS (UNDER_ASAN ? 1 : 3)
-#define DEFAULT_STEPS (UNDER_ASAN ? 2 : 6)
-#define MAX_STEPS 32
+#define DEFAULT_PROMPTS (UNDER_ASAN ? 0 : 1)
+#define DEFAULT_STEPS 2
+#define DEFAULT_BOUND 0.2
 
 /* CUDA error codes (driver_types.h) the fault checks inject; spelled out so
  * the test needs no CUDA header. */
@@ -384,7 +399,8 @@ static void test_default_model_matches_cpu(void)
         return;
     }
     model_pair p;
-    if (pair_open(&p, path, 0, 256) != 0) {
+    /* F32 KV cache: see the header for the F16 cache's attention. */
+    if (pair_open(&p, path, 1, 256) != 0) {
         /* The GPU-check build has no PCRE2, which SmolLM2's byte-level
          * BPE pre-tokenizer needs: the file cannot be loaded there. */
         if (cinfer_last_error() && strstr(cinfer_last_error(), "PCRE2")) {
@@ -401,8 +417,8 @@ static void test_default_model_matches_cpu(void)
         "Once upon a time, in a small village by the sea,",
     };
     const cinfer_tokenizer *tk = cinfer_model_tokenizer(p.cpu_m);
-    /* Q4_1 weights (Q8_0 embeddings): the quantized types' bound. */
-    double bound = bound_for(CINFER_DTYPE_Q4_1, 0);
+    /* 30 layers of Q8_1 re-rounding (header comment). */
+    double bound = DEFAULT_BOUND;
     for (int i = 0; i < DEFAULT_PROMPTS; i++) {
         int32_t ids[64];
         size_t n_ids = 0;
