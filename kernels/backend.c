@@ -929,3 +929,63 @@ cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,
     return be->ops->gather_rows(be, x, out);
 }
 
+
+/* ---------------------------------------------------------------------- */
+/* collectives                                                             */
+/* ---------------------------------------------------------------------- */
+
+cinfer_comm *cinfer_backend_comm(const cinfer_backend *be)
+{
+    return be->comm;
+}
+
+cinfer_status cinfer_backend_all_reduce_sum(cinfer_backend *be,
+                                            cinfer_tensor *t)
+{
+    const char *op = "all_reduce_sum";
+    TRY(need_tensor(op, "t", t));
+    if (t->desc.dtype != CINFER_DTYPE_F32) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "all_reduce_sum: t must be F32, got %s",
+                                desc_str(&t->desc, buf, sizeof buf));
+    }
+    TRY(need_writable(op, "t", t));
+    if (cinfer_comm_size(be->comm) <= 1)
+        return CINFER_OK;
+    if (!be->ops->all_reduce_sum)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "all_reduce_sum: the %s backend has no "
+                                "collectives",
+                                be->name);
+    return be->ops->all_reduce_sum(be, t);
+}
+
+cinfer_status cinfer_backend_all_gather(cinfer_backend *be,
+                                        const cinfer_tensor *x,
+                                        cinfer_tensor *out)
+{
+    const char *op = "all_gather";
+    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    int64_t size = cinfer_comm_size(be->comm);
+    if (x->desc.n_dims != 2) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "all_gather: x must be F32 [n, c], got %s",
+                                desc_str(&x->desc, buf, sizeof buf));
+    }
+    TRY(need_f32_matrix(op, "out", out, size * t_rows(x), t_cols(x)));
+    if (out->desc.n_dims != 2)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "all_gather: out must be 2-D [size * n, c]");
+    TRY(need_writable(op, "out", out));
+    if (out == x)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "all_gather: out aliases x");
+    if (!be->ops->all_gather)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "all_gather: the %s backend has no "
+                                "collectives",
+                                be->name);
+    return be->ops->all_gather(be, x, out);
+}

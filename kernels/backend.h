@@ -52,6 +52,7 @@
 #include <stdint.h>
 
 #include "../common/status.h"
+#include "comm.h"
 #include "dtype.h"
 
 #ifdef __cplusplus
@@ -243,6 +244,30 @@ cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,
                                          const cinfer_tensor *x,
                                          cinfer_tensor *out);
 
+/* ---- collectives (tensor parallelism, comm.h) ------------------------------ */
+
+/* Sums t over the ranks of the backend's communicator, in place: after it
+ * every rank's t holds the elementwise sum of all ranks' t (on the CPU in
+ * rank order 0..N-1, so bit-identical run to run). t: F32, any shape, the
+ * same on every rank; every rank calls the same collectives in the same
+ * order. A no-op when the backend has no communicator or one rank. A rank
+ * that does not come fails the others with CINFER_E_TIMEOUT (the CPU at
+ * the communicator's timeout; NCCL at synchronize). */
+cinfer_status cinfer_backend_all_reduce_sum(cinfer_backend *be,
+                                            cinfer_tensor *t);
+
+/* Gathers x from every rank, rank-major: out's rows k * n .. k * n + n - 1
+ * are rank k's x.  x: [n, c] F32; out: [size * n, c] F32 (size = the
+ * communicator's ranks, 1 without one: then out is a copy of x). For the
+ * vocabulary-parallel LM head: rank k's logits are out[k * n + r][j] =
+ * column k * c + j of row r of the full logits. */
+cinfer_status cinfer_backend_all_gather(cinfer_backend *be,
+                                        const cinfer_tensor *x,
+                                        cinfer_tensor *out);
+
+/* The backend's communicator (NULL: one rank) as given at create. */
+cinfer_comm *cinfer_backend_comm(const cinfer_backend *be);
+
 /* The backend's name ("cpu", "cuda") and a human-readable description of
  * its device; both live as long as the backend. */
 const char *cinfer_backend_name(const cinfer_backend *be);
@@ -277,6 +302,9 @@ typedef struct {
     int thread_prio;    /* the workers' cinfer_thread_prio
                            (common/thread_priority.h; the thread that calls
                            the ops sets its own); 0 = unchanged */
+    cinfer_comm *comm;  /* this rank's tensor-parallel communicator, a
+                           LOCAL one (comm.h); borrowed: it must outlive
+                           the backend. NULL = one rank */
 } cinfer_backend_cpu_params;
 
 cinfer_backend_cpu_params cinfer_backend_cpu_default_params(void);
@@ -301,6 +329,9 @@ typedef struct {
     double memory_fraction; /* share of the device's memory the backend may
                                hold (weights, activations, scratch, then the
                                KV cache in what is left); 0 = 0.9 */
+    cinfer_comm *comm;      /* this rank's tensor-parallel communicator, an
+                               NCCL one on `device` (comm.h); borrowed: it
+                               must outlive the backend. NULL = one rank */
 } cinfer_backend_cuda_params;
 
 cinfer_backend_cuda_params cinfer_backend_cuda_default_params(void);

@@ -44,6 +44,8 @@ struct cinfer_backend {
     const struct cinfer_backend_ops *ops;
     const char *name;      /* "cpu", "cuda" */
     char device_desc[128]; /* human-readable device description */
+    cinfer_comm *comm;     /* tensor-parallel communicator, borrowed; NULL
+                              = one rank (the backend's create sets it) */
 
     /* The step as cinfer_backend_set_step checked and copied it: host
      * memory, valid until the next set_step. */
@@ -141,6 +143,14 @@ struct cinfer_backend_ops {
                               const cinfer_tensor *up, cinfer_tensor *out);
     cinfer_status (*gather_rows)(cinfer_backend *be, const cinfer_tensor *x,
                                  cinfer_tensor *out);
+
+    /* (optional) The collectives over be->comm. all_reduce_sum is called
+     * only with more than one rank (backend.c makes it a no-op
+     * otherwise); all_gather also with one rank or none (a copy). NULL:
+     * CINFER_E_UNSUPPORTED where a collective is needed. */
+    cinfer_status (*all_reduce_sum)(cinfer_backend *be, cinfer_tensor *t);
+    cinfer_status (*all_gather)(cinfer_backend *be, const cinfer_tensor *x,
+                                cinfer_tensor *out);
 };
 
 /* Rows and elements per row (the product of all dimensions but the first)

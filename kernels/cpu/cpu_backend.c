@@ -21,6 +21,9 @@
  * reaches about 23 (bench/results/cpu-vs-llamacpp-2026-11-30-r2.md).
  * weight_borrows says which, and the model gives the file's memory under
  * a packed weight back.
+ *
+ * Collectives go to the rank's LOCAL communicator (kernels/comm.c) over
+ * the tensors' host memory, on the rank's own thread.
  */
 #include <math.h>
 #include <stdio.h>
@@ -419,6 +422,23 @@ static cinfer_status cpu_gather_rows(cinfer_backend *be,
     return CINFER_OK;
 }
 
+static cinfer_status cpu_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
+{
+    return cinfer_comm_all_reduce_sum(
+        be->comm, t->data, (size_t)cinfer_tensor_desc_nelems(&t->desc));
+}
+
+static cinfer_status cpu_all_gather(cinfer_backend *be, const cinfer_tensor *x,
+                                    cinfer_tensor *out)
+{
+    size_t n = (size_t)cinfer_tensor_desc_nelems(&x->desc);
+    if (!be->comm) {
+        memcpy(out->data, x->data, n * sizeof(float));
+        return CINFER_OK;
+    }
+    return cinfer_comm_all_gather(be->comm, x->data, n, out->data);
+}
+
 static const struct cinfer_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .tensor_create = cpu_tensor_create,
@@ -441,6 +461,8 @@ static const struct cinfer_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
+    .all_reduce_sum = cpu_all_reduce_sum,
+    .all_gather = cpu_all_gather,
 };
 
 /* ---------------------------------------------------------------------- */
@@ -495,6 +517,11 @@ cinfer_status cinfer_backend_cpu_create(const cinfer_backend_cpu_params *p,
                                 cinfer_cpu_isa_name(isa));
     }
 
+    if (p->comm && cinfer_comm_get_kind(p->comm) != CINFER_COMM_LOCAL)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "backend_cpu_create: comm is an NCCL "
+                                "communicator; CPU ranks need a LOCAL one");
+
     cinfer_cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb)
         return cinfer_set_error(CINFER_E_NOMEM,
@@ -507,9 +534,16 @@ cinfer_status cinfer_backend_cpu_create(const cinfer_backend_cpu_params *p,
         goto fail_cb;
     cb->base.ops = &cpu_ops;
     cb->base.name = "cpu";
-    snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
-             "cpu: %d thread%s, %s", n_threads, n_threads == 1 ? "" : "s",
-             cinfer_cpu_isa_name(isa));
+    cb->base.comm = p->comm;
+    if (p->comm && cinfer_comm_size(p->comm) > 1)
+        snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
+                 "cpu: %d thread%s, %s, rank %d of %d", n_threads,
+                 n_threads == 1 ? "" : "s", cinfer_cpu_isa_name(isa),
+                 cinfer_comm_rank(p->comm), cinfer_comm_size(p->comm));
+    else
+        snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
+                 "cpu: %d thread%s, %s", n_threads, n_threads == 1 ? "" : "s",
+                 cinfer_cpu_isa_name(isa));
     cb->isa = isa;
     cb->n_threads = n_threads;
     cb->vec = &cinfer_cpu_vec_portable;

@@ -1,6 +1,8 @@
 /*
  * cuda_absent.c - the CUDA backend's entry points in a build without it
- * (no nvcc, or CINFER_CUDA=OFF): no devices, and creation says why.
+ * (no nvcc, or CINFER_CUDA=OFF): no devices, and creation says why. The
+ * same for the NCCL communicator (comm.h), which lives in the CUDA
+ * backend's library.
  */
 #include <string.h>
 
@@ -28,4 +30,13 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
                             "this build of cinfer has no CUDA backend "
                             "(configure with nvcc found and CINFER_CUDA=AUTO "
                             "or ON)");
+}
+
+cinfer_status cinfer_comm_create_nccl(const cinfer_comm_nccl_params *p,
+                                      cinfer_comm **comms)
+{
+    return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                            "this build of cinfer has no CUDA backend, so no "
+                            "NCCL communicator (configure with nvcc found and "
+                            "CINFER_CUDA=AUTO or ON)");
 }

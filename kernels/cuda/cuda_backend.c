@@ -28,6 +28,13 @@
  * (the context is unusable) marks the backend unhealthy: healthy() turns
  * 0 and the server reports NOT_SERVING.
  *
+ * Collectives go to the rank's NCCL communicator (comm_nccl.c) on the
+ * backend's stream. With more than one rank, every wait for the stream
+ * (synchronize, download, upload) polls it through cinfer_comm_nccl_wait,
+ * bounded by the communicator's timeout, so a peer that never reaches a
+ * collective fails the step (the communicator aborted) instead of hanging
+ * cudaStreamSynchronize.
+ *
  * The same file links against the CUDA runtime and cuBLAS for a device,
  * and against tests/cudasim/ (the CPU harness) in the test builds.
  */
@@ -38,7 +45,9 @@
 #include <string.h>
 
 #include "../backend_impl.h"
+#include "../comm_impl.h"
 #include "attention.cuh"
+#include "comm_nccl.h"
 #include "cuda_check.h"
 #include "elementwise.cuh"
 #include "embed.cuh"
@@ -135,10 +144,14 @@ static cinfer_status need_scratch(cuda_backend *cb, size_t n)
 /* lifetime and memory                                                     */
 /* ---------------------------------------------------------------------- */
 
+static cinfer_status stream_wait(cuda_backend *cb);
+
 static void cuda_destroy(cinfer_backend *be)
 {
     cuda_backend *cb = cu(be);
-    if (cb->stream)
+    /* Bounded with peers; past a failure there the communicator is
+     * aborted, which ends its kernels, and the rest drains. */
+    if (cb->stream && stream_wait(cb) != CINFER_OK)
         cudaStreamSynchronize(cb->stream);
     dev_free(cb, cb->scratch, cb->scratch_bytes);
     dev_free(cb, cb->d_meta, cb->meta_cap * sizeof(int32_t));
@@ -177,14 +190,25 @@ static void cuda_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
     free(t);
 }
 
+/* Waits for the stream; with peers, bounded (comm_nccl.h). */
+static cinfer_status stream_wait(cuda_backend *cb)
+{
+    if (cinfer_comm_size(cb->base.comm) > 1) {
+        cinfer_status st = cinfer_comm_nccl_wait(cb->base.comm, cb->stream);
+        if (st != CINFER_OK)
+            return st;
+    }
+    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
+    return CINFER_OK;
+}
+
 static cinfer_status copy_in(cuda_backend *cb, void *dst, const void *src,
                              size_t n)
 {
     CINFER_CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
                                     cb->stream));
     /* The caller may reuse src at once. */
-    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
-    return CINFER_OK;
+    return stream_wait(cb);
 }
 
 static cinfer_status cuda_tensor_create_weight(cinfer_backend *be,
@@ -229,8 +253,7 @@ static cinfer_status download(cuda_backend *cb, const cinfer_tensor *t,
 {
     CINFER_CUDA_TRY(cudaMemcpyAsync(dst, (const char *)t->data + offset, n,
                                     cudaMemcpyDeviceToHost, cb->stream));
-    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
-    return CINFER_OK;
+    return stream_wait(cb);
 }
 
 static cinfer_status cuda_download(cinfer_backend *be, const cinfer_tensor *t,
@@ -252,8 +275,7 @@ static cinfer_status cuda_fill_zero(cinfer_backend *be, cinfer_tensor *t)
 
 static cinfer_status synchronize(cuda_backend *cb)
 {
-    CINFER_CUDA_TRY(cudaStreamSynchronize(cb->stream));
-    return CINFER_OK;
+    return stream_wait(cb);
 }
 
 static cinfer_status cuda_synchronize(cinfer_backend *be)
@@ -300,7 +322,13 @@ static cinfer_status upload_step(cuda_backend *cb)
     size_t n_plan = cinfer_cuda_attention_plan_ints(s);
     size_t total = 4 * n + (size_t)s->n_out + n_table + n_plan;
     /* The previous step's copy must be done before the staging buffer is
-     * rewritten (it is, unless the caller enqueued ops and never waited). */
+     * rewritten (it is, unless the caller enqueued ops and never waited).
+     * With peers the wait is bounded: a collective may be ahead of it. */
+    if (cinfer_comm_size(cb->base.comm) > 1) {
+        cinfer_status st = stream_wait(cb);
+        if (st != CINFER_OK)
+            return st;
+    }
     CINFER_CUDA_TRY(cudaEventSynchronize(cb->step_copied));
     if (total > cb->meta_cap) {
         size_t cap = total + total / 2;
@@ -502,6 +530,35 @@ static cinfer_status cuda_gather_rows(cinfer_backend *be,
                                             cinfer_tensor_cols(x), out->data));
 }
 
+static cinfer_status cuda_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_comm_nccl_all_reduce_sum(
+                        be->comm, t->data,
+                        (size_t)cinfer_tensor_desc_nelems(&t->desc),
+                        cb->stream));
+}
+
+static cinfer_status gather_copy(cuda_backend *cb, const cinfer_tensor *x,
+                                 cinfer_tensor *out)
+{
+    CINFER_CUDA_TRY(cudaMemcpyAsync(out->data, x->data, x->nbytes,
+                                    cudaMemcpyDeviceToDevice, cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_all_gather(cinfer_backend *be, const cinfer_tensor *x,
+                                     cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    if (cinfer_comm_size(be->comm) <= 1)
+        return seen(cb, gather_copy(cb, x, out));
+    return seen(cb, cinfer_comm_nccl_all_gather(
+                        be->comm, x->data,
+                        (size_t)cinfer_tensor_desc_nelems(&x->desc), out->data,
+                        cb->stream));
+}
+
 static const struct cinfer_backend_ops cuda_ops = {
     .destroy = cuda_destroy,
     .tensor_create = cuda_tensor_create,
@@ -527,6 +584,8 @@ static const struct cinfer_backend_ops cuda_ops = {
     .attention = cuda_attention,
     .silu_mul = cuda_silu_mul,
     .gather_rows = cuda_gather_rows,
+    .all_reduce_sum = cuda_all_reduce_sum,
+    .all_gather = cuda_all_gather,
 };
 
 /* ---------------------------------------------------------------------- */
@@ -595,12 +654,24 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
                                 "backend_cuda_create: device %d does not "
                                 "exist (%d CUDA device%s)",
                                 p->device, n, n == 1 ? "" : "s");
+    if (p->comm && cinfer_comm_get_kind(p->comm) != CINFER_COMM_NCCL)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "backend_cuda_create: comm is a LOCAL (CPU) "
+                                "communicator; GPU ranks need an NCCL one");
+    if (p->comm && ((const struct cinfer_comm *)p->comm)->device != p->device)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "backend_cuda_create: comm's rank %d is on "
+                                "device %d, the backend on device %d",
+                                cinfer_comm_rank(p->comm),
+                                ((const struct cinfer_comm *)p->comm)->device,
+                                p->device);
     cuda_backend *cb = calloc(1, sizeof *cb);
     if (!cb)
         return cinfer_set_error(CINFER_E_NOMEM,
                                 "backend_cuda_create: no memory");
     cb->base.ops = &cuda_ops;
     cb->base.name = "cuda";
+    cb->base.comm = p->comm;
     cb->device = p->device;
     cinfer_status st = open_device(cb, fraction);
     if (st != CINFER_OK) {
