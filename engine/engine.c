@@ -541,7 +541,7 @@ static void run_step(cinfer_engine *e)
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
         /* Asked here, on the thread that owns the backend, so that the
          * server's health reads a published flag rather than the device. */
-        if (!cinfer_backend_healthy(cinfer_model_backend(e->model)))
+        if (!cinfer_model_healthy(e->model))
             e->st.device_lost = 1;
         /* The step's sequences fail; the rest carry on. */
         while (e->n_sched > 0) {

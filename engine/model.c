@@ -20,8 +20,15 @@
  * Activation buffers are allocated once for max_batch_rows rows and resized
  * per step with tensor_set_rows, so a step of a given shape issues the same
  * op sequence every time.
+ *
+ * Tensor parallelism (model.h) is the slicing at load (load_tensor's
+ * split), the per-rank head and feed-forward counts, an all-reduce after
+ * the two row-parallel matmuls and the logits written to the rank's
+ * vocabulary columns; a model built as a group's face (tp > 1, no backend)
+ * hands forward to model_group.c.
  */
 #include "model.h"
+#include "model_group.h"
 
 #include "common/huge_pages.h"
 
@@ -62,6 +69,21 @@ struct cinfer_model {
 
     /* eval_single scratch */
     int32_t *single_tables;
+
+    /* Tensor parallelism: this rank's share (a whole model: tp 1). */
+    int tp, rank;
+    int n_head_r, n_kv_r;   /* query and KV heads on this rank */
+    int64_t ff_r;           /* feed-forward rows on this rank */
+    int64_t v0, v1;         /* LM head vocabulary rows [v0, v1) */
+    uint64_t held_bytes;    /* weight bytes this rank created */
+    /* Slice buffers the backend reads in place (weight_borrows), freed at
+     * destroy; len 0 = aligned_alloc'd, else cinfer_huge_alloc'd. */
+    struct slice_buf {
+        void *p;
+        size_t len;
+    } *slices;
+    int n_slices, cap_slices;
+    cinfer_model_group *group; /* set: this model is a group's face */
 };
 
 cinfer_model_params cinfer_model_default_params(void)
@@ -149,12 +171,107 @@ typedef struct {
     cinfer_model_params p;
 } load_ctx;
 
+/* How a rank keeps a tensor: whole, or its share of the output features
+ * (rows of a matrix, elements of a bias) or of the input features
+ * (columns). */
+typedef enum { WHOLE, BY_OUT, BY_IN } split_kind;
+
+/* Rank r's share [lo, hi) of n features: equal shares when N divides n,
+ * else shares that differ by one (the vocabulary). */
+static void share(const cinfer_model *m, int64_t n, int64_t *lo, int64_t *hi)
+{
+    *lo = n * m->rank / m->tp;
+    *hi = n * (m->rank + 1) / m->tp;
+}
+
+static void slice_free(struct slice_buf b)
+{
+    if (b.len)
+        cinfer_huge_free(b.p, b.len);
+    else
+        free(b.p);
+}
+
+/* Copies rank's share of tensor t (full shape [rows, cols]; rows 0 = 1-D)
+ * into a new buffer: rows [r0, r1), and of each row the blocks of columns
+ * [c0, c1). *desc gets the slice's shape. */
+static cinfer_status cut_slice(load_ctx *lc, const cinfer_gguf_tensor *t,
+                               const char *name, int64_t rows, int64_t cols,
+                               split_kind split, cinfer_tensor_desc *desc,
+                               struct slice_buf *out)
+{
+    cinfer_model *m = lc->m;
+    int64_t r0 = 0, r1 = rows ? rows : 1, c0 = 0, c1 = cols;
+    if (split == BY_OUT && rows)
+        share(m, rows, &r0, &r1);
+    else
+        share(m, cols, &c0, &c1);
+    int be = cinfer_dtype_block_elems(t->dtype);
+    size_t bb = cinfer_dtype_block_bytes(t->dtype);
+    /* A row keeps whole blocks: a column slice that cuts one cannot be
+     * expressed in the file's type. */
+    if (c0 % be || c1 % be)
+        return cinfer_set_error(
+            CINFER_E_UNSUPPORTED,
+            "model: tensor_parallel %d: rank %d's columns %lld..%lld of "
+            "tensor '%s' (%lld wide, %s) are not whole %d-element blocks",
+            m->tp, m->rank, (long long)c0, (long long)c1 - 1, name,
+            (long long)cols, cinfer_dtype_name(t->dtype), be);
+    size_t row_full = cinfer_dtype_row_bytes(t->dtype, cols);
+    size_t row_part = (size_t)((c1 - c0) / be) * bb;
+    size_t n = row_part * (size_t)(r1 - r0);
+    struct slice_buf b = {0};
+    /* Large slices in huge pages, as the file would be (decode reads them
+     * every step); small ones on the heap, where 2 MiB each would waste. */
+    if (n >= CINFER_HUGE_PAGE_BYTES)
+        b.p = cinfer_huge_alloc(n, &b.len);
+    else
+        b.p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!b.p)
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "model: out of memory for a %zu-byte slice "
+                                "of '%s'",
+                                n, name);
+    const uint8_t *src = t->data;
+    for (int64_t r = r0; r < r1; r++)
+        memcpy((uint8_t *)b.p + (size_t)(r - r0) * row_part,
+               src + (size_t)r * row_full + (size_t)(c0 / be) * bb, row_part);
+    if (rows) {
+        int64_t shape[2] = {r1 - r0, c1 - c0};
+        *desc = cinfer_tensor_desc_make(t->dtype, 2, shape);
+    } else {
+        int64_t shape[1] = {c1 - c0};
+        *desc = cinfer_tensor_desc_make(t->dtype, 1, shape);
+    }
+    *out = b;
+    return CINFER_OK;
+}
+
+/* Keeps a slice buffer the backend reads in place until destroy. */
+static cinfer_status keep_slice(cinfer_model *m, struct slice_buf b)
+{
+    if (m->n_slices == m->cap_slices) {
+        int cap = m->cap_slices ? 2 * m->cap_slices : 64;
+        struct slice_buf *ns = realloc(m->slices, sizeof *ns * (size_t)cap);
+        if (!ns)
+            return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+        m->slices = ns;
+        m->cap_slices = cap;
+    }
+    m->slices[m->n_slices++] = b;
+    return CINFER_OK;
+}
+
 /* Finds tensor `name` (a printf format with the layer), checks its shape
  * ([rows, cols] here, i.e. GGUF ne = {cols, rows}; rows 0 for a 1-D
- * tensor) and creates the backend weight. */
+ * tensor) and creates the backend weight: whole, or on a rank of a
+ * tensor-parallel model the rank's share (split). `keep` = the file's data
+ * is read again later (a tied LM head's slice, loaded before the
+ * embeddings), so its memory is not given back yet. */
 static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
                                  int required, int64_t rows, int64_t cols,
-                                 int float_only, const char *fmt, int il)
+                                 int float_only, split_kind split, int keep,
+                                 const char *fmt, int il)
 {
     char name[96];
     snprintf(name, sizeof name, fmt, il);
@@ -181,25 +298,53 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
                                 "model: tensor '%s' has unsupported type %s",
                                 name, cinfer_dtype_name(t->dtype));
     cinfer_tensor_desc d;
-    if (rows) {
-        int64_t shape[2] = {rows, cols};
-        d = cinfer_tensor_desc_make(t->dtype, 2, shape);
-    } else {
-        int64_t shape[1] = {cols};
-        d = cinfer_tensor_desc_make(t->dtype, 1, shape);
-    }
-    cinfer_status st = cinfer_backend_tensor_create_weight(lc->m->be, &d,
-                                                            t->data, out);
-    if (st != CINFER_OK)
-        return st;
-
-    /* A weight the backend copied (packed, or on a device) gives the
-     * file's memory under it back at once, so the model is never held
-     * twice; each tensor is loaded once, so nothing reads it again. */
     cinfer_backend *be = lc->m->be;
-    int borrowed = cinfer_backend_weight_borrows(be, *out);
-    if (!borrowed)
-        cinfer_pages_release(t->data, t->n_bytes);
+    cinfer_status st;
+    int borrowed;
+    if (split != WHOLE && lc->m->tp > 1) {
+        /* The rank's share goes through a buffer of its own; the file's
+         * memory under the whole tensor is given back, and the buffer too
+         * unless the backend reads it in place. */
+        struct slice_buf b;
+        if ((st = cut_slice(lc, t, name, rows, cols, split, &d, &b)) !=
+            CINFER_OK)
+            return st;
+        st = cinfer_backend_tensor_create_weight(be, &d, b.p, out);
+        if (st == CINFER_OK && cinfer_backend_weight_borrows(be, *out)) {
+            if ((st = keep_slice(lc->m, b)) != CINFER_OK) {
+                cinfer_backend_tensor_destroy(be, *out);
+                *out = NULL;
+                slice_free(b);
+            }
+        } else {
+            slice_free(b);
+        }
+        if (st != CINFER_OK)
+            return st;
+        if (!keep)
+            cinfer_pages_release(t->data, t->n_bytes);
+        borrowed = 0; /* the file's pages are not read by this weight */
+    } else {
+        if (rows) {
+            int64_t shape[2] = {rows, cols};
+            d = cinfer_tensor_desc_make(t->dtype, 2, shape);
+        } else {
+            int64_t shape[1] = {cols};
+            d = cinfer_tensor_desc_make(t->dtype, 1, shape);
+        }
+        st = cinfer_backend_tensor_create_weight(be, &d, t->data, out);
+        if (st != CINFER_OK)
+            return st;
+
+        /* A weight the backend copied (packed, or on a device) gives the
+         * file's memory under it back at once, so the model is never held
+         * twice; each tensor is loaded once (a kept one's other use comes
+         * first), so nothing reads it again. */
+        borrowed = cinfer_backend_weight_borrows(be, *out);
+        if (!borrowed && !keep)
+            cinfer_pages_release(t->data, t->n_bytes);
+    }
+    lc->m->held_bytes += cinfer_tensor_desc_nbytes(&d);
 
     /* Fault a mapped file's pages in now, so the first request does not
      * pay for the disk reads and the progress bar shows the real load (a
@@ -213,7 +358,10 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
                 acc ^= b[off];
             (void)acc;
         }
+        /* a tied LM head's slice reads token_embd twice: cap at 1 */
         lc->bytes_done += t->n_bytes;
+        if (lc->bytes_done > lc->bytes_total)
+            lc->bytes_done = lc->bytes_total;
         lc->p.progress(lc->bytes_total
                            ? (float)lc->bytes_done / (float)lc->bytes_total
                            : 1.0f,
@@ -352,11 +500,19 @@ static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
     int qwen = strcmp(I->arch, "qwen2") == 0;
     cinfer_status st;
 
-    if ((st = load_tensor(&lc, &m->tok_embd, 1, V, d, 0, "token_embd.weight",
-                          0)) ||
-        (st = load_tensor(&lc, &m->out_norm, 1, 0, d, 1, "output_norm.weight",
-                          0)) ||
-        (st = load_tensor(&lc, &m->output, 0, V, d, 0, "output.weight", 0)))
+    /* Tied output on a rank of several: the LM head is the rank's rows of
+     * token_embd, loaded first (keep) since the embeddings read it all. */
+    int tied = !cinfer_gguf_find_tensor(m->gguf, "output.weight");
+    if (m->tp > 1 && tied &&
+        (st = load_tensor(&lc, &m->output, 1, V, d, 0, BY_OUT, 1,
+                          "token_embd.weight", 0)))
+        return st;
+    if ((st = load_tensor(&lc, &m->tok_embd, 1, V, d, 0, WHOLE, 0,
+                          "token_embd.weight", 0)) ||
+        (st = load_tensor(&lc, &m->out_norm, 1, 0, d, 1, WHOLE, 0,
+                          "output_norm.weight", 0)) ||
+        (!tied && (st = load_tensor(&lc, &m->output, 1, V, d, 0, BY_OUT, 0,
+                                    "output.weight", 0))))
         return st;
 
     m->layers = calloc((size_t)I->n_layer, sizeof(layer));
@@ -364,30 +520,30 @@ static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
         return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
     for (int il = 0; il < I->n_layer; il++) {
         layer *L = &m->layers[il];
-        if ((st = load_tensor(&lc, &L->attn_norm, 1, 0, d, 1,
+        if ((st = load_tensor(&lc, &L->attn_norm, 1, 0, d, 1, WHOLE, 0,
                               "blk.%d.attn_norm.weight", il)) ||
-            (st = load_tensor(&lc, &L->wq, 1, dq, d, 0,
+            (st = load_tensor(&lc, &L->wq, 1, dq, d, 0, BY_OUT, 0,
                               "blk.%d.attn_q.weight", il)) ||
-            (st = load_tensor(&lc, &L->wk, 1, dkv, d, 0,
+            (st = load_tensor(&lc, &L->wk, 1, dkv, d, 0, BY_OUT, 0,
                               "blk.%d.attn_k.weight", il)) ||
-            (st = load_tensor(&lc, &L->wv, 1, dkv, d, 0,
+            (st = load_tensor(&lc, &L->wv, 1, dkv, d, 0, BY_OUT, 0,
                               "blk.%d.attn_v.weight", il)) ||
-            (st = load_tensor(&lc, &L->wo, 1, d, dq, 0,
+            (st = load_tensor(&lc, &L->wo, 1, d, dq, 0, BY_IN, 0,
                               "blk.%d.attn_output.weight", il)) ||
-            (st = load_tensor(&lc, &L->ffn_norm, 1, 0, d, 1,
+            (st = load_tensor(&lc, &L->ffn_norm, 1, 0, d, 1, WHOLE, 0,
                               "blk.%d.ffn_norm.weight", il)) ||
-            (st = load_tensor(&lc, &L->w_gate, 1, ff, d, 0,
+            (st = load_tensor(&lc, &L->w_gate, 1, ff, d, 0, BY_OUT, 0,
                               "blk.%d.ffn_gate.weight", il)) ||
-            (st = load_tensor(&lc, &L->w_up, 1, ff, d, 0,
+            (st = load_tensor(&lc, &L->w_up, 1, ff, d, 0, BY_OUT, 0,
                               "blk.%d.ffn_up.weight", il)) ||
-            (st = load_tensor(&lc, &L->w_down, 1, d, ff, 0,
+            (st = load_tensor(&lc, &L->w_down, 1, d, ff, 0, BY_IN, 0,
                               "blk.%d.ffn_down.weight", il)))
             return st;
-        if ((st = load_tensor(&lc, &L->bq, qwen, 0, dq, 1,
+        if ((st = load_tensor(&lc, &L->bq, qwen, 0, dq, 1, BY_OUT, 0,
                               "blk.%d.attn_q.bias", il)) ||
-            (st = load_tensor(&lc, &L->bk, qwen, 0, dkv, 1,
+            (st = load_tensor(&lc, &L->bk, qwen, 0, dkv, 1, BY_OUT, 0,
                               "blk.%d.attn_k.bias", il)) ||
-            (st = load_tensor(&lc, &L->bv, qwen, 0, dkv, 1,
+            (st = load_tensor(&lc, &L->bv, qwen, 0, dkv, 1, BY_OUT, 0,
                               "blk.%d.attn_v.bias", il)))
             return st;
     }
@@ -400,13 +556,13 @@ static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
 static int act_widths(cinfer_model *m, cinfer_tensor ***ts, int64_t *widths)
 {
     const cinfer_model_info *I = &m->info;
-    int64_t d = I->n_embd, ff = I->n_ff;
-    int64_t dq = (int64_t)I->n_head * I->head_dim;
-    int64_t dkv = (int64_t)I->n_head_kv * I->head_dim;
+    int64_t d = I->n_embd, ff = m->ff_r;
+    int64_t dq = (int64_t)m->n_head_r * I->head_dim;
+    int64_t dkv = (int64_t)m->n_kv_r * I->head_dim;
     cinfer_tensor **t[] = {&m->x,  &m->h,   &m->q,    &m->k,
                            &m->v,  &m->att, &m->gate, &m->up,
                            &m->xo, &m->ho,  &m->logits};
-    int64_t w[] = {d, d, dq, dkv, dkv, dq, ff, ff, d, d, I->n_vocab};
+    int64_t w[] = {d, d, dq, dkv, dkv, dq, ff, ff, d, d, m->v1 - m->v0};
     int n = (int)(sizeof w / sizeof w[0]);
     for (int i = 0; i < n; i++) {
         if (ts)
@@ -446,8 +602,7 @@ static cinfer_tensor_desc kv_desc(const cinfer_model *m, int64_t n_blocks,
                                   int kv_f32)
 {
     const cinfer_model_info *I = &m->info;
-    int64_t kv_shape[4] = {n_blocks, I->block_size, I->n_head_kv,
-                           I->head_dim};
+    int64_t kv_shape[4] = {n_blocks, I->block_size, m->n_kv_r, I->head_dim};
     return cinfer_tensor_desc_make(
         kv_f32 ? CINFER_DTYPE_F32 : CINFER_DTYPE_F16, 4, kv_shape);
 }
@@ -563,12 +718,12 @@ static cinfer_status plan_scratch_and_kv(cinfer_model *m,
 {
     cinfer_model_info *I = &m->info;
     size_t before = backend_used(m);
-    int64_t max_k = I->n_embd > I->n_ff ? I->n_embd : I->n_ff;
-    int64_t dq = (int64_t)I->n_head * I->head_dim;
+    int64_t max_k = I->n_embd > m->ff_r ? I->n_embd : m->ff_r;
+    int64_t dq = (int64_t)m->n_head_r * I->head_dim;
     cinfer_backend_scratch_plan sp = {
         .max_rows = m->max_rows,
         .max_k = max_k > dq ? max_k : dq,
-        .n_heads = I->n_head,
+        .n_heads = m->n_head_r,
         .head_dim = I->head_dim,
         .max_context = I->n_ctx,
     };
@@ -599,6 +754,77 @@ static cinfer_status plan_scratch_and_kv(cinfer_model *m,
     return CINFER_OK;
 }
 
+/* This model's rank and its share of heads, feed-forward rows and
+ * vocabulary. A count that does not divide by the ranks is refused here,
+ * before any weight is read. */
+static cinfer_status set_rank(cinfer_model *m, const cinfer_model_params *p,
+                              int tp)
+{
+    cinfer_model_info *I = &m->info;
+    m->tp = tp;
+    m->rank = tp > 1 ? p->tp_rank : 0;
+    I->tensor_parallel = tp;
+    I->tp_rank = m->rank;
+    if (tp > 1) {
+        cinfer_comm *c = cinfer_backend_comm(p->backend);
+        if (!c || cinfer_comm_size(c) != tp || cinfer_comm_rank(c) != m->rank)
+            return cinfer_set_error(
+                CINFER_E_INVALID_ARG,
+                "model: rank %d of tensor_parallel %d needs a backend whose "
+                "communicator has %d ranks and is rank %d (it has %d, rank "
+                "%d)",
+                m->rank, tp, tp, m->rank, c ? cinfer_comm_size(c) : 1,
+                c ? cinfer_comm_rank(c) : 0);
+    }
+    if (I->n_head % tp || I->n_head_kv % tp)
+        return cinfer_set_error(
+            CINFER_E_UNSUPPORTED,
+            "model: tensor_parallel %d does not divide the model's heads: "
+            "head_count %d, head_count_kv %d (both must be multiples of the "
+            "ranks)",
+            tp, I->n_head, I->n_head_kv);
+    m->n_head_r = I->n_head / tp;
+    m->n_kv_r = I->n_head_kv / tp;
+    int64_t lo, hi;
+    share(m, I->n_ff, &lo, &hi);
+    m->ff_r = hi - lo;
+    /* the vocabulary is known once the tokenizer is read */
+    return CINFER_OK;
+}
+
+/* The face of a tensor-parallel group: a model whose forward fans out to
+ * the group's rank models (model_group.c); info, tokenizer and gguf are
+ * rank 0's, the memory figures the largest rank's. */
+static cinfer_status create_group(const cinfer_model_params *p,
+                                  cinfer_model **out)
+{
+    cinfer_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+    cinfer_status st = cinfer_model_group_create(p, &m->group);
+    if (st != CINFER_OK) {
+        free(m);
+        return st;
+    }
+    cinfer_model *r0 = cinfer_model_group_rank(m->group, 0);
+    m->info = r0->info;
+    m->info.weights_held_bytes = cinfer_model_group_weights_held_max(m->group);
+    m->info.tp_rank = 0;
+    m->max_rows = r0->max_rows;
+    m->tp = r0->tp;
+    int max_blocks = (m->info.n_ctx + m->info.block_size - 1) /
+                     m->info.block_size;
+    m->single_tables = malloc(sizeof(int32_t) * (size_t)max_blocks);
+    if (!m->single_tables) {
+        cinfer_model_destroy(m);
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+    }
+    memcpy(m->single_tables, r0->single_tables,
+           sizeof(int32_t) * (size_t)max_blocks);
+    *out = m;
+    return CINFER_OK;
+}
+
 cinfer_status cinfer_model_create(const cinfer_model_params *p,
                                   cinfer_model **out)
 {
@@ -607,9 +833,21 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
     if (!p)
         return cinfer_set_error(CINFER_E_INVALID_ARG, "model: params is NULL");
     if (p->n_ctx < 0 || p->block_size < 0 || p->n_kv_blocks < 0 ||
-        p->max_seqs < 0 || p->max_batch_rows < 0 || p->n_threads < 0)
+        p->max_seqs < 0 || p->max_batch_rows < 0 || p->n_threads < 0 ||
+        p->tensor_parallel < 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "model: negative size in params");
+    int tp = p->tensor_parallel ? p->tensor_parallel : 1;
+    if (tp > CINFER_COMM_MAX_RANKS)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: tensor_parallel %d is above %d", tp,
+                                CINFER_COMM_MAX_RANKS);
+    if (tp > 1 && !p->backend)
+        return create_group(p, out);
+    if (tp > 1 && (p->tp_rank < 0 || p->tp_rank >= tp))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: tp_rank %d outside 0..%d", p->tp_rank,
+                                tp - 1);
     const char *path = p->path ? p->path : cinfer_model_default_path();
     if (!path || !*path)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -628,13 +866,16 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
         goto fail;
     if ((st = read_hparams(m)) != CINFER_OK)
         goto fail;
+    if ((st = set_rank(m, p, tp)) != CINFER_OK)
+        goto fail;
 
-    cinfer_tokenizer_params tp = cinfer_tokenizer_default_params();
-    tp.gguf = m->gguf;
-    if ((st = cinfer_tokenizer_create(&tp, &m->tok)) != CINFER_OK)
+    cinfer_tokenizer_params tkp = cinfer_tokenizer_default_params();
+    tkp.gguf = m->gguf;
+    if ((st = cinfer_tokenizer_create(&tkp, &m->tok)) != CINFER_OK)
         goto fail;
     cinfer_model_info *I = &m->info;
     I->n_vocab = cinfer_tokenizer_n_vocab(m->tok);
+    share(m, I->n_vocab, &m->v0, &m->v1);
     const cinfer_gguf_tensor *te =
         cinfer_gguf_find_tensor(m->gguf, "token_embd.weight");
     if (te && te->n_dims == 2 && te->ne[1] != I->n_vocab) {
@@ -690,8 +931,11 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
         st = plan_failed(m, &plan, st, "the weights do not fit");
     if (st != CINFER_OK)
         goto fail;
-    I->weights_held_bytes =
-        budgeted ? backend_used(m) - plan.used0 : I->weight_bytes;
+    /* A whole model on the CPU holds the file's bytes; a rank what it
+     * created (its shards and the replicated tensors). */
+    I->weights_held_bytes = budgeted     ? backend_used(m) - plan.used0
+                            : m->tp > 1 ? m->held_bytes
+                                        : I->weight_bytes;
     st = alloc_acts(m);
     if (budgeted && st != CINFER_OK)
         st = plan_failed(m, &plan, st, "the activations do not fit");
@@ -717,6 +961,7 @@ void cinfer_model_destroy(cinfer_model *m)
 {
     if (!m)
         return;
+    cinfer_model_group_destroy(m->group);
     cinfer_backend *be = m->be;
     if (be) {
         cinfer_tensor **acts[] = {&m->x,   &m->h,    &m->q,  &m->k,
@@ -740,6 +985,9 @@ void cinfer_model_destroy(cinfer_model *m)
         if (m->owns_backend)
             cinfer_backend_destroy(be);
     }
+    for (int i = 0; i < m->n_slices; i++)
+        slice_free(m->slices[i]);
+    free(m->slices);
     free(m->layers);
     free(m->single_tables);
     cinfer_tokenizer_destroy(m->tok);
@@ -752,14 +1000,33 @@ const cinfer_model_info *cinfer_model_get_info(const cinfer_model *m)
     return &m->info;
 }
 
-const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m)
+/* A group's face has no tokenizer, gguf or backend of its own: rank 0's. */
+static const cinfer_model *rank0(const cinfer_model *m)
 {
-    return m->tok;
+    return m->group ? cinfer_model_group_rank(m->group, 0) : m;
 }
 
-const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m) { return m->gguf; }
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m)
+{
+    return rank0(m)->tok;
+}
 
-cinfer_backend *cinfer_model_backend(cinfer_model *m) { return m->be; }
+const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m)
+{
+    return rank0(m)->gguf;
+}
+
+cinfer_backend *cinfer_model_backend(cinfer_model *m)
+{
+    return rank0(m)->be;
+}
+
+int cinfer_model_healthy(cinfer_model *m)
+{
+    if (m->group)
+        return cinfer_model_group_healthy(m->group);
+    return cinfer_backend_healthy(m->be);
+}
 
 /* ---------------------------------------------------------------------- */
 /* forward                                                                */
@@ -783,11 +1050,10 @@ static cinfer_status set_rows(cinfer_model *m, int64_t rows,
             return st_;                                                        \
     } while (0)
 
-cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
-                                   float *logits)
+/* The model's own checks of a step (the backend checks the rest). */
+static cinfer_status check_step(const cinfer_model *m, const cinfer_step *step)
 {
     const cinfer_model_info *I = &m->info;
-    cinfer_backend *be = m->be;
     if (!step || step->n_rows < 1 || step->n_rows > m->max_rows)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "model: step has %d rows (allowed 1..%d)",
@@ -812,6 +1078,36 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                     "vocabulary (0..%d)",
                                     r, step->tokens[r], I->n_vocab - 1);
     }
+    return CINFER_OK;
+}
+
+/* The rank's logits [n_out, v1 - v0] into its columns of the full rows:
+ * the host-side gather of a vocabulary-parallel LM head. */
+static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
+                                     float *logits)
+{
+    size_t V = (size_t)m->info.n_vocab, w = (size_t)(m->v1 - m->v0);
+    if (m->tp == 1)
+        return cinfer_backend_download(m->be, m->logits, 0, logits,
+                                       sizeof(float) * (size_t)n_out * V);
+    for (int64_t j = 0; j < n_out; j++)
+        TRY(cinfer_backend_download(m->be, m->logits,
+                                    sizeof(float) * (size_t)j * w,
+                                    logits + (size_t)j * V + (size_t)m->v0,
+                                    sizeof(float) * w));
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
+                                   float *logits)
+{
+    const cinfer_model_info *I = &m->info;
+    cinfer_backend *be = m->be;
+    TRY(check_step(m, step));
+    if (m->group)
+        return cinfer_model_group_forward(m->group, step, logits);
+    /* a rank of several: its partial sums meet the others' here */
+    int tp = m->tp > 1;
 
     int64_t n = step->n_rows, n_out = step->n_out;
     int last = I->n_layer - 1;
@@ -835,16 +1131,18 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
             TRY(cinfer_backend_add_bias(be, m->k, L->bk));
             TRY(cinfer_backend_add_bias(be, m->v, L->bv));
         }
-        TRY(cinfer_backend_rope(be, m->q, I->n_head, I->head_dim, m->rot_dim,
+        TRY(cinfer_backend_rope(be, m->q, m->n_head_r, I->head_dim, m->rot_dim,
                       I->rope_theta, m->rope_mode));
-        TRY(cinfer_backend_rope(be, m->k, I->n_head_kv, I->head_dim, m->rot_dim,
+        TRY(cinfer_backend_rope(be, m->k, m->n_kv_r, I->head_dim, m->rot_dim,
                       I->rope_theta, m->rope_mode));
         TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
-        TRY(cinfer_backend_attention(be, m->q, L->k_cache, L->v_cache, I->n_head,
-                           I->n_head_kv, I->head_dim, scale, m->att));
+        TRY(cinfer_backend_attention(be, m->q, L->k_cache, L->v_cache,
+                           m->n_head_r, m->n_kv_r, I->head_dim, scale, m->att));
         const cinfer_tensor *wo[1] = {L->wo};
         cinfer_tensor *oo[1] = {m->h};
         TRY(cinfer_backend_matmul(be, 1, wo, m->att, oo));
+        if (tp)
+            TRY(cinfer_backend_all_reduce_sum(be, m->h));
 
         /* In the last layer only the wanted rows continue. */
         cinfer_tensor *x = m->x, *h = m->h;
@@ -865,14 +1163,15 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
         const cinfer_tensor *wd[1] = {L->w_down};
         cinfer_tensor *od[1] = {h};
         TRY(cinfer_backend_matmul(be, 1, wd, m->gate, od));
+        if (tp)
+            TRY(cinfer_backend_all_reduce_sum(be, h));
         TRY(cinfer_backend_add(be, x, h, x));
     }
     TRY(cinfer_backend_rms_norm(be, m->xo, m->out_norm, I->norm_eps, m->xo));
     const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};
     cinfer_tensor *olog[1] = {m->logits};
     TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
-    TRY(cinfer_backend_download(be, m->logits, 0, logits,
-                      sizeof(float) * (size_t)n_out * (size_t)I->n_vocab));
+    TRY(download_logits(m, n_out, logits));
     TRY(cinfer_backend_synchronize(be));
     return CINFER_OK;
 }

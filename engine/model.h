@@ -22,6 +22,24 @@
  *     cinfer_model_eval_single(m, ids, n_ids, 0, 0, logits);
  *     cinfer_model_destroy(m);
  *
+ * Tensor parallelism (tensor_parallel = N > 1), Megatron-style: rank r
+ * keeps query heads [r*H/N, (r+1)*H/N) and KV heads likewise (Q, K, V and
+ * their biases split by output features), n_ff/N rows of gate and up, the
+ * matching input columns of the attention output and down projections
+ * (each followed by cinfer_backend_all_reduce_sum of the partial output)
+ * and rows [r*V/N, (r+1)*V/N) of the LM head; embeddings and norms are
+ * whole on every rank. H and H_kv must divide by N, and the column slices
+ * must be whole quantization blocks, else create refuses with the counts.
+ *   - With p->backend NULL, cinfer_model_create builds the whole group
+ *     (model_group.h: N CPU backends over one LOCAL communicator, a thread
+ *     per rank) and the returned model is the group: forward fans the step
+ *     out to every rank and gathers the full logits, so callers (the
+ *     engine) cannot tell it from a whole model.
+ *   - With p->backend given (its communicator has N ranks, this one
+ *     p->tp_rank), the model is that one rank: forward writes only its
+ *     vocabulary columns [r*V/N, (r+1)*V/N) of each logits row, and must
+ *     run concurrently with the other ranks' forwards of the same step.
+ *
  * Thread safety: one thread at a time per model (the engine thread).
  */
 #ifndef CINFER_MODEL_H
@@ -44,7 +62,9 @@ typedef struct {
     const char *path;          /* GGUF file; NULL = the default model */
     cinfer_backend *backend;   /* borrowed, must outlive the model; NULL =
                                   the model creates and owns a CPU backend */
-    int n_threads;             /* CPU backend threads; 0 = all cores */
+    int n_threads;             /* CPU backend threads; 0 = all cores (a
+                                  group shares them out: n_threads /
+                                  tensor_parallel per rank, at least 1) */
     cinfer_cpu_isa isa;        /* CPU kernel family; 0 = best available */
     int thread_prio;           /* the CPU backend's workers'
                                   cinfer_thread_prio; 0 = unchanged */
@@ -67,6 +87,14 @@ typedef struct {
                                   file; 0 = read into memory in huge pages
                                   (gguf.h: in_memory), which decodes
                                   faster */
+    int tensor_parallel;       /* ranks the model is split over
+                                  (Megatron-style, see below); 0 = 1 */
+    int tp_rank;               /* with `backend` given and
+                                  tensor_parallel > 1: the rank this model
+                                  is, 0..tensor_parallel-1, which must be
+                                  the backend communicator's rank; without
+                                  a backend, ignored (the model builds the
+                                  whole group) */
     /* Load progress in [0, 1] (optional). */
     void (*progress)(float fraction, void *user);
     void *progress_user;
@@ -104,6 +132,10 @@ typedef struct {
     uint64_t activation_bytes;    /* activation buffers (max_batch_rows) */
     uint64_t scratch_bytes;       /* reserved scratch of the largest step */
     uint64_t budget_bytes;        /* the backend's memory budget; 0 = none */
+    /* Tensor parallelism: the memory fields above are one rank's (of a
+     * group, the largest rank's). */
+    int tensor_parallel;    /* ranks the model is split over; 1 = whole */
+    int tp_rank;            /* this rank (0 for a group or a whole model) */
 } cinfer_model_info;
 
 /* Loads a model: maps the file, checks every tensor the architecture needs
@@ -126,7 +158,13 @@ const cinfer_model_info *cinfer_model_get_info(const cinfer_model *m);
  * gguf of one's own. */
 const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m);
 const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m);
+/* The backend (of a group: rank 0's). */
 cinfer_backend *cinfer_model_backend(cinfer_model *m);
+
+/* 1 while the model can run steps: its backend is healthy (a group: every
+ * rank's, and no rank has failed a step, which leaves the communicator
+ * broken). */
+int cinfer_model_healthy(cinfer_model *m);
 
 /* The default model's path (from the build, or CINFER_MODEL in the
  * environment); "" if unknown. */

@@ -63,6 +63,7 @@ typedef struct {
     int cuda_device;       /* ordinal for DEVICE_CUDA */
     double gpu_memory_fraction;
     long threads;
+    long tensor_parallel; /* CPU ranks the model is split over */
     int compute_prio; /* cinfer_thread_prio */
     long grpc_threads;
     long max_seqs;
@@ -131,6 +132,10 @@ static const flag_doc flags[] = {
      "is left; a model that does not fit is refused at start (default 0.9)"},
     {"threads", "CINFER_THREADS", "N",
      "CPU threads for the model on the CPU backend (default: all cores)"},
+    {"tensor-parallel", "CINFER_TENSOR_PARALLEL", "N",
+     "split the model over N ranks, Megatron-style: CPU rank threads with a "
+     "shared-memory all-reduce, sharing --threads out (CPU device only for "
+     "now); the model's head counts must divide by N (default 1)"},
     {"compute-priority", "CINFER_COMPUTE_PRIORITY", "normal|low|idle",
      "scheduling class of the compute threads (engine and CPU workers), so "
      "that the network threads answer and refuse calls at once while a "
@@ -379,6 +384,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
              cfg->gpu_memory_fraction > 0;
     } else if (strcmp(name, "threads") == 0) {
         ok = parse_long(v, 0, 1024, &cfg->threads);
+    } else if (strcmp(name, "tensor-parallel") == 0) {
+        ok = parse_long(v, 1, 256, &cfg->tensor_parallel);
     } else if (strcmp(name, "grpc-threads") == 0) {
         ok = parse_long(v, 1, 256, &cfg->grpc_threads);
     } else if (strcmp(name, "max-seqs") == 0) {
@@ -647,6 +654,7 @@ int cinfer_server_main(int argc, char **argv,
         .device = DEVICE_AUTO,
         .gpu_memory_fraction = 0.9,
         .threads = 0,
+        .tensor_parallel = 1,
         .compute_prio = CINFER_THREAD_PRIO_IDLE,
         .grpc_threads = 2,
         .max_seqs = 64,
@@ -786,7 +794,23 @@ int cinfer_server_main(int argc, char **argv,
     mp.n_threads = (int)cfg.threads;
     mp.thread_prio = cfg.compute_prio;
     mp.use_mmap = (int)cfg.use_mmap;
-    if (hooks && hooks->create_backend) {
+    mp.tensor_parallel = (int)cfg.tensor_parallel;
+    if (cfg.tensor_parallel > 1) {
+        /* The ranks are CPU threads, each with a backend the model group
+         * makes; GPU ranks (NCCL) are not wired here yet. */
+        if (cfg.device == DEVICE_CUDA || (hooks && hooks->create_backend)) {
+            cinfer_log_line l;
+            if (cinfer_log_begin(&l, CINFER_LOG_ERROR,
+                                 "tensor parallelism is not supported on "
+                                 "this device yet",
+                                 NULL)) {
+                cinfer_log_int(&l, "tensor_parallel", cfg.tensor_parallel);
+                cinfer_log_str(&l, "supported", "--device cpu");
+                cinfer_log_end(&l);
+            }
+            goto out;
+        }
+    } else if (hooks && hooks->create_backend) {
         if (hooks->create_backend(hooks->user, (int)cfg.threads, &backend) !=
             CINFER_OK) {
             cinfer_log_line l;

@@ -67,6 +67,9 @@ static void usage(FILE *f)
             "      --gpu-memory-fraction F  share of the CUDA device's memory to\n"
             "                          hold, in (0, 1]; the KV cache takes what\n"
             "                          the model leaves (default 0.9)\n"
+            "      --tensor-parallel N split the model over N CPU ranks (threads\n"
+            "                          with a shared-memory all-reduce; the\n"
+            "                          --threads are shared out; default 1)\n"
             "      --chat              wrap the prompt as a ChatML user turn\n"
             "      --temperature T     0 = greedy (default 0)\n"
             "      --top-k K           0 = off\n"
@@ -91,7 +94,7 @@ static void usage(FILE *f)
 enum {
     OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
     OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
-    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION
+    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION, OPT_TP
 };
 
 /* --device: "auto", "cpu", "cuda", "cuda:N". *cuda is -1 for the CPU,
@@ -149,10 +152,13 @@ static void print_memory(const cinfer_model *m)
     const double mib = 1024.0 * 1024.0;
     fprintf(stderr,
             "memory: weights %.1f MiB, activations %.1f MiB, scratch %.1f "
-            "MiB, KV cache %.1f MiB (%d blocks of %d tokens)",
+            "MiB, KV cache %.1f MiB (%d blocks of %d tokens)%s",
             (double)I->weights_held_bytes / mib,
             (double)I->activation_bytes / mib, (double)I->scratch_bytes / mib,
-            (double)I->kv_bytes / mib, I->n_kv_blocks, I->block_size);
+            (double)I->kv_bytes / mib, I->n_kv_blocks, I->block_size,
+            I->tensor_parallel > 1 ? " per rank" : "");
+    if (I->tensor_parallel > 1)
+        fprintf(stderr, " of %d ranks", I->tensor_parallel);
     if (I->budget_bytes)
         fprintf(stderr, "; budget %.1f MiB\n", (double)I->budget_bytes / mib);
     else
@@ -289,7 +295,7 @@ fail:
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL;
-    long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096;
+    long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096, tp = 1;
     int chat = 0, ignore_eos = 0, parse_special = 1, use_mmap = 0;
     int bench_pp = -1, bench_tg = -1;
     int cuda = -2; /* --device auto */
@@ -322,6 +328,7 @@ int main(int argc, char **argv)
         {"mmap", no_argument, 0, OPT_MMAP},
         {"device", required_argument, 0, OPT_DEVICE},
         {"gpu-memory-fraction", required_argument, 0, OPT_GPU_FRACTION},
+        {"tensor-parallel", required_argument, 0, OPT_TP},
         {0, 0, 0, 0},
     };
     int c;
@@ -385,6 +392,10 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case OPT_TP:
+            if (parse_int(optarg, "--tensor-parallel", 1, 256, &tp))
+                return 2;
+            break;
         case OPT_CTX:
             if (parse_int(optarg, "--ctx", 16, 1 << 20, &ctx)) return 2;
             break;
@@ -428,6 +439,17 @@ int main(int argc, char **argv)
         prompt = owned_prompt;
     }
 
+    /* Tensor-parallel ranks are CPU threads for now; GPU ranks need the
+     * NCCL communicator wired to the CUDA backend here. */
+    if (tp > 1 && cuda >= 0) {
+        fprintf(stderr, "cinfer-run: --tensor-parallel %ld on --device cuda "
+                        "is not supported yet (CPU ranks only: --device "
+                        "cpu)\n", tp);
+        free(owned_prompt);
+        return 2;
+    }
+    if (tp > 1)
+        cuda = -1; /* auto picks the CPU ranks */
     cinfer_backend *backend = NULL;
     if (open_device(cuda, gpu_fraction, &backend)) {
         free(owned_prompt);
@@ -444,6 +466,7 @@ int main(int argc, char **argv)
     mp.isa = isa;
     mp.n_ctx = (int)ctx;
     mp.use_mmap = use_mmap;
+    mp.tensor_parallel = (int)tp;
     if (isatty(2)) {
         mp.progress = progress_bar;
         mp.progress_user = &last_pct;

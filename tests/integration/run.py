@@ -2160,6 +2160,46 @@ def case_cudasim_generate():
     log("ok: cudasim server streams the CPU server's greedy text")
 
 
+def case_tensor_parallel():
+    """The default model split over 3 CPU ranks (--tensor-parallel 3)
+    streams the greedy text of the whole model (--tensor-parallel 1) for
+    the same requests; --tensor-parallel 2 (3 KV heads) is refused at
+    start with the head counts."""
+    model = need_model()
+    n = ARGS.tokens
+    prompts = PROMPTS[:2]
+    want = {}
+    with Server(model, ["--device", "cpu", "--tensor-parallel", "1"],
+                name="tp1") as srv:
+        for p in prompts:
+            want[p] = stream_greedy(srv, p, n)
+    with Server(model, ["--device", "cpu", "--tensor-parallel", "3"],
+                name="tp3", threads=3) as srv:
+        check_eq(srv.health(), "SERVING", "health at TP=3")
+        check(any("rank 0 of 3" in d for d in srv.info().backend.devices),
+              "the backend is rank 0 of 3: %r"
+              % list(srv.info().backend.devices))
+        for p in prompts:
+            text, final = stream_greedy(srv, p, n)
+            check_eq(text, want[p][0], "TP=3 text for %r" % p)
+            check_eq(final.usage.completion_tokens,
+                     want[p][1].usage.completion_tokens,
+                     "TP=3 completion tokens for %r" % p)
+        wait_engine_idle(srv, 30)
+        check_eq(srv.health(), "SERVING", "health after the requests")
+    r = subprocess.run([ARGS.server_bin, "--listen", "127.0.0.1:0",
+                        "--metrics-listen", "127.0.0.1:0",
+                        "--model", model, "--device", "cpu",
+                        "--tensor-parallel", "2"],
+                       capture_output=True, timeout=120)
+    err = r.stderr.decode(errors="replace")
+    check(r.returncode != 0, "TP=2 server exits at start (rc %d)"
+          % r.returncode)
+    check("head_count 9, head_count_kv 3" in err,
+          "TP=2 refusal names the head counts:\n" + err[-2000:])
+    log("ok: TP=3 streams TP=1's greedy text; TP=2 refused")
+
+
 # The harness counts every runtime and cuBLAS call and every kernel launch
 # from the start of the process; the fault fires at this one. Loading the
 # tiny model takes a few hundred calls and a step about a hundred, so this
@@ -2294,6 +2334,7 @@ CASES = {
     "breaker": case_breaker,
     "device_lost": case_device_lost,
     "saturated": case_saturated,
+    "tensor_parallel": case_tensor_parallel,
     "cudasim_generate": case_cudasim_generate,
     "cudasim_fault": case_cudasim_fault,
     "cudasim_device_lost": case_cudasim_device_lost,
