@@ -2163,8 +2163,9 @@ def case_cudasim_generate():
 def case_tensor_parallel():
     """The default model split over 3 CPU ranks (--tensor-parallel 3)
     streams the greedy text of the whole model (--tensor-parallel 1) for
-    the same requests; --tensor-parallel 2 (3 KV heads) is refused at
-    start with the head counts."""
+    the same requests, one at a time and as 8 concurrent (batched)
+    streams; --tensor-parallel 2 (3 KV heads) is refused at start with
+    the head counts."""
     model = need_model()
     n = ARGS.tokens
     prompts = PROMPTS[:2]
@@ -2185,6 +2186,30 @@ def case_tensor_parallel():
             check_eq(final.usage.completion_tokens,
                      want[p][1].usage.completion_tokens,
                      "TP=3 completion tokens for %r" % p)
+        # The same prompts as 8 concurrent streams, which the engine
+        # batches: each still gets the text it got alone at TP=1.
+        pb = stubs()[0]
+        stub = srv.stub()
+        results, errors = [None] * 8, []
+
+        def one(i):
+            p = prompts[i % len(prompts)]
+            try:
+                text, _, _ = collect(stub.Generate(
+                    greedy_request(pb, p, n, request_id="tp-%d" % i),
+                    timeout=600))
+                results[i] = (p, text)
+            except Exception as e:  # noqa: BLE001
+                errors.append("stream %d: %r" % (i, e))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        check(not errors, "; ".join(errors))
+        for i, (p, text) in enumerate(results):
+            check_eq(text, want[p][0], "TP=3 batched stream %d (%r)" % (i, p))
         wait_engine_idle(srv, 30)
         check_eq(srv.health(), "SERVING", "health after the requests")
     r = subprocess.run([ARGS.server_bin, "--listen", "127.0.0.1:0",
@@ -2197,7 +2222,8 @@ def case_tensor_parallel():
           % r.returncode)
     check("head_count 9, head_count_kv 3" in err,
           "TP=2 refusal names the head counts:\n" + err[-2000:])
-    log("ok: TP=3 streams TP=1's greedy text; TP=2 refused")
+    log("ok: TP=3 streams TP=1's greedy text, alone and batched; TP=2 "
+        "refused")
 
 
 # The harness counts every runtime and cuBLAS call and every kernel launch
