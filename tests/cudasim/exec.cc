@@ -157,6 +157,16 @@ struct job {
 
 thread_local worker *tls_worker;
 
+/* Frees a thread's worker when the thread ends: the threads that launch
+ * kernels (an engine thread, a test's threads) run blocks too and may come
+ * and go, and their fiber stacks must not outlive them (LeakSanitizer
+ * reports them at exit otherwise). Pool threads never end. */
+struct worker_owner {
+    worker *w = nullptr;
+    ~worker_owner();
+};
+thread_local worker_owner tls_owner;
+
 std::atomic<int> g_sched{CUDASIM_SCHEDULE_FORWARD};
 std::atomic<unsigned long long> g_seed{0};
 std::atomic<unsigned long long> g_launch_no{0};
@@ -171,8 +181,28 @@ worker *get_worker()
         w = new worker;
         w->arena = static_cast<char *>(aligned_alloc(128, SMEM_OPTIN + 4096));
         tls_worker = w;
+        tls_owner.w = w;
     }
     return w;
+}
+
+worker_owner::~worker_owner()
+{
+    if (!w)
+        return;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (fiber *f : w->all_fibers) {
+#ifdef CUDASIM_ASAN
+        /* The next mapping at these addresses must not inherit poison. */
+        __asan_unpoison_memory_region(f->stack_lo, f->size);
+#endif
+        munmap(f->stack_lo - page, f->size + page);
+        delete f;
+    }
+    free(w->arena);
+    delete w;
+    tls_worker = nullptr;
+    w = nullptr;
 }
 
 uint64_t splitmix(uint64_t *s)
