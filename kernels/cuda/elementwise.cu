@@ -8,6 +8,7 @@
  */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "kernels/cuda/cuda_compat.cuh"
 
@@ -28,23 +29,34 @@ static unsigned flat_blocks(int64_t units)
     return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
 }
 
-static __device__ __forceinline__ float silu_mul1(float g, float u)
-{
-    return g / (1.0f + expf(-g)) * u;
-}
+/* The two-input flat ops: out[i] = Op()(a[i], b[i]). */
+struct add_op {
+    __device__ __forceinline__ float operator()(float a, float b) const
+    {
+        return a + b;
+    }
+};
+
+struct silu_mul_op { /* a = gate, b = up; expf, not the fast __expf */
+    __device__ __forceinline__ float operator()(float g, float u) const
+    {
+        return g / (1.0f + expf(-g)) * u;
+    }
+};
 
 /* ---------------------------------------------------------------------- */
-/* add                                                                     */
+/* add, silu_mul: one flat two-input kernel                                */
 /* ---------------------------------------------------------------------- */
 
 // Grid: (min(ceil(n / VEC / THREADS), MAX_BLOCKS)), block (THREADS).
 // VEC 4: a, b and out are 16-byte aligned.
-template <int VEC>
-__global__ void add_kernel(const float *a, // [n]
-                           const float *b, // [n]
-                           float *out,     // [n], may alias a or b
-                           int64_t n)
+template <typename Op, int VEC>
+__global__ void flat2_kernel(const float *a, // [n]
+                             const float *b, // [n]
+                             float *out,     // [n], may alias a or b
+                             int64_t n)
 {
+    const Op op;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t done = 0;
@@ -54,49 +66,73 @@ __global__ void add_kernel(const float *a, // [n]
             const float4 x = reinterpret_cast<const float4 *>(a)[i];
             const float4 y = reinterpret_cast<const float4 *>(b)[i];
             float4 z;
-            z.x = x.x + y.x;
-            z.y = x.y + y.y;
-            z.z = x.z + y.z;
-            z.w = x.w + y.w;
+            z.x = op(x.x, y.x);
+            z.y = op(x.y, y.y);
+            z.z = op(x.z, y.z);
+            z.w = op(x.w, y.w);
             reinterpret_cast<float4 *>(out)[i] = z;
         }
         done = n4 * 4;
     }
     for (int64_t i = done + t; i < n; i += stride)
-        out[i] = a[i] + b[i];
+        out[i] = op(a[i], b[i]);
+}
+
+/* Checks and launches flat2_kernel<Op>; `what` names the op and a_name /
+ * b_name its inputs in error messages. */
+template <typename Op>
+static cinfer_status launch_flat2(const char *what, const char *a_name,
+                                  const char *b_name, cudaStream_t stream,
+                                  const float *a, const float *b, float *out,
+                                  int64_t n_elems)
+{
+    if (n_elems < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda %s: n_elems %lld is negative", what,
+                                (long long)n_elems);
+    if (n_elems == 0)
+        return CINFER_OK;
+    if (!a || !b || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "cuda %s: %s is NULL",
+                                what, !a ? a_name : !b ? b_name : "out");
+    const int vec = aligned16(a) && aligned16(b) && aligned16(out) ? 4 : 1;
+    const dim3 grid(flat_blocks(vec == 4 ? n_elems / 4 + 1 : n_elems));
+    switch (vec) {
+    case 4:
+        CINFER_LAUNCH((flat2_kernel<Op, 4>), grid, dim3(THREADS), 0, stream, a,
+                      b, out, n_elems);
+        break;
+    case 1:
+        CINFER_LAUNCH((flat2_kernel<Op, 1>), grid, dim3(THREADS), 0, stream, a,
+                      b, out, n_elems);
+        break;
+    default:
+        return cinfer_set_error(CINFER_E_INTERNAL,
+                                "cuda %s: vector width %d", what, vec);
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        char stmt[64];
+        snprintf(stmt, sizeof stmt, "launch flat2_kernel (%s)", what);
+        return cinfer_cuda_fail((int)e, stmt, __FILE__, __LINE__);
+    }
+    return CINFER_OK;
 }
 
 extern "C" cinfer_status cinfer_cuda_add(cudaStream_t stream, const float *a,
                                          const float *b, float *out,
                                          int64_t n_elems)
 {
-    if (n_elems < 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda add: n_elems %lld is negative",
-                                (long long)n_elems);
-    if (n_elems == 0)
-        return CINFER_OK;
-    if (!a || !b || !out)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda add: %s is NULL",
-                                !a ? "a" : !b ? "b" : "out");
-    const int vec = aligned16(a) && aligned16(b) && aligned16(out) ? 4 : 1;
-    const dim3 grid(flat_blocks(vec == 4 ? n_elems / 4 + 1 : n_elems));
-    switch (vec) {
-    case 4:
-        CINFER_LAUNCH(add_kernel<4>, grid, dim3(THREADS), 0, stream, a, b, out,
-                      n_elems);
-        break;
-    case 1:
-        CINFER_LAUNCH(add_kernel<1>, grid, dim3(THREADS), 0, stream, a, b, out,
-                      n_elems);
-        break;
-    default:
-        return cinfer_set_error(CINFER_E_INTERNAL, "cuda add: vector width %d",
-                                vec);
-    }
-    CINFER_CUDA_TRY_LAUNCH("add_kernel");
-    return CINFER_OK;
+    return launch_flat2<add_op>("add", "a", "b", stream, a, b, out, n_elems);
+}
+
+extern "C" cinfer_status cinfer_cuda_silu_mul(cudaStream_t stream,
+                                              const float *gate,
+                                              const float *up, float *out,
+                                              int64_t n_elems)
+{
+    return launch_flat2<silu_mul_op>("silu_mul", "gate", "up", stream, gate,
+                                     up, out, n_elems);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -165,73 +201,5 @@ extern "C" cinfer_status cinfer_cuda_add_bias(cudaStream_t stream, float *x,
                                 "cuda add_bias: vector width %d", vec);
     }
     CINFER_CUDA_TRY_LAUNCH("add_bias_kernel");
-    return CINFER_OK;
-}
-
-/* ---------------------------------------------------------------------- */
-/* silu_mul                                                                */
-/* ---------------------------------------------------------------------- */
-
-// Grid: (min(ceil(n / VEC / THREADS), MAX_BLOCKS)), block (THREADS).
-// VEC 4: gate, up and out are 16-byte aligned.
-template <int VEC>
-__global__ void silu_mul_kernel(const float *gate, // [n]
-                                const float *up,   // [n]
-                                float *out,        // [n], may alias gate, up
-                                int64_t n)
-{
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int64_t done = 0;
-    if (VEC == 4) {
-        const int64_t n4 = n / 4;
-        for (int64_t i = t; i < n4; i += stride) {
-            const float4 g = reinterpret_cast<const float4 *>(gate)[i];
-            const float4 u = reinterpret_cast<const float4 *>(up)[i];
-            float4 z;
-            z.x = silu_mul1(g.x, u.x);
-            z.y = silu_mul1(g.y, u.y);
-            z.z = silu_mul1(g.z, u.z);
-            z.w = silu_mul1(g.w, u.w);
-            reinterpret_cast<float4 *>(out)[i] = z;
-        }
-        done = n4 * 4;
-    }
-    for (int64_t i = done + t; i < n; i += stride)
-        out[i] = silu_mul1(gate[i], up[i]);
-}
-
-extern "C" cinfer_status cinfer_cuda_silu_mul(cudaStream_t stream,
-                                              const float *gate,
-                                              const float *up, float *out,
-                                              int64_t n_elems)
-{
-    if (n_elems < 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda silu_mul: n_elems %lld is negative",
-                                (long long)n_elems);
-    if (n_elems == 0)
-        return CINFER_OK;
-    if (!gate || !up || !out)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda silu_mul: %s is NULL",
-                                !gate ? "gate" : !up ? "up" : "out");
-    const int vec =
-        aligned16(gate) && aligned16(up) && aligned16(out) ? 4 : 1;
-    const dim3 grid(flat_blocks(vec == 4 ? n_elems / 4 + 1 : n_elems));
-    switch (vec) {
-    case 4:
-        CINFER_LAUNCH(silu_mul_kernel<4>, grid, dim3(THREADS), 0, stream, gate,
-                      up, out, n_elems);
-        break;
-    case 1:
-        CINFER_LAUNCH(silu_mul_kernel<1>, grid, dim3(THREADS), 0, stream, gate,
-                      up, out, n_elems);
-        break;
-    default:
-        return cinfer_set_error(CINFER_E_INTERNAL,
-                                "cuda silu_mul: vector width %d", vec);
-    }
-    CINFER_CUDA_TRY_LAUNCH("silu_mul_kernel");
     return CINFER_OK;
 }
