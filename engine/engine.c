@@ -277,6 +277,7 @@ static void emit_text(eng_seq *s, const int32_t *ids, size_t n_ids,
     ev.top = top;
     ev.n_top = top ? n_top : 0;
     ev.message = "";
+    ev.queue_ns = s->admitted ? s->first_sched_ns - r->submit_ns : 0;
     r->on_event(r->user, &ev);
 }
 

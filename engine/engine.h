@@ -144,7 +144,9 @@ typedef struct {
     int32_t prompt_tokens;
     int32_t completion_tokens;
     int32_t cached_tokens;         /* prompt tokens served by the prefix cache */
-    int64_t queue_ns;              /* submit -> first scheduled */
+    int64_t queue_ns;              /* submit -> first scheduled (TOKENS
+                                      too, once the sample was scheduled;
+                                      else 0) */
     int64_t ttft_ns;               /* submit -> first token */
     int64_t total_ns;              /* submit -> finish */
 } cinfer_engine_event;

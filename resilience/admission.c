@@ -274,14 +274,16 @@ static void shed_queued(cinfer_admission *a, cinfer_admission_ticket *t,
 
 cinfer_admission_decision cinfer_admission_dequeue(cinfer_admission *a,
                                                    cinfer_admission_ticket *t,
-                                                   int64_t now_ns)
+                                                   int64_t now_ns,
+                                                   int64_t wait_ns)
 {
     cinfer_admission_decision d = {CINFER_REJECT_NONE, 0};
     int64_t pushback = 0;
     pthread_mutex_lock(&a->mu);
     if (t->state == CINFER_TICKET_QUEUED) {
         d.reason =
-            cinfer_shedder_dequeue(&a->shedder, &t->entry, now_ns, &pushback);
+            cinfer_shedder_dequeue(&a->shedder, &t->entry, now_ns, wait_ns,
+                                   &pushback);
         if (d.reason == CINFER_REJECT_NONE) {
             t->state = CINFER_TICKET_RUNNING;
             a->started++;
@@ -355,6 +357,14 @@ void cinfer_admission_set_kv_usage(cinfer_admission *a, uint32_t permille)
 {
     pthread_mutex_lock(&a->mu);
     cinfer_shedder_set_kv_usage(&a->shedder, permille);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void cinfer_admission_set_engine_waiting(cinfer_admission *a,
+                                         int64_t waiting)
+{
+    pthread_mutex_lock(&a->mu);
+    cinfer_shedder_set_engine_waiting(&a->shedder, waiting);
     pthread_mutex_unlock(&a->mu);
 }
 

@@ -33,7 +33,8 @@
  *     cinfer_admission_admit(adm, &rq, cinfer_clock_now_ns(), &d, &t);
  *     if (d.reason != CINFER_REJECT_NONE)
  *         ...send cinfer_reject_status(d.reason) with d.retry_after_ms
- *     ...when the engine starts it:   cinfer_admission_dequeue(adm, &t, now)
+ *     ...when the engine starts it:   cinfer_admission_dequeue(adm, &t, now,
+ *                                         waited_for_a_turn_ns);
  *     ...when it ends, however:       cinfer_admission_finish(adm, &t,
  *                                         CINFER_OUTCOME_SUCCESS, now);
  */
@@ -427,10 +428,16 @@ int64_t cinfer_codel_slough_ns(const cinfer_codel *c);
  *     bounds) and a request is already waiting, newcomers are shed.
  *   - CoDel (above) on the queue wait: at dequeue in folly's form, and at
  *     admission and while waiting, a request whose (predicted or actual)
- *     wait exceeds the slough timeout is shed while CoDel says overloaded.
+ *     wait exceeds the slough timeout is shed while CoDel says overloaded
+ *     and the engine holds requests back (cinfer_shedder_set_engine_waiting
+ *     > 0, or never set). A request the engine would start at once is
+ *     not part of a standing queue, whatever CoDel's last verdict: shedding
+ *     it frees nothing for anyone.
  * Every shed carries a pushback: the predicted time for the work queued
  * ahead to drain, clamped to [pushback_min_ms, pushback_max_ms], or
- * pushback_unknown_ms before the rate is known.
+ * pushback_unknown_ms before the rate is known. A CoDel shed's pushback is
+ * never shorter than the CoDel interval: CoDel judges the queue again only
+ * after one, so a sooner retry meets the same verdict.
  *
  * "Tokens" are whatever unit the caller gives (prompt + max_tokens is the
  * intended one), used the same way for the bound and the rate.
@@ -505,6 +512,7 @@ typedef struct {
     uint64_t level_in[CINFER_PRIORITY_LEVELS];  /* tokens ever enqueued */
     uint64_t level_out[CINFER_PRIORITY_LEVELS]; /* tokens ever left */
     uint32_t kv_permille;
+    int64_t engine_waiting; /* requests the engine holds back; -1 unknown */
     /* service rate */
     int64_t last_ns; /* latest time seen */
     int started;
@@ -545,14 +553,17 @@ cinfer_reject cinfer_shedder_check(cinfer_shedder *s,
                                    const cinfer_shed_entry *e, int64_t now_ns,
                                    int64_t *pushback_ns);
 
-/* The request leaves the queue to run. Returns CINFER_REJECT_NONE (it ran:
- * its tokens count as served for the rate), SHED_DEADLINE when its
+/* The request leaves the queue to run. wait_ns is the time it waited for
+ * its turn as CoDel should judge it (the engine's submit-to-scheduled
+ * time), or < 0 for the time since admission. Returns CINFER_REJECT_NONE
+ * (it ran: its tokens count as served for the rate), SHED_DEADLINE when its
  * deadline had passed, or SHED_CODEL when CoDel drops it; in every case
  * the entry is out of the queue afterwards. *pushback_ns (may be NULL)
  * gets the pushback for a shed, 0 otherwise. No-op (NONE) on an unqueued
  * entry. */
 cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
-                                     int64_t now_ns, int64_t *pushback_ns);
+                                     int64_t now_ns, int64_t wait_ns,
+                                     int64_t *pushback_ns);
 
 /* The request leaves the queue without running (cancelled, shed while
  * waiting). No-op on an unqueued entry. */
@@ -565,6 +576,12 @@ void cinfer_shedder_observe_token_time(cinfer_shedder *s, int64_t ns);
 
 /* KV-cache usage in permille (0..1000; larger is clamped). */
 void cinfer_shedder_set_kv_usage(cinfer_shedder *s, uint32_t permille);
+
+/* How many requests the engine holds back for want of a slot, KV blocks or
+ * a prefill budget (its waiting queue). 0 means everything submitted has
+ * started, and CoDel sheds nothing at admission or while waiting; until
+ * the first call it is unknown and CoDel applies. */
+void cinfer_shedder_set_engine_waiting(cinfer_shedder *s, int64_t waiting);
 
 /* Predicted wait in ns of a request of this priority arriving now: 0 with
  * nothing ahead, INT64_MAX when the measured rate is 0; -1 while the rate
@@ -695,12 +712,15 @@ cinfer_status cinfer_admission_admit(cinfer_admission *a,
                                      cinfer_admission_decision *d,
                                      cinfer_admission_ticket *t);
 
-/* The engine starts the request. Returns NONE (now RUNNING), or
- * SHED_DEADLINE / SHED_CODEL (now DONE; the server ends the call with that
- * reason and does not run it). No-op returning NONE unless QUEUED. */
+/* The engine starts the request, which waited wait_ns for its turn (< 0:
+ * the time since admission; see cinfer_shedder_dequeue). Returns NONE (now
+ * RUNNING), or SHED_DEADLINE / SHED_CODEL (now DONE; the server ends the
+ * call with that reason and does not run it). No-op returning NONE unless
+ * QUEUED. */
 cinfer_admission_decision cinfer_admission_dequeue(cinfer_admission *a,
                                                    cinfer_admission_ticket *t,
-                                                   int64_t now_ns);
+                                                   int64_t now_ns,
+                                                   int64_t wait_ns);
 
 /* Re-checks a QUEUED request (call it periodically, e.g. every engine
  * step): NONE to keep waiting, or SHED_DEADLINE / SHED_CODEL (now DONE; the
@@ -723,6 +743,11 @@ void cinfer_admission_observe_token_time(cinfer_admission *a, int64_t ns);
 
 /* KV-cache usage for the shedder, permille (the engine's used / total). */
 void cinfer_admission_set_kv_usage(cinfer_admission *a, uint32_t permille);
+
+/* The engine's waiting queue for the shedder (cinfer_shedder_set_engine_
+ * waiting). */
+void cinfer_admission_set_engine_waiting(cinfer_admission *a,
+                                         int64_t waiting);
 
 /* Fills *out; now_ns expires old breaker buckets for the window counts. */
 void cinfer_admission_stats_get(cinfer_admission *a, int64_t now_ns,

@@ -195,6 +195,7 @@ cinfer_status cinfer_shedder_init(cinfer_shedder *s,
     memset(s, 0, sizeof *s);
     s->p = r;
     s->codel = c;
+    s->engine_waiting = -1;
     return CINFER_OK;
 }
 
@@ -391,6 +392,28 @@ void cinfer_shedder_set_kv_usage(cinfer_shedder *s, uint32_t permille)
     s->kv_permille = permille > 1000 ? 1000 : permille;
 }
 
+void cinfer_shedder_set_engine_waiting(cinfer_shedder *s, int64_t waiting)
+{
+    s->engine_waiting = waiting < 0 ? 0 : waiting;
+}
+
+/* CoDel sheds a request that waits (or would wait) past the slough
+ * timeout only while it says overloaded and the engine holds requests
+ * back: one the engine starts at once is no standing queue. */
+static int codel_sheds(cinfer_shedder *s, int64_t wait_ns, int64_t t)
+{
+    return s->engine_waiting != 0 &&
+           wait_ns > cinfer_codel_slough_ns(&s->codel) &&
+           cinfer_codel_overloaded(&s->codel, t);
+}
+
+/* A CoDel shed's pushback: at least the interval after which CoDel judges
+ * the queue again. */
+static int64_t codel_pushback_ns(const cinfer_shedder *s, int64_t pushback)
+{
+    return pushback < s->codel.interval_ns ? s->codel.interval_ns : pushback;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Shedder: queue                                                         */
 /* ---------------------------------------------------------------------- */
@@ -430,12 +453,14 @@ cinfer_reject cinfer_shedder_admit(cinfer_shedder *s,
         if (predicted <= 0)
             predicted = -1; /* its own stream is too long: no drain time */
     }
-    else if (rq->deadline_ns && predicted > cinfer_codel_slough_ns(&s->codel) &&
-             cinfer_codel_overloaded(&s->codel, t))
+    else if (rq->deadline_ns && codel_sheds(s, predicted, t))
         r = CINFER_REJECT_SHED_CODEL;
 
-    if (pushback)
+    if (pushback) {
         *pushback = r == CINFER_REJECT_NONE ? 0 : pushback_ns(s, predicted);
+        if (r == CINFER_REJECT_SHED_CODEL)
+            *pushback = codel_pushback_ns(s, *pushback);
+    }
     if (r != CINFER_REJECT_NONE)
         return r;
 
@@ -491,23 +516,26 @@ cinfer_reject cinfer_shedder_check(cinfer_shedder *s,
     cinfer_reject r = CINFER_REJECT_NONE;
     if (left <= 0 || predicted > left)
         r = CINFER_REJECT_SHED_DEADLINE;
-    else if (e->deadline_ns && waited > cinfer_codel_slough_ns(&s->codel) &&
-             cinfer_codel_overloaded(&s->codel, t))
+    else if (e->deadline_ns && codel_sheds(s, waited, t))
         r = CINFER_REJECT_SHED_CODEL;
-    if (pushback && r != CINFER_REJECT_NONE)
+    if (pushback && r != CINFER_REJECT_NONE) {
         *pushback = pushback_ns(s, predicted);
+        if (r == CINFER_REJECT_SHED_CODEL)
+            *pushback = codel_pushback_ns(s, *pushback);
+    }
     return r;
 }
 
 cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
-                                     int64_t now_ns, int64_t *pushback)
+                                     int64_t now_ns, int64_t wait_ns,
+                                     int64_t *pushback)
 {
     if (pushback)
         *pushback = 0;
     if (!e->queued)
         return CINFER_REJECT_NONE;
     int64_t t = see(s, now_ns);
-    int64_t waited = time_left(t, e->enqueued_ns);
+    int64_t waited = wait_ns >= 0 ? wait_ns : time_left(t, e->enqueued_ns);
     cinfer_reject r = CINFER_REJECT_NONE;
     if (e->deadline_ns && time_left(e->deadline_ns, t) <= 0)
         r = CINFER_REJECT_SHED_DEADLINE;
@@ -521,6 +549,8 @@ cinfer_reject cinfer_shedder_dequeue(cinfer_shedder *s, cinfer_shed_entry *e,
         uint64_t ahead =
             add_sat_u64(tokens_above(s, e->level), s->level_tokens[e->level]);
         *pushback = pushback_ns(s, predict(s, ahead));
+        if (r == CINFER_REJECT_SHED_CODEL)
+            *pushback = codel_pushback_ns(s, *pushback);
     }
     return r;
 }

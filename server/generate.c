@@ -38,7 +38,9 @@
  * (under c->mu) through its life:
  *
  *   QUEUED  from admission to its first token: the shedder's queue is the
- *           time to first token, which is what a deadline and CoDel judge;
+ *           time to first token, which is what a deadline judges (CoDel
+ *           judges only the engine's wait for a turn, the event's
+ *           queue_ns);
  *           the watchdog re-checks it (cinfer_generate_check_queued) and a
  *           shed cancels it in the engine, ending the call Trailers-Only
  *   RUNNING from the first token (cinfer_admission_dequeue)
@@ -456,7 +458,8 @@ static void on_tokens_timing(srv_call *c, gen_state *g,
         g->started = 1;
         if (s->adm) {
             cinfer_admission_decision d =
-                cinfer_admission_dequeue(s->adm, &g->ticket, now);
+                cinfer_admission_dequeue(s->adm, &g->ticket, now,
+                                         ev->queue_ns);
             if (d.reason != CINFER_REJECT_NONE) {
                 g->shed = d.reason;
                 g->shed_retry_ms = d.retry_after_ms;

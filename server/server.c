@@ -40,8 +40,10 @@
  * UNAVAILABLE status before cancelling the calls outright. */
 #define ABORT_GRACE_MS 5000
 
-/* CoDel on the time to first token: a standing queue is one whose fastest
- * request in CODEL_INTERVAL waited more than CODEL_TARGET. */
+/* CoDel on the engine's queue wait (submit to first scheduled, the
+ * request's own prefill not counted): a standing queue is one whose
+ * fastest request in CODEL_INTERVAL waited more than CODEL_TARGET for its
+ * turn. */
 #define SERVER_CODEL_TARGET_MS 500
 #define SERVER_CODEL_INTERVAL_MS 5000
 
@@ -72,8 +74,9 @@ cinfer_server_params cinfer_server_default_params(void)
     p.default_max_tokens = 256;
     p.resilience = 1;
     p.admission = cinfer_admission_default_params();
-    /* The shedder's queue is admission to first token, prefill included:
-     * CoDel judges time to first token, so its target is a TTFT. */
+    /* The shedder's queue is admission to first token (the prediction
+     * and the deadline checks count prefill), but CoDel judges only the
+     * wait for a turn: a request's own prefill is service, not queue. */
     p.admission.shedder.codel.target_ms = SERVER_CODEL_TARGET_MS;
     p.admission.shedder.codel.interval_ms = SERVER_CODEL_INTERVAL_MS;
     p.max_request_time_ms = 0;

@@ -161,6 +161,8 @@ static void *watchdog_main(void *arg)
             cinfer_admission_set_kv_usage(
                 s->adm, (uint32_t)((int64_t)es.kv_blocks_used * 1000 /
                                    es.kv_blocks_total));
+        if (s->adm)
+            cinfer_admission_set_engine_waiting(s->adm, es.waiting);
 
         /* Stuck: work and no step. */
         if (es.running + es.waiting > 0 && es.steps == last_steps) {

@@ -1592,9 +1592,10 @@ def case_rejections():
             st.join()
         wait_engine_idle(srv, 30)
 
-    # CoDel on the time to first token: a standing queue of short requests
-    # behind slow steps; once an interval's fastest wait exceeds 20 ms,
-    # waits over 40 ms are shed (while queued, or at their first token).
+    # CoDel on the wait for a turn: a standing queue of short requests
+    # behind slow steps on one slot; once an interval's fastest wait exceeds
+    # 20 ms, waits over 40 ms are shed (while queued, or at their first
+    # token), each told to retry no sooner than the 200 ms interval.
     srv, faults = faulty_server("shed-codel", [
         "--max-seqs", "1", "--codel-target-ms", "20", "--codel-interval-ms",
         "200", "--max-queued-requests", "100",
@@ -1625,7 +1626,9 @@ def case_rejections():
         for r in shed:
             check(r.trailers_only, "CoDel shed not Trailers-Only: %r" %
                   (r.frames,))
-            check(r.md("grpc-retry-pushback-ms") is not None, "pushback")
+            pb = r.md("grpc-retry-pushback-ms")
+            check(pb is not None and int(pb) >= 200,
+                  "pushback %r below the CoDel interval" % pb)
         reasons = [l.get("reason") for l in srv.log_lines()
                    if l.get("msg") == "call rejected"]
         check(reasons and all(x == "shed_codel" for x in reasons),

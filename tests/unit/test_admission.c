@@ -182,7 +182,7 @@ static void test_shed_gives_probe_permit_back(void)
     cinfer_admission *a = make(&p);
     cinfer_admission_ticket t0, c, f;
     CHECK_EQ_INT(adm(a, NULL, 0, &t0, NULL), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_admission_dequeue(a, &t0, 0).reason,
+    CHECK_EQ_INT(cinfer_admission_dequeue(a, &t0, 0, -1).reason,
                  CINFER_REJECT_NONE);
     cinfer_admission_finish(a, &t0, CINFER_OUTCOME_FAILURE, 0);
     CHECK_EQ_INT(stats(a, 0).breaker_state, CINFER_BREAKER_OPEN);
@@ -204,7 +204,7 @@ static void test_shed_gives_probe_permit_back(void)
     CHECK_EQ_INT(adm(a, NULL, 10 * S, &h, NULL), CINFER_REJECT_NONE);
     cinfer_admission_finish(a, &h, CINFER_OUTCOME_IGNORED, 10 * S);
     CHECK_EQ_INT(adm(a, NULL, 10 * S, &h, NULL), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_admission_dequeue(a, &h, 10 * S).reason,
+    CHECK_EQ_INT(cinfer_admission_dequeue(a, &h, 10 * S, -1).reason,
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(adm(a, NULL, 10 * S, &i2, NULL), CINFER_REJECT_NONE);
     CHECK_EQ_INT(adm(a, NULL, 10 * S, NULL, NULL), CINFER_REJECT_BREAKER_OPEN);
@@ -302,7 +302,7 @@ static void test_deadline_expired_in_queue_is_breaker_failure(void)
     /* the same at dequeue */
     rq.deadline_ns = 2 * S;
     CHECK_OK(cinfer_admission_admit(a, &rq, S, &d, &u));
-    CHECK_EQ_INT(cinfer_admission_dequeue(a, &u, 2 * S).reason,
+    CHECK_EQ_INT(cinfer_admission_dequeue(a, &u, 2 * S, -1).reason,
                  CINFER_REJECT_SHED_DEADLINE);
     st = stats(a, 2 * S);
     CHECK_EQ_INT(st.breaker_window_failures, 2);
@@ -336,11 +336,11 @@ static void test_ticket_lifecycle_and_stats(void)
     CHECK_EQ_INT(st.queued_requests, 3);
     CHECK_EQ_INT(st.queued_tokens, 300);
     CHECK_EQ_INT(st.service_rate_tokens_per_s < 0, 1);
-    CHECK_EQ_INT(cinfer_admission_dequeue(a, &t[0], S).reason,
+    CHECK_EQ_INT(cinfer_admission_dequeue(a, &t[0], S, -1).reason,
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(t[0].state, CINFER_TICKET_RUNNING);
     /* dequeue of a running ticket does nothing */
-    CHECK_EQ_INT(cinfer_admission_dequeue(a, &t[0], S).reason,
+    CHECK_EQ_INT(cinfer_admission_dequeue(a, &t[0], S, -1).reason,
                  CINFER_REJECT_NONE);
     st = stats(a, S);
     CHECK_EQ_INT(st.started, 1);
@@ -489,7 +489,7 @@ static void test_stream_time_counted_in_deadline_check(void)
     cinfer_admission_ticket run;
     CHECK_OK(cinfer_admission_admit(a, &rq, 0, &d, &run));
     CHECK_EQ_INT(d.reason, CINFER_REJECT_NONE);
-    d = cinfer_admission_dequeue(a, &run, 10 * MS);
+    d = cinfer_admission_dequeue(a, &run, 10 * MS, -1);
     CHECK_EQ_INT(d.reason, CINFER_REJECT_NONE);
     CHECK_EQ_INT(stats(a, 10 * MS).running, 1);
     /* joining the running one it can not stream 100 tokens in time */

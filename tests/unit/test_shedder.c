@@ -48,7 +48,7 @@ static int64_t set_rate(cinfer_shedder *s, uint64_t tps, int64_t t)
 {
     cinfer_shed_entry e;
     CHECK_EQ_INT(admit(s, tps, 0, 0, t, &e), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(s, &e, t + S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(s, &e, t + S, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(s->rate_known, 1);
     CHECK_EQ_INT(s->rate_mtps, tps * 1000);
@@ -228,19 +228,19 @@ static void test_service_rate_measured_over_backlog(void)
     cinfer_shed_entry e;
     int64_t t = 10 * S;
     CHECK_EQ_INT(admit(&s, 400, 0, 0, t, &e), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + 500 * MS, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + 500 * MS, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(s.rate_known, 0); /* half a second of backlog so far */
     t += 20 * S;
     CHECK_EQ_INT(admit(&s, 400, 0, 0, t, &e), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + 500 * MS, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + 500 * MS, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(s.rate_known, 1);
     CHECK_EQ_INT(s.rate_mtps, 800 * 1000); /* 800 tokens in 1 s */
     /* a second sample at 1600 tokens/s: EWMA moves a quarter of the way */
     t += 10 * S;
     CHECK_EQ_INT(admit(&s, 1600, 0, 0, t, &e), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + S, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(s.rate_mtps, 1000 * 1000);
     /* a stuck queue: a second of backlog with no departure pulls it down */
@@ -273,7 +273,7 @@ static void test_batch_dequeue_measures_the_full_rate(void)
     for (int i = 0; i < 8; i++)
         CHECK_EQ_INT(admit(&s, 100, 0, 0, 0, &e[i]), CINFER_REJECT_NONE);
     for (int i = 0; i < 8; i++)
-        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[i], S + i * 3000, NULL),
+        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[i], S + i * 3000, -1, NULL),
                      CINFER_REJECT_NONE);
     /* the sample closed at the first; the whole batch counts: 800 tokens
      * in 1 s of backlog, not 100 */
@@ -287,26 +287,26 @@ static void test_batch_dequeue_measures_the_full_rate(void)
         CHECK_EQ_INT(admit(&s, 100, 0, 0, 2 * S, &e[i]), CINFER_REJECT_NONE);
     for (int i = 0; i < 8; i++)
         CHECK_EQ_INT(
-            cinfer_shedder_dequeue(&s, &e[i], 3 * S + i * 3000, NULL),
+            cinfer_shedder_dequeue(&s, &e[i], 3 * S + i * 3000, -1, NULL),
             CINFER_REJECT_NONE);
     CHECK(s.rate_mtps > 799990 && s.rate_mtps <= 800 * 1000);
     uint64_t r2 = s.rate_mtps;
     /* a departure past the gap opens the next sample instead */
     CHECK_EQ_INT(admit(&s, 100, 0, 0, 4 * S, &e[0]), CINFER_REJECT_NONE);
     CHECK_EQ_INT(admit(&s, 100, 0, 0, 4 * S, &e[1]), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[0], 4 * S + 500 * MS, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[0], 4 * S + 500 * MS, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(s.rate_mtps, r2); /* 0.5 s of backlog: still open */
     CHECK_EQ_INT(s.departed_tokens, 100);
     /* shed departures are not service: they do not join a batch */
     CHECK_EQ_INT(admit(&s, 100, 0, 5 * S + 1, 4 * S, &e[2]),
                  CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[1], 5 * S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[1], 5 * S, -1, NULL),
                  CINFER_REJECT_NONE); /* closes: 200 tokens in 1 s */
     uint64_t r3 = r2 - (r2 - 200 * 1000) / 4;
     CHECK(s.rate_mtps + 2 >= r3 && s.rate_mtps <= r3 + 2);
     r3 = s.rate_mtps;
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[2], 5 * S + 1, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[2], 5 * S + 1, -1, NULL),
                  CINFER_REJECT_SHED_DEADLINE);
     CHECK_EQ_INT(s.rate_mtps, r3);
 }
@@ -343,15 +343,15 @@ static void test_stale_estimate_recovers(void)
                  CINFER_REJECT_NONE);
     /* the engine moves again: departures measure the rate and it climbs
      * back (EWMA) from 0 */
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &stuck, 9 * S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &stuck, 9 * S, -1, NULL),
                  CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, 9 * S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, 9 * S, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK(s.rate_mtps > 0);
     int64_t t = 10 * S;
     for (int i = 0; i < 20; i++, t += S) {
         CHECK_EQ_INT(admit(&s, 1000, 0, 0, t, &e), CINFER_REJECT_NONE);
-        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + S, NULL),
+        CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + S, -1, NULL),
                      CINFER_REJECT_NONE);
     }
     CHECK(s.rate_mtps > 990 * 1000 && s.rate_mtps <= 1000 * 1000);
@@ -441,7 +441,7 @@ static void test_queued_request_rechecked(void)
                  CINFER_REJECT_SHED_DEADLINE);
     CHECK_EQ_INT(pb, 500 * MS);
     /* once a has gone to run, nothing is ahead of b */
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &a, t + 600 * MS, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &a, t + 600 * MS, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(cinfer_shedder_check(&s, &b, t + 600 * MS, NULL),
                  CINFER_REJECT_NONE);
@@ -454,13 +454,13 @@ static void test_queued_request_rechecked(void)
     CHECK_EQ_INT(b.queued, 1);
     CHECK_EQ_INT(s.queued_requests, 2);
     /* and at dequeue, a passed deadline is a shed, out of the queue */
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &b, t + S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &b, t + S, -1, NULL),
                  CINFER_REJECT_SHED_DEADLINE);
     CHECK_EQ_INT(b.queued, 0);
     CHECK_EQ_INT(s.queued_requests, 1);
     CHECK_EQ_INT(cinfer_shedder_check(&s, &b, t + S, NULL),
                  CINFER_REJECT_NONE); /* unqueued: nothing to check */
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &b, t + S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &b, t + S, -1, NULL),
                  CINFER_REJECT_NONE);
     cinfer_shedder_remove(&s, &c, t + S);
     CHECK_EQ_INT(s.queued_requests, 0);
@@ -504,22 +504,24 @@ static void test_codel_at_admission_while_queued_and_at_dequeue(void)
         CHECK_EQ_INT(admit(&s, 1, 0, i < 7 ? far : 0, 0, &e[i]),
                      CINFER_REJECT_NONE);
     int64_t t = S;
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &r0, t, NULL), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &r0, t, -1, NULL), CINFER_REJECT_NONE);
     CHECK_EQ_INT(s.rate_mtps, 1000 * 1000);
     /* more 1 s waits in CoDel's first interval [t, t + 100 ms): judged
      * only at its end, nothing drops */
     for (int i = 0; i < 4; i++)
         CHECK_EQ_INT(
-            cinfer_shedder_dequeue(&s, &e[i], t + (i + 1) * 20 * MS, NULL),
+            cinfer_shedder_dequeue(&s, &e[i], t + (i + 1) * 20 * MS, -1, NULL),
             CINFER_REJECT_NONE);
     /* at t + 100 ms the interval is judged: overloaded. The first request
      * of the new interval runs; the next one, 1 s in the queue, drops. */
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[4], t + 100 * MS, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[4], t + 100 * MS, -1, NULL),
                  CINFER_REJECT_NONE);
     int64_t pb = -1;
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[5], t + 101 * MS, &pb),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[5], t + 101 * MS, -1, &pb),
                  CINFER_REJECT_SHED_CODEL);
-    CHECK_EQ_INT(pb, 2 * MS); /* e[6] and e[7] ahead at 1000 tokens/s */
+    /* e[6] and e[7] ahead at 1000 tokens/s drain in 2 ms, but CoDel
+     * judges again only after its interval: the pushback is that */
+    CHECK_EQ_INT(pb, 100 * MS);
     CHECK_EQ_INT(e[5].queued, 0);
     /* a queued request past the slough timeout is shed while it waits */
     CHECK_EQ_INT(cinfer_shedder_check(&s, &e[6], t + 102 * MS, NULL),
@@ -538,6 +540,59 @@ static void test_codel_at_admission_while_queued_and_at_dequeue(void)
     CHECK_EQ_INT(admit(&s, 1, 1, far, t + 102 * MS, NULL), CINFER_REJECT_NONE);
     /* a whole interval without a dequeue: CoDel lets go */
     CHECK_EQ_INT(admit(&s, 1, 0, far, t + 300 * MS, NULL), CINFER_REJECT_NONE);
+}
+
+/* CoDel judges the wait for a turn, and a request the engine starts at
+ * once is no standing queue, whatever CoDel's last verdict. */
+static void test_codel_spares_requests_that_do_not_queue(void)
+{
+    cinfer_shedder_params p = base_params();
+    p.codel.target_ms = 5;
+    p.codel.interval_ms = 100;
+    cinfer_shedder s = make(&p);
+    const int64_t far = 100 * S;
+    cinfer_shed_entry e[6];
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ_INT(admit(&s, 1, 0, far, 0, &e[i]), CINFER_REJECT_NONE);
+    /* an overloaded verdict: 1 s waits through the first interval */
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[0], S, -1, NULL),
+                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[1], S + 100 * MS, -1, NULL),
+                 CINFER_REJECT_NONE);
+    CHECK(cinfer_codel_overloaded(&s.codel, S + 101 * MS));
+    /* e[2] was 1.1 s from admission to its first token, but the engine
+     * scheduled it 1 ms after its submit (the rest was its prefill):
+     * not dropped */
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[2], S + 101 * MS, MS, NULL),
+                 CINFER_REJECT_NONE);
+    /* the same with a long wait for its turn drops */
+    int64_t pb = -1;
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e[3], S + 102 * MS, S, &pb),
+                 CINFER_REJECT_SHED_CODEL);
+    CHECK(pb >= 100 * MS);
+    /* while the engine holds requests back, one waiting past the slough
+     * timeout is shed... */
+    cinfer_shedder_set_engine_waiting(&s, 3);
+    CHECK_EQ_INT(cinfer_shedder_check(&s, &e[4], S + 103 * MS, NULL),
+                 CINFER_REJECT_SHED_CODEL);
+    /* ...but once the engine has started everything, nothing is: the
+     * waits left are prefill, not queue */
+    cinfer_shedder_set_engine_waiting(&s, 0);
+    CHECK_EQ_INT(cinfer_shedder_check(&s, &e[4], S + 103 * MS, NULL),
+                 CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_check(&s, &e[5], S + 103 * MS, NULL),
+                 CINFER_REJECT_NONE);
+    /* and newcomers on a server with no engine queue are admitted however
+     * long their predicted wait */
+    cinfer_shedder_remove(&s, &e[4], S + 103 * MS);
+    cinfer_shedder_remove(&s, &e[5], S + 103 * MS);
+    CHECK_EQ_INT(s.queued_requests, 0);
+    CHECK_EQ_INT(admit(&s, 1, 0, far, S + 104 * MS, NULL), CINFER_REJECT_NONE);
+    CHECK(cinfer_shedder_predicted_wait_ns(&s, 0, S + 104 * MS) > 10 * MS);
+    CHECK_EQ_INT(admit(&s, 1, 0, far, S + 104 * MS, NULL), CINFER_REJECT_NONE);
+    cinfer_shedder_set_engine_waiting(&s, 1);
+    CHECK_EQ_INT(admit(&s, 1, 0, far, S + 104 * MS, NULL),
+                 CINFER_REJECT_SHED_CODEL);
 }
 
 static void test_pushback_clamped(void)
@@ -640,6 +695,7 @@ int main(void)
     RUN(test_queued_request_rechecked);
     RUN(test_kv_pressure);
     RUN(test_codel_at_admission_while_queued_and_at_dequeue);
+    RUN(test_codel_spares_requests_that_do_not_queue);
     RUN(test_pushback_clamped);
     RUN(test_clock_backwards_and_overflow);
     RUN(test_params);
