@@ -441,6 +441,7 @@ static void log_done(srv_call *c, gen_state *g)
         cinfer_log_str(&l, "client", "gone");
     if (g->finish == CINFER_FINISH_ERROR)
         cinfer_log_str(&l, "error", g->fin_message);
+    cinfer_trace_log(&l, &c->trace);
     cinfer_log_end(&l);
 }
 

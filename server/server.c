@@ -55,6 +55,7 @@ static const rpc_method *const methods[] = {
     &cinfer_rpc_detokenize,        &cinfer_rpc_model_info,
     &cinfer_rpc_health_check,      &cinfer_rpc_health_watch,
     &cinfer_rpc_reflection_v1,     &cinfer_rpc_reflection_v1alpha,
+    &cinfer_rpc_orca_stream,
 };
 
 int64_t cinfer_server_now_ns(void)
@@ -199,6 +200,10 @@ static void call_free(srv_call *c)
         grpc_slice_unref(c->trailers[i].key);
         grpc_slice_unref(c->trailers[i].value);
     }
+    for (size_t i = 0; i < c->n_initial_md; i++) {
+        grpc_slice_unref(c->initial_md[i].key);
+        grpc_slice_unref(c->initial_md[i].value);
+    }
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->request_md);
     if (c->call)
@@ -258,11 +263,20 @@ void cinfer_call_recv(srv_call *c)
     call_start(c, OP_STEP, &op, 1);
 }
 
-static void put_initial_md(srv_call *c, grpc_op *op)
+/* The initial metadata: the trace echo (traceparent, x-request-id), or
+ * nothing when the response is Trailers-Only (gRPC writes one only when the
+ * initial metadata is empty; the echo then goes in the trailers). */
+static void put_initial_md(srv_call *c, grpc_op *op, int trailers_only)
 {
     memset(op, 0, sizeof *op);
     op->op = GRPC_OP_SEND_INITIAL_METADATA;
     c->initial_md_sent = 1;
+    if (trailers_only || !c->trace.trace_id[0])
+        return;
+    c->n_initial_md = cinfer_trace_metadata(&c->trace, c->request_id,
+                                            c->initial_md);
+    op->data.send_initial_metadata.count = c->n_initial_md;
+    op->data.send_initial_metadata.metadata = c->initial_md;
 }
 
 int cinfer_call_send_message(srv_call *c, int op, grpc_byte_buffer *msg)
@@ -270,7 +284,7 @@ int cinfer_call_send_message(srv_call *c, int op, grpc_byte_buffer *msg)
     grpc_op ops[2];
     size_t n = 0;
     if (!c->initial_md_sent)
-        put_initial_md(c, &ops[n++]);
+        put_initial_md(c, &ops[n++], 0);
     memset(&ops[n], 0, sizeof ops[n]);
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = msg;
@@ -319,6 +333,23 @@ static int put_trailers(srv_call *c, cinfer_status st, const char *details,
     return 1;
 }
 
+/* A cinfer.v1.Inference call: counted in the metrics, carries a load
+ * report. */
+static int is_inference(const srv_call *c)
+{
+    if (!c->method)
+        return 0;
+    switch (c->method->kind) {
+    case RPC_GENERATE:
+    case RPC_TOKENIZE:
+    case RPC_DETOKENIZE:
+    case RPC_MODEL_INFO:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Counts a status in the metrics: the code of every cinfer.v1.Inference
  * call (health probes and reflection would drown them), and for a
  * rejection its reason and how long the server took to answer. */
@@ -326,17 +357,12 @@ static void count_status(srv_call *c, cinfer_status st,
                          const cinfer_pushback *pb)
 {
     cinfer_metrics *m = c->srv->metrics;
-    if (!m || !c->method)
+    if (!is_inference(c))
         return;
-    switch (c->method->kind) {
-    case RPC_GENERATE:
-    case RPC_TOKENIZE:
-    case RPC_DETOKENIZE:
-    case RPC_MODEL_INFO:
-        break;
-    default:
+    cinfer_orca_note_call(c->srv->orca, cinfer_server_now_ns(),
+                          st != CINFER_OK);
+    if (!m)
         return;
-    }
     cinfer_metrics_request_done(m, cinfer_call_method_name(c),
                                 (int)cinfer_server_grpc_status(st));
     if (pb && pb->reason != CINFER_REJECT_NONE) {
@@ -358,8 +384,9 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
 {
     grpc_op ops[3];
     size_t n = 0;
+    int trailers_only = !c->initial_md_sent && !msg;
     if (!c->initial_md_sent)
-        put_initial_md(c, &ops[n++]);
+        put_initial_md(c, &ops[n++], trailers_only);
     grpc_byte_buffer **slot = op == OP_STEP ? &c->step_buf : &c->send_buf;
     if (msg) {
         CINFER_ASSERT(*slot == NULL);
@@ -377,7 +404,18 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
     ops[n].data.send_status_from_server.status = cinfer_server_grpc_status(st);
     ops[n].data.send_status_from_server.status_details =
         st == CINFER_OK ? NULL : &c->status_details;
-    if (pb && st != CINFER_OK && put_trailers(c, st, details, pb)) {
+    if (pb && st != CINFER_OK)
+        put_trailers(c, st, details, pb);
+    count_status(c, st, pb);
+    /* After count_status: the report's rates include this call. */
+    if (c->srv->orca && is_inference(c) &&
+        cinfer_orca_trailer(c->srv->orca, cinfer_server_now_ns(),
+                            &c->trailers[c->n_trailers]))
+        c->n_trailers++;
+    if (trailers_only && c->trace.trace_id[0])
+        c->n_trailers += cinfer_trace_metadata(&c->trace, c->request_id,
+                                               &c->trailers[c->n_trailers]);
+    if (c->n_trailers > 0) {
         ops[n].data.send_status_from_server.trailing_metadata_count =
             c->n_trailers;
         ops[n].data.send_status_from_server.trailing_metadata = c->trailers;
@@ -385,7 +423,6 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
     n++;
     if (op == OP_STEP)
         c->state = CALL_FINISHING;
-    count_status(c, st, pb);
     if (st != CINFER_OK) {
         if (pb) {
             cinfer_log_line l;
@@ -400,6 +437,7 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
                                    cinfer_reject_name(pb->reason));
                 cinfer_log_int(&l, "retry_after_ms", pb->retry_after_ms);
                 cinfer_log_str(&l, "detail", details ? details : "");
+                cinfer_trace_log(&l, &c->trace);
                 cinfer_log_end(&l);
             }
         } else {
@@ -431,6 +469,7 @@ void cinfer_call_log_status(srv_call *c, cinfer_status st,
     cinfer_log_str(&l, "status", cinfer_status_name(st));
     cinfer_log_int(&l, "grpc_status", (int)cinfer_server_grpc_status(st));
     cinfer_log_str(&l, "detail", details ? details : "");
+    cinfer_trace_log(&l, &c->trace);
     cinfer_log_end(&l);
 }
 
@@ -439,6 +478,18 @@ void cinfer_call_set_request_id(srv_call *c, const char *client_id)
     if (client_id && client_id[0]) {
         snprintf(c->request_id, sizeof c->request_id, "%s", client_id);
         return;
+    }
+    /* Else the x-request-id a proxy or client set, when it is a valid id. */
+    size_t xn;
+    const char *xid = cinfer_metadata_get(&c->request_md, "x-request-id", &xn);
+    if (xid && xn > 0 && xn <= CINFER_MAX_REQUEST_ID_BYTES) {
+        char id[CINFER_MAX_REQUEST_ID_BYTES + 1];
+        memcpy(id, xid, xn);
+        id[xn] = '\0';
+        if (memchr(id, '\0', xn) == NULL && cinfer_request_id_ok(id)) {
+            memcpy(c->request_id, id, xn + 1);
+            return;
+        }
     }
     unsigned long long n = atomic_fetch_add(&c->srv->next_request_seq, 1);
     snprintf(c->request_id, sizeof c->request_id, "req-%llu", n);
@@ -521,6 +572,7 @@ static void dispatch(srv_call *c)
     if (!call_start(c, OP_CLOSE, &close_op, 1))
         return;
 
+    cinfer_trace_from_metadata(&c->trace, &c->request_md);
     c->method = find_method(&c->details.method);
     if (!c->method) {
         char msg[300];
@@ -792,6 +844,11 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
                                   cinfer_proto_descriptor_set_len, &s->refl);
     if (st != CINFER_OK)
         goto fail_alloc;
+    st = cinfer_orca_create(s, &s->orca);
+    if (st != CINFER_OK) {
+        cinfer_refl_index_destroy(s->refl);
+        goto fail_alloc;
+    }
 
     gpr_set_log_function(grpc_log_to_json);
     grpc_init();
@@ -882,6 +939,7 @@ fail_grpc:
     grpc_shutdown_blocking();
     cinfer_refl_index_destroy(s->refl);
 fail_alloc:
+    cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     pthread_mutex_destroy(&s->prefill_mu);
     pthread_cond_destroy(&s->wd_cv);
@@ -1034,6 +1092,9 @@ void cinfer_server_destroy(cinfer_server *s)
     /* The watchdog stops first: it holds an engine request of its own (the
      * health probe) and walks the Generate list. */
     cinfer_watchdog_stop(s);
+    /* No load report reads the engine from here on; the out-of-band
+     * streams end with the other calls below. */
+    cinfer_orca_stop(s->orca);
 
     /* Streams still running: stop them in the engine; each sends
      * UNAVAILABLE once its FINISH arrives. */
@@ -1062,6 +1123,7 @@ void cinfer_server_destroy(cinfer_server *s)
     free(s->workers);
     cinfer_refl_index_destroy(s->refl);
     cinfer_chat_template_cleanup(&s->chat);
+    cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     pthread_mutex_destroy(&s->prefill_mu);
     pthread_cond_destroy(&s->wd_cv);

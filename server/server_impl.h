@@ -46,8 +46,10 @@
 
 #include "engine/engine.h"
 #include "server/chat.h"
+#include "server/orca.h"
 #include "server/reflection_index.h"
 #include "server/server.h"
+#include "server/trace.h"
 #include "server/validate.h"
 
 typedef enum {
@@ -66,6 +68,7 @@ typedef enum {
     RPC_HEALTH_CHECK,
     RPC_HEALTH_WATCH,
     RPC_REFLECTION,     /* v1 and v1alpha: same messages on the wire */
+    RPC_ORCA_STREAM,    /* xds.service.orca.v3 out-of-band load reports */
 } rpc_kind;
 
 typedef enum {
@@ -106,8 +109,10 @@ struct srv_call {
     grpc_byte_buffer *send_buf;  /* message of the SEND batch in flight */
     grpc_slice status_details;   /* of the one status batch */
     int has_status_details;
-    grpc_metadata trailers[2];   /* of a rejection's status batch (keys
-                                    and values owned) */
+    grpc_metadata trailers[3 + CINFER_TRACE_MD]; /* of the status batch:
+                                    a rejection's two, the load report, the
+                                    trace echo of a Trailers-Only response
+                                    (keys and values owned) */
     size_t n_trailers;
     int close_cancelled;         /* RECV_CLOSE_ON_SERVER result */
     int closed;                  /* RECV_CLOSE_ON_SERVER completed (mu) */
@@ -117,6 +122,10 @@ struct srv_call {
     srv_call *next, *prev;
 
     char request_id[CINFER_MAX_REQUEST_ID_BYTES + 1];
+    cinfer_trace trace;          /* the call's traceparent (trace.h) */
+    grpc_metadata initial_md[CINFER_TRACE_MD]; /* the trace echo in the
+                                    initial metadata (values owned) */
+    size_t n_initial_md;
     int64_t start_ns;            /* CLOCK_MONOTONIC at accept */
     void *rpc;                   /* the method's state; its free hook
                                     releases it */
@@ -165,6 +174,7 @@ struct cinfer_server {
     /* Resilience (fixed at create). */
     cinfer_admission *adm;       /* NULL = admission off */
     cinfer_metrics *metrics;     /* borrowed; NULL = none */
+    cinfer_orca *orca;           /* ORCA load reports (orca.c) */
 
     /* Health beyond the lifecycle state: SERVING needs all three clear. */
     atomic_int stuck;            /* the engine made no step for watchdog_ms
