@@ -1,0 +1,704 @@
+#!/usr/bin/env python3
+"""Integration tests of what a deployment behind a service mesh relies on:
+trace context, ORCA load reports, and the server behind a real HTTP/2 proxy
+(nginx's grpc_pass, the sidecar stand-in these machines can run).
+
+    deploy.py CASE --server-bin S --faulty-bin F --cli-bin C --run-bin R \\
+              --mkmodel-bin M [--nginx-bin N] [--work DIR]
+
+Cases:
+  trace   a call with a W3C traceparent and x-request-id: the response's
+          initial metadata carries the same trace id, a new server span and
+          the request id; the server's "generate done" line carries the
+          trace, span and parent ids; a malformed traceparent is ignored (a
+          new trace, the call succeeds); a Trailers-Only rejection carries
+          the echo in its trailers; health calls echo it too.
+  orca    the endpoint-load-metrics-bin trailer decoded with the ORCA
+          protos (on a success and on a Trailers-Only rejection; its rate
+          counts the calls); the out-of-band StreamCoreMetrics stream at its
+          interval, its numbers equal to /metrics scraped between two equal
+          reports while a slowed server holds one running and two waiting
+          requests; bad report intervals and an undecodable request get
+          INVALID_ARGUMENT naming the field.
+  nginx   cinfer behind nginx (grpc_pass): a streamed Generate through it
+          equals a direct one; a Trailers-Only rejection reaches the client
+          with its status and pushback; a grpc-timeout deadline reaches the
+          server; health checks pass; a SIGTERM drain with nginx in front
+          finishes every admitted stream and refuses new ones.
+
+Reuses run.py's server and stub helpers. Exit status: 0 pass, 1 fail,
+77 skip (no grpcio, h2, prometheus_client or nginx).
+"""
+import argparse
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run  # noqa: E402  (the integration helpers)
+
+from run import Skip, check, check_eq, log  # noqa: E402
+
+SKIP = 77
+ARGS = None
+ORCA_TRAILER = "endpoint-load-metrics-bin"
+ORCA_STREAM = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics"
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def is_hex(s, n):
+    return len(s) == n and all(ch in "0123456789abcdef" for ch in s)
+
+
+def split_tp(v):
+    parts = v.split("-")
+    check(len(parts) == 4 and parts[0] == "00" and is_hex(parts[1], 32) and
+          is_hex(parts[2], 16) and is_hex(parts[3], 2),
+          "malformed traceparent echoed: %r" % v)
+    return parts[1], parts[2], parts[3]
+
+
+def done_line(srv, request_id, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for line in srv.log_lines():
+            if (line.get("msg") == "generate done" and
+                    line.get("request_id") == request_id):
+                return line
+        time.sleep(0.05)
+    raise AssertionError("no 'generate done' line for %s" % request_id)
+
+
+# ---------------------------------------------------------------------------
+# trace
+# ---------------------------------------------------------------------------
+
+def case_trace():
+    import grpc
+    pb, _, hpb, hrpc = run.stubs()
+    with run.Server(run.tiny_model(), name="trace") as srv:
+        stub = srv.stub()
+        # A valid traceparent and an x-request-id (the message's request_id
+        # left empty): both reach the response and the log.
+        call = stub.Generate(run.gen_bytes(n=3), timeout=60,
+                             metadata=(("traceparent", TP),
+                                       ("x-request-id", "xr-trace-1")))
+        resps = list(call)
+        md = dict(call.initial_metadata())
+        tid, span, flags = split_tp(md.get("traceparent", ""))
+        check_eq(tid, "4bf92f3577b34da6a3ce929d0e0e4736", "echoed trace id")
+        check(span != "00f067aa0ba902b7", "the server made its own span")
+        check_eq(flags, "01", "trace flags kept")
+        check_eq(md.get("x-request-id"), "xr-trace-1", "echoed request id")
+        check_eq(resps[-1].request_id, "xr-trace-1",
+                 "x-request-id used as the request id")
+        line = done_line(srv, "xr-trace-1")
+        check_eq((line.get("trace_id"), line.get("span_id"),
+                  line.get("parent_span_id")),
+                 (tid, span, "00f067aa0ba902b7"), "log line trace ids")
+        log("ok: traceparent joined, echoed and logged")
+
+        # Malformed (uppercase, short, version ff): ignored, a new trace.
+        seen = set()
+        for i, bad in enumerate([TP.upper(), TP[:-3],
+                                 "ff" + TP[2:], "garbage"]):
+            rid = "xr-bad-%d" % i
+            call = stub.Generate(run.gen_bytes(n=2, request_id=rid),
+                                 timeout=60,
+                                 metadata=(("traceparent", bad),))
+            list(call)
+            t2, s2, f2 = split_tp(dict(call.initial_metadata())
+                                  ["traceparent"])
+            check(t2 != tid and t2 not in seen, "a new trace id for %r" % bad)
+            seen.add(t2)
+            check_eq(f2, "00", "flags of a new trace")
+            line = done_line(srv, rid)
+            check_eq(line.get("trace_id"), t2, "new trace id logged")
+            check("parent_span_id" not in line, "no parent for a new trace")
+        log("ok: malformed traceparents ignored, new traces made")
+
+        # A Trailers-Only rejection (validation) carries the echo in its
+        # trailers, and stays Trailers-Only.
+        req = run.gen_bytes(n=2)
+        req.sampling.temperature = -1
+        res = run.h2_call(srv.addr, run.GENERATE, req.SerializeToString(),
+                          metadata=[("traceparent", TP),
+                                    ("x-request-id", "xr-rej")])
+        check_eq(res.status, 3, "invalid request status")
+        check(res.trailers_only, "rejection is Trailers-Only: %r" %
+              res.frames)
+        tid3, _, _ = split_tp(res.headers.get("traceparent", ""))
+        check_eq(tid3, tid, "trace id in a Trailers-Only response")
+        check_eq(res.headers.get("x-request-id"), "xr-rej",
+                 "request id in a Trailers-Only response")
+        failed = [ln for ln in srv.log_lines()
+                  if ln.get("msg") == "call failed" and
+                  ln.get("request_id") == "xr-rej"]
+        check(failed and failed[0].get("trace_id") == tid,
+              "failed call logged with its trace id: %r" % failed)
+
+        # Health checks (every call) echo a trace too.
+        hcall = hrpc.HealthStub(srv.grpc_channel()).Check.with_call(
+            hpb.HealthCheckRequest(), timeout=10,
+            metadata=(("traceparent", TP),))
+        split_tp(dict(hcall[1].initial_metadata())["traceparent"])
+        check_eq(split_tp(dict(hcall[1].initial_metadata())
+                          ["traceparent"])[0], tid, "health echo")
+        # An x-request-id that is not a valid id is not used.
+        call = stub.Generate(run.gen_bytes(n=2), timeout=60,
+                             metadata=(("x-request-id", "has space"),))
+        resps = list(call)
+        check(resps[-1].request_id.startswith("req-"),
+              "invalid x-request-id replaced: %r" % resps[-1].request_id)
+        del grpc
+        log("ok: Trailers-Only and health calls carry the trace")
+
+
+# ---------------------------------------------------------------------------
+# orca
+# ---------------------------------------------------------------------------
+
+_orca = None
+
+
+def orca_modules():
+    """(orca_load_report_pb2, orca_pb2) generated from proto/xds."""
+    global _orca
+    if _orca is None:
+        import importlib
+        import grpc_tools
+        from grpc_tools import protoc
+        d = os.path.join(ARGS.work, "orca_stubs")
+        os.makedirs(d, exist_ok=True)
+        wkt = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+        proto = os.path.join(run.ROOT, "proto")
+        for p in ("xds/data/orca/v3/orca_load_report.proto",
+                  "xds/service/orca/v3/orca.proto"):
+            rc = protoc.main(["protoc", "-I" + wkt, "-I" + proto,
+                              "--python_out=" + d, p])
+            check_eq(rc, 0, "protoc %s" % p)
+        sys.path.insert(0, d)
+        _orca = (importlib.import_module(
+            "xds.data.orca.v3.orca_load_report_pb2"),
+            importlib.import_module("xds.service.orca.v3.orca_pb2"))
+    return _orca
+
+
+def decode_report(raw):
+    lr, _ = orca_modules()
+    r = lr.OrcaLoadReport()
+    r.ParseFromString(raw)
+    return r
+
+
+class OrcaStream:
+    """A StreamCoreMetrics call read on its own thread: the reports and the
+    times they arrived."""
+
+    def __init__(self, srv, interval_s):
+        import grpc
+        from google.protobuf import duration_pb2
+        lr, orca = orca_modules()
+        req = orca.OrcaLoadReportRequest(
+            report_interval=duration_pb2.Duration(
+                seconds=int(interval_s),
+                nanos=int(round((interval_s % 1) * 1e9))))
+        self.reports = []
+        self.lock = threading.Lock()
+        fn = srv.grpc_channel().unary_stream(
+            ORCA_STREAM, request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=lr.OrcaLoadReport.FromString)
+        self.call = fn(req, timeout=300)
+        self.error = None
+        self.grpc = grpc
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            for r in self.call:
+                with self.lock:
+                    self.reports.append((time.time(), r))
+        except self.grpc.RpcError as e:
+            if e.code() != self.grpc.StatusCode.CANCELLED:
+                self.error = e
+
+    def count(self):
+        with self.lock:
+            return len(self.reports)
+
+    def wait(self, n, timeout=30):
+        deadline = time.time() + timeout
+        while self.count() < n:
+            check(time.time() < deadline, "only %d ORCA reports" % self.count())
+            check(self.error is None, "ORCA stream failed: %r" % self.error)
+            time.sleep(0.01)
+        with self.lock:
+            return self.reports[n - 1][1]
+
+    def close(self):
+        self.call.cancel()
+        self.thread.join(30)
+
+
+def b64(v):
+    """A -bin header's value (base64, padding optional)."""
+    return base64.b64decode(v + "=" * (-len(v) % 4))
+
+
+def named(r):
+    return dict(r.named_metrics)
+
+
+def orca_bad_request(srv, payload, want_word):
+    res = run.h2_call(srv.addr, ORCA_STREAM, payload)
+    check_eq(res.status, 3, "status for a bad ORCA request %r" % payload)
+    msg = res.md("grpc-message") or ""
+    check(want_word in msg, "message %r names %r" % (msg, want_word))
+    return msg
+
+
+def case_orca():
+    import grpc
+    from google.protobuf import duration_pb2
+    run.need_h2()
+    pb, _, _, _ = run.stubs()
+    _, orca = orca_modules()
+
+    # The per-call trailer, on a success and on a rejection.
+    with run.Server(run.tiny_model(), ["--max-seqs", "4"],
+                    name="orca") as srv:
+        stub = srv.stub()
+        for _ in range(3):
+            list(stub.Generate(run.gen_bytes(n=2), timeout=60))
+        # Over raw HTTP/2: gRPC's own client consumes this trailer (its
+        # load-balancing policies read it) and hides it from the
+        # application.
+        res = run.h2_call(srv.addr, run.GENERATE,
+                          run.gen_bytes(n=2).SerializeToString())
+        check_eq(res.status, 0, "Generate status")
+        check(ORCA_TRAILER in res.trailers, "trailer %s on Generate: %r" %
+              (ORCA_TRAILER, res.trailers))
+        r = decode_report(b64(res.trailers[ORCA_TRAILER]))
+        nm = named(r)
+        check_eq(sorted(nm), ["kv_cache_usage", "num_requests_running",
+                              "num_requests_waiting"], "named metrics")
+        # Four Inference calls ended, this one included, within the rate
+        # window (1 to 10 s of a server this young): 0.4 to 4 per second.
+        check(0.4 - 1e-9 <= r.rps_fractional <= 4 + 1e-9,
+              "rps_fractional %r counts the calls" % r.rps_fractional)
+        check_eq(r.eps, 0.0, "no errors yet")
+        check(0 <= r.cpu_utilization, "cpu_utilization %r" % r.cpu_utilization)
+        check(0 <= nm["kv_cache_usage"] <= 1, "kv usage %r" % nm)
+        check_eq(nm["num_requests_waiting"], 0.0, "nothing waiting")
+        # A Trailers-Only rejection carries a report too, and counts as an
+        # error.
+        bad = run.gen_bytes(n=2)
+        bad.sampling.top_p = 7
+        res = run.h2_call(srv.addr, run.GENERATE, bad.SerializeToString())
+        check_eq(res.status, 3, "invalid request")
+        check(res.trailers_only, "still Trailers-Only: %r" % res.frames)
+        raw = res.md(ORCA_TRAILER)
+        check(raw is not None, "ORCA trailer on a rejection")
+        r2 = decode_report(b64(raw))
+        check(r2.eps > 0, "the rejection counted as an error: %r" % r2.eps)
+        log("ok: endpoint-load-metrics-bin on success and rejection "
+            "(rps %.2f, eps %.2f, cpu %.3f)" %
+            (r.rps_fractional, r2.eps, r.cpu_utilization))
+
+        # Bad intervals and an undecodable request: INVALID_ARGUMENT.
+        ser = orca.OrcaLoadReportRequest
+        orca_bad_request(srv, ser(report_interval=duration_pb2.Duration(
+            seconds=1, nanos=-5)).SerializeToString(), "report_interval")
+        orca_bad_request(srv, ser(report_interval=duration_pb2.Duration(
+            seconds=-3)).SerializeToString(), "report_interval")
+        orca_bad_request(srv, ser(report_interval=duration_pb2.Duration(
+            seconds=10 ** 6)).SerializeToString(), "report_interval")
+        orca_bad_request(srv, b"\x0a\xff\xff", "does not decode")
+        log("ok: bad ORCA requests get INVALID_ARGUMENT")
+
+        # The interval is honoured: 0.2 s apart, the first at once.
+        t0 = time.time()
+        st = OrcaStream(srv, 0.2)
+        st.wait(1)
+        check(time.time() - t0 < 2, "the first report comes at once")
+        st.wait(6)
+        with st.lock:
+            times = [t for t, _ in st.reports[:6]]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        check(all(0.1 < g < 1.0 for g in gaps), "report gaps %r" % gaps)
+        st.close()
+        log("ok: out-of-band reports every %.2fs" % (sum(gaps) / len(gaps)))
+        # Sub-minimum intervals are raised to the minimum (100 ms).
+        st = OrcaStream(srv, 0.001)
+        st.wait(4)
+        with st.lock:
+            times = [t for t, _ in st.reports[:4]]
+        st.close()
+        check(times[3] - times[0] >= 0.25, "intervals below 100 ms raised: "
+              "%r" % times)
+        del grpc
+
+    # The numbers against /metrics at the same moment, on a server whose
+    # steps are slowed: one request runs, two wait, nothing moves between
+    # two equal reports.
+    srv, faults = run.faulty_server("orca-slow", ["--max-seqs", "1",
+                                                  "--watchdog-timeout", "0"])
+    with srv:
+        faults.set(hang_ms=600)
+        streams = [run.Streamer(srv, run.gen_bytes(n=200, ignore_eos=True),
+                                timeout=120) for _ in range(3)]
+        run.wait_stats(srv, lambda i: i.stats.running == 1 and
+                       i.stats.waiting == 2, 60, "one running, two waiting")
+        st = OrcaStream(srv, 0.1)
+        matched = None
+        for attempt in range(40):
+            n = st.count() + 1
+            before = st.wait(n)
+            m = run.scrape(srv)
+            check(m is not None, "prometheus_client is needed")
+            after = st.wait(n + 1)
+            # The rates and CPU move with the clock; the engine's numbers
+            # hold still between steps.
+            if named(before) != named(after):
+                continue
+            nm = named(after)
+            got = (nm["num_requests_running"], nm["num_requests_waiting"],
+                   nm["kv_cache_usage"])
+            want = (run.metric(m, "cinfer:num_requests_running"),
+                    run.metric(m, "cinfer:num_requests_waiting"),
+                    run.metric(m, "cinfer:kv_cache_usage_perc"))
+            if got != want:
+                continue
+            matched = (got, after)
+            break
+        st.close()
+        check(matched is not None, "no out-of-band report equal to /metrics")
+        got, r = matched
+        check_eq(got[:2], (1.0, 2.0), "running and waiting reported")
+        check(got[2] > 0, "the running request holds KV blocks")
+        # application_utilization: max(kv usage, running / max_seqs = 1).
+        check_eq(r.application_utilization, 1.0, "application_utilization")
+        faults.set(hang_ms=0)
+        for s in streams:
+            s.cancel()
+        for s in streams:
+            s.join()
+        log("ok: out-of-band report equals /metrics (running %d, waiting "
+            "%d, kv %.4f)" % (got[0], got[1], got[2]))
+
+
+# ---------------------------------------------------------------------------
+# nginx
+# ---------------------------------------------------------------------------
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+error_log {dir}/error.log info;
+pid {dir}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+    access_log {dir}/access.log;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream cinfer {{
+        server {upstream};
+        keepalive 8;
+    }}
+    server {{
+        listen 127.0.0.1:{port} http2;
+        # Long generations: the proxy never times a stream out itself;
+        # the client's grpc-timeout (passed through) does.
+        grpc_read_timeout 3600s;
+        grpc_send_timeout 3600s;
+        client_max_body_size 4m;
+        location / {{
+            grpc_pass grpc://cinfer;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_bin():
+    b = ARGS.nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.isfile(b):
+        raise Skip("nginx is not installed (scripts/install-deps.sh "
+                   "installs Debian's nginx)")
+    return b
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Nginx:
+    """nginx in the foreground proxying gRPC to `upstream`."""
+
+    def __init__(self, upstream, name="nginx"):
+        self.upstream = upstream
+        self.dir = os.path.join(ARGS.work, name)
+        self.proc = None
+
+    def __enter__(self):
+        binary = nginx_bin()
+        os.makedirs(self.dir, exist_ok=True)
+        for attempt in range(5):
+            self.port = free_port()
+            conf = os.path.join(self.dir, "nginx.conf")
+            with open(conf, "w") as f:
+                f.write(NGINX_CONF.format(dir=self.dir, port=self.port,
+                                          upstream=self.upstream))
+            self.proc = subprocess.Popen(
+                [binary, "-p", self.dir, "-c", conf, "-e",
+                 os.path.join(self.dir, "error.log")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            deadline = time.time() + 10
+            while time.time() < deadline and self.proc.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port),
+                                             timeout=1).close()
+                    self.addr = "127.0.0.1:%d" % self.port
+                    return self
+                except OSError:
+                    time.sleep(0.02)
+            self.stop()
+        raise AssertionError("nginx did not start:\n" + self.errors())
+
+    def errors(self):
+        try:
+            with open(os.path.join(self.dir, "error.log")) as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def stub_at(addr):
+    import grpc
+    _, rpc, _, _ = run.stubs()
+    ch = grpc.insecure_channel(addr)
+    return ch, rpc.InferenceStub(ch)
+
+
+def stream_of(stub, req, timeout=60, metadata=None):
+    ids, text, final = [], [], None
+    for resp in stub.Generate(req, timeout=timeout, metadata=metadata):
+        if resp.HasField("chunk"):
+            ids += list(resp.chunk.token_ids)
+            text.append(resp.chunk.text)
+        else:
+            final = resp.final
+    check(final is not None, "a final message")
+    return ids, "".join(text), final
+
+
+def case_nginx():
+    import grpc
+    run.need_h2()
+    pb, _, hpb, hrpc = run.stubs()
+    # The faulty server, for slow steps on cue (the deadline check).
+    srv, faults = run.faulty_server("behind-nginx", [
+        "--rate-limit-qps", "0.2", "--rate-limit-burst", "8",
+        "--watchdog-timeout", "0"])
+    with srv, Nginx(srv.addr) as ngx:
+        ch, via = stub_at(ngx.addr)
+        try:
+            # Streamed Generate: the same tokens, text and usage.
+            for prompt, n in (("hello", 12), ("the quick brown fox", 20)):
+                req = run.greedy_request(pb, prompt, n)
+                req.stopping.ignore_eos = True
+                d = stream_of(srv.stub(), req)
+                p = stream_of(via, req)
+                check_eq(p[0], d[0], "token ids through nginx")
+                check_eq(p[1], d[1], "text through nginx")
+                check_eq((p[2].usage.prompt_tokens,
+                          p[2].usage.completion_tokens),
+                         (d[2].usage.prompt_tokens,
+                          d[2].usage.completion_tokens), "usage")
+            log("ok: streamed Generate through nginx equals direct")
+
+            # Health passes through.
+            r = hrpc.HealthStub(ch).Check(hpb.HealthCheckRequest(),
+                                          timeout=10)
+            check_eq(hpb.HealthCheckResponse.ServingStatus.Name(r.status),
+                     "SERVING", "health through nginx")
+
+            # grpc-timeout reaches the server: a stream of 50 ms steps
+            # with a 1.5 s deadline ends DEADLINE_EXCEEDED, and the server
+            # logged the deadline it was given.
+            faults.set(hang_ms=50)
+            long_req = run.gen_bytes(n=200, ignore_eos=True,
+                                     request_id="ngx-deadline")
+            t0 = time.time()
+            code = None
+            try:
+                stream_of(via, long_req, timeout=1.5)
+            except grpc.RpcError as e:
+                code = e.code()
+            check_eq(code, grpc.StatusCode.DEADLINE_EXCEEDED,
+                     "deadline through nginx")
+            check(time.time() - t0 < 10, "the deadline ended the call")
+            starts = [ln for ln in srv.log_lines()
+                      if ln.get("msg") == "generate start" and
+                      ln.get("request_id") == "ngx-deadline"]
+            # (gRPC rounds the grpc-timeout it writes up a little.)
+            check(starts and 1000 < starts[0].get("deadline_ms", 0) <= 1600,
+                  "the server saw the client's deadline: %r" % starts)
+            faults.set(hang_ms=0)
+            log("ok: grpc-timeout propagated through nginx (server saw "
+                "%.0f ms)" % starts[0]["deadline_ms"])
+
+            # Rejections: empty the bucket, then a Trailers-Only
+            # RESOURCE_EXHAUSTED with its pushback reaches the client.
+            code, md = None, {}
+            for i in range(20):
+                try:
+                    stream_of(via, run.gen_bytes(n=1), timeout=30)
+                except grpc.RpcError as e:
+                    code, md = e.code(), dict(e.trailing_metadata())
+                    break
+            check_eq(code, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     "rate limit through nginx")
+            push = int(md.get("grpc-retry-pushback-ms", "-1"))
+            check(push > 0, "pushback through nginx: %r" % md)
+            check("grpc-status-details-bin" in md, "rich status kept")
+            res = run.h2_call(ngx.addr, run.GENERATE,
+                              run.gen_bytes(n=1).SerializeToString())
+            check_eq(res.status, 8, "raw status through nginx")
+            check(int(res.md("grpc-retry-pushback-ms") or -1) > 0,
+                  "raw pushback through nginx")
+            # Still one HEADERS frame: a retry policy in front may retry it.
+            check(res.trailers_only, "Trailers-Only through nginx: %r" %
+                  res.frames)
+            log("ok: rejection through nginx: RESOURCE_EXHAUSTED, pushback "
+                "%d ms, Trailers-Only" % push)
+        finally:
+            ch.close()
+
+    # A SIGTERM drain with nginx in front: every admitted stream finishes,
+    # new calls are refused with UNAVAILABLE.
+    srv, faults = run.faulty_server("drain-nginx", ["--drain-timeout", "120",
+                                                    "--watchdog-timeout",
+                                                    "0"])
+    with srv, Nginx(srv.addr, name="nginx-drain") as ngx:
+        faults.set(hang_ms=40)
+        ch, via = stub_at(ngx.addr)
+        try:
+            results, errors = [], []
+
+            def one(i):
+                try:
+                    ids, _, final = stream_of(
+                        via, run.gen_bytes(n=50, ignore_eos=True,
+                                           request_id="drain-%d" % i),
+                        timeout=120)
+                    results.append((len(ids), final.usage.completion_tokens))
+                except Exception as e:  # noqa: BLE001
+                    errors.append(repr(e))
+
+            threads = [threading.Thread(target=one, args=(i,))
+                       for i in range(4)]
+            for t in threads:
+                t.start()
+            run.wait_stats(srv, lambda i: i.stats.running +
+                           i.stats.waiting == 4, 30, "four streams admitted")
+            srv.sigterm()
+            srv.wait_health("NOT_SERVING", 30)
+            refused = None
+            try:
+                stream_of(via, run.gen_bytes(n=1), timeout=30)
+            except grpc.RpcError as e:
+                refused = e.code()
+            check_eq(refused, grpc.StatusCode.UNAVAILABLE,
+                     "a new call while draining")
+            for t in threads:
+                t.join(120)
+            check(not errors, "streams lost in the drain: %r" % errors)
+            check_eq(sorted(results), [(50, 50)] * 4, "every stream whole")
+            check_eq(srv.wait_exit(60), 0, "exit code after the drain")
+            log("ok: drain behind nginx finished 4 streams, refused new ones")
+        finally:
+            ch.close()
+
+
+CASES = {
+    "trace": case_trace,
+    "orca": case_orca,
+    "nginx": case_nginx,
+}
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--server-bin", required=True)
+    ap.add_argument("--faulty-bin", default="")
+    ap.add_argument("--cli-bin", required=True)
+    ap.add_argument("--run-bin", required=True)
+    ap.add_argument("--mkmodel-bin", required=True)
+    ap.add_argument("--cudasim-bin", default="")
+    ap.add_argument("--nginx-bin", default="")
+    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--work", default=None)
+    ARGS = ap.parse_args()
+    run.ARGS = ARGS
+    keep = ARGS.work is not None
+    if not keep:
+        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-deploy-%s-" %
+                                     ARGS.case)
+    os.makedirs(ARGS.work, exist_ok=True)
+    try:
+        try:
+            import grpc  # noqa: F401
+            import grpc_tools  # noqa: F401
+        except ImportError:
+            raise Skip("grpcio / grpcio-tools not installed "
+                       "(scripts/install-deps.sh installs them)")
+        CASES[ARGS.case]()
+    except Skip as e:
+        print("SKIP: %s" % e, file=sys.stderr)
+        return SKIP
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
+              file=sys.stderr)
+        return 1
+    if not keep:
+        shutil.rmtree(ARGS.work, ignore_errors=True)
+    print("PASS: %s" % ARGS.case, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
