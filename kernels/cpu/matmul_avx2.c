@@ -14,6 +14,12 @@
  * (with the activation's sign flipped where w < 0, as GGML does); no pair
  * sum can saturate (at most 2 * 128 * 127).
  *
+ * Four or more rows of the int8-block types take decoded weight panels
+ * instead (see "batched int8 products" below): tiles of 4 activation rows
+ * x 2 weight rows over weights decoded once per panel: the same
+ * per-element arithmetic, with the decoding and the scale work moved out
+ * of the inner loop.
+ *
  * F32 / F16: 16-lane accumulators held as two ymm. BF16: the vdpbf16ps
  * order emulated with two FMAs per lane, odd element first.
  */
@@ -491,6 +497,224 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
 }
 
 /* ---------------------------------------------------------------------- */
+/* batched int8 products: decoded weight panels                           */
+/* ---------------------------------------------------------------------- */
+
+/* Beyond a few rows (prefill, batched decode) the int8 products are bound
+ * by vector uops, not by the weight stream, and tile_q decodes each weight
+ * block (nibbles, scale and minimum conversions) and multiplies the scales
+ * again for every pair of rows. So many rows take this path instead: a panel of weight rows
+ * is decoded once into thread-local scratch (nibbles as bytes, scales as
+ * floats laid out lane by lane for the tile), and every tile of PN_R
+ * activation rows x PN_C weight rows runs over it, with the activations as
+ * memory operands. Per element and block the inner loop is vpmaddubsw,
+ * vpmaddwd, vcvtdq2ps and one FMA (plus vpsignb for Q8_0, vpsubw for
+ * Q4_0); the scale products of a whole tile are one vmulps and Q4_1's
+ * minimum terms one FMA. The per-element arithmetic is tile_q's (the order
+ * of matmul_impl.h): the same exact int32 block sums, the same exact scale
+ * product, the same FMA chain and final sums, so which path computes a
+ * row never changes its bits. */
+
+enum {
+    PN_R = 4,         /* activation rows per tile */
+    PN_C = 2,         /* weight rows per tile; lane 2r + c of a pattern is (r, c) */
+    PN_WBLKS = 1024,  /* decoded blocks of scratch: 128 KiB */
+    PN_MIN_ROWS = 4,  /* fewer rows stay on tile_q */
+};
+
+/* One block of a tile's PN_C weight rows, decoded. */
+typedef struct {
+    uint8_t q[PN_C][32]; /* quants in element order: Q4 nibbles 0..15, Q8_0 as is */
+    float dw[8];         /* lane 2r + c: column c's scale */
+    float mw[8];         /* lane 2r + c: column c's minimum (Q4_1) */
+} pn_wblk;
+
+/* One block of a tile's PN_R activation rows' scales. */
+typedef struct {
+    float da[8]; /* lane 2r + c: row r's scale */
+    float sa[8]; /* lane 2r + c: row r's s (Q8_1) */
+} pn_ablk;
+
+static _Thread_local pn_wblk pn_w[PN_WBLKS] __attribute__((aligned(64)));
+static _Thread_local pn_ablk pn_a[PN_WBLKS] __attribute__((aligned(64)));
+static _Thread_local float pn_dd[PN_WBLKS][8] __attribute__((aligned(64)));
+
+/* Decodes weight rows w0 and w1 (the same row for a lone last column). */
+static ALWAYS_INLINE void pn_decode(const int wk, const uint8_t *w0, const uint8_t *w1,
+                                    int64_t nb, pn_wblk *dst)
+{
+    const size_t wbs = wk == W_Q41 ? sizeof(cinfer_block_q4_1)
+                       : wk == W_Q40 ? sizeof(cinfer_block_q4_0)
+                                     : sizeof(cinfer_block_q8_0);
+    const int wqo = wk == W_Q41 ? 4 : 2;
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        for (int c = 0; c < PN_C; c++) {
+            const uint8_t *p = (c ? w1 : w0) + (size_t)b * wbs;
+            __m256i q;
+            if (wk == W_Q8) {
+                q = _mm256_loadu_si256((const __m256i *)(p + wqo));
+            } else {
+                __m128i raw = _mm_loadu_si128((const __m128i *)(p + wqo));
+                q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(raw),
+                                                             _mm_srli_epi16(raw, 4), 1),
+                                     m0f);
+            }
+            _mm256_store_si256((__m256i *)dst[b].q[c], q);
+            float d = _cvtsh_ss(ld16(p));
+            float m = wk == W_Q41 ? _cvtsh_ss(ld16(p + 2)) : 0.0f;
+            for (int r = 0; r < PN_R; r++) {
+                dst[b].dw[PN_C * r + c] = d;
+                dst[b].mw[PN_C * r + c] = m;
+            }
+        }
+    }
+}
+
+/* The scales (and Q8_1 sums) of activation rows a[0..PN_R). */
+static ALWAYS_INLINE void pn_scales(const int wk, const uint8_t *const *a, int64_t nb,
+                                    pn_ablk *dst)
+{
+    const size_t abs_ = wk == W_Q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < PN_R; r++) {
+            const uint8_t *p = a[r] + (size_t)b * abs_;
+            float d = _cvtsh_ss(ld16(p));
+            float s = wk == W_Q41 ? _cvtsh_ss(ld16(p + 2)) : 0.0f;
+            for (int c = 0; c < PN_C; c++) {
+                dst[b].da[PN_C * r + c] = d;
+                dst[b].sa[PN_C * r + c] = s;
+            }
+        }
+    }
+}
+
+/* One tile: rows a[0..PN_R) x the decoded weight rows of w; writes the
+ * first nr rows and nc columns through o[r][c]. */
+static ALWAYS_INLINE void pn_tile(const int wk, const uint8_t *const *a, const pn_wblk *w,
+                                  const pn_ablk *as, int64_t nb, float *const *o, int nr,
+                                  int nc)
+{
+    const size_t abs_ = wk == W_Q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
+    const int aqo = wk == W_Q41 ? 4 : 2;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc[PN_R][PN_C];
+#pragma GCC unroll 4
+    for (int r = 0; r < PN_R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < PN_C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    __m256 summs = _mm256_setzero_ps();
+
+    /* dw * da (exact) for the whole tile, a block a vmulps, written ahead
+     * of the loop that broadcasts it: a store read back at once by narrower
+     * loads would stall on store forwarding every block. */
+    for (int64_t b = 0; b < nb; b++)
+        _mm256_store_ps(pn_dd[b], _mm256_mul_ps(_mm256_load_ps(w[b].dw), _mm256_load_ps(as[b].da)));
+
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t ao = (size_t)b * abs_ + (size_t)aqo;
+        const float *dd = pn_dd[b];
+        if (wk == W_Q41) /* mw * sa is exact: the FMA adds it as tile_q does */
+            summs = _mm256_fmadd_ps(_mm256_load_ps(w[b].mw), _mm256_load_ps(as[b].sa), summs);
+        __m256i wq[PN_C], uw[PN_C];
+#pragma GCC unroll 2
+        for (int c = 0; c < PN_C; c++) {
+            wq[c] = _mm256_load_si256((const __m256i *)w[b].q[c]);
+            uw[c] = wk == W_Q8 ? _mm256_sign_epi8(wq[c], wq[c]) : wq[c];
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < PN_R; r++) {
+            const __m256i qa = _mm256_loadu_si256((const __m256i *)(a[r] + ao));
+            const __m256i corr = wk == W_Q40 ? _mm256_maddubs_epi16(eight, qa)
+                                             : _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int c = 0; c < PN_C; c++) {
+                __m256i p16;
+                if (wk == W_Q8) {
+                    p16 = _mm256_maddubs_epi16(uw[c], _mm256_sign_epi8(qa, wq[c]));
+                } else {
+                    p16 = _mm256_maddubs_epi16(wq[c], qa);
+                    if (wk == W_Q40)
+                        p16 = _mm256_sub_epi16(p16, corr);
+                }
+                __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(dd + PN_C * r + c), f,
+                                            acc[r][c]);
+            }
+        }
+    }
+
+    float s[8];
+    _mm256_storeu_ps(s, summs);
+#pragma GCC unroll 4
+    for (int r = 0; r < PN_R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < PN_C; c++)
+            if (r < nr && c < nc) {
+                float v = hsum8(acc[r][c]);
+                o[r][c] = wk == W_Q41 ? v + s[PN_C * r + c] : v;
+            }
+}
+
+/* Rows [0, n) x columns [o0, o1) of weight kind wk, a panel at a time. */
+static ALWAYS_INLINE void pn_compute(const int wk, const uint8_t *w, size_t w_row_bytes,
+                                     const uint8_t *act, size_t arb, int64_t n,
+                                     int64_t nb, float *out, int64_t out_stride,
+                                     int64_t o0, int64_t o1)
+{
+    const int64_t panel_tiles = PN_WBLKS / nb; /* >= 1: the caller checks */
+    const int64_t panel_cols = panel_tiles * PN_C;
+    for (int64_t pc = o0; pc < o1; pc += panel_cols) {
+        const int64_t pe = pc + panel_cols < o1 ? pc + panel_cols : o1;
+        const int64_t nt = (pe - pc + PN_C - 1) / PN_C;
+        for (int64_t t = 0; t < nt; t++) {
+            const int64_t c0 = pc + PN_C * t;
+            const int64_t c1 = c0 + 1 < pe ? c0 + 1 : c0;
+            pn_decode(wk, w + (size_t)c0 * w_row_bytes, w + (size_t)c1 * w_row_bytes, nb,
+                      pn_w + t * nb);
+        }
+        for (int64_t r = 0; r < n; r += PN_R) {
+            const int nr = n - r >= PN_R ? PN_R : (int)(n - r);
+            const uint8_t *a[PN_R];
+            for (int i = 0; i < PN_R; i++)
+                a[i] = act + (size_t)(r + (i < nr ? i : nr - 1)) * arb;
+            pn_scales(wk, a, nb, pn_a);
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t c0 = pc + PN_C * t;
+                const int nc = pe - c0 >= PN_C ? PN_C : (int)(pe - c0);
+                float *o[PN_R];
+                for (int i = 0; i < PN_R; i++)
+                    o[i] = out + (r + (i < nr ? i : 0)) * out_stride + c0;
+                pn_tile(wk, a, pn_w + t * nb, pn_a, nb, o, nr, nc);
+            }
+        }
+    }
+}
+
+static __attribute__((noinline)) void pn_q41(const uint8_t *w, size_t wrb, const uint8_t *act,
+                                             size_t arb, int64_t n, int64_t nb, float *out,
+                                             int64_t os, int64_t o0, int64_t o1)
+{
+    pn_compute(W_Q41, w, wrb, act, arb, n, nb, out, os, o0, o1);
+}
+
+static __attribute__((noinline)) void pn_q40(const uint8_t *w, size_t wrb, const uint8_t *act,
+                                             size_t arb, int64_t n, int64_t nb, float *out,
+                                             int64_t os, int64_t o0, int64_t o1)
+{
+    pn_compute(W_Q40, w, wrb, act, arb, n, nb, out, os, o0, o1);
+}
+
+static __attribute__((noinline)) void pn_q8(const uint8_t *w, size_t wrb, const uint8_t *act,
+                                            size_t arb, int64_t n, int64_t nb, float *out,
+                                            int64_t os, int64_t o0, int64_t o1)
+{
+    pn_compute(W_Q8, w, wrb, act, arb, n, nb, out, os, o0, o1);
+}
+
+/* ---------------------------------------------------------------------- */
 /* drivers                                                                */
 /* ---------------------------------------------------------------------- */
 
@@ -551,6 +775,16 @@ void cinfer_cpu_matmul_compute_avx2(cinfer_dtype wt, const void *w,
                                                   : nb;
     const uint8_t *wb = (const uint8_t *)w;
     const uint8_t *ab = (const uint8_t *)act;
+
+    if ((k == K_Q41 || k == K_Q40 || k == K_Q8) && n >= PN_MIN_ROWS && nb >= 1 &&
+        nb <= PN_WBLKS) {
+        void (*fn)(const uint8_t *, size_t, const uint8_t *, size_t, int64_t, int64_t,
+                   float *, int64_t, int64_t, int64_t) = k == K_Q41   ? pn_q41
+                                                         : k == K_Q40 ? pn_q40
+                                                                      : pn_q8;
+        fn(wb, w_row_bytes, ab, arb, n, nb, out, out_stride, o0, o1);
+        return;
+    }
 
     /* Column blocks only pay when several row tiles reuse them. */
     const int64_t cblk = n > 2 ? col_block(w_row_bytes) : o1 - o0;

@@ -548,6 +548,92 @@ static void test_packed(void)
     CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
 
+/* ---------------------------------------------------------------------- */
+/* batched int8 rows: tiled paths against row by row                      */
+/* ---------------------------------------------------------------------- */
+
+/* Many rows of the int8-block types take register-tiled paths (the AVX2
+ * decoded panels, the AVX-512 row tiles); a row alone takes another. Every
+ * row count from 1 to 600 (sampled), column ranges cut where the backend
+ * cuts them (units of 16) and off them, inner sizes of 1, 3, 25 and 1025
+ * blocks (the last past the AVX2 panel scratch): each ISA's batch equals
+ * the portable code and the same ISA one row at a time, bit for bit. */
+static void check_rows(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n,
+                       int64_t o0, int64_t o1, uint64_t seed)
+{
+    const cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
+    const size_t wrb = cinfer_dtype_row_bytes(wt, n_in);
+    const size_t arb = cinfer_dtype_row_bytes(at, n_in);
+    uint8_t *w = make_weights(wt, n_out, n_in, &seed);
+    float *x = malloc(sizeof(float) * (size_t)(n * n_in));
+    uint8_t *act = malloc(arb * (size_t)n);
+    const int64_t stride = n_out + 1;
+    float *want = malloc(sizeof(float) * (size_t)(n * stride));
+    float *got = malloc(sizeof(float) * (size_t)(n * stride));
+    float *one = malloc(sizeof(float) * (size_t)(n * stride));
+    CINFER_ASSERT(w && x && act && want && got && one);
+    fill_rows(x, n, n_in, &seed);
+    for (int64_t r = 0; r < n; r++)
+        cinfer_quantize_row(at, x + r * n_in, act + arb * (size_t)r, n_in);
+    for (int64_t i = 0; i < n * stride; i++)
+        want[i] = -777.0f;
+    cinfer_cpu_matmul_compute(CINFER_CPU_ISA_PORTABLE, wt, w, wrb, act, n, n_in,
+                              want, stride, o0, o1);
+    for (int ii = 1; ii < N_ISAS; ii++) {
+        const cinfer_cpu_isa isa = k_isas[ii];
+        if (!cinfer_cpu_isa_supported(isa))
+            continue;
+        for (int64_t i = 0; i < n * stride; i++)
+            got[i] = one[i] = -777.0f;
+        cinfer_cpu_matmul_compute(isa, wt, w, wrb, act, n, n_in, got, stride, o0, o1);
+        for (int64_t r = 0; r < n; r++)
+            cinfer_cpu_matmul_compute(isa, wt, w, wrb, act + arb * (size_t)r, 1, n_in,
+                                      one + r * stride, stride, o0, o1);
+        const size_t bytes = sizeof(float) * (size_t)(n * stride);
+        const int same = memcmp(got, want, bytes) == 0;
+        const int alone = memcmp(one, want, bytes) == 0;
+        if (!same || !alone)
+            fprintf(stderr, "rows: isa %s wt %s n_in %lld n_out %lld n %lld "
+                    "[%lld, %lld): batch %s, row by row %s\n",
+                    cinfer_cpu_isa_name(isa), cinfer_dtype_name(wt), (long long)n_in,
+                    (long long)n_out, (long long)n, (long long)o0, (long long)o1,
+                    same ? "same" : "DIFFERS", alone ? "same" : "DIFFERS");
+        CHECK(same);
+        CHECK(alone);
+    }
+    free(one);
+    free(got);
+    free(want);
+    free(act);
+    free(x);
+    free(w);
+}
+
+static void test_batched_rows(void)
+{
+    static const cinfer_dtype types[] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
+                                         CINFER_DTYPE_Q4_1};
+    static const int64_t ns[] = {1,  2,  3,  4,  5,  6,   7,   8,   9,   15,  16,  17, 31,
+                                 33, 63, 64, 65, 100, 127, 129, 255, 257, 511, 600};
+    const int n_ns = (int)(sizeof(ns) / sizeof(ns[0]));
+    uint64_t seed = 500;
+    for (int t = 0; t < 3; t++) {
+        const cinfer_dtype wt = types[t];
+        for (int i = 0; i < n_ns; i++) {
+            /* 3 blocks: one panel holds every column */
+            check_rows(wt, 96, 37, ns[i], 0, 37, seed++);
+            if (ns[i] <= 65) {
+                /* 25 blocks: panels of 80 columns, ranges off them */
+                check_rows(wt, 800, 197, ns[i], 0, 197, seed++);
+                check_rows(wt, 800, 197, ns[i], 16, 181, seed++);
+                check_rows(wt, 800, 197, ns[i], 33, 34, seed++);
+            }
+        }
+        check_rows(wt, 32, 5, 9, 1, 4, seed++);           /* one block */
+        check_rows(wt, 32 * 1025, 3, 6, 0, 3, seed++);    /* past the scratch */
+    }
+}
+
 int main(void)
 {
     RUN(test_supported_and_pairs);
@@ -560,5 +646,6 @@ int main(void)
     RUN(test_packed);
     RUN(test_q4_0);
     RUN(test_q4_1);
+    RUN(test_batched_rows);
     return harness_done();
 }
