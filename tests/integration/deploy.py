@@ -345,7 +345,6 @@ def case_orca():
         st.close()
         check(times[3] - times[0] >= 0.25, "intervals below 100 ms raised: "
               "%r" % times)
-        del grpc
 
     # The numbers against /metrics at the same moment, on a server whose
     # steps are slowed: one request runs, two wait, nothing moves between
@@ -394,6 +393,43 @@ def case_orca():
             s.join()
         log("ok: out-of-band report equals /metrics (running %d, waiting "
             "%d, kv %.4f)" % (got[0], got[1], got[2]))
+
+    # gRPC's own weighted_round_robin policy, with out-of-band reports,
+    # opens StreamCoreMetrics on every replica at the period it is given.
+    import json
+    _, rpc, _, _ = run.stubs()
+    with run.Server(run.tiny_model(), name="wrr-a") as a, \
+            run.Server(run.tiny_model(), name="wrr-b") as b:
+        cfg = {"loadBalancingConfig": [{"weighted_round_robin": {
+            "enableOobLoadReport": True, "oobReportingPeriod": "0.5s",
+            "blackoutPeriod": "0s"}}]}
+        ch = grpc.insecure_channel(
+            "ipv4:%s,%s" % (a.addr, b.addr),
+            options=[("grpc.service_config", json.dumps(cfg))])
+        try:
+            stub = rpc.InferenceStub(ch)
+            for _ in range(6):
+                list(stub.Generate(run.gen_bytes(n=1), timeout=30))
+            deadline = time.time() + 20
+            seen = {}
+            while time.time() < deadline and len(seen) < 2:
+                for srv in (a, b):
+                    for ln in srv.log_lines():
+                        if ln.get("msg") == "orca stream":
+                            seen[srv.name] = ln.get("interval_ms")
+                time.sleep(0.1)
+            check_eq(seen, {"wrr-a": 500, "wrr-b": 500},
+                     "gRPC's weighted_round_robin opened the out-of-band "
+                     "stream on both replicas")
+            counts = [len([ln for ln in srv.log_lines()
+                           if ln.get("msg") == "generate done"])
+                      for srv in (a, b)]
+            check(all(c > 0 for c in counts),
+                  "both replicas served calls: %r" % counts)
+        finally:
+            ch.close()
+        log("ok: gRPC weighted_round_robin reads the out-of-band reports "
+            "of both replicas (calls %r)" % counts)
 
 
 # ---------------------------------------------------------------------------
