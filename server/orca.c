@@ -40,7 +40,7 @@ void cinfer_orca_rate_init(cinfer_orca_rate *r, int64_t now_ns)
     memset(r, 0, sizeof *r);
     r->start_ns = now_ns;
     r->last_ns = now_ns;
-    for (int i = 0; i < ORCA_RATE_BUCKETS; i++)
+    for (int i = 0; i < CINFER_ORCA_RATE_BUCKETS; i++)
         r->sec[i] = INT64_MIN;
 }
 
@@ -53,8 +53,8 @@ static int64_t sec_of(int64_t ns)
 
 static int bucket_of(int64_t sec)
 {
-    int64_t m = sec % ORCA_RATE_BUCKETS;
-    return (int)(m < 0 ? m + ORCA_RATE_BUCKETS : m);
+    int64_t m = sec % CINFER_ORCA_RATE_BUCKETS;
+    return (int)(m < 0 ? m + CINFER_ORCA_RATE_BUCKETS : m);
 }
 
 void cinfer_orca_rate_add(cinfer_orca_rate *r, int64_t now_ns, int error)
@@ -81,9 +81,9 @@ void cinfer_orca_rate_get(const cinfer_orca_rate *r, int64_t now_ns,
     if (now_ns < r->last_ns)
         now_ns = r->last_ns;
     int64_t cur = sec_of(now_ns);
-    int64_t first = cur - (ORCA_RATE_BUCKETS - 1);
+    int64_t first = cur - (CINFER_ORCA_RATE_BUCKETS - 1);
     uint64_t calls = 0, errors = 0;
-    for (int i = 0; i < ORCA_RATE_BUCKETS; i++) {
+    for (int i = 0; i < CINFER_ORCA_RATE_BUCKETS; i++) {
         if (r->sec[i] >= first && r->sec[i] <= cur) {
             calls += r->calls[i];
             errors += r->errors[i];
@@ -122,7 +122,7 @@ double cinfer_orca_cpu_update(cinfer_orca_cpu *c, int64_t wall_ns,
     if (dcpu < 0)
         dcpu = 0;
     double u = (double)dcpu / ((double)dwall * n_cpus);
-    if (dwall >= ORCA_CPU_SAMPLE_NS) {
+    if (dwall >= CINFER_ORCA_CPU_SAMPLE_NS) {
         c->util = u;
         c->measured = 1;
         c->wall_ns = wall_ns;
@@ -200,18 +200,19 @@ cinfer_status cinfer_orca_interval(int has, int64_t seconds, int32_t nanos,
                                     "report_interval must not be negative, "
                                     "got %llds",
                                     (long long)seconds);
-        if (seconds > ORCA_MAX_INTERVAL_S ||
-            (seconds == ORCA_MAX_INTERVAL_S && nanos > 0))
+        if (seconds > CINFER_ORCA_MAX_INTERVAL_S ||
+            (seconds == CINFER_ORCA_MAX_INTERVAL_S && nanos > 0))
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "report_interval must be at most %ds, "
                                     "got %llds",
-                                    ORCA_MAX_INTERVAL_S, (long long)seconds);
+                                    CINFER_ORCA_MAX_INTERVAL_S,
+                                    (long long)seconds);
     }
     int64_t ns = has ? seconds * NS_PER_S + nanos : 0;
     /* Unset or shorter than the minimum: the minimum, as gRPC's own ORCA
      * service does. */
-    if (ns < (int64_t)ORCA_MIN_INTERVAL_MS * 1000000)
-        ns = (int64_t)ORCA_MIN_INTERVAL_MS * 1000000;
+    if (ns < (int64_t)CINFER_ORCA_MIN_INTERVAL_MS * 1000000)
+        ns = (int64_t)CINFER_ORCA_MIN_INTERVAL_MS * 1000000;
     *interval_ns = ns;
     return CINFER_OK;
 }

@@ -9,9 +9,10 @@
  *                included
  *   out of band  xds.service.orca.v3.OpenRcaService/StreamCoreMetrics: a
  *                server stream with one report at once and then one every
- *                report_interval (raised to ORCA_MIN_INTERVAL_MS; above
- *                ORCA_MAX_INTERVAL_S, negative or with nanos outside
- *                [0, 1e9) it is INVALID_ARGUMENT naming report_interval)
+ *                report_interval (raised to CINFER_ORCA_MIN_INTERVAL_MS;
+ *                above CINFER_ORCA_MAX_INTERVAL_S, negative or with nanos
+ *                outside [0, 1e9) it is INVALID_ARGUMENT naming
+ *                report_interval)
  *
  * What a report holds:
  *   cpu_utilization          process CPU time over wall time, per CPU the
@@ -23,7 +24,7 @@
  *                            batch, not its host CPU
  *   rps_fractional, eps      Inference calls ended per second, and those
  *                            that ended with a non-OK status, over the last
- *                            ORCA_RATE_BUCKETS seconds
+ *                            CINFER_ORCA_RATE_BUCKETS seconds
  *   named_metrics            kv_cache_usage, num_requests_running,
  *                            num_requests_waiting: the numbers /metrics
  *                            serves as cinfer:kv_cache_usage_perc,
@@ -49,10 +50,10 @@
 extern "C" {
 #endif
 
-#define ORCA_RATE_BUCKETS 10      /* seconds in the rate window */
-#define ORCA_MIN_INTERVAL_MS 100  /* shortest out-of-band interval */
-#define ORCA_MAX_INTERVAL_S 3600  /* longest one accepted */
-#define ORCA_CPU_SAMPLE_NS 1000000000LL /* CPU measured over >= 1 s */
+#define CINFER_ORCA_RATE_BUCKETS 10      /* seconds in the rate window */
+#define CINFER_ORCA_MIN_INTERVAL_MS 100  /* shortest out-of-band interval */
+#define CINFER_ORCA_MAX_INTERVAL_S 3600  /* longest one accepted */
+#define CINFER_ORCA_CPU_SAMPLE_NS 1000000000LL /* CPU measured over >= 1 s */
 
 /* ---- rate window (value type) ------------------------------------------ */
 
@@ -61,9 +62,9 @@ typedef struct {
     int64_t start_ns;                 /* first time seen */
     int64_t last_ns;                  /* latest time seen (the clock never
                                          goes back inside the window) */
-    int64_t sec[ORCA_RATE_BUCKETS];
-    uint32_t calls[ORCA_RATE_BUCKETS];
-    uint32_t errors[ORCA_RATE_BUCKETS];
+    int64_t sec[CINFER_ORCA_RATE_BUCKETS];
+    uint32_t calls[CINFER_ORCA_RATE_BUCKETS];
+    uint32_t errors[CINFER_ORCA_RATE_BUCKETS];
 } cinfer_orca_rate;
 
 void cinfer_orca_rate_init(cinfer_orca_rate *r, int64_t now_ns);
@@ -71,7 +72,7 @@ void cinfer_orca_rate_init(cinfer_orca_rate *r, int64_t now_ns);
  * latest seen counts as the latest. */
 void cinfer_orca_rate_add(cinfer_orca_rate *r, int64_t now_ns, int error);
 /* Calls and errors per second over the window's seconds up to now_ns (at
- * most ORCA_RATE_BUCKETS s, at least 1 s, never before start). */
+ * most CINFER_ORCA_RATE_BUCKETS s, at least 1 s, never before start). */
 void cinfer_orca_rate_get(const cinfer_orca_rate *r, int64_t now_ns,
                           double *rps, double *eps);
 
@@ -85,7 +86,7 @@ typedef struct {
 
 void cinfer_orca_cpu_init(cinfer_orca_cpu *c, int64_t wall_ns, int64_t cpu_ns);
 /* The utilization at (wall_ns, cpu_ns) for n_cpus CPUs: re-measured when
- * ORCA_CPU_SAMPLE_NS passed since the last sample, else the last measure
+ * CINFER_ORCA_CPU_SAMPLE_NS passed since the last sample, else the last measure
  * (or, before the first, the partial one). Clocks that go back yield the
  * last value. */
 double cinfer_orca_cpu_update(cinfer_orca_cpu *c, int64_t wall_ns,
@@ -114,7 +115,7 @@ cinfer_status cinfer_orca_pack(const cinfer_orca_numbers *n, uint8_t **out,
 /* Validates an OrcaLoadReportRequest's report_interval (has = it is set)
  * and gives the interval used. CINFER_E_INVALID_ARG with the field named
  * when it is negative, its nanos are outside [0, 1e9) or it is longer than
- * ORCA_MAX_INTERVAL_S. */
+ * CINFER_ORCA_MAX_INTERVAL_S. */
 cinfer_status cinfer_orca_interval(int has, int64_t seconds, int32_t nanos,
                                    int64_t *interval_ns);
 

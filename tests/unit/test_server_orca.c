@@ -154,11 +154,11 @@ static void test_interval(void)
     CHECK_EQ_INT(ns, 2500000000LL);
     /* Unset, zero or below the minimum: the minimum. */
     CHECK_OK(cinfer_orca_interval(0, 0, 0, &ns));
-    CHECK_EQ_INT(ns, (int64_t)ORCA_MIN_INTERVAL_MS * 1000000);
+    CHECK_EQ_INT(ns, (int64_t)CINFER_ORCA_MIN_INTERVAL_MS * 1000000);
     CHECK_OK(cinfer_orca_interval(1, 0, 1000, &ns));
-    CHECK_EQ_INT(ns, (int64_t)ORCA_MIN_INTERVAL_MS * 1000000);
-    CHECK_OK(cinfer_orca_interval(1, ORCA_MAX_INTERVAL_S, 0, &ns));
-    CHECK_EQ_INT(ns, (int64_t)ORCA_MAX_INTERVAL_S * S);
+    CHECK_EQ_INT(ns, (int64_t)CINFER_ORCA_MIN_INTERVAL_MS * 1000000);
+    CHECK_OK(cinfer_orca_interval(1, CINFER_ORCA_MAX_INTERVAL_S, 0, &ns));
+    CHECK_EQ_INT(ns, (int64_t)CINFER_ORCA_MAX_INTERVAL_S * S);
 
     ns = 42;
     CHECK_EQ_INT(cinfer_orca_interval(1, -1, 0, &ns), CINFER_E_INVALID_ARG);
@@ -167,7 +167,7 @@ static void test_interval(void)
     CHECK(strstr(cinfer_last_error(), "report_interval: nanos") != NULL);
     CHECK_EQ_INT(cinfer_orca_interval(1, 1, 1000000000, &ns),
                  CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(cinfer_orca_interval(1, ORCA_MAX_INTERVAL_S, 1, &ns),
+    CHECK_EQ_INT(cinfer_orca_interval(1, CINFER_ORCA_MAX_INTERVAL_S, 1, &ns),
                  CINFER_E_INVALID_ARG);
     CHECK(strstr(cinfer_last_error(), "at most") != NULL);
     CHECK_EQ_INT(cinfer_orca_interval(1, INT64_MAX, 0, &ns),
