@@ -26,10 +26,12 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,16 +60,9 @@ def cinfer_bench(build, model, threads):
 
 def floors(build, threads):
     """Read bandwidth (GB/s, huge pages), peak FP32 FMA rate (GFLOP/s) and
-    peak int8 dot rate (GOP/s) from cinfer-kbench."""
-    out = sh([os.path.join(build, "tools", "cinfer-kbench"), "--threads", "2",
-              "--isa", "avx512", "--no-decode", "--no-prefill"]).stdout
-    bw = float(re.search(r"read bandwidth, 256 MB sum +%d thr +([\d.]+) GB/s" % threads,
-                         out).group(1))
-    fma = float(re.search(r"peak fp32 FMA, avx512 +%d thr +([\d.]+) GFLOP/s" % threads,
-                          out).group(1))
-    dot = float(re.search(r"peak int8 dot \(vpdpbusd\) +%d thr +([\d.]+) GOP/s" % threads,
-                          out).group(1))
-    return bw, fma, dot
+    peak int8 dot rate (GOP/s) of the best ISA, from cinfer-kbench's JSON."""
+    f = benchlib.kbench_floors(os.path.join(build, "tools", "cinfer-kbench"), threads)
+    return f["read_gbs"], f["fma_gflops"], f["int8_dot_gops"] or f["fma_gflops"]
 
 
 def main():
@@ -140,8 +135,9 @@ def main():
         "128 decoded tokens (tg128). llama.cpp: llama-cpp-python 0.3.36 sdist, "
         "-fa on -lm none. Floors measured in the same run by cinfer-kbench: "
         "decode <= read bandwidth (huge pages) / file bytes; prefill <= peak rate / "
-        "(2 x params): the FP32 FMA rate for F16, the int8 dot (vpdpbusd) rate for "
-        "the int8-block types.",
+        "(2 x params): the FP32 FMA rate for F16, the int8 dot rate (vpdpbusd on "
+        "AVX-512 VNNI, vpmaddubsw + vpmaddwd on AVX2) for the int8-block types. "
+        f"CPU vector flags: {benchlib.cpu_info()['flags']}.",
         "",
         "| type | threads | cinfer pp tok/s | llama.cpp pp tok/s | pp ratio | prefill floor | "
         "cinfer tg tok/s | llama.cpp tg tok/s | tg ratio | decode floor (BW) |",

@@ -18,9 +18,11 @@ throughout. On a shared machine each run waits for idle cores first, and
 the CPU time other work took during it is measured (/proc/stat less the
 server's and the client's own); a disturbed run is measured again. The machine's floors come from cinfer-kbench in the same run:
 a decode step can not beat weight bytes / read bandwidth, N tokens of a
-step can not beat 2 * params * N / peak FMA rate, so at N streams the
-output rate can not beat N / max(those two) and ITL can not beat their max;
-a 128-token prompt can not prefill faster than 2 * params * 128 / FMA rate.
+step can not beat 2 * params * N / compute rate (the int8 dot peak, the
+instructions the default model's int8-block products run on; the FP32 FMA
+peak only on a machine without them), so at N streams the output rate can
+not beat N / max(those two) and ITL can not beat their max; a 128-token
+prompt can not prefill faster than 2 * params * 128 / compute rate.
 
     bench/serve_vs_llamacpp.py [--levels 1,4,16,64] [--per-stream 2]
                                [--build build/release] [--threads 2]
@@ -36,7 +38,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import resource
 import signal
 import socket
@@ -45,6 +46,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = {
@@ -93,23 +97,15 @@ def ensure_cinfer(build):
 
 
 def floors(kbench, threads):
-    """Read bandwidth (GB/s, the better of cinfer-kbench's two sums) and
-    peak FP32 FMA rate (GFLOP/s, the best ISA) at `threads` threads."""
-    out = sh([kbench, "--types", "q4_1", "--threads", str(threads),
-              "--no-prefill", "--no-decode", "--no-model"]).stdout
-    bw = fma = 0.0
-    for line in out.splitlines():
-        m = re.search(r"(\d+) thr\s+([\d.]+) (GB/s|GFLOP/s)", line)
-        if not m or int(m.group(1)) != threads:
-            continue
-        v = float(m.group(2))
-        if "read bandwidth" in line:
-            bw = max(bw, v)
-        elif "peak fp32 FMA" in line:
-            fma = max(fma, v)
-    if not bw or not fma:
-        raise RuntimeError("cinfer-kbench printed no floors:\n" + out)
-    return bw, fma
+    """Read bandwidth (GB/s, the better of cinfer-kbench's two sums) and the
+    compute rate of the default model's products at `threads` threads: the
+    int8 dot peak of the best ISA (its weights are int8-block types), or
+    the peak FP32 FMA rate on a machine without int8 dot kernels. Returns
+    (bandwidth, rate, what the rate is)."""
+    f = benchlib.kbench_floors(kbench, threads)
+    if f["int8_dot_gops"]:
+        return f["read_gbs"], f["int8_dot_gops"], "GOP/s int8 dot (%s)" % f["dot_isa"]
+    return f["read_gbs"], f["fma_gflops"], "GFLOP/s FP32 FMA (%s)" % f["fma_isa"]
 
 
 # ---------------------------------------------------------------------------
@@ -300,7 +296,7 @@ set key right center
 set ylabel "output tokens/s"
 plot "{data}" using 1:2 with linespoints lw 2 pt 7 title "cinfer", \\
      "{data}" using 1:3 with linespoints lw 2 pt 5 title "llama.cpp", \\
-     "{data}" using 1:4 with lines dt 2 lc rgb "gray" title "ceiling (bandwidth and FMA floors)"
+     "{data}" using 1:4 with lines dt 2 lc rgb "gray" title "ceiling (bandwidth and int8 dot floors)"
 set ylabel "p99 inter-token latency (ms)"
 set key top left
 set logscale y
@@ -354,8 +350,8 @@ def main():
     log("work files in", work)
 
     wait_quiet(args.quiet_wait)
-    bw0, fma0 = floors(progs["kbench"], args.threads)
-    log("floors: %.1f GB/s read, %.1f GFLOP/s FMA" % (bw0, fma0))
+    bw0, rate0, rate_what = floors(progs["kbench"], args.threads)
+    log("floors: %.1f GB/s read, %.1f %s" % (bw0, rate0, rate_what))
 
     cinfer, c_addr = start_cinfer(progs, model, args.threads, work,
                                     args.max_batched_tokens)
@@ -390,20 +386,20 @@ def main():
     # Floors again at the end: other work on the machine lowers a
     # measurement, never raises it, so the better of the two is the floor.
     wait_quiet(args.quiet_wait)
-    bw1, fma1 = floors(progs["kbench"], args.threads)
-    log("floors at the end: %.1f GB/s read, %.1f GFLOP/s FMA" % (bw1, fma1))
-    bw, fma = max(bw0, bw1), max(fma0, fma1)
+    bw1, rate1, _ = floors(progs["kbench"], args.threads)
+    log("floors at the end: %.1f GB/s read, %.1f %s" % (bw1, rate1, rate_what))
+    bw, rate = max(bw0, bw1), max(rate0, rate1)
     for r in rows:
         n = r["n"]
         step_bw_ms = wbytes / (bw * 1e9) * 1e3
-        step_fma_ms = 2.0 * params * n / (fma * 1e9) * 1e3
-        r["itl_floor_ms"] = max(step_bw_ms, step_fma_ms)
+        step_compute_ms = 2.0 * params * n / (rate * 1e9) * 1e3
+        r["itl_floor_ms"] = max(step_bw_ms, step_compute_ms)
         r["ceiling_tps"] = n / r["itl_floor_ms"] * 1e3
     load_end = loadavg()
     elapsed = time.time() - t_start
 
-    prefill_floor_ms = 2.0 * params * args.input_len / (fma * 1e9) * 1e3
-    budget_floor_ms = 2.0 * params * args.max_batched_tokens / (fma * 1e9) * 1e3
+    prefill_floor_ms = 2.0 * params * args.input_len / (rate * 1e9) * 1e3
+    budget_floor_ms = 2.0 * params * args.max_batched_tokens / (rate * 1e9) * 1e3
     step_bw_ms = wbytes / (bw * 1e9) * 1e3
     date = datetime.date.today()
     cpu = ""
@@ -442,11 +438,13 @@ def main():
         "",
         f"Floors (cinfer-kbench, {args.threads} threads, at the start and "
         f"the end of the run: {bw0:.1f} / {bw1:.1f} GB/s read bandwidth, "
-        f"{fma0:.1f} / {fma1:.1f} GFLOP/s peak FP32 FMA; the better of each "
-        f"is used): read bandwidth {bw:.1f} GB/s, peak FP32 FMA {fma:.1f} "
-        f"GFLOP/s. Decode "
+        f"{rate0:.1f} / {rate1:.1f} {rate_what} peak; the better of each "
+        f"is used): read bandwidth {bw:.1f} GB/s, compute rate {rate:.1f} "
+        f"{rate_what} (the instructions the model's int8-block products run "
+        f"on; FP32 FMA only where the machine has no int8 dot kernels). "
+        f"CPU vector flags: {benchlib.cpu_info()['flags']}. Decode "
         f"step >= weight bytes / bandwidth = {step_bw_ms:.2f} ms; N tokens "
-        f"of a step >= 2 x params x N / FMA rate; prefill of one "
+        f"of a step >= 2 x params x N / compute rate; prefill of one "
         f"{args.input_len}-token prompt >= {prefill_floor_ms:.1f} ms. The "
         f"ceiling column is N / max(the two step floors), the ITL floor "
         f"column their max. A step that carries cinfer's whole prefill "

@@ -7,7 +7,10 @@
  *     threads, and the same sum prefetching ahead non-temporally (as the
  *     decode kernels do); a decode step streams every weight once, so the
  *     better of the two is what it can approach;
- *   - peak fp32 FMA: independent fused multiply-adds in registers, per ISA.
+ *   - peak fp32 FMA: independent fused multiply-adds in registers, per ISA;
+ *   - peak int8 dot: the instructions the int8-block kernels multiply with
+ *     (vpdpbusd on AVX-512 VNNI, vpmaddubsw + vpmaddwd + vpaddd on AVX2),
+ *     independent, in registers.
  * Kernels, per ISA and weight type, at 1 and 2 threads:
  *   - decode (n = 1): one pass over distinct matrices totalling about the
  *     default model's weight bytes (93 MB), so the weights come from DRAM,
@@ -15,13 +18,21 @@
  *   - decode of the default model's own matmul shapes for one token (30
  *     layers of Q4_1 projections and the 49152 x 576 Q8_0 output);
  *   - prefill (n = 128, 512): GFLOP/s (2 n n_out n_in / time) including the
- *     activation prepare, and % of the FMA floor.
+ *     activation prepare, and % of the int8 dot peak (block types) or of
+ *     the FMA floor (float types);
+ *   - batched int8-block products at 16 .. 512 rows, each timing followed
+ *     by the int8 dot peak measured again, medians of the rounds: the
+ *     ratio pairs measurements taken moments apart, so another process
+ *     on a shared machine slows both sides of it.
+ * --json FILE also writes the floors and the batched cells as JSON, for
+ * the benchmark scripts.
  * Threads are plain pthreads, each taking a contiguous range of output
  * columns (rows of the activation for prepare), with a spinning barrier
  * between phases, as the backend's pool does.
  *
  *     cinfer-kbench                      all ISAs, all types
  *     cinfer-kbench --isa avx512 --types q4_1,q8_0 --threads 2
+ *     cinfer-kbench --no-decode --no-prefill --json floors.json
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -282,6 +293,31 @@ __attribute__((target("avx512f,avx512vnni"))) static float dot_vnni(long iters)
 }
 #endif
 
+/* The same products on AVX2, as its int8-block kernels compute them:
+ * vpmaddubsw (32 u8 x s8 products, summed in pairs), vpmaddwd by ones (the
+ * pairs into the int32 sums of four that vpdpbusd makes) and vpaddd. The
+ * empty asm makes every step use a "new" u, so no product is reused. */
+#ifdef KB_X86
+__attribute__((target("avx2"))) static float dot_avx2(long iters)
+{
+    __m256i a[12];
+    __m256i u = _mm256_set1_epi8(3);
+    const __m256i v = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_epi32(i);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) {
+            __asm__ volatile("" : "+x"(u));
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
+        }
+    __m256i s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_epi32(s, a[i]);
+    return (float)_mm256_extract_epi32(s, 0);
+}
+#endif
+
 /* FLOPs of one inner step of each variant. */
 static double fma_flops_per_iter(cinfer_cpu_isa isa)
 {
@@ -297,7 +333,8 @@ static void fma_job(void *p, int ith, int nth)
     fma_ctx *c = p;
 #ifdef KB_X86
     if (c->dot) {
-        c->sink[ith] = dot_vnni(c->iters);
+        c->sink[ith] = c->isa == CINFER_CPU_ISA_AVX512 ? dot_vnni(c->iters)
+                                                       : dot_avx2(c->iters);
         return;
     }
 #endif
@@ -312,18 +349,25 @@ static void fma_job(void *p, int ith, int nth)
 
 /* Aggregate rate (GFLOP/s, or int8 GOP/s with dot: a multiply-add counts
  * two) of all the team's threads. */
-static double measure_peak(team *tm, cinfer_cpu_isa isa, int dot)
+static double measure_peak_n(team *tm, cinfer_cpu_isa isa, int dot, long iters, int reps)
 {
-    fma_ctx c = {.isa = isa, .dot = dot, .iters = 20000000};
+    fma_ctx c = {.isa = isa, .dot = dot, .iters = iters};
     double best = 1e30;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
         double t0 = now_s();
         team_run(tm, fma_job, &c);
         double t = now_s() - t0;
         best = t < best ? t : best;
     }
-    double per_iter = dot ? 12.0 * 64 * 2 : fma_flops_per_iter(isa);
+    double per_iter = !dot ? fma_flops_per_iter(isa)
+                      : isa == CINFER_CPU_ISA_AVX512 ? 12.0 * 64 * 2
+                                                     : 12.0 * 32 * 2;
     return per_iter * (double)c.iters * tm->nth / best / 1e9;
+}
+
+static double measure_peak(team *tm, cinfer_cpu_isa isa, int dot)
+{
+    return measure_peak_n(tm, isa, dot, 20000000, 5);
 }
 
 static double measure_fma(team *tm, cinfer_cpu_isa isa)
@@ -331,12 +375,28 @@ static double measure_fma(team *tm, cinfer_cpu_isa isa)
     return measure_peak(tm, isa, 0);
 }
 
-/* 0 without AVX-512 VNNI. */
-static double measure_dot(team *tm)
+/* The int8 dot-product peak of an ISA's int8-block kernels (vpdpbusd on
+ * AVX-512 VNNI, vpmaddubsw + vpmaddwd on AVX2); 0 where the ISA is absent
+ * or has no such instructions. */
+static int has_dot(cinfer_cpu_isa isa)
 {
-    if (!cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512))
-        return 0.0;
-    return measure_peak(tm, CINFER_CPU_ISA_AVX512, 1);
+#ifdef KB_X86
+    return (isa == CINFER_CPU_ISA_AVX512 || isa == CINFER_CPU_ISA_AVX2) &&
+           cinfer_cpu_isa_supported(isa);
+#else
+    (void)isa;
+    return 0;
+#endif
+}
+
+static const char *dot_name(cinfer_cpu_isa isa)
+{
+    return isa == CINFER_CPU_ISA_AVX512 ? "vpdpbusd" : "vpmaddubsw+vpmaddwd";
+}
+
+static double measure_dot(team *tm, cinfer_cpu_isa isa)
+{
+    return has_dot(isa) ? measure_peak(tm, isa, 1) : 0.0;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -463,6 +523,54 @@ static const char *variant_name(int v)
 }
 
 /* ---------------------------------------------------------------------- */
+/* batched int8 products against the int8 dot peak                       */
+/* ---------------------------------------------------------------------- */
+
+/* One batched cell: median over BT_REPS rounds, each timing the kernel
+ * (prepare + compute, best of a few runs) and then the int8 dot peak
+ * again, so the ratio pairs two measurements taken moments apart: on a
+ * shared machine another process slows both. */
+#define BT_REPS 5
+
+typedef struct {
+    double gops, peak, ratio; /* medians */
+} bt_cell;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static bt_cell batched_cell(mm_ctx *c, team *tm, cinfer_cpu_isa isa)
+{
+    double g[BT_REPS], pk[BT_REPS], ra[BT_REPS];
+    const double ops = 2.0 * (double)c->n * (double)c->n_out * (double)c->n_in;
+    team_run(tm, mm_job, c); /* warm the caches and the scratch */
+    for (int rep = 0; rep < BT_REPS; rep++) {
+        double best = 1e30, total = 0.0;
+        for (int k = 0; k < 3 || (total < 0.04 && k < 100); k++) {
+            double t0 = now_s();
+            team_run(tm, mm_job, c);
+            double dt = now_s() - t0;
+            best = dt < best ? dt : best;
+            total += dt;
+        }
+        g[rep] = ops / best / 1e9;
+        pk[rep] = measure_peak_n(tm, isa, 1, 1000000, 3);
+        ra[rep] = g[rep] / pk[rep];
+    }
+    bt_cell r = {median(g, BT_REPS), median(pk, BT_REPS), median(ra, BT_REPS)};
+    return r;
+}
+
+/* ---------------------------------------------------------------------- */
 /* main                                                                   */
 /* ---------------------------------------------------------------------- */
 
@@ -513,7 +621,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: cinfer-kbench [--isa all|portable|avx2|avx512] "
             "[--types q4_1,q8_0,q4_0,f16,bf16,f32] [--threads 1|2|1,2]\n"
-            "                     [--decode-mb MB] [--no-prefill] [--no-decode] [--no-model]\n");
+            "                     [--decode-mb MB] [--no-prefill] [--no-decode] [--no-model]\n"
+            "                     [--no-batched] [--json FILE]\n");
 }
 
 int main(int argc, char **argv)
@@ -524,7 +633,8 @@ int main(int argc, char **argv)
         type_on[i] = 1;
     int thr_on[MAX_THREADS + 1] = {0, 1, 1};
     double decode_mb = 93.0;
-    int do_prefill = 1, do_decode = 1, do_model = 1;
+    int do_prefill = 1, do_decode = 1, do_model = 1, do_batched = 1;
+    const char *json_path = NULL;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -562,6 +672,11 @@ int main(int argc, char **argv)
             do_decode = 0;
         } else if (!strcmp(a, "--no-model")) {
             do_model = 0;
+        } else if (!strcmp(a, "--no-batched")) {
+            do_batched = 0;
+        } else if (!strcmp(a, "--json") && v) {
+            i++;
+            json_path = v;
         } else {
             usage();
             return 2;
@@ -617,13 +732,18 @@ int main(int argc, char **argv)
                    cinfer_cpu_isa_name((cinfer_cpu_isa)isa), nt, peak[isa][nt]);
         }
     }
-    double peak_dot[MAX_THREADS + 1] = {0};
-    if (isa_on[CINFER_CPU_ISA_AVX512] && cinfer_cpu_isa_supported(CINFER_CPU_ISA_AVX512))
+    double peak_dot[4][MAX_THREADS + 1] = {{0}};
+    for (int isa = CINFER_CPU_ISA_AVX2; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+        if (!isa_on[isa] || !has_dot((cinfer_cpu_isa)isa))
+            continue;
         for (int nt = 1; nt <= MAX_THREADS; nt++) {
-            peak_dot[nt] = measure_dot(&teams[nt]);
-            printf("  peak int8 dot (vpdpbusd)                  %d thr  %7.1f GOP/s\n",
-                   nt, peak_dot[nt]);
+            peak_dot[isa][nt] = measure_dot(&teams[nt], (cinfer_cpu_isa)isa);
+            char label[64];
+            snprintf(label, sizeof label, "peak int8 dot, %s (%s)",
+                     cinfer_cpu_isa_name((cinfer_cpu_isa)isa), dot_name((cinfer_cpu_isa)isa));
+            printf("  %-41s %d thr  %7.1f GOP/s\n", label, nt, peak_dot[isa][nt]);
         }
+    }
 
     /* Another process on the cores makes every 2-thread number
      * meaningless; the FMA floor shows it. */
@@ -775,7 +895,7 @@ int main(int argc, char **argv)
 
     if (do_prefill) {
         printf("\nprefill: w [%lld x %lld], n rows, prepare + compute (%% peak: of the "
-               "int8 dot rate for block types on avx512, else of the fp32 FMA rate)\n",
+               "int8 dot rate for block types, else of the fp32 FMA rate)\n",
                (long long)d_out, (long long)d_in);
         printf("  %-8s %-5s %3s %4s %9s %8s %10s\n", "isa", "type", "thr", "n",
                "GFLOP/s", "% peak", "ms");
@@ -823,11 +943,10 @@ int main(int argc, char **argv)
                             reps++;
                         }
                         double gf = 2.0 * (double)n * (double)d_out * (double)d_in / best / 1e9;
-                        /* int8-block products on AVX-512 run on vpdpbusd */
-                        double pk = isa == CINFER_CPU_ISA_AVX512 &&
-                                            cinfer_dtype_block_elems(wt) > 1 &&
-                                            peak_dot[nt] > 0.0
-                                        ? peak_dot[nt]
+                        /* int8-block products run on the int8 dot
+                         * instructions, the float types on FMAs */
+                        double pk = cinfer_dtype_block_elems(wt) > 1 && peak_dot[isa][nt] > 0.0
+                                        ? peak_dot[isa][nt]
                                         : peak[isa][nt];
                         printf("  %-8s %-5s %3d %4lld %9.1f %7.0f%% %10.3f\n",
                                variant_name(v),
@@ -845,6 +964,132 @@ int main(int argc, char **argv)
                 cinfer_huge_free(wp[0], plen);
             free(wp);
         }
+    }
+
+    /* Batched int8-block products (prefill, many decode streams) against
+     * the int8 dot peak, rows 16 .. 512. */
+    enum { BT_NS = 6, BT_MAX = 4 * 3 * BT_NS * MAX_THREADS };
+    static const int64_t bt_ns[BT_NS] = {16, 32, 64, 128, 256, 512};
+    struct {
+        const char *variant;
+        cinfer_dtype wt;
+        int nt;
+        int64_t n;
+        bt_cell c;
+    } bt[BT_MAX];
+    int n_bt = 0;
+    if (do_batched) {
+        printf("\nbatched: w [%lld x %lld], n rows, prepare + compute against the int8 dot "
+               "peak measured after each timing (medians of %d rounds)\n",
+               (long long)d_out, (long long)d_in, BT_REPS);
+        printf("  %-8s %-5s %3s %4s %9s %11s %8s\n", "isa", "type", "thr", "n", "GOP/s",
+               "peak GOP/s", "% peak");
+        static const cinfer_dtype bt_types[3] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
+                                                 CINFER_DTYPE_Q4_1};
+        for (int t = 0; t < 3; t++) {
+            cinfer_dtype wt = bt_types[t];
+            int on = 0;
+            for (int k = 0; k < N_TYPES; k++)
+                on |= k_types[k] == wt && type_on[k];
+            if (!on)
+                continue;
+            size_t rb = cinfer_dtype_row_bytes(wt, d_in);
+            uint8_t *w = make_matrix(wt, d_out, d_in, &seed);
+            size_t plen = 0;
+            uint8_t **wp = pack_all(&w, 1, &wt, &d_out, &d_in, 0, &plen);
+            const int64_t n_max = bt_ns[BT_NS - 1];
+            float *x = malloc(sizeof(float) * (size_t)(n_max * d_in));
+            void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in) *
+                               (size_t)n_max);
+            float *out = malloc(sizeof(float) * (size_t)(n_max * d_out));
+            if (!x || !act || !out) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
+            }
+            for (int64_t i = 0; i < n_max * d_in; i++)
+                x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            for (int v = CINFER_CPU_ISA_AVX2; v <= VARIANT_PACKED; v++) {
+                int isa = variant_isa(v);
+                if (!isa_on[isa] || !has_dot((cinfer_cpu_isa)isa) || (v == VARIANT_PACKED && !wp))
+                    continue;
+                for (int ni = 0; ni < BT_NS; ni++) {
+                    for (int nt = 1; nt <= MAX_THREADS; nt++) {
+                        if (!thr_on[nt] || n_bt == BT_MAX)
+                            continue;
+                        const uint8_t *wl[1] = {v == VARIANT_PACKED ? wp[0] : w};
+                        mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = 1,
+                                    .w = wl, .w_row_bytes = rb, .n_out = d_out,
+                                    .n_in = d_in, .n = bt_ns[ni], .x = x, .act = act,
+                                    .out = out, .tm = &teams[nt],
+                                    .packed = v == VARIANT_PACKED};
+                        bt_cell cell = batched_cell(&c, &teams[nt], (cinfer_cpu_isa)isa);
+                        bt[n_bt].variant = variant_name(v);
+                        bt[n_bt].wt = wt;
+                        bt[n_bt].nt = nt;
+                        bt[n_bt].n = bt_ns[ni];
+                        bt[n_bt].c = cell;
+                        n_bt++;
+                        printf("  %-8s %-5s %3d %4lld %9.1f %11.1f %7.0f%%\n", variant_name(v),
+                               cinfer_dtype_name(wt), nt, (long long)bt_ns[ni], cell.gops,
+                               cell.peak, 100.0 * cell.ratio);
+                        fflush(stdout);
+                    }
+                }
+            }
+            free(x);
+            free(act);
+            free(out);
+            free(w);
+            if (wp)
+                cinfer_huge_free(wp[0], plen);
+            free(wp);
+        }
+    }
+
+    if (json_path) {
+        FILE *f = fopen(json_path, "w");
+        if (!f) {
+            fprintf(stderr, "cannot write %s\n", json_path);
+            return 1;
+        }
+        fprintf(f, "{\n  \"cpu\": \"%s\",\n  \"online_cpus\": %ld,\n", model,
+                (long)sysconf(_SC_NPROCESSORS_ONLN));
+        fprintf(f, "  \"isas\": [");
+        int first = 1;
+        for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++)
+            if (cinfer_cpu_isa_supported((cinfer_cpu_isa)isa)) {
+                fprintf(f, "%s\"%s\"", first ? "" : ", ", cinfer_cpu_isa_name((cinfer_cpu_isa)isa));
+                first = 0;
+            }
+        fprintf(f, "],\n  \"openblas_coretype\": %s%s%s,\n", coretype ? "\"" : "",
+                coretype ? coretype : "null", coretype ? "\"" : "");
+        fprintf(f, "  \"floors\": [\n");
+        first = 1;
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            fprintf(f, "%s    {\"threads\": %d, \"read_gbs\": %.2f", first ? "" : ",\n", nt,
+                    bw[nt]);
+            first = 0;
+            for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
+                if (peak[isa][nt] > 0.0)
+                    fprintf(f, ", \"fma_gflops_%s\": %.2f", cinfer_cpu_isa_name((cinfer_cpu_isa)isa),
+                            peak[isa][nt]);
+                if (peak_dot[isa][nt] > 0.0)
+                    fprintf(f, ", \"int8_dot_gops_%s\": %.2f",
+                            cinfer_cpu_isa_name((cinfer_cpu_isa)isa), peak_dot[isa][nt]);
+            }
+            fprintf(f, "}");
+        }
+        fprintf(f, "\n  ],\n  \"batched\": [\n");
+        for (int i = 0; i < n_bt; i++)
+            fprintf(f,
+                    "    {\"isa\": \"%s\", \"type\": \"%s\", \"threads\": %d, \"n\": %lld, "
+                    "\"n_out\": %lld, \"n_in\": %lld, \"gops\": %.2f, \"peak_gops\": %.2f, "
+                    "\"ratio\": %.4f}%s\n",
+                    bt[i].variant, cinfer_dtype_name(bt[i].wt), bt[i].nt, (long long)bt[i].n,
+                    (long long)d_out, (long long)d_in, bt[i].c.gops, bt[i].c.peak,
+                    bt[i].c.ratio, i + 1 < n_bt ? "," : "");
+        fprintf(f, "  ]\n}\n");
+        fclose(f);
     }
 
     for (int nt = 1; nt <= MAX_THREADS; nt++)

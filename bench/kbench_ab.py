@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Batched int8-block products of this tree against an older commit's.
+
+Builds the kernels of BASE (a git worktree under build/ab-<commit>) and of
+this tree, links the current tools/cinfer-kbench.c against each (so both
+binaries measure the same cells the same way), and runs the two in
+alternation, --rounds times each, with --json. Each cinfer-kbench run
+already pairs every timing with the int8 dot peak measured right after it;
+this script takes, per cell (ISA, type, threads, rows), the median over the
+rounds of each binary's ratio to that peak, and the median of the new/old
+rate ratios of rounds run back to back. On a shared machine another
+process slows the kernel and its peak alike, so the ratios hold where the
+raw rates wander.
+
+    bench/kbench_ab.py BASE [--rounds 5] [--threads 1,2] [--isa avx2]
+                            [--out bench/results/kernels-batched.md]
+
+Writes a Markdown table with the CPU model, its vector flags and
+OPENBLAS_CORETYPE, and prints it.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def build_kernels(src, build):
+    """Configures and builds cinfer_kernels and cinfer_common of tree src."""
+    sh(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+        "-DCINFER_CUDA=OFF", "-DCINFER_WERROR=OFF"])
+    sh(["cmake", "--build", build, "-j", "2", "--target", "cinfer_kernels",
+        "cinfer_common", "cinfer_cuda_absent"])
+
+
+def link_kbench(build, out):
+    """The current kbench source linked against build's kernels."""
+    libs = [os.path.join(build, "kernels", "libcinfer_kernels.a"),
+            os.path.join(build, "kernels", "libcinfer_cuda_absent.a"),
+            os.path.join(build, "common", "libcinfer_common.a")]
+    sh(["cc", "-O2", "-DNDEBUG", "-ffp-contract=off", "-std=gnu17", "-I", ROOT,
+        os.path.join(ROOT, "tools", "cinfer-kbench.c"), "-o", out] + libs +
+       ["-lm", "-lpthread"])
+
+
+def run(kbench, args, tmp, tag, i):
+    path = os.path.join(tmp, "%s-%d.json" % (tag, i))
+    cmd = [kbench, "--no-decode", "--no-prefill", "--types", args.types,
+           "--threads", args.threads, "--json", path]
+    if args.isa:
+        cmd += ["--isa", args.isa]
+    sh(cmd)
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("base", help="the commit to compare with")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--types", default="q8_0,q4_0,q4_1")
+    ap.add_argument("--isa", default=None, help="avx2 or avx512 (default: all)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results",
+                                                  "kernels-batched.md"))
+    args = ap.parse_args()
+
+    base = sh(["git", "-C", ROOT, "rev-parse", "--short", args.base]).stdout.strip()
+    head = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).stdout.strip()
+    dirty = sh(["git", "-C", ROOT, "status", "--porcelain", "--", "kernels/cpu",
+                "tools/cinfer-kbench.c"]).stdout.strip()
+    wt = os.path.join(ROOT, "build", "ab-" + base)
+    if not os.path.isdir(wt):
+        sh(["git", "-C", ROOT, "worktree", "add", "--detach", wt, base])
+    print("building kernels of %s and of this tree" % base, file=sys.stderr)
+    build_kernels(wt, os.path.join(wt, "build"))
+    build_kernels(ROOT, os.path.join(ROOT, "build", "ab-this"))
+    tmp = tempfile.mkdtemp(prefix="kbench-ab-")
+    kb_old = os.path.join(tmp, "kbench-old")
+    kb_new = os.path.join(tmp, "kbench-new")
+    link_kbench(os.path.join(wt, "build"), kb_old)
+    link_kbench(os.path.join(ROOT, "build", "ab-this"), kb_new)
+
+    old_runs, new_runs = [], []
+    for i in range(args.rounds):
+        order = [("old", kb_old, old_runs), ("new", kb_new, new_runs)]
+        if i % 2:
+            order.reverse()
+        for tag, kb, runs in order:
+            print("round %d: %s" % (i + 1, tag), file=sys.stderr)
+            runs.append(run(kb, args, tmp, tag, i))
+
+    def cells(r):
+        return {(c["isa"], c["type"], c["threads"], c["n"]): c for c in r["batched"]}
+
+    keys = list(cells(new_runs[0]).keys())
+    rows = []
+    for k in keys:
+        ro = [cells(r)[k]["ratio"] for r in old_runs if k in cells(r)]
+        rn = [cells(r)[k]["ratio"] for r in new_runs]
+        gn = [cells(r)[k]["gops"] for r in new_runs]
+        go = [cells(r)[k]["gops"] for r in old_runs if k in cells(r)]
+        sp = [n / o for n, o in zip(gn, go)]
+        rows.append((k, statistics.median(go), statistics.median(gn),
+                     statistics.median(ro), statistics.median(rn),
+                     statistics.median(sp)))
+
+    info = benchlib.cpu_info()
+    fl = new_runs[0]["floors"]
+    lines = [
+        "# Batched int8-block products: %s against %s" % (
+            head + (" + uncommitted kernels" if dirty else ""), base),
+        "",
+        "Measured %s on %s (%s online CPUs; vector flags: %s); "
+        "OPENBLAS_CORETYPE=%s. `bench/kbench_ab.py %s --rounds %d --threads %s%s`: "
+        "the current cinfer-kbench source linked against each tree's kernels, "
+        "run in alternation; every timing (prepare + compute, w [1536 x 576], "
+        "best of a few runs) is followed by the int8 dot peak measured again "
+        "(%s). Medians over %d rounds; 'x old' is the median of the rate ratios "
+        "of rounds run back to back. The machine was shared with other work "
+        "while this ran: read the ratios, not the raw rates." % (
+            datetime.date.today().isoformat(), info["model"], info["cpus"],
+            info["flags"], os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+            args.base, args.rounds, args.threads,
+            (" --isa " + args.isa) if args.isa else "",
+            ", ".join("%d thr: %s" % (f["threads"], ", ".join(
+                "%s %.0f GOP/s" % (k[len("int8_dot_gops_"):], v)
+                for k, v in f.items() if k.startswith("int8_dot_gops_")))
+                for f in fl), args.rounds),
+        "",
+        "| isa | type | thr | rows | old GOP/s | new GOP/s | old % peak | new % peak | x old |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (isa, t, thr, n), go, gn, ro, rn, sp in rows:
+        lines.append("| %s | %s | %d | %d | %.1f | %.1f | %.0f%% | %.0f%% | %.2fx |" % (
+            isa, t, thr, n, go, gn, 100 * ro, 100 * rn, sp))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print("recorded in", args.out, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
