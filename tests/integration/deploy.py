@@ -7,6 +7,14 @@ trace context, ORCA load reports, and the server behind a real HTTP/2 proxy
               --mkmodel-bin M [--nginx-bin N] [--work DIR]
 
 Cases:
+  files   the deploy/ files: hadolint on both Dockerfiles; every Kubernetes
+          manifest valid (strict) against the Kubernetes schemas of
+          kubernetes-validate; the Istio objects against Istio's CRD models
+          (cloudcoil-models-istio) with no unknown field; envoy.yaml decoded
+          as an Envoy v3 Bootstrap (envoy-data-plane); each validator shown
+          to reject a bad file; and the files' agreement with each other,
+          with cinfer-server --help and with the series a real server's
+          /metrics serves.
   trace   a call with a W3C traceparent and x-request-id: the response's
           initial metadata carries the same trace id, a new server span and
           the request id; the server's "generate done" line carries the
@@ -16,10 +24,12 @@ Cases:
   orca    the endpoint-load-metrics-bin trailer decoded with the ORCA
           protos (on a success and on a Trailers-Only rejection; its rate
           counts the calls); the out-of-band StreamCoreMetrics stream at its
-          interval, its numbers equal to /metrics scraped between two equal
-          reports while a slowed server holds one running and two waiting
-          requests; bad report intervals and an undecodable request get
-          INVALID_ARGUMENT naming the field.
+          interval, its numbers and a Tokenize call's trailer equal to
+          /metrics scraped between two equal reports while a slowed server
+          holds one running and two waiting requests; bad report intervals
+          and an undecodable request get INVALID_ARGUMENT naming the field;
+          gRPC's own weighted_round_robin policy opens the out-of-band
+          stream on each of two replicas.
   nginx   cinfer behind nginx (grpc_pass): a streamed Generate through it
           equals a direct one; a Trailers-Only rejection reaches the client
           with its status and pushback; a grpc-timeout deadline reaches the
@@ -27,7 +37,7 @@ Cases:
           finishes every admitted stream and refuses new ones.
 
 Reuses run.py's server and stub helpers. Exit status: 0 pass, 1 fail,
-77 skip (no grpcio, h2, prometheus_client or nginx).
+77 skip (no grpcio, h2, prometheus_client, nginx or a checker package).
 """
 import argparse
 import base64
@@ -364,10 +374,16 @@ def case_orca():
             before = st.wait(n)
             m = run.scrape(srv)
             check(m is not None, "prometheus_client is needed")
+            # And the per-call trailer of a Tokenize answered meanwhile.
+            res = run.h2_call(srv.addr, "/cinfer.v1.Inference/Tokenize",
+                              pb.TokenizeRequest(text="hi")
+                              .SerializeToString())
+            check_eq(res.status, 0, "Tokenize status")
+            trailer = decode_report(b64(res.trailers[ORCA_TRAILER]))
             after = st.wait(n + 1)
             # The rates and CPU move with the clock; the engine's numbers
             # hold still between steps.
-            if named(before) != named(after):
+            if not (named(before) == named(after) == named(trailer)):
                 continue
             nm = named(after)
             got = (nm["num_requests_running"], nm["num_requests_waiting"],
@@ -383,6 +399,10 @@ def case_orca():
         check(matched is not None, "no out-of-band report equal to /metrics")
         got, r = matched
         check_eq(got[:2], (1.0, 2.0), "running and waiting reported")
+        # A report's rates: the Inference calls (GetModelInfo, Tokenize)
+        # made here, none of them failed.
+        check(r.rps_fractional > 0 and r.eps == 0.0,
+              "rates %r %r" % (r.rps_fractional, r.eps))
         check(got[2] > 0, "the running request holds KV blocks")
         # application_utilization: max(kv usage, running / max_seqs = 1).
         check_eq(r.application_utilization, 1.0, "application_utilization")
@@ -391,8 +411,9 @@ def case_orca():
             s.cancel()
         for s in streams:
             s.join()
-        log("ok: out-of-band report equals /metrics (running %d, waiting "
-            "%d, kv %.4f)" % (got[0], got[1], got[2]))
+        log("ok: out-of-band report and per-call trailer equal /metrics "
+            "(running %d, waiting %d, kv %.5f) after %d tries" %
+            (got[0], got[1], got[2], attempt + 1))
 
     # gRPC's own weighted_round_robin policy, with out-of-band reports,
     # opens StreamCoreMetrics on every replica at the period it is given.
