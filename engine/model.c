@@ -24,8 +24,9 @@
  * Tensor parallelism (model.h) is the slicing at load (load_tensor's
  * split), the per-rank head and feed-forward counts, an all-reduce after
  * the two row-parallel matmuls and the logits written to the rank's
- * vocabulary columns; a model built as a group's face (tp > 1, no backend)
- * hands forward to model_group.c.
+ * vocabulary columns (or, with tp_gather_logits, all-gathered on the
+ * device and written by rank 0 alone); a model built as a group's face
+ * (no backend, tp > 1 or CUDA ranks) hands forward to model_group.c.
  */
 #include "model.h"
 #include "model_group.h"
@@ -76,6 +77,11 @@ struct cinfer_model {
     int64_t ff_r;           /* feed-forward rows on this rank */
     int64_t v0, v1;         /* LM head vocabulary rows [v0, v1) */
     uint64_t held_bytes;    /* weight bytes this rank created */
+    int gather;             /* tp_gather_logits: the slices meet on the
+                               device, rank 0 writes all the logits */
+    cinfer_tensor *logits_all; /* gather: [tp * max_rows, v1 - v0] */
+    float *stage;           /* gather, rank 0: host copy of logits_all */
+    size_t stage_cap;       /* its floats */
     /* Slice buffers the backend reads in place (weight_borrows), freed at
      * destroy; len 0 = aligned_alloc'd, else cinfer_huge_alloc'd. */
     struct slice_buf {
@@ -581,6 +587,9 @@ static uint64_t act_bytes(cinfer_model *m)
     uint64_t b = 0;
     for (int i = 0; i < n; i++)
         b += (uint64_t)m->max_rows * (uint64_t)w[i] * sizeof(float);
+    if (m->gather) /* logits_all */
+        b += (uint64_t)m->tp * (uint64_t)m->max_rows *
+             (uint64_t)(m->v1 - m->v0) * sizeof(float);
     return b;
 }
 
@@ -591,6 +600,13 @@ static cinfer_status alloc_acts(cinfer_model *m)
     int n = act_widths(m, ts, w);
     for (int i = 0; i < n; i++) {
         cinfer_status st = make_act(m, ts[i], m->max_rows, w[i]);
+        if (st != CINFER_OK)
+            return st;
+    }
+    if (m->gather) {
+        cinfer_status st = make_act(m, &m->logits_all,
+                                    (int64_t)m->tp * m->max_rows,
+                                    m->v1 - m->v0);
         if (st != CINFER_OK)
             return st;
     }
@@ -810,6 +826,13 @@ static cinfer_status create_group(const cinfer_model_params *p,
     m->info = r0->info;
     m->info.weights_held_bytes = cinfer_model_group_weights_held_max(m->group);
     m->info.tp_rank = 0;
+    /* the blocks every rank holds (over several nodes, the fewest) */
+    int kv = cinfer_model_group_kv_blocks(m->group);
+    if (kv < m->info.n_kv_blocks) {
+        m->info.kv_bytes = m->info.kv_bytes / (uint64_t)m->info.n_kv_blocks *
+                           (uint64_t)kv;
+        m->info.n_kv_blocks = kv;
+    }
     m->max_rows = r0->max_rows;
     m->tp = r0->tp;
     int max_blocks = (m->info.n_ctx + m->info.block_size - 1) /
@@ -842,7 +865,7 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "model: tensor_parallel %d is above %d", tp,
                                 CINFER_COMM_MAX_RANKS);
-    if (tp > 1 && !p->backend)
+    if (!p->backend && (tp > 1 || p->tp_device == CINFER_TP_CUDA))
         return create_group(p, out);
     if (tp > 1 && (p->tp_rank < 0 || p->tp_rank >= tp))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -876,6 +899,16 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
     cinfer_model_info *I = &m->info;
     I->n_vocab = cinfer_tokenizer_n_vocab(m->tok);
     share(m, I->n_vocab, &m->v0, &m->v1);
+    m->gather = tp > 1 && p->tp_gather_logits;
+    if (m->gather && I->n_vocab % tp) {
+        st = cinfer_set_error(CINFER_E_UNSUPPORTED,
+                              "model: tensor_parallel %d over several "
+                              "processes gathers equal vocabulary slices, "
+                              "and the vocabulary of %d tokens does not "
+                              "divide by %d",
+                              tp, I->n_vocab, tp);
+        goto fail;
+    }
     const cinfer_gguf_tensor *te =
         cinfer_gguf_find_tensor(m->gguf, "token_embd.weight");
     if (te && te->n_dims == 2 && te->ne[1] != I->n_vocab) {
@@ -967,6 +1000,7 @@ void cinfer_model_destroy(cinfer_model *m)
         cinfer_tensor **acts[] = {&m->x,   &m->h,    &m->q,  &m->k,
                                   &m->v,   &m->att,  &m->gate, &m->up,
                                   &m->xo,  &m->ho,   &m->logits,
+                                  &m->logits_all,
                                   &m->tok_embd, &m->out_norm, &m->output};
         for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
             cinfer_backend_tensor_destroy(be, *acts[i]);
@@ -990,6 +1024,7 @@ void cinfer_model_destroy(cinfer_model *m)
     free(m->slices);
     free(m->layers);
     free(m->single_tables);
+    free(m->stage);
     cinfer_tokenizer_destroy(m->tok);
     cinfer_gguf_destroy(m->gguf);
     free(m);
@@ -1083,10 +1118,44 @@ static cinfer_status check_step(const cinfer_model *m, const cinfer_step *step)
 
 /* The rank's logits [n_out, v1 - v0] into its columns of the full rows:
  * the host-side gather of a vocabulary-parallel LM head. */
+/* Ranks in several processes: the slices are all-gathered into
+ * logits_all (rank k's rows at k * n_out), and rank 0 copies them out in
+ * one download and puts each in its columns. */
+static cinfer_status gather_logits(cinfer_model *m, int64_t n_out,
+                                   float *logits)
+{
+    size_t V = (size_t)m->info.n_vocab, w = (size_t)(m->v1 - m->v0);
+    size_t tp = (size_t)m->tp, n = (size_t)n_out;
+    TRY(cinfer_backend_tensor_set_rows(m->be, m->logits_all,
+                                       (int64_t)(tp * n)));
+    TRY(cinfer_backend_all_gather(m->be, m->logits, m->logits_all));
+    if (m->rank != 0)
+        return CINFER_OK;
+    if (n * V > m->stage_cap) {
+        float *s = realloc(m->stage, sizeof(float) * n * V);
+        if (!s)
+            return cinfer_set_error(CINFER_E_NOMEM,
+                                    "model: out of memory for %zu gathered "
+                                    "logits",
+                                    n * V);
+        m->stage = s;
+        m->stage_cap = n * V;
+    }
+    TRY(cinfer_backend_download(m->be, m->logits_all, 0, m->stage,
+                                sizeof(float) * n * V));
+    for (size_t k = 0; k < tp; k++)
+        for (size_t j = 0; j < n; j++)
+            memcpy(logits + j * V + k * w, m->stage + (k * n + j) * w,
+                   sizeof(float) * w);
+    return CINFER_OK;
+}
+
 static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
                                      float *logits)
 {
     size_t V = (size_t)m->info.n_vocab, w = (size_t)(m->v1 - m->v0);
+    if (m->gather)
+        return gather_logits(m, n_out, logits);
     if (m->tp == 1)
         return cinfer_backend_download(m->be, m->logits, 0, logits,
                                        sizeof(float) * (size_t)n_out * V);
@@ -1174,6 +1243,15 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
     TRY(download_logits(m, n_out, logits));
     TRY(cinfer_backend_synchronize(be));
     return CINFER_OK;
+}
+
+cinfer_status cinfer_model_follow(cinfer_model *m)
+{
+    if (!m || !m->group)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model_follow: the model is not a node of a "
+                                "tensor-parallel group");
+    return cinfer_model_group_follow(m->group);
 }
 
 cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,

@@ -31,10 +31,12 @@
  * whole on every rank. H and H_kv must divide by N, and the column slices
  * must be whole quantization blocks, else create refuses with the counts.
  *   - With p->backend NULL, cinfer_model_create builds the whole group
- *     (model_group.h: N CPU backends over one LOCAL communicator, a thread
- *     per rank) and the returned model is the group: forward fans the step
- *     out to every rank and gathers the full logits, so callers (the
- *     engine) cannot tell it from a whole model.
+ *     (model_group.h: N CPU backends over one LOCAL communicator, or N
+ *     CUDA devices over NCCL with tp_device CUDA, possibly over several
+ *     processes; a thread per rank) and the returned model is the group:
+ *     forward fans the step out to every rank and gathers the full logits,
+ *     so callers (the engine) cannot tell it from a whole model. On nodes
+ *     other than node 0 the model only follows (cinfer_model_follow).
  *   - With p->backend given (its communicator has N ranks, this one
  *     p->tp_rank), the model is that one rank: forward writes only its
  *     vocabulary columns [r*V/N, (r+1)*V/N) of each logits row, and must
@@ -57,6 +59,25 @@ extern "C" {
 #endif
 
 typedef struct cinfer_model cinfer_model;
+
+/* Where the ranks of a tensor-parallel group that the model builds run. */
+typedef enum {
+    CINFER_TP_CPU = 0,  /* CPU backends, threads over a LOCAL communicator */
+    CINFER_TP_CUDA = 1, /* one CUDA device per rank, over NCCL */
+} cinfer_tp_device;
+
+/* The CUDA entry points a group of CUDA ranks is built with. engine/ links
+ * no device code: the program passes the ones it links (cinfer_device's,
+ * or the CUDA harness's in tests):
+ *     static const cinfer_cuda_entry cuda = {cinfer_comm_create_nccl,
+ *                                            cinfer_backend_cuda_create};
+ */
+typedef struct {
+    cinfer_status (*comm_create_nccl)(const cinfer_comm_nccl_params *p,
+                                      cinfer_comm **comms);
+    cinfer_status (*backend_create)(const cinfer_backend_cuda_params *p,
+                                    cinfer_backend **out);
+} cinfer_cuda_entry;
 
 typedef struct {
     const char *path;          /* GGUF file; NULL = the default model */
@@ -95,6 +116,35 @@ typedef struct {
                                   the backend communicator's rank; without
                                   a backend, ignored (the model builds the
                                   whole group) */
+    int tp_gather_logits;      /* with `backend` given and tensor_parallel
+                                  > 1: 1 = the ranks' vocabulary slices are
+                                  all-gathered on the device and only rank
+                                  0 writes the logits (ranks in several
+                                  processes; the vocabulary must divide by
+                                  the ranks); 0 = each rank writes its
+                                  columns */
+    /* Without `backend`: the group of ranks the model builds. */
+    cinfer_tp_device tp_device; /* CPU ranks (tensor_parallel > 1), or
+                                  CUDA ranks over NCCL, also at
+                                  tensor_parallel 1 (one rank through
+                                  NCCL) */
+    const cinfer_cuda_entry *cuda; /* CUDA ranks: the entry points, borrowed
+                                  for create; required */
+    const int *cuda_devices;   /* CUDA: [this process's ranks] device
+                                  ordinals, borrowed for create; NULL = 0,
+                                  1, ... */
+    double gpu_memory_fraction; /* CUDA: each rank's share of its device;
+                                  0 = the backend's default */
+    int n_nodes;               /* CUDA: processes the ranks span, each with
+                                  tensor_parallel / n_nodes of them; 0 = 1 */
+    int node_rank;             /* this process, 0..n_nodes-1; node 0 runs
+                                  the engine, the others follow
+                                  (cinfer_model_follow) */
+    const char *dist_init_addr; /* n_nodes > 1: node 0's HOST:PORT */
+    int dist_timeout_ms;       /* n_nodes > 1 (and NCCL set-up): the bound
+                                  on each wait for another node (the
+                                  rendezvous, its model load, a step);
+                                  0 = 60000 */
     /* Load progress in [0, 1] (optional). */
     void (*progress)(float fraction, void *user);
     void *progress_user;
@@ -169,6 +219,14 @@ int cinfer_model_healthy(cinfer_model *m);
 /* The default model's path (from the build, or CINFER_MODEL in the
  * environment); "" if unknown. */
 const char *cinfer_model_default_path(void);
+
+/* A model created as node k > 0 of a group over several processes
+ * (n_nodes > 1, node_rank > 0) computes only the steps node 0 sends: this
+ * runs them until node 0 destroys its model (CINFER_OK) or a step or the
+ * channel to node 0 fails (that error; the group is then broken on every
+ * node). forward on such a model is refused; CINFER_E_INVALID_ARG on any
+ * other model. */
+cinfer_status cinfer_model_follow(cinfer_model *m);
 
 /* Runs one step: every row of `step` goes through the model, K/V of every
  * row is written to its slot, and the logits of the step's out_rows are

@@ -125,6 +125,8 @@ cinfer_status cinfer_comm_all_gather(cinfer_comm *c, const float *send,
 
 /* ---- NCCL: GPU ranks (kernels/cuda/comm_nccl.c) --------------------------- */
 
+typedef struct cinfer_rendezvous cinfer_rendezvous;
+
 typedef struct {
     int world_size;        /* ranks over every node (--tensor-parallel),
                               >= 1; 0 = the local devices (n_nodes 1) */
@@ -139,6 +141,12 @@ typedef struct {
                               listens for the others; only with n_nodes > 1 */
     int timeout_ms;        /* bound on the rendezvous and on NCCL's
                               communicator set-up; 0 = 60000 */
+    cinfer_rendezvous *rendezvous; /* n_nodes > 1: a rendezvous the caller
+                              created (same n_nodes, node_rank and world
+                              size) and has not run, used for the id and
+                              left to the caller (e.g. with keep_open, as a
+                              channel); NULL = one made here from
+                              init_addr and closed after */
 } cinfer_comm_nccl_params;
 
 cinfer_comm_nccl_params cinfer_comm_nccl_default_params(void);
@@ -174,8 +182,6 @@ cinfer_status cinfer_comm_create_nccl(const cinfer_comm_nccl_params *p,
  *     cinfer_rendezvous_run(r, id, sizeof id); // node 0 sends id, others fill it
  *     cinfer_rendezvous_destroy(r);
  */
-typedef struct cinfer_rendezvous cinfer_rendezvous;
-
 typedef struct {
     const char *addr; /* "HOST:PORT" or "[IPv6]:PORT"; node 0 binds PORT
                          (0 = any free port: cinfer_rendezvous_port) */
@@ -183,6 +189,9 @@ typedef struct {
     int node_rank;    /* this one, 0..n_nodes-1 */
     int world_size;   /* ranks over all nodes; must match on every node */
     int timeout_ms;   /* the whole exchange; 0 = 60000 */
+    int keep_open;    /* 1 = after a successful run the connections stay
+                         open as a channel between node 0 and each other
+                         node (cinfer_rendezvous_send / _recv); 0 = closed */
 } cinfer_rendezvous_params;
 
 cinfer_rendezvous_params cinfer_rendezvous_default_params(void);
@@ -205,6 +214,20 @@ int cinfer_rendezvous_port(const cinfer_rendezvous *r);
  * handle. */
 cinfer_status cinfer_rendezvous_run(cinfer_rendezvous *r, void *id,
                                     size_t id_bytes);
+
+/* With keep_open, after a successful run: n bytes to or from node `peer`
+ * over the kept connection (node 0: peer 1..n_nodes-1; the others: peer
+ * 0), whole or not at all, within timeout_ms (< 0: no bound, for a node
+ * waiting for work). CINFER_E_TIMEOUT past the bound, CINFER_E_IO when the
+ * peer closed (the message says so) or the socket failed,
+ * CINFER_E_INVALID_ARG without such a connection. The bytes are the
+ * caller's protocol. A handle's channel to one peer is used by one thread
+ * at a time. */
+cinfer_status cinfer_rendezvous_send(cinfer_rendezvous *r, int peer,
+                                     const void *buf, size_t n,
+                                     int timeout_ms);
+cinfer_status cinfer_rendezvous_recv(cinfer_rendezvous *r, int peer,
+                                     void *buf, size_t n, int timeout_ms);
 
 /* Closes the sockets and frees the handle (NULL is fine). */
 void cinfer_rendezvous_destroy(cinfer_rendezvous *r);

@@ -18,6 +18,11 @@
  * is not listening yet), accept, read and write are poll()ed with the time
  * left, never a blocking call without a bound. (Name resolution,
  * getaddrinfo, is the one wait not under the deadline.)
+ *
+ * With keep_open the connections outlive the exchange as a byte channel
+ * between node 0 and each other node (the tensor-parallel group's steps,
+ * engine/model_group.c); its reads and writes are bounded the same way,
+ * unless the caller asks for no bound.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -53,6 +58,9 @@ struct cinfer_rendezvous {
     int n_nodes, node_rank, world_size, timeout_ms;
     int listen_fd; /* node 0 */
     int done;
+    int keep_open;
+    int *kept; /* keep_open, after a successful run: [n_nodes] connection
+                  to each peer (node 0: 1..n_nodes-1; others: [0]), -1 none */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -66,8 +74,15 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* No deadline: a wait without a bound (the channel's idle reads). */
+#define NO_DEADLINE (-1LL)
+
+/* Milliseconds to the deadline for poll(): 0 once it passed, -1 (wait
+ * without a bound) for NO_DEADLINE. */
 static int left_ms(long long deadline)
 {
+    if (deadline == NO_DEADLINE)
+        return -1;
     long long d = deadline - now_ms();
     return d <= 0 ? 0 : d > 1000000000 ? 1000000000 : (int)d;
 }
@@ -297,9 +312,20 @@ cinfer_status cinfer_rendezvous_create(const cinfer_rendezvous_params *p,
     r->node_rank = p->node_rank;
     r->world_size = p->world_size;
     r->timeout_ms = p->timeout_ms ? p->timeout_ms : DEFAULT_TIMEOUT_MS;
+    r->keep_open = p->keep_open;
+    if (r->keep_open) {
+        r->kept = malloc((size_t)r->n_nodes * sizeof *r->kept);
+        if (!r->kept) {
+            free(r);
+            return cinfer_set_error(CINFER_E_NOMEM, "rendezvous: no memory");
+        }
+        for (int k = 0; k < r->n_nodes; k++)
+            r->kept[k] = -1;
+    }
     if (r->node_rank == 0) {
         cinfer_status st = listen_on(r);
         if (st != CINFER_OK) {
+            free(r->kept);
             free(r);
             return st;
         }
@@ -319,6 +345,10 @@ void cinfer_rendezvous_destroy(cinfer_rendezvous *r)
         return;
     if (r->listen_fd >= 0)
         close(r->listen_fd);
+    for (int k = 0; r->kept && k < r->n_nodes; k++)
+        if (r->kept[k] >= 0)
+            close(r->kept[k]);
+    free(r->kept);
     free(r);
 }
 
@@ -525,9 +555,14 @@ static cinfer_status serve(cinfer_rendezvous *r, const void *id,
             goto out;
         }
 out:
-    for (int k = 0; k < r->n_nodes; k++)
-        if (s.peer_fd[k] >= 0)
+    for (int k = 0; k < r->n_nodes; k++) {
+        if (s.peer_fd[k] < 0)
+            continue;
+        if (st == CINFER_OK && r->keep_open)
+            r->kept[k] = s.peer_fd[k]; /* the channel to node k */
+        else
             close(s.peer_fd[k]);
+    }
     while (s.n_pend > 0)
         drop_pending(&s, 0);
     free(s.peer_fd);
@@ -656,7 +691,10 @@ static cinfer_status join(cinfer_rendezvous *r, void *id, size_t id_bytes,
                                     r->node_rank, msg);
     }
 out:
-    close(fd);
+    if (st == CINFER_OK && r->keep_open)
+        r->kept[0] = fd; /* the channel to node 0 */
+    else
+        close(fd);
     return st;
 }
 
@@ -675,4 +713,59 @@ cinfer_status cinfer_rendezvous_run(cinfer_rendezvous *r, void *id,
     if (r->node_rank == 0)
         return serve(r, id, id_bytes, deadline);
     return join(r, id, id_bytes, deadline);
+}
+
+/* ---------------------------------------------------------------------- */
+/* the kept channel                                                        */
+/* ---------------------------------------------------------------------- */
+
+static int channel(const cinfer_rendezvous *r, int peer)
+{
+    if (!r || !r->kept || peer < 0 || peer >= r->n_nodes)
+        return -1;
+    return r->kept[peer];
+}
+
+static cinfer_status channel_error(const cinfer_rendezvous *r, int peer,
+                                   const char *what, int timeout_ms)
+{
+    int e = errno;
+    if (e == ETIMEDOUT)
+        return cinfer_set_error(CINFER_E_TIMEOUT,
+                                "rendezvous channel: node %d: %s node %d did "
+                                "not finish within %d ms",
+                                r->node_rank, what, peer, timeout_ms);
+    return cinfer_set_error(CINFER_E_IO,
+                            "rendezvous channel: node %d: %s node %d: %s",
+                            r->node_rank, what, peer,
+                            e ? strerror(e) : "the peer closed the connection");
+}
+
+cinfer_status cinfer_rendezvous_send(cinfer_rendezvous *r, int peer,
+                                     const void *buf, size_t n,
+                                     int timeout_ms)
+{
+    int fd = channel(r, peer);
+    if (fd < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rendezvous_send: no open channel to node %d",
+                                peer);
+    long long deadline = timeout_ms < 0 ? NO_DEADLINE : now_ms() + timeout_ms;
+    if (write_all(fd, buf, n, deadline) != 0)
+        return channel_error(r, peer, "sending to", timeout_ms);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_rendezvous_recv(cinfer_rendezvous *r, int peer,
+                                     void *buf, size_t n, int timeout_ms)
+{
+    int fd = channel(r, peer);
+    if (fd < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rendezvous_recv: no open channel to node %d",
+                                peer);
+    long long deadline = timeout_ms < 0 ? NO_DEADLINE : now_ms() + timeout_ms;
+    if (read_all(fd, buf, n, deadline) != 0)
+        return channel_error(r, peer, "receiving from", timeout_ms);
+    return CINFER_OK;
 }

@@ -241,16 +241,18 @@ static cinfer_status create_multi(const cinfer_comm_nccl_params *p, int local,
                                   const int *devs, int timeout_ms,
                                   ncclComm_t *raws)
 {
-    cinfer_rendezvous_params rp = cinfer_rendezvous_default_params();
-    rp.addr = p->init_addr;
-    rp.n_nodes = p->n_nodes;
-    rp.node_rank = p->node_rank;
-    rp.world_size = p->world_size;
-    rp.timeout_ms = timeout_ms;
-    cinfer_rendezvous *rv = NULL;
-    cinfer_status st = cinfer_rendezvous_create(&rp, &rv);
-    if (st != CINFER_OK)
-        return st;
+    cinfer_rendezvous *rv = p->rendezvous; /* the caller's, or ours */
+    cinfer_status st = CINFER_OK;
+    if (!rv) {
+        cinfer_rendezvous_params rp = cinfer_rendezvous_default_params();
+        rp.addr = p->init_addr;
+        rp.n_nodes = p->n_nodes;
+        rp.node_rank = p->node_rank;
+        rp.world_size = p->world_size;
+        rp.timeout_ms = timeout_ms;
+        if ((st = cinfer_rendezvous_create(&rp, &rv)) != CINFER_OK)
+            return st;
+    }
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (p->node_rank == 0) {
@@ -258,12 +260,14 @@ static cinfer_status create_multi(const cinfer_comm_nccl_params *p, int local,
         if (r != ncclSuccess) {
             st = cinfer_nccl_fail((int)r, "ncclGetUniqueId(&id)", __FILE__,
                                   __LINE__);
-            cinfer_rendezvous_destroy(rv);
+            if (rv != p->rendezvous)
+                cinfer_rendezvous_destroy(rv);
             return st;
         }
     }
     st = cinfer_rendezvous_run(rv, &id, sizeof id);
-    cinfer_rendezvous_destroy(rv);
+    if (rv != p->rendezvous)
+        cinfer_rendezvous_destroy(rv);
     if (st != CINFER_OK)
         return st;
     return init_ranks(p, local, devs, id, timeout_ms, raws);
@@ -290,7 +294,7 @@ static cinfer_status check_params(const cinfer_comm_nccl_params *p,
                                 "comm_create_nccl: node rank %d is outside "
                                 "0..%d",
                                 p->node_rank, *n_nodes - 1);
-    if (*n_nodes > 1 && !p->init_addr)
+    if (*n_nodes > 1 && !p->init_addr && !p->rendezvous)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "comm_create_nccl: %d nodes need init_addr "
                                 "(HOST:PORT of node 0)",

@@ -146,9 +146,25 @@ static cinfer_status need_scratch(cuda_backend *cb, size_t n)
 
 static cinfer_status stream_wait(cuda_backend *cb);
 
+/* Makes the backend's device the calling thread's current one. The entry
+ * points that allocate, copy or start a step call it: a tensor-parallel
+ * group creates every rank's tensors from one thread, and rank 0's steps
+ * run on the engine thread, whose current device the other ranks' set-up
+ * moved. Within a step (set_step to synchronize) the ops run on the
+ * thread that started it. */
+static cinfer_status use_device(cuda_backend *cb)
+{
+    int cur = -1;
+    CINFER_CUDA_TRY(cudaGetDevice(&cur));
+    if (cur != cb->device)
+        CINFER_CUDA_TRY(cudaSetDevice(cb->device));
+    return CINFER_OK;
+}
+
 static void cuda_destroy(cinfer_backend *be)
 {
     cuda_backend *cb = cu(be);
+    (void)use_device(cb);
     /* Bounded with peers; past a failure there the communicator is
      * aborted, which ends its kernels, and the rest drains. */
     if (cb->stream && stream_wait(cb) != CINFER_OK)
@@ -171,10 +187,13 @@ static cinfer_status cuda_tensor_create(cinfer_backend *be,
                                         size_t nbytes, cinfer_tensor **out)
 {
     cuda_backend *cb = cu(be);
+    cinfer_status st = seen(cb, use_device(cb));
+    if (st != CINFER_OK)
+        return st;
     cinfer_tensor *t = calloc(1, sizeof *t);
     if (!t)
         return cinfer_set_error(CINFER_E_NOMEM, "tensor_create: no memory");
-    cinfer_status st = seen(cb, dev_alloc(cb, nbytes, "a tensor", &t->data));
+    st = seen(cb, dev_alloc(cb, nbytes, "a tensor", &t->data));
     if (st != CINFER_OK) {
         free(t);
         return st;
@@ -186,6 +205,7 @@ static cinfer_status cuda_tensor_create(cinfer_backend *be,
 
 static void cuda_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
 {
+    (void)use_device(cu(be));
     dev_free(cu(be), t->data, t->cap_bytes);
     free(t);
 }
@@ -205,6 +225,9 @@ static cinfer_status stream_wait(cuda_backend *cb)
 static cinfer_status copy_in(cuda_backend *cb, void *dst, const void *src,
                              size_t n)
 {
+    cinfer_status st = use_device(cb);
+    if (st != CINFER_OK)
+        return st;
     CINFER_CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
                                     cb->stream));
     /* The caller may reuse src at once. */
@@ -251,6 +274,9 @@ static cinfer_status cuda_upload(cinfer_backend *be, cinfer_tensor *t,
 static cinfer_status download(cuda_backend *cb, const cinfer_tensor *t,
                               size_t offset, void *dst, size_t n)
 {
+    cinfer_status st = use_device(cb);
+    if (st != CINFER_OK)
+        return st;
     CINFER_CUDA_TRY(cudaMemcpyAsync(dst, (const char *)t->data + offset, n,
                                     cudaMemcpyDeviceToHost, cb->stream));
     return stream_wait(cb);
@@ -264,6 +290,9 @@ static cinfer_status cuda_download(cinfer_backend *be, const cinfer_tensor *t,
 
 static cinfer_status fill_zero(cuda_backend *cb, cinfer_tensor *t)
 {
+    cinfer_status st = use_device(cb);
+    if (st != CINFER_OK)
+        return st;
     CINFER_CUDA_TRY(cudaMemsetAsync(t->data, 0, t->nbytes, cb->stream));
     return CINFER_OK;
 }
@@ -275,6 +304,9 @@ static cinfer_status cuda_fill_zero(cinfer_backend *be, cinfer_tensor *t)
 
 static cinfer_status synchronize(cuda_backend *cb)
 {
+    cinfer_status st = use_device(cb);
+    if (st != CINFER_OK)
+        return st;
     return stream_wait(cb);
 }
 
@@ -308,6 +340,9 @@ static size_t scratch_for(const cinfer_backend_scratch_plan *p)
 static cinfer_status cuda_reserve_scratch(cinfer_backend *be,
                                           const cinfer_backend_scratch_plan *p)
 {
+    cinfer_status st = seen(cu(be), use_device(cu(be)));
+    if (st != CINFER_OK)
+        return st;
     return seen(cu(be), need_scratch(cu(be), scratch_for(p)));
 }
 
@@ -378,6 +413,9 @@ static cinfer_status upload_step(cuda_backend *cb)
 
 static cinfer_status cuda_set_step(cinfer_backend *be)
 {
+    cinfer_status st = seen(cu(be), use_device(cu(be)));
+    if (st != CINFER_OK)
+        return st;
     return seen(cu(be), upload_step(cu(be)));
 }
 
