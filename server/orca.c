@@ -153,8 +153,13 @@ double cinfer_orca_cpus(int affinity_cpus, const char *cpu_max)
 cinfer_status cinfer_orca_pack(const cinfer_orca_numbers *n, uint8_t **out,
                                size_t *len)
 {
+    /* The initializer sets the deprecated `rps` field (to 0; it is never
+     * sent), which clang reports. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     Xds__Data__Orca__V3__OrcaLoadReport r =
         XDS__DATA__ORCA__V3__ORCA_LOAD_REPORT__INIT;
+#pragma GCC diagnostic pop
     Xds__Data__Orca__V3__OrcaLoadReport__NamedMetricsEntry e[3];
     Xds__Data__Orca__V3__OrcaLoadReport__NamedMetricsEntry *ep[3];
     static const char *const names[3] = {"kv_cache_usage",

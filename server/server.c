@@ -1092,8 +1092,9 @@ void cinfer_server_destroy(cinfer_server *s)
     /* The watchdog stops first: it holds an engine request of its own (the
      * health probe) and walks the Generate list. */
     cinfer_watchdog_stop(s);
-    /* No load report reads the engine from here on; the out-of-band
-     * streams end with the other calls below. */
+    /* The out-of-band reports stop; their streams end with the other
+     * calls below (the statuses sent meanwhile still carry a report: the
+     * engine outlives the server). */
     cinfer_orca_stop(s->orca);
 
     /* Streams still running: stop them in the engine; each sends
