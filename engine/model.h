@@ -70,13 +70,15 @@ typedef enum {
  * no device code: the program passes the ones it links (cinfer_device's,
  * or the CUDA harness's in tests):
  *     static const cinfer_cuda_entry cuda = {cinfer_comm_create_nccl,
- *                                            cinfer_backend_cuda_create};
+ *                                            cinfer_backend_cuda_create,
+ *                                            cinfer_cuda_device_count};
  */
 typedef struct {
     cinfer_status (*comm_create_nccl)(const cinfer_comm_nccl_params *p,
                                       cinfer_comm **comms);
     cinfer_status (*backend_create)(const cinfer_backend_cuda_params *p,
                                     cinfer_backend **out);
+    int (*device_count)(void);
 } cinfer_cuda_entry;
 
 typedef struct {

@@ -471,7 +471,7 @@ static cinfer_status check_shape(const cinfer_model_params *p, int *world,
                                 "CUDA",
                                 (int)p->tp_device);
     if (cuda && (!p->cuda || !p->cuda->comm_create_nccl ||
-                 !p->cuda->backend_create))
+                 !p->cuda->backend_create || !p->cuda->device_count))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "model_group: CUDA ranks need the CUDA entry "
                                 "points (cinfer_model_params.cuda)");
@@ -504,6 +504,22 @@ static cinfer_status check_shape(const cinfer_model_params *p, int *world,
                                 "model_group: dist_timeout_ms %d is negative",
                                 p->dist_timeout_ms);
     *local = *world / *n_nodes;
+    if (cuda) {
+        /* NCCL's own error for a missing device is about CUDA in general */
+        int have = p->cuda->device_count(), need = 0;
+        for (int j = 0; j < *local; j++) {
+            int d = p->cuda_devices ? p->cuda_devices[j] : j;
+            need = d + 1 > need ? d + 1 : need;
+        }
+        if (have < need)
+            return cinfer_set_error(CINFER_E_NOT_FOUND,
+                                    "model_group: %d CUDA rank%s here need "
+                                    "device%s up to cuda:%d, and this process "
+                                    "sees %d CUDA device%s",
+                                    *local, *local == 1 ? "" : "s",
+                                    *local == 1 ? "" : "s", need - 1, have,
+                                    have == 1 ? "" : "s");
+    }
     return CINFER_OK;
 }
 
@@ -611,7 +627,7 @@ cinfer_status cinfer_model_group_create(const cinfer_model_params *p,
                                         cinfer_model_group **out)
 {
     *out = NULL;
-    int world, n_nodes, local;
+    int world = 0, n_nodes = 0, local = 0;
     cinfer_status st = check_shape(p, &world, &n_nodes, &local);
     if (st != CINFER_OK)
         return st;

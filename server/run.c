@@ -63,7 +63,11 @@ typedef struct {
     int cuda_device;       /* ordinal for DEVICE_CUDA */
     double gpu_memory_fraction;
     long threads;
-    long tensor_parallel; /* CPU ranks the model is split over */
+    long tensor_parallel; /* ranks the model is split over (all nodes) */
+    long nnodes;          /* processes the ranks span (CUDA) */
+    long node_rank;       /* this one; 0 serves, the others follow */
+    const char *dist_init_addr; /* node 0's HOST:PORT */
+    long dist_timeout_ms;
     int compute_prio; /* cinfer_thread_prio */
     long grpc_threads;
     long max_seqs;
@@ -133,9 +137,24 @@ static const flag_doc flags[] = {
     {"threads", "CINFER_THREADS", "N",
      "CPU threads for the model on the CPU backend (default: all cores)"},
     {"tensor-parallel", "CINFER_TENSOR_PARALLEL", "N",
-     "split the model over N ranks, Megatron-style: CPU rank threads with a "
-     "shared-memory all-reduce, sharing --threads out (CPU device only for "
-     "now); the model's head counts must divide by N (default 1)"},
+     "split the model over N ranks, Megatron-style: on --device cuda one "
+     "CUDA device per rank from --device's ordinal up, over NCCL (auto: "
+     "CUDA when there are devices enough); on the CPU rank threads with a "
+     "shared-memory all-reduce, sharing --threads out. The model's head "
+     "counts must divide by N (default 1)"},
+    {"nnodes", "CINFER_NNODES", "N",
+     "processes (hosts) the --tensor-parallel CUDA ranks span, each with "
+     "N / nnodes of them, NCCL between them (default 1)"},
+    {"node-rank", "CINFER_NODE_RANK", "K",
+     "this process among --nnodes, 0..nnodes-1: node 0 serves; the others "
+     "load their ranks, compute node 0's steps and serve nothing, ending "
+     "when node 0 does (default 0)"},
+    {"dist-init-addr", "CINFER_DIST_INIT_ADDR", "HOST:PORT",
+     "where node 0 meets the other nodes (NCCL's id, then the steps); "
+     "needed with --nnodes above 1"},
+    {"dist-timeout-ms", "CINFER_DIST_TIMEOUT_MS", "MS",
+     "bound on each wait for another node: meeting, its model load, a step "
+     "(default 60000)"},
     {"compute-priority", "CINFER_COMPUTE_PRIORITY", "normal|low|idle",
      "scheduling class of the compute threads (engine and CPU workers), so "
      "that the network threads answer and refuse calls at once while a "
@@ -386,6 +405,15 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 0, 1024, &cfg->threads);
     } else if (strcmp(name, "tensor-parallel") == 0) {
         ok = parse_long(v, 1, 256, &cfg->tensor_parallel);
+    } else if (strcmp(name, "nnodes") == 0) {
+        ok = parse_long(v, 1, 256, &cfg->nnodes);
+    } else if (strcmp(name, "node-rank") == 0) {
+        ok = parse_long(v, 0, 255, &cfg->node_rank);
+    } else if (strcmp(name, "dist-init-addr") == 0) {
+        cfg->dist_init_addr = v;
+        ok = v[0] != '\0' && strchr(v, ':') != NULL;
+    } else if (strcmp(name, "dist-timeout-ms") == 0) {
+        ok = parse_long(v, 1, 1L << 30, &cfg->dist_timeout_ms);
     } else if (strcmp(name, "grpc-threads") == 0) {
         ok = parse_long(v, 1, 256, &cfg->grpc_threads);
     } else if (strcmp(name, "max-seqs") == 0) {
@@ -643,6 +671,136 @@ static cinfer_metrics *start_metrics(const config *cfg, int *ok)
     return m;
 }
 
+/* The CUDA entry points the model group builds CUDA ranks with. */
+static const cinfer_cuda_entry cuda_entry = {cinfer_comm_create_nccl,
+                                             cinfer_backend_cuda_create,
+                                             cinfer_cuda_device_count};
+
+/* Whether the tensor-parallel ranks are CUDA devices: --device cuda, or
+ * auto with a device for every rank of this node from the ordinal up. */
+static int tp_on_cuda(const config *cfg)
+{
+    if (cfg->device != DEVICE_AUTO)
+        return cfg->device == DEVICE_CUDA;
+    long local = cfg->tensor_parallel / cfg->nnodes;
+    return cinfer_cuda_device_count() >= cfg->cuda_device + local;
+}
+
+/* The tensor-parallel flags together: 0 (with the reason on stderr) when
+ * they do not make a group. */
+static int check_tp(const config *cfg)
+{
+    const char *why = NULL;
+    if (cfg->node_rank >= cfg->nnodes)
+        why = "--node-rank must be below --nnodes";
+    else if (cfg->nnodes > 1 && !cfg->dist_init_addr)
+        why = "--nnodes above 1 needs --dist-init-addr HOST:PORT (node 0's)";
+    else if (cfg->tensor_parallel % cfg->nnodes)
+        why = "--tensor-parallel must be a multiple of --nnodes (the same "
+              "ranks on every node)";
+    else if (cfg->nnodes > 1 && cfg->device == DEVICE_CPU)
+        why = "ranks over several nodes are CUDA ranks (NCCL); --device cpu "
+              "ranks are threads of one process";
+    if (!why)
+        return 1;
+    fprintf(stderr,
+            "cinfer-server: %s (--tensor-parallel %ld, --nnodes %ld, "
+            "--node-rank %ld)\n",
+            why, cfg->tensor_parallel, cfg->nnodes, cfg->node_rank);
+    return 0;
+}
+
+/* The model's parameters from the flags, the same on every node (a
+ * group's nodes check they agree): the shape, the KV cache, and the
+ * tensor-parallel group with its CUDA ranks on devices[]. The caller
+ * picks the single backend, if any. */
+static void model_params(const config *cfg, const char *model_path,
+                         int *devices, cinfer_model_params *mp)
+{
+    *mp = cinfer_model_default_params();
+    mp->path = model_path;
+    mp->n_threads = (int)cfg->threads;
+    mp->thread_prio = cfg->compute_prio;
+    mp->use_mmap = (int)cfg->use_mmap;
+    mp->tensor_parallel = (int)cfg->tensor_parallel;
+    mp->n_ctx = (int)cfg->ctx_size;
+    mp->max_seqs = (int)cfg->max_seqs;
+    /* the engine's rows per step (engine.h: min_prefill_tokens) */
+    long seqs = cfg->max_seqs < cfg->max_batched_tokens
+                    ? cfg->max_seqs
+                    : cfg->max_batched_tokens;
+    long rows = seqs + cfg->min_prefill_tokens;
+    mp->max_batch_rows = (int)(rows > cfg->max_batched_tokens
+                                   ? rows
+                                   : cfg->max_batched_tokens);
+    mp->n_kv_blocks = kv_blocks_for(model_path, cfg->kv_cache_mem,
+                                    mp->block_size ? mp->block_size : 16);
+    if ((cfg->tensor_parallel > 1 || cfg->nnodes > 1) && tp_on_cuda(cfg)) {
+        int local = (int)(cfg->tensor_parallel / cfg->nnodes);
+        for (int j = 0; j < local && j < CINFER_COMM_MAX_RANKS; j++)
+            devices[j] = cfg->cuda_device + j;
+        mp->tp_device = CINFER_TP_CUDA;
+        mp->cuda = &cuda_entry;
+        mp->cuda_devices = devices;
+        mp->gpu_memory_fraction = cfg->gpu_memory_fraction;
+        mp->n_nodes = (int)cfg->nnodes;
+        mp->node_rank = (int)cfg->node_rank;
+        mp->dist_init_addr = cfg->dist_init_addr;
+        mp->dist_timeout_ms = (int)cfg->dist_timeout_ms;
+        /* each device's budget sizes its ranks' cache, unless asked */
+        if (!cfg->kv_cache_mem_given) {
+            mp->kv_from_budget = 1;
+            mp->n_kv_blocks = 0;
+        }
+    }
+}
+
+/* Node k > 0 of a group over several nodes: loads its ranks, meets node
+ * 0, computes node 0's steps until node 0 ends, and serves nothing.
+ * SIGTERM ends it (node 0's steps then fail naming this node). */
+static int follow_node0(const config *cfg, const char *model_path)
+{
+    cinfer_model_params mp;
+    int devices[CINFER_COMM_MAX_RANKS];
+    model_params(cfg, model_path, devices, &mp);
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_INFO, "loading model", NULL)) {
+        cinfer_log_str(&l, "path", model_path);
+        cinfer_log_int(&l, "node_rank", cfg->node_rank);
+        cinfer_log_int(&l, "nnodes", cfg->nnodes);
+        cinfer_log_str(&l, "node0", cfg->dist_init_addr);
+        cinfer_log_end(&l);
+    }
+    cinfer_model *m = NULL;
+    if (cinfer_model_create(&mp, &m) != CINFER_OK) {
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "model load failed",
+                             NULL)) {
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+        return 1;
+    }
+    if (cinfer_log_begin(&l, CINFER_LOG_INFO, "following node 0", NULL)) {
+        cinfer_log_int(&l, "node_rank", cfg->node_rank);
+        cinfer_log_int(&l, "ranks", cfg->tensor_parallel / cfg->nnodes);
+        cinfer_log_end(&l);
+    }
+    cinfer_status st = cinfer_model_follow(m);
+    if (st != CINFER_OK) {
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "tensor-parallel group "
+                                                   "failed",
+                             NULL)) {
+            cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+    } else if (cinfer_log_begin(&l, CINFER_LOG_INFO, "node 0 ended the group",
+                                NULL)) {
+        cinfer_log_end(&l);
+    }
+    cinfer_model_destroy(m);
+    return st == CINFER_OK ? 0 : 1;
+}
+
 int cinfer_server_main(int argc, char **argv,
                        const cinfer_server_main_hooks *hooks)
 {
@@ -655,6 +813,7 @@ int cinfer_server_main(int argc, char **argv,
         .gpu_memory_fraction = 0.9,
         .threads = 0,
         .tensor_parallel = 1,
+        .nnodes = 1,
         .compute_prio = CINFER_THREAD_PRIO_IDLE,
         .grpc_threads = 2,
         .max_seqs = 64,
@@ -741,6 +900,10 @@ int cinfer_server_main(int argc, char **argv,
                         "install the default with scripts/install-deps.sh)\n");
         return 2;
     }
+    if (!check_tp(&cfg))
+        return 2;
+    if (cfg.node_rank > 0)
+        return follow_node0(&cfg, model_path);
 
     /* Signals: blocked everywhere (threads inherit the mask), taken by
      * sigwait below. */
@@ -789,23 +952,18 @@ int cinfer_server_main(int argc, char **argv,
     cinfer_model *model = NULL;
     cinfer_engine *engine = NULL;
     cinfer_backend *backend = NULL;
-    cinfer_model_params mp = cinfer_model_default_params();
-    mp.path = model_path;
-    mp.n_threads = (int)cfg.threads;
-    mp.thread_prio = cfg.compute_prio;
-    mp.use_mmap = (int)cfg.use_mmap;
-    mp.tensor_parallel = (int)cfg.tensor_parallel;
-    if (cfg.tensor_parallel > 1) {
-        /* The ranks are CPU threads, each with a backend the model group
-         * makes; GPU ranks (NCCL) are not wired here yet. */
-        if (cfg.device == DEVICE_CUDA || (hooks && hooks->create_backend)) {
+    cinfer_model_params mp;
+    int devices[CINFER_COMM_MAX_RANKS];
+    model_params(&cfg, model_path, devices, &mp);
+    if (mp.tensor_parallel > 1 || mp.tp_device == CINFER_TP_CUDA) {
+        /* The group makes each rank's backend. */
+        if (hooks && hooks->create_backend) {
             cinfer_log_line l;
             if (cinfer_log_begin(&l, CINFER_LOG_ERROR,
-                                 "tensor parallelism is not supported on "
-                                 "this device yet",
+                                 "tensor parallelism is not supported with "
+                                 "this build's test backend",
                                  NULL)) {
                 cinfer_log_int(&l, "tensor_parallel", cfg.tensor_parallel);
-                cinfer_log_str(&l, "supported", "--device cpu");
                 cinfer_log_end(&l);
             }
             goto out;
@@ -834,22 +992,10 @@ int cinfer_server_main(int argc, char **argv,
                    cinfer_backend_memory(backend, &be_used, &be_budget) ==
                        CINFER_OK;
     cinfer_clear_error();
-    mp.kv_from_budget = budgeted && !cfg.kv_cache_mem_given;
-    mp.n_ctx = (int)cfg.ctx_size;
-    mp.max_seqs = (int)cfg.max_seqs;
-    {
-        /* the engine's rows per step (engine.h: min_prefill_tokens) */
-        long seqs = cfg.max_seqs < cfg.max_batched_tokens
-                        ? cfg.max_seqs
-                        : cfg.max_batched_tokens;
-        long rows = seqs + cfg.min_prefill_tokens;
-        mp.max_batch_rows = (int)(rows > cfg.max_batched_tokens
-                                      ? rows
-                                      : cfg.max_batched_tokens);
+    if (budgeted && !cfg.kv_cache_mem_given) {
+        mp.kv_from_budget = 1;
+        mp.n_kv_blocks = 0;
     }
-    if (!mp.kv_from_budget)
-        mp.n_kv_blocks = kv_blocks_for(model_path, cfg.kv_cache_mem,
-                                       mp.block_size ? mp.block_size : 16);
     int last_quarter = -1;
     mp.progress = load_progress;
     mp.progress_user = &last_quarter;

@@ -67,9 +67,12 @@ static void usage(FILE *f)
             "      --gpu-memory-fraction F  share of the CUDA device's memory to\n"
             "                          hold, in (0, 1]; the KV cache takes what\n"
             "                          the model leaves (default 0.9)\n"
-            "      --tensor-parallel N split the model over N CPU ranks (threads\n"
-            "                          with a shared-memory all-reduce; the\n"
-            "                          --threads are shared out; default 1)\n"
+            "      --tensor-parallel N split the model over N ranks: on --device\n"
+            "                          cuda[:K] CUDA devices K..K+N-1 over NCCL\n"
+            "                          (given, even 1 goes through NCCL); else\n"
+            "                          CPU threads with a shared-memory\n"
+            "                          all-reduce, the --threads shared out\n"
+            "                          (default 1)\n"
             "      --chat              wrap the prompt as a ChatML user turn\n"
             "      --temperature T     0 = greedy (default 0)\n"
             "      --top-k K           0 = off\n"
@@ -296,6 +299,7 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL;
     long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096, tp = 1;
+    int tp_given = 0; /* --tensor-parallel given: CUDA ranks via NCCL */
     int chat = 0, ignore_eos = 0, parse_special = 1, use_mmap = 0;
     int bench_pp = -1, bench_tg = -1;
     int cuda = -2; /* --device auto */
@@ -395,6 +399,7 @@ int main(int argc, char **argv)
         case OPT_TP:
             if (parse_int(optarg, "--tensor-parallel", 1, 256, &tp))
                 return 2;
+            tp_given = 1;
             break;
         case OPT_CTX:
             if (parse_int(optarg, "--ctx", 16, 1 << 20, &ctx)) return 2;
@@ -439,19 +444,20 @@ int main(int argc, char **argv)
         prompt = owned_prompt;
     }
 
-    /* Tensor-parallel ranks are CPU threads for now; GPU ranks need the
-     * NCCL communicator wired to the CUDA backend here. */
-    if (tp > 1 && cuda >= 0) {
-        fprintf(stderr, "cinfer-run: --tensor-parallel %ld on --device cuda "
-                        "is not supported yet (CPU ranks only: --device "
-                        "cpu)\n", tp);
-        free(owned_prompt);
-        return 2;
-    }
-    if (tp > 1)
-        cuda = -1; /* auto picks the CPU ranks */
+    /* Tensor-parallel ranks: CUDA devices from the ordinal up (auto: when
+     * there are enough), each over NCCL, made by the model group; else
+     * CPU threads. */
+    int first = cuda < 0 ? 0 : cuda;
+    int tp_cuda = tp_given && (cuda >= 0 || (cuda == -2 &&
+                                             cinfer_cuda_device_count() >=
+                                                 first + tp));
+    int devices[256];
+    for (int j = 0; j < tp && j < 256; j++)
+        devices[j] = first + j;
+    if (tp > 1 && !tp_cuda)
+        cuda = -1; /* CPU ranks */
     cinfer_backend *backend = NULL;
-    if (open_device(cuda, gpu_fraction, &backend)) {
+    if (!tp_cuda && open_device(cuda, gpu_fraction, &backend)) {
         free(owned_prompt);
         return 1;
     }
@@ -467,6 +473,15 @@ int main(int argc, char **argv)
     mp.n_ctx = (int)ctx;
     mp.use_mmap = use_mmap;
     mp.tensor_parallel = (int)tp;
+    if (tp_cuda) {
+        static const cinfer_cuda_entry entry = {cinfer_comm_create_nccl,
+                                                cinfer_backend_cuda_create,
+                                             cinfer_cuda_device_count};
+        mp.tp_device = CINFER_TP_CUDA;
+        mp.cuda = &entry;
+        mp.cuda_devices = devices;
+        mp.gpu_memory_fraction = gpu_fraction;
+    }
     if (isatty(2)) {
         mp.progress = progress_bar;
         mp.progress_user = &last_pct;

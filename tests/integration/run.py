@@ -2235,6 +2235,65 @@ def case_tensor_parallel():
         "refused")
 
 
+def case_cudasim_tensor_parallel():
+    """cinfer-server-cudasim with --device cuda --tensor-parallel 2 (two
+    simulated GPUs, NCCL answered in-process) streams the CPU server's
+    greedy text for the tiny model; the multi-node flags that cannot make a
+    group are refused at start, naming the flags; a node 1 whose node 0
+    never comes ends after --dist-timeout-ms saying so."""
+    model = tiny_model()
+    n = ARGS.tokens
+    prompts = ["Once upon a time", "The capital of France is"]
+    want = {}
+    with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
+        for p in prompts:
+            want[p] = stream_greedy(cpu, p, n)
+    with cudasim_server("cudasim-tp2", ["--tensor-parallel", "2"],
+                        env={"CUDASIM_DEVICES": "2",
+                             "CUDASIM_NCCL_TIMEOUT_S": "60"}) as srv:
+        check_eq(srv.health(), "SERVING", "health at TP=2")
+        check_eq(srv.info().backend.name, "cuda", "backend name")
+        for p in prompts:
+            text, final = stream_greedy(srv, p, n)
+            check_eq(text, want[p][0], "TP=2 CUDA text for %r" % p)
+        wait_engine_idle(srv, 30)
+    log("ok: TP=2 on two simulated GPUs streams the CPU server's text")
+
+    def refused(extra, words):
+        r = subprocess.run([need_cudasim(), "--listen", "127.0.0.1:0",
+                            "--metrics-listen", "", "--model", model,
+                            "--device", "cuda"] + extra,
+                           capture_output=True, timeout=120,
+                           env=dict(os.environ, CUDASIM_DEVICES="2"))
+        err = r.stderr.decode(errors="replace")
+        check(r.returncode != 0, "%r exits at start (rc %d)"
+              % (extra, r.returncode))
+        check(words in err, "%r: %r not in:\n%s" % (extra, words,
+                                                    err[-2000:]))
+        return err
+    refused(["--tensor-parallel", "2", "--nnodes", "2"],
+            "--nnodes above 1 needs --dist-init-addr")
+    refused(["--tensor-parallel", "3", "--nnodes", "2",
+             "--dist-init-addr", "127.0.0.1:1"],
+            "--tensor-parallel must be a multiple of --nnodes")
+    refused(["--tensor-parallel", "2", "--nnodes", "2", "--node-rank", "2",
+             "--dist-init-addr", "127.0.0.1:1"],
+            "--node-rank must be below --nnodes")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    err = refused(["--tensor-parallel", "2", "--nnodes", "2",
+                   "--node-rank", "1", "--dist-timeout-ms", "1500",
+                   "--dist-init-addr", "127.0.0.1:%d" % port],
+                  "could not reach node 0 at 127.0.0.1:%d within 1500 ms"
+                  % port)
+    check(time.time() - t0 < 60, "node 1 gave up within its bound")
+    log("ok: bad multi-node flags refused; a lone node 1 times out: %s"
+        % [l for l in err.splitlines() if "could not reach" in l][0][-160:])
+
+
 # The harness counts every runtime and cuBLAS call and every kernel launch
 # from the start of the process; the fault fires at this one. Loading the
 # tiny model takes a few hundred calls and a step about a hundred, so this
@@ -2371,6 +2430,7 @@ CASES = {
     "saturated": case_saturated,
     "tensor_parallel": case_tensor_parallel,
     "cudasim_generate": case_cudasim_generate,
+    "cudasim_tensor_parallel": case_cudasim_tensor_parallel,
     "cudasim_fault": case_cudasim_fault,
     "cudasim_device_lost": case_cudasim_device_lost,
 }

@@ -42,7 +42,8 @@
 #define QUANT_BOUND 2e-2
 
 static const cinfer_cuda_entry cuda_entry = {cinfer_comm_create_nccl,
-                                             cinfer_backend_cuda_create};
+                                             cinfer_backend_cuda_create,
+                                             cinfer_cuda_device_count};
 
 static const char *tmp_path(const char *tag)
 {
