@@ -63,3 +63,25 @@ def kbench_floors(kbench, threads):
             out["int8_dot_gops"], out["dot_isa"] = row["int8_dot_gops_" + isa], isa
     return out
 
+
+
+def current_result(out_dir, stem, exts):
+    """The path (without extension) of a benchmark's current results,
+    out_dir/stem: bench/results/ keeps one current file per benchmark
+    (stem.md, with its stem.png beside it) and older runs in history/.
+    Files already there for `stem` move to history/stem-<date they were
+    written>[-N].<ext> first, all of one run under one name."""
+    hist = os.path.join(out_dir, "history")
+    old = [e for e in exts if os.path.exists(os.path.join(out_dir, stem + e))]
+    if old:
+        import datetime
+        mtime = os.path.getmtime(os.path.join(out_dir, stem + old[0]))
+        day = datetime.date.fromtimestamp(mtime).isoformat()
+        os.makedirs(hist, exist_ok=True)
+        name, k = "%s-%s" % (stem, day), 2
+        while any(os.path.exists(os.path.join(hist, name + e)) for e in exts):
+            name, k = "%s-%s-r%d" % (stem, day, k), k + 1
+        for e in old:
+            os.replace(os.path.join(out_dir, stem + e), os.path.join(hist, name + e))
+    os.makedirs(out_dir, exist_ok=True)
+    return os.path.join(out_dir, stem)

@@ -17,8 +17,8 @@ token, prefill can not beat (2 * params * tokens) / peak FMA rate.
 
     bench/cpu_vs_llamacpp.py [--reps 5] [--threads 1,2] [--types q4_1,q8_0,f16]
 
-Writes a markdown table to bench/results/cpu-vs-llamacpp-<date>.md and
-prints it. llama.cpp is built by scripts/goldens/build-llama-cpp.sh from the
+Writes a markdown table to bench/results/cpu-vs-llamacpp.md (the run before
+moves to bench/results/history/) and prints it. llama.cpp is built by scripts/goldens/build-llama-cpp.sh from the
 source the PyPI package llama-cpp-python ships.
 """
 import argparse
@@ -73,7 +73,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     ap.add_argument("--work", default=os.path.join(ROOT, "bench", "work"))
     ap.add_argument("--out", help="results file (default: "
-                    "bench/results/cpu-vs-llamacpp-DATE.md)")
+                    "bench/results/cpu-vs-llamacpp.md; the run before moves "
+                    "to bench/results/history/)")
     args = ap.parse_args()
 
     bin_dir = sh(["sh", os.path.join(ROOT, "scripts/goldens/build-llama-cpp.sh")]).stdout.strip().splitlines()[-1]
@@ -150,9 +151,8 @@ def main():
             f"{r['l_tg']:.1f} | **{r['c_tg']/r['l_tg']:.2f}x** | {r['floor_tg']:.0f} "
             f"({r['bw']:.1f} GB/s) |")
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    out = args.out or os.path.join(ROOT, "bench", "results",
-                                   f"cpu-vs-llamacpp-{datetime.date.today()}.md")
+    out = args.out or benchlib.current_result(os.path.join(ROOT, "bench", "results"),
+                                              "cpu-vs-llamacpp", (".md",)) + ".md"
     with open(out, "w") as f:
         f.write(text)
         f.write("\nRaw (pp, tg) per run:\n\n```\n")

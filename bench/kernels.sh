@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/kernels.sh - runs the CPU kernel micro-benchmark (tools/cinfer-kbench)
-# and records its output in bench/results/kernels-<date>.txt, with the host,
+# and records its output in bench/results/kernels.txt (the run before moves
+# to bench/results/history/), with the host,
 # the CPU model and OPENBLAS_CORETYPE noted at the top.
 #
 #     bench/kernels.sh                      # build/ (configured if needed), all kernels
@@ -21,8 +22,17 @@ if [ ! -x "$bin" ]; then
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$build" -j2 --target cinfer-kbench
 fi
-mkdir -p "$root/bench/results"
-out=$root/bench/results/kernels-$(date +%Y-%m-%d).txt
+# One current file; the run before moves to history/ under its own date.
+res=$root/bench/results
+mkdir -p "$res/history"
+out=$res/kernels.txt
+if [ -f "$out" ]; then
+    old=$res/history/kernels-$(date -r "$out" +%Y-%m-%d)
+    k=2
+    name=$old
+    while [ -e "$name.txt" ]; do name=$old-r$k; k=$((k + 1)); done
+    mv "$out" "$name.txt"
+fi
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
 {
     echo "# bench/kernels.sh $*"

@@ -38,7 +38,7 @@ its measured capacity, with the resilience layer on and off.
    they waited) and rejections by reason.
 3. A table and checks against the targets (goodput at 10x >= 90% of 1x;
    p99 TTFT at 10x <= 2x that at 1x; p99 rejection < 5 ms; RSS flat; all
-   KV blocks free) in bench/results/overload-<date>.md, and a gnuplot PNG
+   KV blocks free) in bench/results/overload.md, and a gnuplot PNG
    (goodput and p99 TTFT against offered load, one line per
    configuration) next to it.
 
@@ -61,6 +61,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = {
@@ -792,10 +795,10 @@ def report(saved, args, work):
     started = datetime.datetime.fromisoformat(saved["started"])
     run_args = argparse.Namespace(**saved["args"])
     run_args.analysis = args.analysis
-    os.makedirs(args.out, exist_ok=True)
-    stem = "overload-%s" % started.strftime("%Y-%m-%d")
-    png = os.path.join(args.out, stem + ".png")
-    md = os.path.join(args.out, stem + ".md")
+    stem = "overload"
+    base = benchlib.current_result(args.out, stem, (".md", ".png"))
+    png = base + ".png"
+    md = base + ".md"
     write_plot(png, saved["configs"], work)
     write_report(md, stem + ".png", run_args, saved["capacity"],
                  saved["capacity_run"], saved["configs"], saved["notes"],

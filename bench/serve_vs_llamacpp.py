@@ -27,7 +27,8 @@ prompt can not prefill faster than 2 * params * 128 / compute rate.
     bench/serve_vs_llamacpp.py [--levels 1,4,16,64] [--per-stream 2]
                                [--build build/release] [--threads 2]
 
-Prints a table and writes bench/results/serve-vs-llamacpp-<date>.md and a
+Prints a table and writes bench/results/serve-vs-llamacpp.md (the run before
+moves to bench/results/history/) and a
 gnuplot PNG (output tokens/s and p99 ITL against concurrency) next to it.
 llama.cpp is built by scripts/goldens/build-llama-cpp.sh from the source the
 PyPI package llama-cpp-python ships; cinfer is built into --build when its
@@ -515,14 +516,13 @@ def main():
         lines += ["- " + c for c in checks]
 
     text = "\n".join(lines) + "\n"
-    os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, f"serve-vs-llamacpp-{date}")
+    base = benchlib.current_result(args.out_dir, "serve-vs-llamacpp", (".md", ".png"))
     png_ok = plot(rows, base + ".png", work, args)
     with open(base + ".md", "w") as f:
         f.write(text)
         if png_ok:
-            f.write(f"\n![throughput and p99 ITL against concurrency]"
-                    f"(serve-vs-llamacpp-{date}.png)\n")
+            f.write("\n![throughput and p99 ITL against concurrency]"
+                    "(serve-vs-llamacpp.png)\n")
         f.write("\nEach run's cinfer-bench JSON (without per-request "
                 "arrays):\n\n```\n")
         for r in rows:

@@ -18,7 +18,7 @@
  * matrices are packed into huge-page slabs of the backend's own
  * (matmul.h's layout), since the file's blocks, 8 or 16 rows read side by
  * side, held decode at one thread to about 14 GB/s and the packed stream
- * reaches about 23 (bench/results/cpu-vs-llamacpp-2026-11-30-r2.md).
+ * reaches about 23 (bench/results/history/cpu-vs-llamacpp-2026-11-30-r2.md).
  * weight_borrows says which, and the model gives the file's memory under
  * a packed weight back.
  *
