@@ -7,7 +7,9 @@ trace context, ORCA load reports, and the server behind a real HTTP/2 proxy
               --mkmodel-bin M [--nginx-bin N] [--work DIR]
 
 Cases:
-  files   the deploy/ files: hadolint on both Dockerfiles; every Kubernetes
+  files   the deploy/ files: hadolint on both Dockerfiles, and the CPU
+          image's step that gathers binaries and libraries run over this
+          build (what it gathers resolves every dependency); every Kubernetes
           manifest valid (strict) against the Kubernetes schemas of
           kubernetes-validate; the Istio objects against Istio's CRD models
           (cloudcoil-models-istio) with no unknown field; envoy.yaml decoded
@@ -776,6 +778,50 @@ def dockerfile_env(path):
     return env, ports, last
 
 
+def check_image_libraries(dockerfile):
+    """Runs the Dockerfile's step that gathers the runtime stage's binaries
+    and libraries over this build tree: run from the gathered libraries
+    alone (plus the C library's, which the runtime base has), every
+    binary's dependencies resolve inside the gathered set."""
+    import re
+    text = open(dockerfile).read()
+    runs = re.findall(r"^RUN (.*?)(?<!\\)\n", text, re.M | re.S)
+    step = [r for r in runs if "/out/lib" in r and "ldd" in r]
+    check_eq(len(step), 1, "one gathering step in %s" % dockerfile)
+    build = os.path.dirname(os.path.dirname(os.path.abspath(
+        ARGS.server_bin)))
+    out = os.path.join(ARGS.work, "image-out")
+    tree = os.path.join(ARGS.work, "image-src")
+    os.makedirs(os.path.join(tree, "build"), exist_ok=True)
+    link = os.path.join(tree, "build", "image")
+    if not os.path.islink(link):
+        os.symlink(build, link)
+    cmd = step[0].replace("\\\n", " ").replace("/out", out)
+    r = subprocess.run(["bash", "-eu", "-o", "pipefail", "-c", cmd],
+                       cwd=tree, env=dict(os.environ, BAKE_MODEL="0"),
+                       capture_output=True, text=True, timeout=120)
+    check_eq(r.returncode, 0, "the gathering step: %s" % r.stderr[-2000:])
+    libdir = os.path.join(out, "lib")
+    libs = os.listdir(libdir)
+    check(any(n.startswith("libgrpc.so") for n in libs),
+          "libgrpc gathered: %r" % libs)
+    glibc = re.compile(r"/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)"
+                       r"\.so")
+    for b in sorted(os.listdir(os.path.join(out, "bin"))):
+        r = subprocess.run(["ldd", os.path.join(out, "bin", b)],
+                           env=dict(os.environ, LD_LIBRARY_PATH=libdir),
+                           capture_output=True, text=True, timeout=60)
+        check_eq(r.returncode, 0, "ldd %s" % b)
+        for line in r.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "=>":
+                check(parts[2] != "not", "%s: %s" % (b, line.strip()))
+                check(parts[2].startswith(libdir) or glibc.search(parts[2]),
+                      "%s loads %s from outside the image's libraries" %
+                      (b, parts[2]))
+    return len(libs)
+
+
 def k8s_objects():
     out = []
     for sub in ("common", "cpu", "gpu"):
@@ -1126,6 +1172,11 @@ def case_files():
         check("cinfer-cli" in last and '"health"' in last,
               "%s: the health check uses grpc.health.v1" % f)
         check("USER 10001" in last, "%s: a non-root user" % f)
+    n_libs = check_image_libraries(
+        os.path.join(DEPLOY, "docker", "Dockerfile.cpu"))
+    log("ok: the CPU image's gathering step, run over this build, collects "
+        "the binaries and %d libraries that resolve every dependency" %
+        n_libs)
     objs = k8s_objects()
     crds = check_k8s_schemas(objs)
     check_eq(crds, ["ServiceMonitor (monitoring.coreos.com/v1)"],
