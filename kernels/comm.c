@@ -439,6 +439,29 @@ static cinfer_status need_local(const char *op, const cinfer_comm *c)
     return CINFER_OK;
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A LOCAL collective, timed for cinfer_comm_stats. */
+static cinfer_status timed_collective(cinfer_comm *c, const entry *e)
+{
+    uint64_t t0 = mono_ns();
+    cinfer_status st = local_collective(c, e);
+    c->collective_ns += mono_ns() - t0;
+    c->n_collectives++;
+    return st;
+}
+
+void cinfer_comm_stats(const cinfer_comm *c, uint64_t *n, uint64_t *ns)
+{
+    *n = c && c->kind == CINFER_COMM_LOCAL ? c->n_collectives : 0;
+    *ns = c && c->kind == CINFER_COMM_LOCAL ? c->collective_ns : 0;
+}
+
 cinfer_status cinfer_comm_all_reduce_sum(cinfer_comm *c, float *buf, size_t n)
 {
     cinfer_status st = need_local("all_reduce_sum", c);
@@ -451,7 +474,7 @@ cinfer_status cinfer_comm_all_reduce_sum(cinfer_comm *c, float *buf, size_t n)
         return e.bad ? cinfer_set_error(CINFER_E_INVALID_ARG,
                                         "comm all_reduce_sum: %s", e.bad)
                      : CINFER_OK;
-    return local_collective(c, &e);
+    return timed_collective(c, &e);
 }
 
 cinfer_status cinfer_comm_all_gather(cinfer_comm *c, const float *send,
@@ -480,5 +503,5 @@ cinfer_status cinfer_comm_all_gather(cinfer_comm *c, const float *send,
             memcpy(recv, send, n * sizeof(float));
         return CINFER_OK;
     }
-    return local_collective(c, &e);
+    return timed_collective(c, &e);
 }

@@ -88,6 +88,14 @@ cinfer_comm_kind cinfer_comm_get_kind(const cinfer_comm *c);
  * collectives then fail at their next bounded wait. */
 void cinfer_comm_abort(cinfer_comm *c, const char *why);
 
+/* LOCAL: the collectives this rank has run (size > 1) and the time it
+ * spent inside them, waiting for the other ranks included; 0 and 0 for an
+ * NCCL communicator (its collectives are enqueued on a stream, and their
+ * time is the device's) or NULL. Read from the rank's thread or when no
+ * collective runs. */
+void cinfer_comm_stats(const cinfer_comm *c, uint64_t *n_collectives,
+                       uint64_t *ns);
+
 /* Frees one rank's handle (NULL is fine); the shared state goes with the
  * last rank's. The backends given the handle must be destroyed first. */
 void cinfer_comm_destroy(cinfer_comm *c);

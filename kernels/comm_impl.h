@@ -20,6 +20,8 @@ struct cinfer_comm {
     int rank;
     int size;
     int timeout_ms; /* bound on a collective's wait (> 0) */
+    /* LOCAL: collectives this rank ran and its time inside them */
+    uint64_t n_collectives, collective_ns;
 
     /* LOCAL: the barrier and buffer table all ranks share. */
     struct comm_local_shared *local;

@@ -14,8 +14,11 @@
 #   2. the backend tests on the device against the CPU backend and the
 #      float64 references (test_backend_ops, its CUDA factory), the model
 #      tests (test_model_cuda: tiny random models, CUDA vs CPU logits and
-#      greedy tokens), then compute-sanitizer memcheck and racecheck over
-#      the backend tests where the tool runs;
+#      greedy tokens; test_model_tp_cuda: tensor parallelism through NCCL,
+#      here TP=1, the one NCCL check one GPU allows, bit for bit against
+#      the plain backend, and TP=2/3 where there are GPUs enough), then
+#      compute-sanitizer memcheck and racecheck over the backend tests
+#      where the tool runs;
 #   3. ceilings: device copy bandwidth and the cuBLAS BF16 GEMM rate,
 #      measured with PyTorch (bench/gpu_ceilings.py);
 #   4. decode tokens/s at batch 1, 8 and 64 (and a 2,048-token prefill) on
@@ -116,6 +119,7 @@ run_test() { # name timeout command...
 }
 run_test test_backend_ops 180 "$BIN/tests/test_backend_ops"
 run_test test_model_cuda 180 "$BIN/tests/test_model_cuda"
+run_test test_model_tp_cuda 120 "$BIN/tests/test_model_tp_cuda"
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck; do
     run_test "sanitizer-$tool" 120 compute-sanitizer --tool "$tool" \

@@ -258,17 +258,25 @@ static int run_bench(cinfer_model *m, int pp, int tg, int reps, int threads)
     int32_t t0 = 0;
     if (cinfer_model_eval_single(m, &t0, 1, 0, 0, logits) != CINFER_OK)
         goto fail;
+    /* Tensor parallelism on CPU ranks: rank 0's time inside the
+     * collectives (waiting for the other ranks included). */
+    const cinfer_comm *comm = cinfer_backend_comm(cinfer_model_backend(m));
+    uint64_t n0, ns0, n1, ns1;
     for (int r = 0; r < reps; r++) {
-        double pp_tps = 0, tg_tps = 0;
+        double pp_tps = 0, tg_tps = 0, pp_coll_ms = 0, tg_coll_ms = 0;
         const int pos = 0; /* the decode test's own context */
         if (pp > 0) {
+            cinfer_comm_stats(comm, &n0, &ns0);
             double a = now_s();
             if (cinfer_model_eval_single(m, ids, pp, 0, 0, logits) != CINFER_OK)
                 goto fail;
             pp_tps = pp / (now_s() - a);
+            cinfer_comm_stats(comm, &n1, &ns1);
+            pp_coll_ms = (double)(ns1 - ns0) * 1e-6;
         }
         if (tg > 0) {
             int32_t tok = pp > 0 ? argmax(logits, I->n_vocab) : 1;
+            cinfer_comm_stats(comm, &n0, &ns0);
             double a = now_s();
             for (int i = 0; i < tg; i++) {
                 if (cinfer_model_eval_single(m, &tok, 1, pos + i, 0, logits) !=
@@ -277,12 +285,17 @@ static int run_bench(cinfer_model *m, int pp, int tg, int reps, int threads)
                 tok = argmax(logits, I->n_vocab);
             }
             tg_tps = tg / (now_s() - a);
+            cinfer_comm_stats(comm, &n1, &ns1);
+            tg_coll_ms = (double)(ns1 - ns0) * 1e-6 / tg;
         }
         printf("{\"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, "
                "\"isa\": \"%s\", \"type\": \"%s\", \"pp_tps\": %.3f, "
-               "\"tg_tps\": %.3f}\n",
+               "\"tg_tps\": %.3f, \"tensor_parallel\": %d, "
+               "\"pp_collective_ms\": %.3f, "
+               "\"tg_collective_ms_per_token\": %.4f}\n",
                pp, tg, threads, cinfer_backend_device_desc(cinfer_model_backend(m)),
-               I->quant, pp_tps, tg_tps);
+               I->quant, pp_tps, tg_tps, I->tensor_parallel, pp_coll_ms,
+               tg_coll_ms);
         fflush(stdout);
     }
     free(ids);
