@@ -2221,6 +2221,35 @@ def case_tensor_parallel():
             check_eq(text, want[p][0], "TP=3 batched stream %d (%r)" % (i, p))
         wait_engine_idle(srv, 30)
         check_eq(srv.health(), "SERVING", "health after the requests")
+    # Tiny random models whose heads divide by 2 and 3 (12 query heads;
+    # 6 KV heads Q8_0, 12 KV heads qwen2 Q4_1): TP=2 and TP=3 through the
+    # server give TP=1's 64 greedy tokens.
+    pb = stubs()[0]
+    for tag, extra in (("kv6", ["--kv-heads", "6", "--dtype", "q8_0",
+                                "--embd-dtype", "q8_0"]),
+                       ("kv12", ["--kv-heads", "12", "--arch", "qwen2",
+                                 "--dtype", "q4_1", "--untied"])):
+        path = os.path.join(ARGS.work, "tp-%s.gguf" % tag)
+        subprocess.run([ARGS.mkmodel_bin, "-o", path, "--layers", "2",
+                        "--embd", "192", "--heads", "12", "--ff", "384"] +
+                       extra, check=True, stdout=subprocess.DEVNULL)
+        texts = {}
+        for tp in (1, 2, 3):
+            with Server(path, ["--device", "cpu", "--tensor-parallel",
+                               str(tp)], name="%s-tp%d" % (tag, tp),
+                        threads=tp) as srv:
+                req = greedy_request(pb, "Once upon a time", 64,
+                                     request_id="tiny")
+                req.stopping.ignore_eos = True
+                text, final, _ = collect(srv.stub().Generate(req,
+                                                             timeout=300))
+                check_eq(final.usage.completion_tokens, 64,
+                         "%s TP=%d tokens" % (tag, tp))
+                texts[tp] = text
+        check_eq(texts[2], texts[1], "%s TP=2 text" % tag)
+        check_eq(texts[3], texts[1], "%s TP=3 text" % tag)
+    log("ok: tiny 12/6 and 12/12 models: TP=2 and TP=3 stream TP=1's 64 "
+        "greedy tokens")
     r = subprocess.run([ARGS.server_bin, "--listen", "127.0.0.1:0",
                         "--metrics-listen", "127.0.0.1:0",
                         "--model", model, "--device", "cpu",
