@@ -20,10 +20,10 @@
  * with the statement, file and line.
  *
  * Linked against the toolkit's libnccl for a device, and against the CUDA
- * harness's nccl.cc (tests/cudasim/) in the test builds. The harness has
- * no ncclCommInitRankConfig: the symbol is weak, and without it a process
- * with one rank per node joins with the blocking ncclCommInitRank (the
- * harness bounds that wait itself). Built without NCCL headers
+ * harness's nccl.cc (tests/cudasim/) in the test builds, which answers
+ * ncclCommInitRankConfig non-blocking too. The symbol is weak: an NCCL
+ * older than 2.14 has none, and then a process with one rank per node
+ * joins with the blocking ncclCommInitRank. Built without NCCL headers
  * (CINFER_NO_NCCL), creation fails with CINFER_E_UNSUPPORTED.
  */
 #include <stdio.h>
@@ -67,7 +67,7 @@ cinfer_status cinfer_comm_nccl_wait(cinfer_comm *c, cudaStream_t stream)
 
 #include <nccl.h>
 
-/* Absent from the CUDA harness (and from NCCL before 2.14). */
+/* Absent from NCCL before 2.14. */
 #pragma weak ncclCommInitRankConfig
 
 #define DEFAULT_TIMEOUT_MS 60000

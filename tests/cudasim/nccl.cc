@@ -1,6 +1,7 @@
 /*
  * nccl.cc - cudasim's NCCL: communicators over the simulated devices of one
- * process and the two collectives tensor parallelism needs (ncclAllReduce,
+ * process (ncclCommInitAll, ncclCommInitRank, and ncclCommInitRankConfig
+ * non-blocking) and the two collectives tensor parallelism needs (ncclAllReduce,
  * ncclAllGather), defined with the toolkit's declarations (nccl.h).
  *
  * TEST DOUBLE (cudasim.h has the model). The ranks of a communicator are
@@ -173,6 +174,7 @@ struct ncclComm {
     int rank;
     int device;
     std::shared_ptr<cudasim::clique> c;
+    bool nonblocking = false; /* ncclCommInitRankConfig, config.blocking 0 */
 };
 
 namespace cudasim {
@@ -344,6 +346,42 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     return ncclSuccess;
 }
 
+/* config.blocking 0: joins and returns ncclInProgress at once; the
+ * communicator's ncclCommGetAsyncError says ncclInProgress until every
+ * rank has joined (or ncclRemoteError once one aborted), as NCCL's
+ * non-blocking init does. Blocking, or no config: ncclCommInitRank. */
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config)
+{
+    if (!config || config->blocking)
+        return ncclCommInitRank(comm, nranks, id, rank);
+    if (nccl_call_fails())
+        return ncclUnhandledCudaError;
+    if (!comm || nranks < 1 || rank < 0 || rank >= nranks)
+        return ncclInvalidArgument;
+    std::string key(id.internal, strnlen(id.internal, sizeof id.internal));
+    std::shared_ptr<clique> c;
+    {
+        std::lock_guard<std::mutex> lk(g_m);
+        auto &slot = (*g_pending)[key];
+        if (!slot)
+            slot = std::make_shared<clique>(nranks);
+        c = slot;
+        if (c->nranks != nranks)
+            return ncclInvalidUsage;
+        bool last;
+        {
+            std::lock_guard<std::mutex> lk2(c->m);
+            last = ++c->joined >= c->nranks;
+            c->cv.notify_all();
+        }
+        if (last)
+            g_pending->erase(key);
+    }
+    *comm = new ncclComm{nranks, rank, current_device(), c, true};
+    return ncclInProgress;
+}
+
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 {
     if (nccl_call_fails())
@@ -423,7 +461,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error)
 {
     if (!comm || !async_error)
         return ncclInvalidArgument;
-    *async_error = comm->c->aborted ? ncclRemoteError : ncclSuccess;
+    std::lock_guard<std::mutex> lk(comm->c->m);
+    *async_error = comm->c->aborted ? ncclRemoteError
+                   : comm->nonblocking && comm->c->joined < comm->c->nranks
+                       ? ncclInProgress
+                       : ncclSuccess;
     return ncclSuccess;
 }
 

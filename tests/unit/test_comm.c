@@ -1001,6 +1001,61 @@ static void test_cudasim_nccl_two_nodes(void)
         CHECK_OK(g[k].st);
 }
 
+/* Node 1 checks in at the rendezvous (it gets the id) and never joins
+ * NCCL: node 0's non-blocking ncclCommInitRankConfig is polled until its
+ * timeout, aborted, and creation fails with CINFER_E_TIMEOUT naming the
+ * rank, instead of hanging in the init. */
+typedef struct {
+    char addr[64];
+    cinfer_status st;
+} silent_node;
+
+static void *silent_node_main(void *arg)
+{
+    silent_node *n = arg;
+    cinfer_rendezvous_params rp = cinfer_rendezvous_default_params();
+    rp.addr = n->addr;
+    rp.n_nodes = 2;
+    rp.node_rank = 1;
+    rp.world_size = 2;
+    rp.timeout_ms = 20000;
+    cinfer_rendezvous *r = NULL;
+    n->st = cinfer_rendezvous_create(&rp, &r);
+    if (n->st == CINFER_OK) {
+        char id[128]; /* sizeof(ncclUniqueId) */
+        n->st = cinfer_rendezvous_run(r, id, sizeof id);
+    }
+    cinfer_rendezvous_destroy(r);
+    return NULL;
+}
+
+static void test_cudasim_nccl_peer_never_joins(void)
+{
+    if (cinfer_cuda_device_count() < 1)
+        return;
+    silent_node n;
+    memset(&n, 0, sizeof n);
+    snprintf(n.addr, sizeof n.addr, "127.0.0.1:%d", dead_port());
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, silent_node_main, &n), 0);
+    static const int dev0 = 0;
+    cinfer_comm_nccl_params p = cinfer_comm_nccl_default_params();
+    p.world_size = 2;
+    p.n_nodes = 2;
+    p.node_rank = 0;
+    p.devices = &dev0;
+    p.init_addr = n.addr;
+    p.timeout_ms = 700;
+    cinfer_comm *c = NULL;
+    CHECK_EQ_INT(cinfer_comm_create_nccl(&p, &c), CINFER_E_TIMEOUT);
+    CHECK(strstr(cinfer_last_error(), "ncclCommInitRankConfig (rank 0 of 2)"));
+    CHECK(strstr(cinfer_last_error(), "within 700 ms"));
+    fprintf(stderr, "  %s\n", cinfer_last_error());
+    CHECK(!c);
+    pthread_join(th, NULL);
+    CHECK_OK(n.st); /* it got the id: the wait that timed out was NCCL's */
+}
+
 #endif /* CINFER_TEST_CUDASIM */
 
 int main(void)
@@ -1026,6 +1081,7 @@ int main(void)
 #ifdef CINFER_TEST_CUDASIM
     RUN(test_cudasim_nccl_init_all);
     RUN(test_cudasim_nccl_two_nodes);
+    RUN(test_cudasim_nccl_peer_never_joins);
 #endif
     return harness_done();
 }
