@@ -54,7 +54,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n, size_t *bad)
     return len;
 }
 
-int cinfer_utf8_valid(const char *s, size_t len)
+size_t cinfer_utf8_valid_prefix(const char *s, size_t len)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
@@ -62,10 +62,15 @@ int cinfer_utf8_valid(const char *s, size_t len)
         size_t bad;
         size_t k = utf8_seq(p + i, len - i, &bad);
         if (k == 0)
-            return 0;
+            return i;
         i += k;
     }
-    return 1;
+    return len;
+}
+
+int cinfer_utf8_valid(const char *s, size_t len)
+{
+    return cinfer_utf8_valid_prefix(s, len) == len;
 }
 
 size_t cinfer_utf8_sanitize(const char *src, size_t len, char *dst)
@@ -156,6 +161,13 @@ static cinfer_status check_chat(const Cinfer__V1__Chat *chat,
             return cinfer_set_error(
                 CINFER_E_INVALID_ARG,
                 "%s.messages[%zu].role is not valid UTF-8", field, i);
+        if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
+            strcmp(role, "assistant") != 0)
+            return cinfer_set_error(
+                CINFER_E_INVALID_ARG,
+                "%s.messages[%zu].role must be system, user or assistant, "
+                "got \"%s\"",
+                field, i, role);
     }
     return CINFER_OK;
 }
@@ -181,7 +193,7 @@ static cinfer_status check_sampling(const Cinfer__V1__SamplingParams *s)
         !(s->temperature >= 0.0f && s->temperature <= CINFER_MAX_TEMPERATURE))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampling.temperature must be in [0, %g], "
-                                "got %g",
+                                "got %.9g",
                                 (double)CINFER_MAX_TEMPERATURE,
                                 (double)s->temperature);
     if (CINFER_PB_HAS(s, top_k) && s->top_k < 0)
@@ -191,31 +203,32 @@ static cinfer_status check_sampling(const Cinfer__V1__SamplingParams *s)
                                 (int)s->top_k);
     if (CINFER_PB_HAS(s, top_p) && !(s->top_p > 0.0f && s->top_p <= 1.0f))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampling.top_p must be in (0, 1], got %g",
+                                "sampling.top_p must be in (0, 1], got %.9g",
                                 (double)s->top_p);
     if (CINFER_PB_HAS(s, min_p) && !(s->min_p >= 0.0f && s->min_p <= 1.0f))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampling.min_p must be in [0, 1], got %g",
+                                "sampling.min_p must be in [0, 1], got %.9g",
                                 (double)s->min_p);
     if (CINFER_PB_HAS(s, repetition_penalty) &&
-        !(s->repetition_penalty > 0.0f &&
+        !(s->repetition_penalty >= CINFER_MIN_REPETITION_PENALTY &&
           s->repetition_penalty <= CINFER_MAX_REPETITION_PENALTY))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampling.repetition_penalty must be in "
-                                "(0, %g], got %g",
+                                "[%g, %g], got %.9g",
+                                (double)CINFER_MIN_REPETITION_PENALTY,
                                 (double)CINFER_MAX_REPETITION_PENALTY,
                                 (double)s->repetition_penalty);
     if (CINFER_PB_HAS(s, presence_penalty) &&
         !(s->presence_penalty >= -2.0f && s->presence_penalty <= 2.0f))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampling.presence_penalty must be in "
-                                "[-2, 2], got %g",
+                                "[-2, 2], got %.9g",
                                 (double)s->presence_penalty);
     if (CINFER_PB_HAS(s, frequency_penalty) &&
         !(s->frequency_penalty >= -2.0f && s->frequency_penalty <= 2.0f))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampling.frequency_penalty must be in "
-                                "[-2, 2], got %g",
+                                "[-2, 2], got %.9g",
                                 (double)s->frequency_penalty);
     return CINFER_OK;
 }

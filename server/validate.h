@@ -50,6 +50,9 @@ extern "C" {
 #define CINFER_MAX_ROLE_BYTES 64
 #define CINFER_MAX_TEMPERATURE 100.0f
 #define CINFER_MAX_REPETITION_PENALTY 10.0f
+/* Dividing a logit by less would take it past what a float holds (a
+ * logit of 1e4 divided by 0.01 is 1e6, far inside it). */
+#define CINFER_MIN_REPETITION_PENALTY 0.01f
 
 typedef struct {
     int32_t n_vocab;        /* token ids must be in [0, n_vocab) */
@@ -83,6 +86,10 @@ int32_t cinfer_validate_max_tokens(const Cinfer__V1__GenerateRequest *r,
 /* 1 if s[0..len) is well-formed UTF-8 (no overlongs, no surrogates, at most
  * U+10FFFF). */
 int cinfer_utf8_valid(const char *s, size_t len);
+
+/* The length of the longest well-formed UTF-8 prefix of s[0..len): len
+ * when all of it is, else the offset of the first ill-formed sequence. */
+size_t cinfer_utf8_valid_prefix(const char *s, size_t len);
 
 /* Copies src[0..len) to dst replacing each maximal ill-formed subsequence
  * by U+FFFD (3 bytes), as the Unicode standard recommends. dst needs room

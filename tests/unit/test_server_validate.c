@@ -97,6 +97,14 @@ static void test_chat(void)
     EXPECT_BAD(r, "chat.messages[0].role");
     m.role = "<|im_end|>";
     EXPECT_BAD(r, "chat.messages[0].role");
+    m.role = "tool";
+    EXPECT_BAD(r, "chat.messages[0].role must be system, user or assistant");
+    m.role = "User";
+    EXPECT_BAD(r, "chat.messages[0].role");
+    m.role = "system";
+    CHECK_OK(cinfer_validate_generate(&r, &LIM));
+    m.role = "assistant";
+    CHECK_OK(cinfer_validate_generate(&r, &LIM));
     m.role = "user";
     m.content = "hi <|im_end|> there";
     CHECK_OK(cinfer_validate_generate(&r, &LIM));
@@ -139,6 +147,9 @@ static void test_sampling(void)
     EXPECT_BAD(r, "sampling.top_p");
     SET(top_p, 1.0f);
     CHECK_OK(cinfer_validate_generate(&r, &LIM));
+    /* The value is printed with the digits that show why it is out. */
+    SET(top_p, 1.0000001f);
+    EXPECT_BAD(r, "sampling.top_p must be in (0, 1], got 1.00000012");
     SET(min_p, -0.01f);
     EXPECT_BAD(r, "sampling.min_p");
     SET(min_p, 1.5f);
@@ -147,6 +158,14 @@ static void test_sampling(void)
     EXPECT_BAD(r, "sampling.repetition_penalty");
     SET(repetition_penalty, 11.0f);
     EXPECT_BAD(r, "sampling.repetition_penalty");
+    /* Small enough to take a logit past a float in the sampler. */
+    SET(repetition_penalty, 1e-37f);
+    EXPECT_BAD(r, "sampling.repetition_penalty must be in [0.01, 10], got "
+                  "1e-37");
+    SET(repetition_penalty, 0.0099f);
+    EXPECT_BAD(r, "sampling.repetition_penalty");
+    SET(repetition_penalty, 0.01f);
+    CHECK_OK(cinfer_validate_generate(&r, &LIM));
     SET(presence_penalty, 2.5f);
     EXPECT_BAD(r, "sampling.presence_penalty");
     SET(frequency_penalty, -2.5f);
