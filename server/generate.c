@@ -57,6 +57,8 @@
 
 #include "server/log.h"
 #include "server/server_impl.h"
+#include "server/status_map.h"
+#include "server/wire.h"
 
 /* Pushback when the engine's own waiting queue is full. */
 #define ENGINE_FULL_PUSHBACK_MS 1000
@@ -335,10 +337,9 @@ static cinfer_outcome classify(const gen_state *g,
 {
     switch (ev->finish) {
     case CINFER_FINISH_ERROR:
-        return ev->status == CINFER_E_INVALID_ARG ||
-                       ev->status == CINFER_E_RANGE
-                   ? CINFER_OUTCOME_IGNORED
-                   : CINFER_OUTCOME_FAILURE;
+        /* A validated request the engine fails is a server fault, its
+         * reason what it may (pump sends it as INTERNAL). */
+        return CINFER_OUTCOME_FAILURE;
     case CINFER_FINISH_TIME_LIMIT:
         return g->deadline_is_hard ? CINFER_OUTCOME_FAILURE
                                    : CINFER_OUTCOME_SUCCESS;
@@ -387,7 +388,11 @@ static void pump(srv_call *c, gen_state *g)
         reject_message(g->shed, pb.retry_after_ms, NULL, msg, sizeof msg);
         detail = msg;
     } else if (g->finish == CINFER_FINISH_ERROR) {
+        /* The request passed validation: what the engine refuses after
+         * that is the server's fault, never the client's argument. */
         st = g->fin_status != CINFER_OK ? g->fin_status : CINFER_E_INTERNAL;
+        if (cinfer_server_grpc_status(st) == GRPC_STATUS_INVALID_ARGUMENT)
+            st = CINFER_E_INTERNAL;
         snprintf(msg, sizeof msg, "engine error: %s", g->fin_message);
         detail = msg;
     } else if (g->finish == CINFER_FINISH_CANCELLED) {
@@ -615,18 +620,14 @@ static uint64_t random_seed(void)
     return v;
 }
 
-/* The call's deadline on the monotonic clock, or 0 when it has none. */
+/* The call's deadline on the monotonic clock, or 0 when it has none (or
+ * one too far away to matter). One already past is now + 1: the engine
+ * stops it at once. */
 static int64_t call_deadline_ns(const srv_call *c)
 {
     gpr_timespec d = c->details.deadline;
-    if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0)
-        return 0;
-    gpr_timespec now = gpr_now(d.clock_type);
-    gpr_timespec left = gpr_time_sub(d, now);
-    int64_t left_ns = (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
-    if (left_ns < 1)
-        left_ns = 1; /* already past: the engine stops it at once */
-    return cinfer_server_now_ns() + left_ns;
+    return cinfer_wire_deadline_ns(d, gpr_now(d.clock_type),
+                                   cinfer_server_now_ns());
 }
 
 static void reject(srv_call *c, cinfer_status st)
@@ -762,14 +763,14 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
         reject(c, CINFER_E_NOMEM);
         return;
     }
-    Cinfer__V1__GenerateRequest *r =
-        cinfer__v1__generate_request__unpack(NULL, len, buf);
+    Cinfer__V1__GenerateRequest *r = NULL;
+    cinfer_status ust =
+        cinfer_wire_unpack(&cinfer__v1__generate_request__descriptor, buf,
+                           len, (ProtobufCMessage **)&r);
     free(buf);
-    if (!r) {
+    if (ust != CINFER_OK) {
         cinfer_call_set_request_id(c, NULL);
-        cinfer_set_error(CINFER_E_INVALID_ARG,
-                         "GenerateRequest does not decode");
-        reject(c, CINFER_E_INVALID_ARG);
+        reject(c, ust);
         return;
     }
     cinfer_request_limits lim = limits_of(s);

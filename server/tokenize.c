@@ -9,17 +9,19 @@
 #include <string.h>
 
 #include "server/server_impl.h"
+#include "server/wire.h"
 
 static cinfer_status tokenize(srv_call *c, const uint8_t *req, size_t len,
                               grpc_byte_buffer **out)
 {
     cinfer_server *s = c->srv;
     cinfer_call_set_request_id(c, NULL);
-    Cinfer__V1__TokenizeRequest *r =
-        cinfer__v1__tokenize_request__unpack(NULL, len, req);
-    if (!r)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "TokenizeRequest does not decode");
+    Cinfer__V1__TokenizeRequest *r = NULL;
+    cinfer_status ust =
+        cinfer_wire_unpack(&cinfer__v1__tokenize_request__descriptor, req, len,
+                           (ProtobufCMessage **)&r);
+    if (ust != CINFER_OK)
+        return ust;
     int32_t *ids = NULL;
     size_t n = 0;
     ProtobufCBinaryData *pieces = NULL;
@@ -75,11 +77,12 @@ static cinfer_status detokenize(srv_call *c, const uint8_t *req, size_t len,
 {
     cinfer_server *s = c->srv;
     cinfer_call_set_request_id(c, NULL);
-    Cinfer__V1__DetokenizeRequest *r =
-        cinfer__v1__detokenize_request__unpack(NULL, len, req);
-    if (!r)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "DetokenizeRequest does not decode");
+    Cinfer__V1__DetokenizeRequest *r = NULL;
+    cinfer_status ust =
+        cinfer_wire_unpack(&cinfer__v1__detokenize_request__descriptor, req, len,
+                           (ProtobufCMessage **)&r);
+    if (ust != CINFER_OK)
+        return ust;
     char *raw = NULL, *text = NULL;
     cinfer_request_limits lim = s->limits;
     cinfer_status st = cinfer_validate_detokenize(r, &lim);
