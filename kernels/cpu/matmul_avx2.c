@@ -504,7 +504,7 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
  * by vector uops, not by the weight stream, and tile_q decodes each weight
  * block (nibbles, scale and minimum conversions) and multiplies the scales
  * again for every pair of rows. So many rows take this path instead: a panel of weight rows
- * is decoded once into thread-local scratch (nibbles as bytes, scales as
+ * is decoded once into scratch on the stack (nibbles as bytes, scales as
  * floats laid out lane by lane for the tile), and every tile of PN_R
  * activation rows x PN_C weight rows runs over it, with the activations as
  * memory operands. Per element and block the inner loop is vpmaddubsw,
@@ -518,7 +518,7 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
 enum {
     PN_R = 4,         /* activation rows per tile */
     PN_C = 2,         /* weight rows per tile; lane 2r + c of a pattern is (r, c) */
-    PN_WBLKS = 1024,  /* decoded blocks of scratch: 128 KiB */
+    PN_WBLKS = 512,   /* decoded blocks of a panel (64 KiB); nb above it stays on tile_q */
     PN_MIN_ROWS = 4,  /* fewer rows stay on tile_q */
 };
 
@@ -535,9 +535,13 @@ typedef struct {
     float sa[8]; /* lane 2r + c: row r's s (Q8_1) */
 } pn_ablk;
 
-static _Thread_local pn_wblk pn_w[PN_WBLKS] __attribute__((aligned(64)));
-static _Thread_local pn_ablk pn_a[PN_WBLKS] __attribute__((aligned(64)));
-static _Thread_local float pn_dd[PN_WBLKS][8] __attribute__((aligned(64)));
+/* A call's scratch, on its stack (112 KiB; the kernels run on the
+ * backend's pool threads and its caller, all with default stacks). */
+typedef struct {
+    pn_wblk w[PN_WBLKS]; /* the panel's tiles, nb blocks each */
+    pn_ablk a[PN_WBLKS]; /* the row tile's blocks */
+    float dd[PN_WBLKS][8];
+} pn_scratch;
 
 /* Decodes weight rows w0 and w1 (the same row for a lone last column). */
 static ALWAYS_INLINE void pn_decode(const int wk, const uint8_t *w0, const uint8_t *w1,
@@ -592,8 +596,8 @@ static ALWAYS_INLINE void pn_scales(const int wk, const uint8_t *const *a, int64
 /* One tile: rows a[0..PN_R) x the decoded weight rows of w; writes the
  * first nr rows and nc columns through o[r][c]. */
 static ALWAYS_INLINE void pn_tile(const int wk, const uint8_t *const *a, const pn_wblk *w,
-                                  const pn_ablk *as, int64_t nb, float *const *o, int nr,
-                                  int nc)
+                                  const pn_ablk *as, float (*pn_dd)[8], int64_t nb,
+                                  float *const *o, int nr, int nc)
 {
     const size_t abs_ = wk == W_Q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
     const int aqo = wk == W_Q41 ? 4 : 2;
@@ -664,6 +668,9 @@ static ALWAYS_INLINE void pn_compute(const int wk, const uint8_t *w, size_t w_ro
                                      int64_t nb, float *out, int64_t out_stride,
                                      int64_t o0, int64_t o1)
 {
+    pn_scratch sc __attribute__((aligned(64)));
+    pn_wblk *const pn_w = sc.w;
+    pn_ablk *const pn_a = sc.a;
     const int64_t panel_tiles = PN_WBLKS / nb; /* >= 1: the caller checks */
     const int64_t panel_cols = panel_tiles * PN_C;
     for (int64_t pc = o0; pc < o1; pc += panel_cols) {
@@ -687,7 +694,7 @@ static ALWAYS_INLINE void pn_compute(const int wk, const uint8_t *w, size_t w_ro
                 float *o[PN_R];
                 for (int i = 0; i < PN_R; i++)
                     o[i] = out + (r + (i < nr ? i : 0)) * out_stride + c0;
-                pn_tile(wk, a, pn_w + t * nb, pn_a, nb, o, nr, nc);
+                pn_tile(wk, a, pn_w + t * nb, pn_a, sc.dd, nb, o, nr, nc);
             }
         }
     }

@@ -630,6 +630,7 @@ static void test_batched_rows(void)
             }
         }
         check_rows(wt, 32, 5, 9, 1, 4, seed++);           /* one block */
+        check_rows(wt, 32 * 512, 3, 6, 0, 3, seed++);     /* a panel of one tile */
         check_rows(wt, 32 * 1025, 3, 6, 0, 3, seed++);    /* past the scratch */
     }
 }
