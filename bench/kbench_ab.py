@@ -118,6 +118,24 @@ def main():
 
     info = benchlib.cpu_info()
     fl = new_runs[0]["floors"]
+
+    def scaling(r):
+        """The 2-thread FMA floor over the 1-thread one (about 2 when no
+        other process holds a core), or None without both."""
+        f = {x["threads"]: x for x in r["floors"]}
+        if 1 not in f or 2 not in f:
+            return None
+        k = next((k for k in f[2] if k.startswith("fma_gflops_avx")), None)
+        return f[2][k] / f[1][k] if k and f[1].get(k) else None
+
+    sc = [x for x in (scaling(r) for r in old_runs + new_runs) if x is not None]
+    contention = ""
+    if sc:
+        contention = (" The 2-thread FMA floor was %.2fx to %.2fx the 1-thread one "
+                      "over the runs (about 2 on an idle machine): %s" % (
+                          min(sc), max(sc),
+                          "2-thread cells are unreliable." if min(sc) < 1.7
+                          else "no run lost a core to other work."))
     lines = [
         "# Batched int8-block products: %s against %s" % (
             head + (" + uncommitted kernels" if dirty else ""), base),
@@ -129,7 +147,7 @@ def main():
         "best of a few runs) is followed by the int8 dot peak measured again "
         "(%s). Medians over %d rounds; 'x old' is the median of the rate ratios "
         "of rounds run back to back. The machine was shared with other work "
-        "while this ran: read the ratios, not the raw rates." % (
+        "while this ran: read the ratios, not the raw rates.%s" % (
             datetime.date.today().isoformat(), info["model"], info["cpus"],
             info["flags"], os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
             args.base, args.rounds, args.threads,
@@ -137,7 +155,7 @@ def main():
             ", ".join("%d thr: %s" % (f["threads"], ", ".join(
                 "%s %.0f GOP/s" % (k[len("int8_dot_gops_"):], v)
                 for k, v in f.items() if k.startswith("int8_dot_gops_")))
-                for f in fl), args.rounds),
+                for f in fl), args.rounds, contention),
         "",
         "| isa | type | thr | rows | old GOP/s | new GOP/s | old % peak | new % peak | x old |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
