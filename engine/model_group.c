@@ -513,12 +513,10 @@ static cinfer_status check_shape(const cinfer_model_params *p, int *world,
         }
         if (have < need)
             return cinfer_set_error(CINFER_E_NOT_FOUND,
-                                    "model_group: %d CUDA rank%s here need "
-                                    "device%s up to cuda:%d, and this process "
-                                    "sees %d CUDA device%s",
-                                    *local, *local == 1 ? "" : "s",
-                                    *local == 1 ? "" : "s", need - 1, have,
-                                    have == 1 ? "" : "s");
+                                    "model_group: this process's %d CUDA "
+                                    "rank(s) use devices up to cuda:%d, and "
+                                    "it sees %d CUDA device(s)",
+                                    *local, need - 1, have);
     }
     return CINFER_OK;
 }

@@ -735,7 +735,8 @@ static void model_params(const config *cfg, const char *model_path,
                                    : cfg->max_batched_tokens);
     mp->n_kv_blocks = kv_blocks_for(model_path, cfg->kv_cache_mem,
                                     mp->block_size ? mp->block_size : 16);
-    if ((cfg->tensor_parallel > 1 || cfg->nnodes > 1) && tp_on_cuda(cfg)) {
+    /* several nodes are always CUDA ranks (check_tp refused --device cpu) */
+    if (cfg->nnodes > 1 || (cfg->tensor_parallel > 1 && tp_on_cuda(cfg))) {
         int local = (int)(cfg->tensor_parallel / cfg->nnodes);
         for (int j = 0; j < local && j < CINFER_COMM_MAX_RANKS; j++)
             devices[j] = cfg->cuda_device + j;
