@@ -583,9 +583,11 @@ def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
              "cinfer-bench at multiples of its measured capacity; written "
              "by `bench/overload.py`." % os.path.basename(model))
     L.append("")
-    L.append("- machine: %s, %d cores, load average %s at the start and %s "
-             "at the end; the load generator shares the cores" %
-             (cpu_model(), os.cpu_count() or 0, load_start, load_end))
+    L.append("- machine: %s, %d cores (vector flags: %s), OPENBLAS_CORETYPE=%s, "
+             "load average %s at the start and %s at the end; the load "
+             "generator shares the cores" %
+             (cpu_model(), os.cpu_count() or 0, benchlib.cpu_info()["flags"],
+              os.environ.get("OPENBLAS_CORETYPE", "(unset)"), load_start, load_end))
     L.append("- commit: %s" % commit)
     L.append("- requests: %d-token synthetic prompts, %d output tokens "
              "(ignore_eos, greedy), deadline %g s each (`--timeout`)" %
