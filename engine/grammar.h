@@ -1,0 +1,105 @@
+/*
+ * grammar.h - context-free grammars in GBNF (the notation llama.cpp's users
+ * write) and the position of an output within one: which bytes may come
+ * next. The building block of structured output; the sampler's token mask
+ * and the JSON-schema and regex front ends are built on it (not yet: this
+ * module is not wired to a request).
+ *
+ * GBNF, as llama.cpp reads it:
+ *
+ *     root   ::= object
+ *     object ::= "{" ws ( pair ( "," ws pair )* )? "}"
+ *     pair   ::= string ":" ws value      # comments run to the line's end
+ *     string ::= "\"" [^"\\]* "\""
+ *     ws     ::= [ \t\n]*
+ *
+ * Rules `name ::= alternatives`, one per line (a rule continues on the next
+ * line inside parentheses, or when the line ends with `|`); alternatives
+ * split by `|`; sequences of literals ("..." with \n \t \r \\ \" \xHH
+ * \uHHHH \UHHHHHHHH escapes), character classes ([a-z0-9_], [^...]), `.`
+ * (any character), rule names and parenthesised groups, each optionally
+ * followed by `*`, `+`, `?`, `{m}`, `{m,}` or `{m,n}`. Characters are
+ * Unicode code points; an output is UTF-8 bytes, and a token that ends
+ * inside a character is matched up to where it ends.
+ *
+ * Refused at compile with CINFER_E_INVALID_ARG naming the line and column:
+ * a syntax error, a rule used but not defined, a missing root, and left
+ * recursion (a rule that can reach itself before any character, which a
+ * top-down matcher cannot run). Grammars come from clients: the source,
+ * the compiled size and each state's number of parse stacks are bounded
+ * (CINFER_E_RANGE past them, with the bound in the message), and nothing
+ * recurses on the input's nesting.
+ *
+ *     cinfer_grammar *g;
+ *     if (cinfer_grammar_compile(text, len, "root", &g) != CINFER_OK) ...
+ *     cinfer_grammar_state *st;
+ *     cinfer_grammar_state_create(g, &st);
+ *     if (cinfer_grammar_allows(st, tok, tok_len)) ... // mask a token
+ *     cinfer_grammar_accept(st, tok, tok_len);         // the chosen one
+ *     cinfer_grammar_complete(st);                     // may end here
+ *     cinfer_grammar_state_destroy(st);
+ *     cinfer_grammar_destroy(g);
+ *
+ * Thread safety: a compiled grammar is immutable and may be shared by
+ * threads; a state is used by one thread at a time.
+ */
+#ifndef CINFER_GRAMMAR_H
+#define CINFER_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cinfer_grammar cinfer_grammar;
+typedef struct cinfer_grammar_state cinfer_grammar_state;
+
+/* Bounds on what a client can send. */
+#define CINFER_GRAMMAR_MAX_SOURCE (256 * 1024) /* bytes of GBNF */
+#define CINFER_GRAMMAR_MAX_ELEMS (1 << 20)     /* compiled elements */
+#define CINFER_GRAMMAR_MAX_REPEAT 1000         /* m and n of {m,n} */
+#define CINFER_GRAMMAR_MAX_STACKS 4096         /* parse stacks of a state */
+
+/* Compiles `len` bytes of GBNF with `root` as the start rule (NULL =
+ * "root"). */
+cinfer_status cinfer_grammar_compile(const char *src, size_t len,
+                                     const char *root, cinfer_grammar **out);
+void cinfer_grammar_destroy(cinfer_grammar *g);
+
+/* Rules, counting the ones the compiler made for groups and repetitions. */
+int cinfer_grammar_n_rules(const cinfer_grammar *g);
+
+/* The position before any output. g must outlive the state. */
+cinfer_status cinfer_grammar_state_create(const cinfer_grammar *g,
+                                          cinfer_grammar_state **out);
+void cinfer_grammar_state_destroy(cinfer_grammar_state *s);
+/* *dst (created from the same grammar) becomes a copy of src. */
+cinfer_status cinfer_grammar_state_copy(cinfer_grammar_state *dst,
+                                        const cinfer_grammar_state *src);
+
+/* 1 when the output may continue with these n bytes (n = 0: 1), 0 when it
+ * cannot (or the check hit the stack bound). s is unchanged. */
+int cinfer_grammar_allows(const cinfer_grammar_state *s, const char *bytes,
+                          size_t n);
+
+/* Moves s past n bytes of output. CINFER_E_INVALID_ARG when the grammar
+ * does not allow them (s unchanged), CINFER_E_RANGE past the stack
+ * bound. */
+cinfer_status cinfer_grammar_accept(cinfer_grammar_state *s,
+                                    const char *bytes, size_t n);
+
+/* 1 when the output so far is a whole sentence of the grammar (it may end
+ * here), and no character is left half-fed. */
+int cinfer_grammar_complete(const cinfer_grammar_state *s);
+
+/* 1 when nothing can follow: the output must end here. */
+int cinfer_grammar_done(const cinfer_grammar_state *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_GRAMMAR_H */

@@ -1,0 +1,317 @@
+/*
+ * test_grammar.c - GBNF compile and match (engine/grammar.c): sentences
+ * accepted byte by byte and split anywhere (inside UTF-8 characters too),
+ * near-misses refused, repetition bounds, classes and escapes, the
+ * compile errors with their line and column, left recursion refused and
+ * right recursion kept, the bounds a client's grammar meets, an output
+ * nested ten thousand deep, and mutated grammars that never crash.
+ */
+#include "engine/grammar.h"
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static cinfer_grammar *compile(const char *src)
+{
+    cinfer_grammar *g = NULL;
+    cinfer_status st = cinfer_grammar_compile(src, strlen(src), NULL, &g);
+    if (st != CINFER_OK)
+        fprintf(stderr, "  compile: %s\n", cinfer_last_error());
+    CHECK_OK(st);
+    return g;
+}
+
+/* Whether the whole of text is a sentence, fed in pieces of `chunk` bytes
+ * (0 = all at once); -1 when a prefix is refused. */
+static int sentence(const cinfer_grammar *g, const char *text, size_t chunk)
+{
+    cinfer_grammar_state *s = NULL;
+    CHECK_OK(cinfer_grammar_state_create(g, &s));
+    if (!s)
+        return -1;
+    size_t n = strlen(text), step = chunk ? chunk : (n ? n : 1);
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i += step) {
+        size_t k = n - i < step ? n - i : step;
+        int allowed = cinfer_grammar_allows(s, text + i, k);
+        cinfer_status st = cinfer_grammar_accept(s, text + i, k);
+        CHECK_EQ_INT(allowed, st == CINFER_OK); /* allows predicts accept */
+        ok = st == CINFER_OK;
+    }
+    int r = ok ? cinfer_grammar_complete(s) : -1;
+    cinfer_grammar_state_destroy(s);
+    return r;
+}
+
+static void test_alternatives_and_completion(void)
+{
+    cinfer_grammar *g = compile("root ::= \"yes\" | \"no\" | \"yesno\"\n");
+    if (!g)
+        return;
+    cinfer_grammar_state *s = NULL;
+    CHECK_OK(cinfer_grammar_state_create(g, &s));
+    CHECK(cinfer_grammar_allows(s, "y", 1));
+    CHECK(cinfer_grammar_allows(s, "n", 1));
+    CHECK(!cinfer_grammar_allows(s, "x", 1));
+    CHECK(!cinfer_grammar_complete(s));
+    CHECK_EQ_INT(cinfer_grammar_accept(s, "x", 1), CINFER_E_INVALID_ARG);
+    CHECK_OK(cinfer_grammar_accept(s, "ye", 2));
+    CHECK(!cinfer_grammar_complete(s));
+    CHECK_OK(cinfer_grammar_accept(s, "s", 1));
+    CHECK(cinfer_grammar_complete(s));
+    CHECK(!cinfer_grammar_done(s)); /* "yesno" may go on */
+    CHECK_OK(cinfer_grammar_accept(s, "no", 2));
+    CHECK(cinfer_grammar_complete(s));
+    CHECK(cinfer_grammar_done(s));
+    CHECK(!cinfer_grammar_allows(s, "o", 1));
+    cinfer_grammar_state_destroy(s);
+    cinfer_grammar_destroy(g);
+}
+
+static const char *json_gbnf =
+    "# a small JSON\n"
+    "root   ::= value\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" |\n"
+    "           \"null\")\n"
+    "object ::= \"{\" ws ( pair ( \",\" ws pair )* )? \"}\" ws\n"
+    "pair   ::= string \":\" ws value\n"
+    "array  ::= \"[\" ws ( value ( \",\" ws value )* )? \"]\" ws\n"
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" [\"\\\\/bfnrt] )* "
+    "\"\\\"\" ws\n"
+    "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ws\n"
+    "ws     ::= [ \\t\\n]*\n";
+
+static void test_json_sentences_split_anywhere(void)
+{
+    cinfer_grammar *g = compile(json_gbnf);
+    if (!g)
+        return;
+    const char *good[] = {
+        "{\"a\": 1, \"b\": [true, null, -0.5], \"c\": {}}",
+        "[]", "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"", "-12.25",
+        "{\"k\": \"esc \\\" \\n\"}",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        for (size_t chunk = 0; chunk <= 3; chunk++)
+            CHECK_EQ_INT(sentence(g, good[i], chunk), 1);
+    /* prefixes are not sentences, near-misses are refused */
+    CHECK_EQ_INT(sentence(g, "{\"a\": 1", 1), 0);
+    CHECK_EQ_INT(sentence(g, "{\"a\" 1}", 1), -1);
+    CHECK_EQ_INT(sentence(g, "[1,]", 1), -1);
+    CHECK_EQ_INT(sentence(g, "01", 1), -1);
+    CHECK_EQ_INT(sentence(g, "\"tab\there\"", 1), -1); /* control char */
+    CHECK_EQ_INT(sentence(g, "\"bad \xc3\x28\"", 1), -1); /* not UTF-8 */
+    /* a token that ends inside a character is allowed up to there */
+    cinfer_grammar_state *s = NULL;
+    CHECK_OK(cinfer_grammar_state_create(g, &s));
+    CHECK_OK(cinfer_grammar_accept(s, "\"\xe2", 2));
+    CHECK(!cinfer_grammar_complete(s));
+    CHECK(cinfer_grammar_allows(s, "\x82", 1));
+    CHECK(!cinfer_grammar_allows(s, "A", 1)); /* not a continuation byte */
+    CHECK_OK(cinfer_grammar_accept(s, "\x82\xac\"", 3));
+    CHECK(cinfer_grammar_complete(s));
+    cinfer_grammar_state_destroy(s);
+    cinfer_grammar_destroy(g);
+}
+
+static void test_classes_escapes_and_any(void)
+{
+    cinfer_grammar *g = compile("root ::= [a-cx\\x41-\\x42] [^0-9] . "
+                                "\"\\u00e9\" [\\U0001F600]\n");
+    if (!g)
+        return;
+    CHECK_EQ_INT(sentence(g, "bZ!\xc3\xa9\xf0\x9f\x98\x80", 1), 1);
+    CHECK_EQ_INT(sentence(g, "AZ\n\xc3\xa9\xf0\x9f\x98\x80", 0), 1);
+    CHECK_EQ_INT(sentence(g, "dZ", 1), -1);
+    CHECK_EQ_INT(sentence(g, "a5", 1), -1);
+    CHECK_EQ_INT(sentence(g, "ab!e", 1), -1);
+    cinfer_grammar_destroy(g);
+}
+
+static void test_repetition_bounds(void)
+{
+    cinfer_grammar *g = compile("root ::= \"a\"{2,3} \"b\"{0,1} \"c\"{2} "
+                                "\"d\"{1,}\n");
+    if (!g)
+        return;
+    CHECK_EQ_INT(sentence(g, "aaccd", 1), 1);
+    CHECK_EQ_INT(sentence(g, "aaabccddd", 1), 1);
+    CHECK_EQ_INT(sentence(g, "accd", 1), -1);
+    CHECK_EQ_INT(sentence(g, "aaaacc", 1), -1);
+    CHECK_EQ_INT(sentence(g, "aabbccd", 1), -1);
+    CHECK_EQ_INT(sentence(g, "aacccd", 1), -1);
+    CHECK_EQ_INT(sentence(g, "aacc", 1), 0);
+    cinfer_grammar_destroy(g);
+    g = compile("root ::= (\"ab\" | \"c\")+ \"!\"?\n");
+    if (!g)
+        return;
+    CHECK_EQ_INT(sentence(g, "abcab!", 1), 1);
+    CHECK_EQ_INT(sentence(g, "c", 1), 1);
+    CHECK_EQ_INT(sentence(g, "", 1), 0);
+    CHECK_EQ_INT(sentence(g, "a!", 1), -1);
+    cinfer_grammar_destroy(g);
+}
+
+/* The message names the line and column and says what is wrong. */
+static void refused(const char *src, cinfer_status want, const char *words)
+{
+    cinfer_grammar *g = NULL;
+    CHECK_EQ_INT(cinfer_grammar_compile(src, strlen(src), NULL, &g), want);
+    CHECK(!g);
+    if (!strstr(cinfer_last_error(), words))
+        fprintf(stderr, "  %s\n  (wanted \"%s\")\n", cinfer_last_error(),
+                words);
+    CHECK(strstr(cinfer_last_error(), words) != NULL);
+}
+
+static void test_compile_errors(void)
+{
+    refused("root ::= \"a\" b\n", CINFER_E_INVALID_ARG,
+            "line 1, column 14: rule 'b' is used but never defined");
+    refused("start ::= \"a\"\n", CINFER_E_INVALID_ARG,
+            "no rule 'root' (the start rule)");
+    refused("root ::= \"a\n", CINFER_E_INVALID_ARG, "unterminated literal");
+    refused("root ::= [ab\n", CINFER_E_INVALID_ARG,
+            "unterminated character class");
+    refused("root ::= [z-a]\n", CINFER_E_INVALID_ARG, "runs backwards");
+    refused("root ::= \"a\"\nroot ::= \"b\"\n", CINFER_E_INVALID_ARG,
+            "line 2, column 1: the rule is defined twice");
+    refused("root ::= ( \"a\"\n", CINFER_E_INVALID_ARG,
+            "unclosed parenthesis");
+    refused("root ::= * \"a\"\n", CINFER_E_INVALID_ARG,
+            "a repetition with nothing before it");
+    refused("root = \"a\"\n", CINFER_E_INVALID_ARG,
+            "line 1, column 6: expected ::=");
+    refused("root ::= \"\\q\"\n", CINFER_E_INVALID_ARG, "unknown escape");
+    refused("root ::= \"a\"{3,2}\n", CINFER_E_INVALID_ARG, "n below m");
+    refused("root ::= \"a\"{1001}\n", CINFER_E_RANGE, "above 1000");
+    refused("root ::= \"a\" )\n", CINFER_E_INVALID_ARG,
+            "unexpected character");
+    refused("root ::= \"\xff\"\n", CINFER_E_INVALID_ARG, "not valid UTF-8");
+}
+
+static void test_left_recursion(void)
+{
+    refused("root ::= expr\nexpr ::= expr \"+\" term | term\n"
+            "term ::= [0-9]\n",
+            CINFER_E_INVALID_ARG, "rule 'expr' is left-recursive");
+    refused("root ::= a\na ::= b \"x\"\nb ::= a | \"y\"\n",
+            CINFER_E_INVALID_ARG, "is left-recursive");
+    /* through a rule that can match nothing */
+    refused("root ::= c root \"x\" | \"y\"\nc ::= \"z\"?\n",
+            CINFER_E_INVALID_ARG, "rule 'root' is left-recursive");
+    /* right recursion is fine, also after a symbol that consumes */
+    cinfer_grammar *g = compile("root ::= item root | \"\"\n"
+                                "item ::= \"x\"\n");
+    if (g) {
+        CHECK_EQ_INT(sentence(g, "xxxx", 1), 1);
+        CHECK_EQ_INT(sentence(g, "", 1), 1);
+        cinfer_grammar_destroy(g);
+    }
+}
+
+/* An output nested 10,000 deep: stacks grow with it, the C stack does
+ * not. */
+static void test_deep_output(void)
+{
+    cinfer_grammar *g = compile("root ::= \"[\" root \"]\" | \"x\"\n");
+    if (!g)
+        return;
+    enum { D = 10000 };
+    char *text = malloc(2 * D + 2);
+    memset(text, '[', D);
+    text[D] = 'x';
+    memset(text + D + 1, ']', D);
+    text[2 * D + 1] = '\0';
+    CHECK_EQ_INT(sentence(g, text, 7), 1);
+    text[2 * D] = '\0';
+    CHECK_EQ_INT(sentence(g, text, 0), 0); /* one ] short */
+    free(text);
+    cinfer_grammar_destroy(g);
+}
+
+static void test_limits(void)
+{
+    size_t n = CINFER_GRAMMAR_MAX_SOURCE + 1;
+    char *big = malloc(n);
+    memset(big, ' ', n);
+    cinfer_grammar *g = NULL;
+    CHECK_EQ_INT(cinfer_grammar_compile(big, n, NULL, &g), CINFER_E_RANGE);
+    free(big);
+    /* literals repeated past the element bound: 20 rules of 60 characters
+     * a thousand times (groups repeat as one reference each, so only
+     * characters multiply) */
+    char *many = malloc(20 * 100 + 64);
+    size_t m = (size_t)sprintf(many, "root ::= r0\n");
+    for (int r = 0; r < 20; r++)
+        m += (size_t)sprintf(many + m,
+                             "r%d ::= \"%060d\"{1000} r%d\n", r, r,
+                             r + 1 < 20 ? r + 1 : 0);
+    refused(many, CINFER_E_RANGE,
+            "the grammar compiles to more than 1048576 elements");
+    free(many);
+    /* parentheses nested past the parser's bound */
+    char deep[1200];
+    size_t k = 0;
+    k += (size_t)snprintf(deep, sizeof deep, "root ::= ");
+    for (int i = 0; i < 300; i++)
+        deep[k++] = '(';
+    deep[k++] = '"';
+    deep[k++] = 'a';
+    deep[k++] = '"';
+    for (int i = 0; i < 300; i++)
+        deep[k++] = ')';
+    deep[k++] = '\n';
+    deep[k] = '\0';
+    refused(deep, CINFER_E_RANGE, "nest too deep");
+}
+
+/* Mutated grammars: every outcome is OK or an error with a message, never
+ * a crash (the sanitizer build runs this too). */
+static void test_mutations_never_crash(void)
+{
+    size_t n = strlen(json_gbnf);
+    char *buf = malloc(n + 1);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    int compiled = 0;
+    for (int round = 0; round < 2000; round++) {
+        memcpy(buf, json_gbnf, n + 1);
+        for (int m = 0; m < 1 + round % 4; m++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            static const char pool[] = "()[]{}|*+?\"\\-^.:=# \nab0,";
+            buf[x % n] = pool[(x >> 20) % (sizeof pool - 1)];
+        }
+        cinfer_grammar *g = NULL;
+        cinfer_status st = cinfer_grammar_compile(buf, n, NULL, &g);
+        if (st == CINFER_OK) {
+            compiled++;
+            cinfer_grammar_state *s = NULL;
+            if (cinfer_grammar_state_create(g, &s) == CINFER_OK) {
+                (void)cinfer_grammar_accept(s, "{\"a\": [1, 2]}", 13);
+                cinfer_grammar_state_destroy(s);
+            }
+            cinfer_grammar_destroy(g);
+        } else {
+            CHECK(strncmp(cinfer_last_error(), "grammar: ", 9) == 0);
+        }
+    }
+    fprintf(stderr, "  %d of 2000 mutated grammars compiled\n", compiled);
+    free(buf);
+}
+
+int main(void)
+{
+    RUN(test_alternatives_and_completion);
+    RUN(test_json_sentences_split_anywhere);
+    RUN(test_classes_escapes_and_any);
+    RUN(test_repetition_bounds);
+    RUN(test_compile_errors);
+    RUN(test_left_recursion);
+    RUN(test_deep_output);
+    RUN(test_limits);
+    RUN(test_mutations_never_crash);
+    return harness_done();
+}
