@@ -23,7 +23,8 @@
  * (bounded by max_tokens).
  *
  * Cancellation: RECV_CLOSE_ON_SERVER completing with cancelled=1 (client
- * gone, deadline passed) cancels the engine request; its FINISH event then
+ * gone, or its gRPC library gave up at the deadline) cancels the engine
+ * request; its FINISH event then
  * frees the engine's hold and the call is freed when nothing else is in
  * flight. The call's deadline (capped by max_request_time_ms) is also
  * handed to the engine, so a request whose deadline passes stops at the
@@ -552,6 +553,10 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     }
     pump(c, g);
     int finished = ev->kind == CINFER_EVENT_FINISH;
+    /* A stream the client cancelled (or whose deadline gRPC enforced) ends
+     * with no status of ours: counted here, once. */
+    if (finished && g->gone && !g->status_sent)
+        cinfer_call_count_ended(c);
     if (finished)
         log_done(c, g); /* reads the sink: under the lock */
     pthread_mutex_unlock(&c->mu);
@@ -1021,7 +1026,7 @@ static void generate_on_close(srv_call *c)
     uint64_t id = g->engine_id;
     if (c->close_cancelled) {
         g->gone = 1;
-        /* gRPC ends a call at its deadline with cancelled=1 too. */
+        /* A client resets its call at the deadline: cancelled=1 too. */
         g->deadline_passed = g->call_deadline_ns &&
                              now + DEADLINE_SLACK_NS >= g->call_deadline_ns;
         cancel = g->submitted && !g->finished;

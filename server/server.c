@@ -16,6 +16,15 @@
  * grpc-status-details-bin). A rejection sent before any message is one
  * batch of SEND_INITIAL_METADATA (empty) and SEND_STATUS_FROM_SERVER, which
  * gRPC core writes as a single HEADERS frame: Trailers-Only.
+ *
+ * One status per call, never after the core ended it: a call whose
+ * RECV_MESSAGE failed (the client reset it before its message came) or
+ * whose RECV_CLOSE_ON_SERVER came back cancelled gets none, and counts
+ * once as CANCELLED (DEADLINE_EXCEEDED when its deadline passed). The
+ * server enforces deadlines itself (the core's deadline checks are off:
+ * on a zero grpc-timeout they wrote a second status of their own): a
+ * message read after its deadline is answered DEADLINE_EXCEEDED, and a
+ * Generate's deadline is the engine's (generate.c).
  */
 #include "server/server_impl.h"
 
@@ -154,6 +163,7 @@ static srv_call *call_new(cinfer_server *s, srv_worker *w)
     c->w = w;
     c->state = CALL_ACCEPTING;
     atomic_init(&c->refs, 0);
+    atomic_init(&c->core_ended, 0);
     pthread_mutex_init(&c->mu, NULL);
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->request_md);
@@ -357,8 +367,9 @@ static void count_status(srv_call *c, cinfer_status st,
                          const cinfer_pushback *pb)
 {
     cinfer_metrics *m = c->srv->metrics;
-    if (!is_inference(c))
+    if (!is_inference(c) || c->counted)
         return;
+    c->counted = 1;
     cinfer_orca_note_call(c->srv->orca, cinfer_server_now_ns(),
                           st != CINFER_OK);
     if (!m)
@@ -372,6 +383,33 @@ static void count_status(srv_call *c, cinfer_status st,
     }
 }
 
+static int deadline_passed(const srv_call *c)
+{
+    gpr_timespec d = c->details.deadline;
+    return gpr_time_cmp(gpr_now(d.clock_type), d) >= 0;
+}
+
+int cinfer_call_ended_by_core(srv_call *c)
+{
+    return atomic_load(&c->core_ended);
+}
+
+void cinfer_call_count_ended(srv_call *c)
+{
+    if (c->counted)
+        return;
+    cinfer_status st =
+        deadline_passed(c) ? CINFER_E_TIMEOUT : CINFER_E_CANCELLED;
+    count_status(c, st, NULL);
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "call ended by the client",
+                         c->request_id[0] ? c->request_id : NULL)) {
+        cinfer_log_str(&l, "method", c->method ? c->method->path : "?");
+        cinfer_log_str(&l, "status", cinfer_status_name(st));
+        cinfer_log_end(&l);
+    }
+}
+
 int cinfer_call_send_status(srv_call *c, int op, grpc_byte_buffer *msg,
                             cinfer_status st, const char *details)
 {
@@ -382,6 +420,16 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
                                cinfer_status st, const char *details,
                                const cinfer_pushback *pb)
 {
+    /* A call the core already ended (the client's RST_STREAM, a passed
+     * deadline) gets no second status: it counts as what ended it. */
+    if (cinfer_call_ended_by_core(c)) {
+        if (msg)
+            grpc_byte_buffer_destroy(msg);
+        cinfer_call_count_ended(c);
+        if (op == OP_STEP)
+            c->state = CALL_DONE;
+        return 0;
+    }
     grpc_op ops[3];
     size_t n = 0;
     int trailers_only = !c->initial_md_sent && !msg;
@@ -564,6 +612,7 @@ static void dispatch(srv_call *c)
     s->calls_total++;
     pthread_mutex_unlock(&s->mu);
 
+
     /* Learn at once when the client goes away or the deadline passes. */
     grpc_op close_op;
     memset(&close_op, 0, sizeof close_op);
@@ -621,10 +670,24 @@ static void on_step(srv_call *c, int ok)
             grpc_byte_buffer_destroy(msg);
             msg = NULL;
         }
-        if (!ok) {
-            /* The call failed under us (cancelled); RECV_CLOSE finishes
-             * it. */
+        /* No message because the call failed under us (the client
+         * reset it or went away, the deadline passed) rather than a
+         * half-close: RECV_CLOSE finishes it, and it counts as
+         * cancelled, never as a request without a message. */
+        if (!ok || (!msg && grpc_call_failed_before_recv_message(c->call))) {
+            cinfer_call_set_request_id(c, NULL);
+            cinfer_call_count_ended(c);
             c->state = CALL_DONE;
+            return;
+        }
+        /* Deadlines are the server's to enforce (the core's own checks
+         * are off: on a zero grpc-timeout they wrote two statuses). */
+        if (msg && deadline_passed(c)) {
+            grpc_byte_buffer_destroy(msg);
+            cinfer_call_set_request_id(c, NULL);
+            cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_TIMEOUT,
+                                    "deadline exceeded before the request "
+                                    "was read");
             return;
         }
         c->method->on_message(c, msg);
@@ -666,6 +729,8 @@ static void on_completion(void *tag, int ok)
     case OP_CLOSE:
         pthread_mutex_lock(&c->mu);
         c->closed = 1;
+        if (c->close_cancelled)
+            atomic_store(&c->core_ended, 1);
         pthread_mutex_unlock(&c->mu);
         if (c->method && c->method->on_close)
             c->method->on_close(c);
@@ -852,7 +917,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
 
     gpr_set_log_function(grpc_log_to_json);
     grpc_init();
-    grpc_arg args[2];
+    grpc_arg args[3];
     memset(args, 0, sizeof args);
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -860,7 +925,11 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
     args[1].value.integer = 0;
-    grpc_channel_args ch_args = {2, args};
+    /* The server enforces deadlines (see the top of this file). */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ENABLE_DEADLINE_CHECKS;
+    args[2].value.integer = 0;
+    grpc_channel_args ch_args = {3, args};
     s->grpc = grpc_server_create(&ch_args, NULL);
     if (!s->grpc) {
         st = cinfer_set_error(CINFER_E_INTERNAL, "grpc_server_create failed");

@@ -116,6 +116,10 @@ struct srv_call {
     size_t n_trailers;
     int close_cancelled;         /* RECV_CLOSE_ON_SERVER result */
     int closed;                  /* RECV_CLOSE_ON_SERVER completed (mu) */
+    atomic_int core_ended;       /* gRPC core ended the call (the client
+                                    cancelled, the deadline passed): no
+                                    status of ours may follow */
+    int counted;                 /* its outcome is in the metrics (once) */
     int initial_md_sent;
     int accepted;                /* counted in calls_open */
     int listed;                  /* on srv->generate_list / watch_list */
@@ -275,6 +279,15 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
  * memory. */
 int cinfer_rpc_status_pack(int grpc_code, const char *message,
                            const cinfer_pushback *pb, grpc_slice *out);
+
+/* Counts, once, a call that gRPC core ended without a status of ours:
+ * under CANCELLED, or DEADLINE_EXCEEDED when its deadline passed. */
+void cinfer_call_count_ended(srv_call *c);
+
+/* 1 when the call can no longer carry a status of ours: the core ended it
+ * (RECV_CLOSE_ON_SERVER came back cancelled) or its deadline passed (the
+ * core ends it with DEADLINE_EXCEEDED itself). */
+int cinfer_call_ended_by_core(srv_call *c);
 
 /* Logs a rejected or failed call (info level for client errors, warn for
  * server faults). */

@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Integration tests of hostile input: what a client that does not play by
+the rules sends, and what the server must answer.
+
+    security.py CASE --server-bin S --faulty-bin F --cli-bin C --run-bin R \\
+                --mkmodel-bin M [--work DIR]
+
+Cases:
+  wire        request bytes and metadata at their edges: a grpc-timeout of
+              99999999H is no deadline (the call streams); NUL bytes in
+              text, stop strings and chat content and ill-formed UTF-8 are
+              INVALID_ARGUMENT naming the field; two `stopping` fields on
+              the wire merge as protobuf merges; a value just out of range
+              is printed with the digits that show why; a repetition
+              penalty the sampler cannot take is refused before any token
+              is sent; a chat role outside system/user/assistant is refused.
+  accounting  calls that end without a status of the server's: streams
+              reset before their message arrives and half-open streams
+              count as CANCELLED, never INVALID_ARGUMENT; streams cancelled
+              or expired after admission count once, under CANCELLED or
+              DEADLINE_EXCEEDED; and one status per call on the wire (a
+              grpc-timeout of 0n, a reset right after the request, half-open
+              streams at shutdown): never two END_STREAM HEADERS frames on
+              one stream, as a raw HTTP/2 client (the h2 package) sees them.
+
+Reuses run.py's server and stub helpers; each case runs in seconds on the
+tiny model. Exit status: 0 pass, 1 fail, 77 skip (no grpcio or h2).
+"""
+import argparse
+import os
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run  # noqa: E402  (the integration helpers)
+
+from run import Skip, check, check_eq, log  # noqa: E402
+
+SKIP = 77
+ARGS = None
+GENERATE = run.GENERATE
+TOKENIZE = "/cinfer.v1.Inference/Tokenize"
+
+FRAME_DATA, FRAME_HEADERS, FRAME_RST = 0, 1, 3
+END_STREAM = 0x1
+
+
+# ---------------------------------------------------------------------------
+# A raw HTTP/2 client that records every frame
+# ---------------------------------------------------------------------------
+
+class RawH2:
+    """One HTTP/2 connection; the h2 package writes our frames and keeps
+    flow control going, and every frame the server sends is recorded as it
+    came (type, flags, stream id), whatever h2 thinks of it."""
+
+    def __init__(self, addr, timeout=10):
+        import h2.config
+        import h2.connection
+        host, port = addr.rsplit(":", 1)
+        self.addr = addr
+        self.sock = socket.create_connection((host, int(port)),
+                                             timeout=timeout)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.frames = []
+        self.buf = b""
+        self.closed = False
+        self.flush()
+
+    def flush(self):
+        out = self.conn.data_to_send()
+        if out and not self.closed:
+            try:
+                self.sock.sendall(out)
+            except OSError:
+                self.closed = True
+
+    def request(self, sid, path, msg=None, end=True, metadata=()):
+        hdrs = [(":method", "POST"), (":scheme", "http"), (":path", path),
+                (":authority", self.addr),
+                ("content-type", "application/grpc"),
+                ("te", "trailers")] + list(metadata)
+        self.conn.send_headers(sid, hdrs, end_stream=msg is None and end)
+        if msg is not None:
+            self.conn.send_data(sid, b"\0" + struct.pack(">I", len(msg)) +
+                                msg, end_stream=end)
+        self.flush()
+
+    def reset(self, sid):
+        self.conn.reset_stream(sid)
+        self.flush()
+
+    def read(self, seconds, until_closed=False):
+        """Reads frames for `seconds` (or until the server closes)."""
+        import h2.events
+        end = time.time() + seconds
+        while time.time() < end and not self.closed:
+            self.sock.settimeout(max(0.01, end - time.time()))
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                self.closed = True
+                break
+            if not data:
+                self.closed = True
+                break
+            self.buf += data
+            while len(self.buf) >= 9:
+                n = 9 + int.from_bytes(self.buf[:3], "big")
+                if len(self.buf) < n:
+                    break
+                frame, self.buf = self.buf[:n], self.buf[n:]
+                ftype, flags = frame[3], frame[4]
+                sid = int.from_bytes(frame[5:9], "big") & 0x7fffffff
+                self.frames.append((ftype, flags, sid))
+                try:
+                    events = self.conn.receive_data(frame)
+                except Exception:  # noqa: BLE001  (h2 refusing a frame)
+                    continue
+                for ev in events:
+                    if isinstance(ev, h2.events.DataReceived):
+                        try:
+                            self.conn.acknowledge_received_data(
+                                ev.flow_controlled_length, ev.stream_id)
+                        except Exception:  # noqa: BLE001
+                            pass
+            self.flush()
+        return self.frames
+
+    def end_stream_headers(self, sid):
+        return sum(1 for t, f, s in self.frames
+                   if s == sid and t == FRAME_HEADERS and f & END_STREAM)
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def grpc_status_of(md):
+    for k, v in md:
+        if k == "grpc-status":
+            return int(v)
+    return None
+
+
+def raw_unary(srv, path, data, timeout=30):
+    """A unary call with the request bytes as given (no serializer): (code,
+    details, response bytes)."""
+    import grpc
+    fn = srv.grpc_channel().unary_unary(path)
+    try:
+        return grpc.StatusCode.OK, "", fn(data, timeout=timeout)
+    except grpc.RpcError as e:
+        return e.code(), e.details() or "", None
+
+
+def raw_stream(srv, data, timeout=60):
+    """A Generate call with the request bytes as given: (code, details,
+    [GenerateResponse])."""
+    import grpc
+    pb, _, _, _ = run.stubs()
+    fn = srv.grpc_channel().unary_stream(
+        GENERATE, response_deserializer=pb.GenerateResponse.FromString)
+    out = []
+    try:
+        for r in fn(data, timeout=timeout):
+            out.append(r)
+        return grpc.StatusCode.OK, "", out
+    except grpc.RpcError as e:
+        return e.code(), e.details() or "", out
+
+
+def expect_invalid(got, words, what):
+    import grpc
+    code, details, resp = got
+    check_eq(code, grpc.StatusCode.INVALID_ARGUMENT, what)
+    check(words in details, "%s: %r does not say %r" % (what, details, words))
+    if isinstance(resp, list):
+        check_eq(len(resp), 0, "%s: nothing streamed before the refusal" %
+                 what)
+
+
+# ---------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------
+
+def case_wire():
+    run.need_h2()
+    pb, _, _, _ = run.stubs()
+    with run.Server(run.tiny_model(), name="wire") as srv:
+        # Defect 1: the largest legal grpc-timeout is no deadline.
+        msg = run.gen_bytes(n=4).SerializeToString()
+        for t in ("99999999H", "99999999M", "99999999S"):
+            r = run.h2_call(srv.addr, GENERATE, msg, [("grpc-timeout", t)])
+            check_eq(r.status, 0, "grpc-timeout %s: status (%s)" %
+                     (t, r.md("grpc-message")))
+            check(any(f[0] == "data" for f in r.frames),
+                  "grpc-timeout %s: streamed" % t)
+            check(srv.proc.poll() is None, "the server died on %s" % t)
+        log("ok: grpc-timeout 99999999H/M/S streams")
+
+        # Defect 8: NUL bytes are refused, naming the field.
+        req = pb.TokenizeRequest(text="Hel\0lo world")
+        expect_invalid(raw_unary(srv, TOKENIZE, req.SerializeToString()),
+                       "text holds a NUL byte at offset 3", "Tokenize NUL")
+        req = run.gen_bytes(prompt="Hel\0lo world")
+        expect_invalid(raw_stream(srv, req.SerializeToString()),
+                       "text holds a NUL byte", "Generate NUL text")
+        req = run.gen_bytes()
+        req.stopping.stop.extend(["ok", "a\0b"])
+        expect_invalid(raw_stream(srv, req.SerializeToString()),
+                       "stopping.stop[1] holds a NUL byte", "NUL stop")
+        req = pb.GenerateRequest(chat=pb.Chat(messages=[
+            pb.ChatMessage(role="user", content="hi"),
+            pb.ChatMessage(role="assistant", content="x\0y")]))
+        expect_invalid(raw_stream(srv, req.SerializeToString()),
+                       "chat.messages[1].content holds a NUL byte",
+                       "NUL chat content")
+        # Ill-formed UTF-8 (protobuf's Python encoder refuses to write it:
+        # the bytes are edited after).
+        data = pb.TokenizeRequest(text="caf#").SerializeToString()
+        data = data.replace(b"#", b"\xff")
+        expect_invalid(raw_unary(srv, TOKENIZE, data),
+                       "text is not valid UTF-8 (at offset 3)",
+                       "Tokenize bad UTF-8")
+        log("ok: NUL bytes and bad UTF-8 refused with the field named")
+
+        # Defect 9: two `stopping` fields merge (max_tokens from one,
+        # ignore_eos from the other: exactly 3 tokens).
+        a = pb.GenerateRequest(text="hello")
+        a.stopping.max_tokens = 3
+        b = pb.GenerateRequest()
+        b.stopping.ignore_eos = True
+        b.sampling.temperature = 0
+        code, details, out = raw_stream(srv, a.SerializeToString() +
+                                        b.SerializeToString())
+        check_eq(code.name, "OK", "two stopping fields: " + details)
+        finals = [r.final for r in out if r.HasField("final")]
+        check_eq(len(finals), 1, "two stopping fields: one Final")
+        check_eq(finals[0].usage.completion_tokens, 3,
+                 "two stopping fields merged")
+        # The same oneof message twice merges too: two chat messages.
+        c1 = pb.GenerateRequest(chat=pb.Chat(messages=[
+            pb.ChatMessage(role="system", content="be brief")]))
+        c2 = pb.GenerateRequest(chat=pb.Chat(messages=[
+            pb.ChatMessage(role="user", content="hi")]))
+        one = pb.TokenizeRequest(chat=c1.chat).SerializeToString()
+        two = pb.TokenizeRequest(chat=c2.chat).SerializeToString()
+        both = pb.TokenizeRequest(chat=pb.Chat(
+            messages=list(c1.chat.messages) + list(c2.chat.messages)))
+        code, details, raw = raw_unary(srv, TOKENIZE, one + two)
+        check_eq(code.name, "OK", "two chat fields: " + details)
+        want = srv.stub().Tokenize(both).token_ids
+        check_eq(list(pb.TokenizeResponse.FromString(raw).token_ids),
+                 list(want), "two chat fields merge as one chat")
+        log("ok: repeated message fields merge as protobuf merges")
+
+        # Defect 7: the digits that show why.
+        req = run.gen_bytes()
+        req.sampling.top_p = 1.0000001
+        expect_invalid(raw_stream(srv, req.SerializeToString()),
+                       "got 1.00000012", "top_p just above 1")
+        # Defect 6: refused before any token, never mid-stream.
+        req = run.gen_bytes(n=8, ignore_eos=True)
+        req.sampling.repetition_penalty = 1e-37
+        expect_invalid(raw_stream(srv, req.SerializeToString()),
+                       "sampling.repetition_penalty", "tiny penalty")
+        req.sampling.repetition_penalty = 0.01
+        code, details, out = raw_stream(srv, req.SerializeToString())
+        check_eq(code.name, "OK", "penalty 0.01 streams: " + details)
+        # Chat roles as the proto says.
+        req = pb.GenerateRequest(chat=pb.Chat(messages=[
+            pb.ChatMessage(role="tool", content="hi")]))
+        expect_invalid(raw_stream(srv, req.SerializeToString()),
+                       "role must be system, user or assistant", "role")
+        log("ok: digits, penalty range and roles")
+        check_eq(srv.health(), "SERVING", "health after the wire cases")
+
+
+def request_counts(srv, method="Generate"):
+    m = run.scrape(srv)
+    if m is None:
+        raise Skip("prometheus_client not installed")
+    out = {}
+    for (name, labels), v in m.items():
+        d = dict(labels)
+        if name == "cinfer:request_total" and d.get("method") == method:
+            out[d["code"]] = int(v)
+    return out
+
+
+def case_accounting():
+    run.need_h2()
+    import grpc
+    srv, faults = run.faulty_server("accounting")
+    with srv:
+        before = request_counts(srv)
+        # Reset before the message arrives; half-open streams whose
+        # connection closes.
+        n_reset, n_half = 30, 10
+        c = RawH2(srv.addr)
+        for i in range(n_reset):
+            sid = 1 + 2 * i
+            c.request(sid, GENERATE, msg=None, end=False)
+            c.reset(sid)
+        c.read(1.0)
+        c.close()
+        c = RawH2(srv.addr)
+        for i in range(n_half):
+            c.request(1 + 2 * i, GENERATE, msg=None, end=False)
+        c.read(0.5)
+        c.close()
+        deadline = time.time() + 30
+        while True:
+            after = request_counts(srv)
+            cancelled = after.get("CANCELLED", 0) - before.get("CANCELLED", 0)
+            if cancelled >= n_reset + n_half or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        bad = after.get("INVALID_ARGUMENT", 0) - before.get(
+            "INVALID_ARGUMENT", 0)
+        check_eq(bad, 0, "resets counted as INVALID_ARGUMENT")
+        check(0 < cancelled <= n_reset + n_half,
+              "resets and half-open streams counted CANCELLED (%d of %d)" %
+              (cancelled, n_reset + n_half))
+        missing = [ln for ln in srv.log_lines()
+                   if "message is missing" in ln.get("detail", "")]
+        check_eq(len(missing), 0, "resets logged as requests without a "
+                 "message")
+        log("ok: %d reset or half-open calls counted CANCELLED, none "
+            "INVALID_ARGUMENT" % cancelled)
+
+        # After admission: cancelled streams and a deadline mid-stream
+        # count once each.
+        faults.set(hang_ms=20)
+        before = request_counts(srv)
+        streams = [run.Streamer(srv, run.gen_bytes(n=200, ignore_eos=True))
+                   for _ in range(3)]
+        for s in streams:
+            check(s.first.wait(60), "a stream started")
+        for s in streams:
+            s.cancel()
+        late = run.Streamer(srv, run.gen_bytes(n=200, ignore_eos=True),
+                            timeout=1.0)
+        for s in streams + [late]:
+            s.join()
+        check_eq(late.code, grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+        run.wait_engine_idle(srv, 60)
+        deadline = time.time() + 10
+        while True:
+            after = request_counts(srv)
+            d = {k: after.get(k, 0) - before.get(k, 0)
+                 for k in set(after) | set(before)}
+            if (d.get("CANCELLED", 0) >= 3 and
+                    d.get("DEADLINE_EXCEEDED", 0) >= 1) or \
+                    time.time() > deadline:
+                break
+            time.sleep(0.1)
+        check_eq(d.get("CANCELLED", 0), 3, "cancelled streams counted")
+        check_eq(d.get("DEADLINE_EXCEEDED", 0), 1, "expired stream counted")
+        check_eq(sum(d.values()), 4, "each stream counted once (%r)" % d)
+        log("ok: cancelled and expired streams counted once (%r)" % d)
+        faults.set(hang_ms=0)
+
+        # One status per call on the wire.
+        msg = run.gen_bytes(n=4).SerializeToString()
+        c = RawH2(srv.addr)
+        sids = [1 + 2 * i for i in range(20)]
+        for sid in sids:
+            c.request(sid, GENERATE, msg, metadata=[("grpc-timeout", "0n")])
+        c.read(1.5)
+        doubled = [s for s in sids if c.end_stream_headers(s) > 1]
+        check_eq(doubled, [], "grpc-timeout 0n: streams with two statuses")
+        c.close()
+        c = RawH2(srv.addr)
+        sids = [1 + 2 * i for i in range(100)]
+        for sid in sids:
+            c.request(sid, GENERATE, msg)
+            c.reset(sid)
+        c.read(2.0)
+        doubled = [s for s in sids if c.end_stream_headers(s) > 1]
+        check_eq(doubled, [], "reset streams with two statuses")
+        c.close()
+        log("ok: one status per stream (0n deadlines, resets)")
+
+        # Half-open streams at shutdown.
+        c = RawH2(srv.addr)
+        sids = [1 + 2 * i for i in range(5)]
+        for sid in sids:
+            c.request(sid, GENERATE, msg=None, end=False)
+        c.read(0.3)
+        srv.sigterm()
+        c.read(15, until_closed=True)
+        doubled = [s for s in sids if c.end_stream_headers(s) > 1]
+        check_eq(doubled, [], "half-open streams at shutdown")
+        c.close()
+        srv.wait_exit(60)
+        log("ok: half-open streams at shutdown end once")
+
+
+CASES = {
+    "wire": case_wire,
+    "accounting": case_accounting,
+}
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--server-bin", required=True)
+    ap.add_argument("--faulty-bin", default="")
+    ap.add_argument("--cli-bin", required=True)
+    ap.add_argument("--run-bin", required=True)
+    ap.add_argument("--mkmodel-bin", required=True)
+    ap.add_argument("--cudasim-bin", default="")
+    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--work", default=None)
+    ARGS = ap.parse_args()
+    run.ARGS = ARGS
+    keep = ARGS.work is not None
+    if not keep:
+        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-security-%s-" %
+                                     ARGS.case)
+    os.makedirs(ARGS.work, exist_ok=True)
+    try:
+        try:
+            import grpc  # noqa: F401
+            import grpc_tools  # noqa: F401
+        except ImportError:
+            raise Skip("grpcio / grpcio-tools not installed "
+                       "(scripts/install-deps.sh installs them)")
+        CASES[ARGS.case]()
+    except Skip as e:
+        print("SKIP: %s" % e, file=sys.stderr)
+        return SKIP
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
+              file=sys.stderr)
+        return 1
+    if not keep:
+        shutil.rmtree(ARGS.work, ignore_errors=True)
+    print("PASS: %s" % ARGS.case, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
