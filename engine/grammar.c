@@ -13,6 +13,7 @@
  */
 #include "grammar.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -853,6 +854,13 @@ struct cinfer_grammar_state {
     size_t tmp_cap;
     uint32_t *moved; /* step's copy of a stack moved past a character */
     size_t moved_cap;
+    /* mask: the position after each byte of the current token prefix */
+    struct level {
+        sset set;
+        unsigned char part[4];
+        int n_part;
+    } *lv;
+    size_t n_lv;
 };
 
 static int is_end(const cinfer_grammar *g, uint32_t pos)
@@ -1128,6 +1136,9 @@ void cinfer_grammar_state_destroy(cinfer_grammar_state *s)
     sset_free(&s->work);
     free(s->tmp);
     free(s->moved);
+    for (size_t i = 0; i < s->n_lv; i++)
+        sset_free(&s->lv[i].set);
+    free(s->lv);
     free(s);
 }
 
@@ -1207,4 +1218,203 @@ int cinfer_grammar_done(const cinfer_grammar_state *s)
         if (s->cur.len[i] != 0)
             return 0;
     return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* masks over a vocabulary                                                 */
+/* ---------------------------------------------------------------------- */
+
+struct cinfer_grammar_vocab {
+    int32_t n;
+    char *bytes;
+    uint32_t *off;   /* [n + 1] */
+    int32_t *order;  /* token ids by their bytes, ascending */
+    uint32_t *lcp;   /* [n]: bytes order[i] shares with order[i - 1] */
+    uint32_t max_len;
+};
+
+static const cinfer_grammar_vocab *sort_vocab; /* qsort's context */
+
+static int by_bytes(const void *a, const void *b)
+{
+    const cinfer_grammar_vocab *v = sort_vocab;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
+    int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y],
+                   lx < ly ? lx : ly);
+    if (c)
+        return c;
+    return lx != ly ? (lx < ly ? -1 : 1) : (x < y ? -1 : x > y);
+}
+
+cinfer_status cinfer_grammar_vocab_create(const char *bytes,
+                                          const uint32_t *off,
+                                          int32_t n_vocab,
+                                          cinfer_grammar_vocab **out)
+{
+    if (!out || !off || n_vocab < 1 || (!bytes && off[n_vocab]))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "grammar_vocab_create: bad arguments");
+    *out = NULL;
+    for (int32_t t = 0; t < n_vocab; t++)
+        if (off[t + 1] < off[t])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "grammar_vocab_create: offsets of token "
+                                    "%d run backwards",
+                                    t);
+    cinfer_grammar_vocab *v = calloc(1, sizeof *v);
+    size_t nb = off[n_vocab] - off[0];
+    if (v) {
+        v->n = n_vocab;
+        v->bytes = malloc(nb ? nb : 1);
+        v->off = malloc(((size_t)n_vocab + 1) * sizeof *v->off);
+        v->order = malloc((size_t)n_vocab * sizeof *v->order);
+        v->lcp = malloc((size_t)n_vocab * sizeof *v->lcp);
+    }
+    if (!v || !v->bytes || !v->off || !v->order || !v->lcp) {
+        cinfer_grammar_vocab_destroy(v);
+        return cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+    }
+    if (nb)
+        memcpy(v->bytes, bytes + off[0], nb);
+    for (int32_t t = 0; t <= n_vocab; t++)
+        v->off[t] = off[t] - off[0];
+    for (int32_t t = 0; t < n_vocab; t++) {
+        v->order[t] = t;
+        uint32_t len = v->off[t + 1] - v->off[t];
+        v->max_len = len > v->max_len ? len : v->max_len;
+    }
+    /* qsort has no context argument: the sort is not reentrant across
+     * threads, so creation is done under a lock */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    sort_vocab = v;
+    qsort(v->order, (size_t)n_vocab, sizeof *v->order, by_bytes);
+    sort_vocab = NULL;
+    pthread_mutex_unlock(&mu);
+    v->lcp[0] = 0;
+    for (int32_t i = 1; i < n_vocab; i++) {
+        int32_t a = v->order[i - 1], b = v->order[i];
+        uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b];
+        uint32_t k = 0, m = la < lb ? la : lb;
+        while (k < m && v->bytes[v->off[a] + k] == v->bytes[v->off[b] + k])
+            k++;
+        v->lcp[i] = k;
+    }
+    *out = v;
+    return CINFER_OK;
+}
+
+void cinfer_grammar_vocab_destroy(cinfer_grammar_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->bytes);
+    free(v->off);
+    free(v->order);
+    free(v->lcp);
+    free(v);
+}
+
+/* Level d + 1 from level d and one byte: 1 viable, 0 dead, < 0 error. */
+static int level_next(cinfer_grammar_state *s, struct level *in,
+                      unsigned char byte, struct level *out)
+{
+    unsigned char buf[4];
+    int k = in->n_part;
+    memcpy(buf, in->part, (size_t)k);
+    buf[k++] = byte;
+    int len = utf8_len(buf[0]);
+    if (!len)
+        return 0;
+    if (k < len) {
+        uint32_t lo, hi;
+        if (!prefix_range(buf, k, &lo, &hi))
+            return 0;
+        int any = 0;
+        for (size_t i = 0; i < in->set.n && !any; i++)
+            if (in->set.len[i] > 0)
+                any = match_range(s->g, in->set.pool[in->set.start[i] +
+                                                     in->set.len[i] - 1],
+                                  lo, hi);
+        if (!any)
+            return 0;
+        int r = sset_copy(&out->set, &in->set);
+        if (r)
+            return r;
+        memcpy(out->part, buf, (size_t)k);
+        out->n_part = k;
+        return 1;
+    }
+    uint32_t cp;
+    if (!utf8_decode(buf, (size_t)k, &cp))
+        return 0;
+    int r = step(s, &in->set, cp, &out->set);
+    if (r)
+        return r;
+    out->n_part = 0;
+    return out->set.n > 0;
+}
+
+int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
+                            const cinfer_grammar_vocab *v, uint8_t *allowed)
+{
+    if (s->n_lv < (size_t)v->max_len + 1) {
+        struct level *lv = realloc(s->lv, ((size_t)v->max_len + 1) *
+                                              sizeof *lv);
+        if (!lv) {
+            cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+            return -1;
+        }
+        memset(lv + s->n_lv, 0,
+               ((size_t)v->max_len + 1 - s->n_lv) * sizeof *lv);
+        s->lv = lv;
+        s->n_lv = (size_t)v->max_len + 1;
+    }
+    if (sset_copy(&s->lv[0].set, &s->cur)) {
+        cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+        return -1;
+    }
+    memcpy(s->lv[0].part, s->part, sizeof s->part);
+    s->lv[0].n_part = s->n_part;
+    /* valid: levels 0..valid hold the previous token's prefixes; dead: the
+     * previous token's prefix of this length admits nothing (0 = none) */
+    uint32_t valid = 0, dead = 0;
+    int64_t count = 0;
+    for (int32_t i = 0; i < v->n; i++) {
+        int32_t t = v->order[i];
+        const unsigned char *b = (const unsigned char *)v->bytes + v->off[t];
+        uint32_t len = v->off[t + 1] - v->off[t];
+        uint32_t common = v->lcp[i];
+        if (dead && common >= dead) {
+            allowed[t] = 0; /* it starts with the dead prefix */
+            continue;
+        }
+        dead = 0;
+        uint32_t d = common < valid ? common : valid;
+        int ok = len > 0;
+        while (ok && d < len) {
+            int r = level_next(s, &s->lv[d], b[d], &s->lv[d + 1]);
+            if (r < 0) {
+                if (r == -1)
+                    cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+                else
+                    cinfer_set_error(CINFER_E_RANGE,
+                                     "grammar: more than %d parse stacks "
+                                     "(the grammar is too ambiguous here)",
+                                     CINFER_GRAMMAR_MAX_STACKS);
+                return -1;
+            }
+            if (!r) {
+                ok = 0;
+                dead = d + 1;
+                break;
+            }
+            d++;
+        }
+        valid = d;
+        allowed[t] = (uint8_t)ok;
+        count += ok;
+    }
+    return count;
 }

@@ -99,6 +99,26 @@ int cinfer_grammar_complete(const cinfer_grammar_state *s);
 /* 1 when nothing can follow: the output must end here. */
 int cinfer_grammar_done(const cinfer_grammar_state *s);
 
+/* A vocabulary's token texts, sorted once for masking: token t's bytes
+ * are bytes[off[t] .. off[t + 1]) (off has n_vocab + 1 entries; the bytes
+ * are copied). Immutable; may be shared by threads. */
+typedef struct cinfer_grammar_vocab cinfer_grammar_vocab;
+cinfer_status cinfer_grammar_vocab_create(const char *bytes,
+                                          const uint32_t *off,
+                                          int32_t n_vocab,
+                                          cinfer_grammar_vocab **out);
+void cinfer_grammar_vocab_destroy(cinfer_grammar_vocab *v);
+
+/* allowed[t] = 1 for every token the output may continue with
+ * (cinfer_grammar_allows of its bytes), else 0; a token of no bytes gets 0
+ * (end-of-generation tokens are the caller's: allowed when
+ * cinfer_grammar_complete). Tokens sharing a prefix share its work (the
+ * vocabulary is walked in sorted order), so a mask costs about the
+ * distinct prefixes the grammar lets through. Returns how many are
+ * allowed, or -1 (CINFER_E_NOMEM / CINFER_E_RANGE set) on failure. */
+int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
+                            const cinfer_grammar_vocab *v, uint8_t *allowed);
+
 #ifdef __cplusplus
 }
 #endif

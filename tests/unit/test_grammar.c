@@ -6,11 +6,16 @@
  * right recursion kept, the bounds a client's grammar meets, an output
  * nested ten thousand deep, and mutated grammars that never crash.
  */
+#include "engine/gguf.h"
 #include "engine/grammar.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
 #include "harness.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static cinfer_grammar *compile(const char *src)
 {
@@ -302,6 +307,168 @@ static void test_mutations_never_crash(void)
     free(buf);
 }
 
+/* The mask over a vocabulary equals cinfer_grammar_allows token by
+ * token, at every position of a JSON output: tokens that share prefixes,
+ * repeat, are empty, or end inside a character. */
+static void test_mask_equals_allows(void)
+{
+    cinfer_grammar *g = compile(json_gbnf);
+    if (!g)
+        return;
+    static const char *fixed[] = {
+        "{", "{\"", "\"", "\":", ": ", ",", ", \"", "}", "]", "[", "[1",
+        "true", "tr", "t", "null", "nul", "-", "-0", "0.", "0.5", "12",
+        " ", "\n", "  ", "a", "ab", "abc", "\\", "\\n", "\xc3",
+        "\xc3\xa9", "\xa9", "\xe2\x82", "\xe2\x82\xac", "\xff",
+        "\"}", "\"]", "1}", "e", "", "{\"a\"", "caf\xc3\xa9",
+    };
+    enum { N_FIXED = sizeof fixed / sizeof fixed[0], N = N_FIXED + 600 };
+    char *bytes = malloc(N * 8);
+    uint32_t off[N + 1];
+    uint32_t used = 0;
+    uint64_t x = 12345;
+    for (int t = 0; t < N; t++) {
+        off[t] = used;
+        if (t < N_FIXED) {
+            size_t l = strlen(fixed[t]);
+            memcpy(bytes + used, fixed[t], l);
+            used += (uint32_t)l;
+        } else {
+            /* random fragments from JSON's alphabet, UTF-8 lead and
+             * continuation bytes included */
+            static const char alpha[] = "{}[]\",: 0123456789-.truefalsn\\a"
+                                        "\xc3\xa9\xe2\x82\xac";
+            int l = 1 + (int)(x % 5);
+            for (int k = 0; k < l; k++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                bytes[used++] = alpha[x % (sizeof alpha - 1)];
+            }
+        }
+    }
+    off[N] = used;
+    cinfer_grammar_vocab *v = NULL;
+    CHECK_OK(cinfer_grammar_vocab_create(bytes, off, N, &v));
+    cinfer_grammar_state *s = NULL;
+    CHECK_OK(cinfer_grammar_state_create(g, &s));
+    const char *out = "{\"k\": [1, \"caf\xc3\xa9\", {\"z\": null}], \"b\": -0.5}";
+    uint8_t *mask = malloc(N);
+    int positions = 0, mismatches = 0;
+    for (size_t i = 0; s && v && i <= strlen(out); i++) {
+        int64_t n_ok = cinfer_grammar_mask(s, v, mask);
+        CHECK(n_ok >= 0);
+        int64_t count = 0;
+        for (int t = 0; t < N; t++) {
+            size_t l = off[t + 1] - off[t];
+            int want = l > 0 && cinfer_grammar_allows(s, bytes + off[t], l);
+            mismatches += mask[t] != want;
+            count += mask[t];
+        }
+        CHECK_EQ_INT(count, n_ok);
+        positions++;
+        if (i < strlen(out))
+            CHECK_OK(cinfer_grammar_accept(s, out + i, 1));
+    }
+    CHECK_EQ_INT(mismatches, 0);
+    CHECK(s && cinfer_grammar_complete(s));
+    fprintf(stderr, "  %d positions x %d tokens: mask = allows\n", positions,
+            N);
+    free(mask);
+    cinfer_grammar_state_destroy(s);
+    cinfer_grammar_vocab_destroy(v);
+    free(bytes);
+    cinfer_grammar_destroy(g);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The default model's 49,152 byte-level tokens under the JSON grammar:
+ * the mask equals allows on every token at a few positions, lets "{" and
+ * "[" open a value and refuses prose. Its time is printed (what it costs
+ * is bench's to judge, not a test's). */
+static void test_mask_on_the_default_vocabulary(void)
+{
+    const char *path = cinfer_model_default_path();
+    cinfer_gguf_params gp = cinfer_gguf_default_params();
+    gp.path = path;
+    cinfer_gguf *gf = NULL;
+    CHECK_OK(cinfer_gguf_create(&gp, &gf));
+    cinfer_tokenizer_params tp = cinfer_tokenizer_default_params();
+    tp.gguf = gf;
+    cinfer_tokenizer *tk = NULL;
+    if (gf)
+        CHECK_OK(cinfer_tokenizer_create(&tp, &tk));
+    cinfer_grammar *g = compile(json_gbnf);
+    if (!tk || !g) {
+        cinfer_grammar_destroy(g);
+        cinfer_tokenizer_destroy(tk);
+        cinfer_gguf_destroy(gf);
+        return;
+    }
+    int32_t V = cinfer_tokenizer_n_vocab(tk);
+    uint32_t *off = malloc(((size_t)V + 1) * sizeof *off);
+    size_t cap = 1 << 20, used = 0;
+    char *bytes = malloc(cap);
+    for (int32_t t = 0; t < V; t++) {
+        const char *b;
+        size_t l;
+        CHECK_OK(cinfer_tokenizer_token_piece(tk, t, &b, &l));
+        if (used + l > cap) {
+            cap = 2 * (used + l);
+            bytes = realloc(bytes, cap);
+        }
+        memcpy(bytes + used, b, l);
+        off[t] = (uint32_t)used;
+        used += l;
+    }
+    off[V] = (uint32_t)used;
+    cinfer_grammar_vocab *v = NULL;
+    CHECK_OK(cinfer_grammar_vocab_create(bytes, off, V, &v));
+    cinfer_grammar_state *s = NULL;
+    CHECK_OK(cinfer_grammar_state_create(g, &s));
+    uint8_t *mask = malloc((size_t)V);
+    const char *prefixes[] = {"", "{\"na", "{\"name\": [1, 2", "{\"a\": \"x"};
+    for (size_t p = 0; s && v && p < 4; p++) {
+        cinfer_grammar_state *q = NULL;
+        CHECK_OK(cinfer_grammar_state_create(g, &q));
+        CHECK_OK(cinfer_grammar_accept(q, prefixes[p], strlen(prefixes[p])));
+        double t0 = now_s();
+        int64_t n_ok = cinfer_grammar_mask(q, v, mask);
+        double ms = (now_s() - t0) * 1e3;
+        int mismatches = 0;
+        for (int32_t t = 0; t < V; t++) {
+            size_t l = off[t + 1] - off[t];
+            int want = l > 0 && cinfer_grammar_allows(q, bytes + off[t], l);
+            mismatches += mask[t] != want;
+        }
+        CHECK_EQ_INT(mismatches, 0);
+        fprintf(stderr, "  after \"%s\": %lld of %d tokens allowed, mask "
+                        "%.1f ms\n",
+                prefixes[p], (long long)n_ok, V, ms);
+        if (p == 0) {
+            int32_t open = cinfer_tokenizer_token_id(tk, "{", 1);
+            int32_t hello = cinfer_tokenizer_token_id(tk, "Hello", 5);
+            CHECK(open >= 0 && mask[open]);
+            CHECK(hello >= 0 && !mask[hello]);
+        }
+        cinfer_grammar_state_destroy(q);
+    }
+    free(mask);
+    cinfer_grammar_state_destroy(s);
+    cinfer_grammar_vocab_destroy(v);
+    free(bytes);
+    free(off);
+    cinfer_grammar_destroy(g);
+    cinfer_tokenizer_destroy(tk);
+    cinfer_gguf_destroy(gf);
+}
+
 int main(void)
 {
     RUN(test_alternatives_and_completion);
@@ -313,5 +480,13 @@ int main(void)
     RUN(test_deep_output);
     RUN(test_limits);
     RUN(test_mutations_never_crash);
+    RUN(test_mask_equals_allows);
+    const char *dm = cinfer_model_default_path();
+    if (dm[0] && access(dm, R_OK) == 0) {
+        RUN(test_mask_on_the_default_vocabulary);
+    } else {
+        fprintf(stderr, "  no default model: its vocabulary's mask not "
+                        "checked\n");
+    }
     return harness_done();
 }
