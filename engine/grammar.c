@@ -861,7 +861,17 @@ struct cinfer_grammar_state {
         int n_part;
     } *lv;
     size_t n_lv;
+    /* mask: level_next's results by (level, byte); they depend on the
+     * grammar alone, so they stay valid from mask to mask */
+    struct memo {
+        uint64_t key;
+        int used, viable;
+        unsigned char byte;
+        struct level in, out;
+    } *memo;
 };
+
+#define MEMO_SLOTS 1024 /* a power of two */
 
 static int is_end(const cinfer_grammar *g, uint32_t pos)
 {
@@ -1139,6 +1149,11 @@ void cinfer_grammar_state_destroy(cinfer_grammar_state *s)
     for (size_t i = 0; i < s->n_lv; i++)
         sset_free(&s->lv[i].set);
     free(s->lv);
+    for (size_t i = 0; s->memo && i < MEMO_SLOTS; i++) {
+        sset_free(&s->memo[i].in.set);
+        sset_free(&s->memo[i].out.set);
+    }
+    free(s->memo);
     free(s);
 }
 
@@ -1316,8 +1331,69 @@ void cinfer_grammar_vocab_destroy(cinfer_grammar_vocab *v)
     free(v);
 }
 
-/* Level d + 1 from level d and one byte: 1 viable, 0 dead, < 0 error. */
+static int same_level(const struct level *a, const struct level *b)
+{
+    if (a->n_part != b->n_part || a->set.n != b->set.n ||
+        a->set.used != b->set.used ||
+        memcmp(a->part, b->part, (size_t)a->n_part) != 0)
+        return 0;
+    for (size_t i = 0; i < a->set.n; i++)
+        if (a->set.hash[i] != b->set.hash[i] || a->set.len[i] != b->set.len[i])
+            return 0;
+    return memcmp(a->set.pool, b->set.pool, a->set.used * sizeof(uint32_t)) ==
+           0;
+}
+
+static int copy_level(struct level *dst, const struct level *src)
+{
+    int r = sset_copy(&dst->set, &src->set);
+    memcpy(dst->part, src->part, sizeof dst->part);
+    dst->n_part = src->n_part;
+    return r;
+}
+
+static int level_step(cinfer_grammar_state *s, struct level *in,
+                      unsigned char byte, struct level *out);
+
+/* Level d + 1 from level d and one byte: 1 viable, 0 dead, < 0 error.
+ * Memoized: inside a string most bytes take a level to the same next one
+ * (often itself), and the sorted walk meets those levels again and
+ * again. */
 static int level_next(cinfer_grammar_state *s, struct level *in,
+                      unsigned char byte, struct level *out)
+{
+    if (!s->memo) {
+        s->memo = calloc(MEMO_SLOTS, sizeof *s->memo);
+        if (!s->memo)
+            return level_step(s, in, byte, out);
+    }
+    uint64_t key = 1469598103934665603ull ^ byte;
+    for (size_t i = 0; i < in->set.n; i++)
+        key = (key ^ in->set.hash[i]) * 1099511628211ull;
+    for (int i = 0; i < in->n_part; i++)
+        key = (key ^ in->part[i]) * 1099511628211ull;
+    key ^= (uint64_t)in->n_part << 56;
+    struct memo *m = &s->memo[(key ^ (key >> 29)) & (MEMO_SLOTS - 1)];
+    if (m->used && m->key == key && m->byte == byte && same_level(&m->in, in)) {
+        if (!m->viable)
+            return 0;
+        return copy_level(out, &m->out) ? -1 : 1;
+    }
+    int r = level_step(s, in, byte, out);
+    if (r < 0)
+        return r;
+    m->used = 0;
+    if (copy_level(&m->in, in) == 0 &&
+        (!r || copy_level(&m->out, out) == 0)) {
+        m->used = 1;
+        m->key = key;
+        m->byte = byte;
+        m->viable = r;
+    }
+    return r;
+}
+
+static int level_step(cinfer_grammar_state *s, struct level *in,
                       unsigned char byte, struct level *out)
 {
     unsigned char buf[4];
