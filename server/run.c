@@ -110,6 +110,7 @@ typedef struct {
     long unhealthy_after_faults;
     const char *metrics_listen;
     int metrics_listen_given;
+    cinfer_server_conn_limits conn; /* connection and stream limits */
 } config;
 
 /* One row per flag: its name, environment variable, argument and help. */
@@ -273,6 +274,37 @@ static const flag_doc flags[] = {
     {"unhealthy-after-faults", "CINFER_UNHEALTHY_AFTER_FAULTS", "N",
      "health NOT_SERVING after N device faults in a row, until the engine "
      "serves again (default 5, 0 = off)"},
+    {"max-concurrent-streams", "CINFER_MAX_CONCURRENT_STREAMS", "N",
+     "streams per connection, advertised in SETTINGS; more are refused "
+     "(default 100, 0 = no limit)"},
+    {"max-connection-idle-ms", "CINFER_MAX_CONNECTION_IDLE_MS", "MS",
+     "a connection without calls (one that only sent its HTTP/2 preface "
+     "too) is sent GOAWAY after this long (default 300000, 0 = never)"},
+    {"max-connection-age-ms", "CINFER_MAX_CONNECTION_AGE_MS", "MS",
+     "a connection this old is sent GOAWAY, so that a mesh or load "
+     "balancer can rebalance (default 0 = no limit)"},
+    {"max-connection-age-grace-ms", "CINFER_MAX_CONNECTION_AGE_GRACE_MS",
+     "MS",
+     "then its running calls get this long before it is closed (default "
+     "30000, 0 = as long as they take)"},
+    {"keepalive-min-ping-interval-ms",
+     "CINFER_KEEPALIVE_MIN_PING_INTERVAL_MS", "MS",
+     "client pings closer together than this, with no data between, are "
+     "strikes (default 10000, 0 = any interval)"},
+    {"keepalive-max-ping-strikes", "CINFER_KEEPALIVE_MAX_PING_STRIKES", "N",
+     "strikes before the connection gets GOAWAY ENHANCE_YOUR_CALM (default "
+     "2, 0 = never)"},
+    {"max-header-list-bytes", "CINFER_MAX_HEADER_LIST_BYTES", "N",
+     "request metadata per call; a larger header list is refused (default "
+     "16384, 0 = gRPC's)"},
+    {"handshake-timeout-ms", "CINFER_HANDSHAKE_TIMEOUT_MS", "MS",
+     "from accept to the client's HTTP/2 SETTINGS (the TLS handshake "
+     "included); slower connections are closed (default 10000, 0 = "
+     "gRPC's)"},
+    {"receive-timeout-ms", "CINFER_RECEIVE_TIMEOUT_MS", "MS",
+     "from a call's headers to its request message (a half-open stream); "
+     "past it the call ends with DEADLINE_EXCEEDED (default 30000, 0 = "
+     "none)"},
 };
 #define N_FLAGS (int)(sizeof flags / sizeof flags[0])
 
@@ -371,6 +403,36 @@ static int parse_device(const char *s, device_kind *kind, int *ordinal)
     if (s[4] != ':' || !parse_long(s + 5, 0, 1023, &n))
         return 0;
     *ordinal = (int)n;
+    return 1;
+}
+
+/* The connection limit flags: their field in cinfer_server_conn_limits. */
+static int apply_conn_limit(cinfer_server_conn_limits *l, const char *name,
+                            const char *v)
+{
+    long n;
+    if (!parse_long(v, 0, INT32_MAX, &n))
+        return 0;
+    if (strcmp(name, "max-concurrent-streams") == 0)
+        l->max_concurrent_streams = (int)n;
+    else if (strcmp(name, "max-connection-idle-ms") == 0)
+        l->max_connection_idle_ms = n;
+    else if (strcmp(name, "max-connection-age-ms") == 0)
+        l->max_connection_age_ms = n;
+    else if (strcmp(name, "max-connection-age-grace-ms") == 0)
+        l->max_connection_age_grace_ms = n;
+    else if (strcmp(name, "keepalive-min-ping-interval-ms") == 0)
+        l->min_ping_interval_ms = n;
+    else if (strcmp(name, "keepalive-max-ping-strikes") == 0)
+        l->max_ping_strikes = (int)n;
+    else if (strcmp(name, "max-header-list-bytes") == 0)
+        l->max_header_list_bytes = (int)n;
+    else if (strcmp(name, "handshake-timeout-ms") == 0)
+        l->handshake_timeout_ms = n;
+    else if (strcmp(name, "receive-timeout-ms") == 0)
+        l->receive_timeout_ms = n;
+    else
+        return 0;
     return 1;
 }
 
@@ -504,6 +566,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_double(v, 0, 1e9, &cfg->watchdog_timeout_s);
     } else if (strcmp(name, "unhealthy-after-faults") == 0) {
         ok = parse_long(v, 0, 1L << 30, &cfg->unhealthy_after_faults);
+    } else {
+        ok = apply_conn_limit(&cfg->conn, name, v);
     }
     if (!ok)
         fprintf(stderr, "cinfer-server: bad value '%s' for %s%s%s\n", v, from,
@@ -611,6 +675,7 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
     sp->watchdog_ms = (int64_t)(cfg->watchdog_timeout_s * 1000.0);
     sp->unhealthy_after_faults = (int)cfg->unhealthy_after_faults;
     sp->prefix_cache = (int)cfg->prefix_cache;
+    sp->conn = cfg->conn;
 
     cinfer_admission_params *ap = &sp->admission;
     ap->global.rate_per_s = cfg->rate_limit_qps;
@@ -848,6 +913,7 @@ int cinfer_server_main(int argc, char **argv,
         .watchdog_timeout_s = (double)defaults.watchdog_ms / 1000.0,
         .unhealthy_after_faults = defaults.unhealthy_after_faults,
         .metrics_listen = "127.0.0.1:9090",
+        .conn = defaults.conn,
     };
 
     /* Environment first, flags override. CINFER_MODEL is also what

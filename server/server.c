@@ -93,7 +93,56 @@ cinfer_server_params cinfer_server_default_params(void)
     p.watchdog_ms = 30000;
     p.unhealthy_after_faults = 5;
     p.prefix_cache = 1;
+    p.conn.max_concurrent_streams = 100;
+    p.conn.max_connection_idle_ms = 300000;
+    p.conn.max_connection_age_ms = 0;
+    p.conn.max_connection_age_grace_ms = 30000;
+    p.conn.min_ping_interval_ms = 10000;
+    p.conn.max_ping_strikes = 2;
+    p.conn.max_header_list_bytes = 16384;
+    p.conn.handshake_timeout_ms = 10000;
+    p.conn.receive_timeout_ms = 30000;
     return p;
+}
+
+/* gRPC core's channel arguments for the listening port. */
+static size_t channel_args(const cinfer_server_params *sp, grpc_arg *a)
+{
+    size_t n = 0;
+#define ARG_INT(name, v)                                                       \
+    do {                                                                       \
+        a[n].type = GRPC_ARG_INTEGER;                                          \
+        a[n].key = (char *)(name);                                               \
+        a[n].value.integer = (int)(v);                                         \
+        n++;                                                                   \
+    } while (0)
+    const cinfer_server_conn_limits *l = &sp->conn;
+    ARG_INT(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, sp->max_receive_message_bytes);
+    ARG_INT(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    /* The server enforces deadlines (see the top of this file). */
+    ARG_INT(GRPC_ARG_ENABLE_DEADLINE_CHECKS, 0);
+    if (l->max_concurrent_streams > 0)
+        ARG_INT(GRPC_ARG_MAX_CONCURRENT_STREAMS, l->max_concurrent_streams);
+    if (l->max_connection_idle_ms > 0)
+        ARG_INT(GRPC_ARG_MAX_CONNECTION_IDLE_MS, l->max_connection_idle_ms);
+    if (l->max_connection_age_ms > 0) {
+        ARG_INT(GRPC_ARG_MAX_CONNECTION_AGE_MS, l->max_connection_age_ms);
+        ARG_INT(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                l->max_connection_age_grace_ms > 0
+                    ? l->max_connection_age_grace_ms
+                    : INT32_MAX);
+    }
+    ARG_INT(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+            l->min_ping_interval_ms);
+    ARG_INT(GRPC_ARG_HTTP2_MAX_PING_STRIKES, l->max_ping_strikes);
+    /* Clients' keepalive pings between calls are fine at the interval. */
+    ARG_INT(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    if (l->max_header_list_bytes > 0)
+        ARG_INT(GRPC_ARG_MAX_METADATA_SIZE, l->max_header_list_bytes);
+    if (l->handshake_timeout_ms > 0)
+        ARG_INT(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, l->handshake_timeout_ms);
+#undef ARG_INT
+    return n;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -164,6 +213,7 @@ static srv_call *call_new(cinfer_server *s, srv_worker *w)
     c->state = CALL_ACCEPTING;
     atomic_init(&c->refs, 0);
     atomic_init(&c->core_ended, 0);
+    atomic_init(&c->recv_expired, 0);
     pthread_mutex_init(&c->mu, NULL);
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->request_md);
@@ -171,6 +221,85 @@ static srv_call *call_new(cinfer_server *s, srv_worker *w)
     s->calls_live++;
     pthread_mutex_unlock(&s->mu);
     return c;
+}
+
+/* ---- the wait for the first message (conn.receive_timeout_ms) ---- */
+
+static void recv_unlist_locked(srv_call *c)
+{
+    cinfer_server *s = c->srv;
+    if (!c->recv_listed)
+        return;
+    if (c->rprev)
+        c->rprev->rnext = c->rnext;
+    else
+        s->recv_list = c->rnext;
+    if (c->rnext)
+        c->rnext->rprev = c->rprev;
+    c->rnext = c->rprev = NULL;
+    c->recv_listed = 0;
+}
+
+static void recv_list(srv_call *c)
+{
+    cinfer_server *s = c->srv;
+    int64_t t = s->params.conn.receive_timeout_ms;
+    if (t <= 0)
+        return;
+    pthread_mutex_lock(&s->mu);
+    c->recv_deadline_ns = c->start_ns + cinfer_ms_to_ns(t);
+    c->rprev = NULL;
+    c->rnext = s->recv_list;
+    if (s->recv_list)
+        s->recv_list->rprev = c;
+    s->recv_list = c;
+    c->recv_listed = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void recv_unlist(srv_call *c)
+{
+    cinfer_server *s = c->srv;
+    pthread_mutex_lock(&s->mu);
+    recv_unlist_locked(c);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A reference for a call found on a list under s->mu; 0 when its last one
+ * is gone (call_free waits for s->mu to take it off). */
+static int ref_listed(srv_call *c)
+{
+    int r = atomic_load(&c->refs);
+    while (r > 0 && !atomic_compare_exchange_weak(&c->refs, &r, r + 1)) {
+    }
+    return r > 0;
+}
+
+void cinfer_server_expire_receives(cinfer_server *s, int64_t now_ns)
+{
+    srv_call *due[64];
+    size_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (srv_call *c = s->recv_list; c && n < 64;) {
+        srv_call *next = c->rnext;
+        if (now_ns >= c->recv_deadline_ns) {
+            recv_unlist_locked(c);
+            if (ref_listed(c))
+                due[n++] = c;
+        }
+        c = next;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        srv_call *c = due[i];
+        atomic_store(&c->recv_expired, 1);
+        char msg[96];
+        snprintf(msg, sizeof msg, "no request message within %lld ms",
+                 (long long)s->params.conn.receive_timeout_ms);
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_DEADLINE_EXCEEDED,
+                                     msg, NULL);
+        cinfer_call_unref(c);
+    }
 }
 
 /* The one function that frees a call: runs when its last reference goes,
@@ -181,6 +310,7 @@ static void call_free(srv_call *c)
     /* Off the lists first, so nobody walking them (health notify, abort)
      * can reach the call while it is taken apart. */
     pthread_mutex_lock(&s->mu);
+    recv_unlist_locked(c);
     if (c->listed) {
         int gen = c->method && c->method->kind == RPC_GENERATE;
         srv_call **head = gen ? &s->generate_list : &s->watch_list;
@@ -398,8 +528,9 @@ void cinfer_call_count_ended(srv_call *c)
 {
     if (c->counted)
         return;
-    cinfer_status st =
-        deadline_passed(c) ? CINFER_E_TIMEOUT : CINFER_E_CANCELLED;
+    cinfer_status st = deadline_passed(c) || atomic_load(&c->recv_expired)
+                           ? CINFER_E_TIMEOUT
+                           : CINFER_E_CANCELLED;
     count_status(c, st, NULL);
     cinfer_log_line l;
     if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "call ended by the client",
@@ -651,6 +782,7 @@ static void dispatch(srv_call *c)
             return;
         }
     }
+    recv_list(c);
     cinfer_call_recv(c);
 }
 
@@ -666,6 +798,8 @@ static void on_step(srv_call *c, int ok)
     case CALL_RECEIVING: {
         grpc_byte_buffer *msg = c->recv_buf;
         c->recv_buf = NULL;
+        if (c->srv->params.conn.receive_timeout_ms > 0)
+            recv_unlist(c);
         if (!ok && msg) {
             grpc_byte_buffer_destroy(msg);
             msg = NULL;
@@ -858,6 +992,21 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "max_request_time_ms, watchdog_ms and "
                                 "unhealthy_after_faults must be >= 0");
+    const cinfer_server_conn_limits *cl = &sp.conn;
+    const int64_t lims[] = {cl->max_concurrent_streams,
+                            cl->max_connection_idle_ms,
+                            cl->max_connection_age_ms,
+                            cl->max_connection_age_grace_ms,
+                            cl->min_ping_interval_ms,
+                            cl->max_ping_strikes,
+                            cl->max_header_list_bytes,
+                            cl->handshake_timeout_ms,
+                            cl->receive_timeout_ms};
+    for (size_t i = 0; i < sizeof lims / sizeof lims[0]; i++)
+        if (lims[i] < 0 || lims[i] > INT32_MAX)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "connection limits must be in [0, %d]",
+                                    INT32_MAX);
 
     cinfer_server *s = calloc(1, sizeof *s);
     if (!s)
@@ -917,19 +1066,9 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
 
     gpr_set_log_function(grpc_log_to_json);
     grpc_init();
-    grpc_arg args[3];
+    grpc_arg args[16];
     memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = sp.max_receive_message_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
-    args[1].value.integer = 0;
-    /* The server enforces deadlines (see the top of this file). */
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_ENABLE_DEADLINE_CHECKS;
-    args[2].value.integer = 0;
-    grpc_channel_args ch_args = {3, args};
+    grpc_channel_args ch_args = {channel_args(&sp, args), args};
     s->grpc = grpc_server_create(&ch_args, NULL);
     if (!s->grpc) {
         st = cinfer_set_error(CINFER_E_INTERNAL, "grpc_server_create failed");

@@ -56,6 +56,34 @@ extern "C" {
 
 typedef struct cinfer_server cinfer_server;
 
+/* Connection and stream limits, gRPC core's channel arguments on the
+ * listening port (and the server's own receive timeout). 0 = no limit
+ * (gRPC core's default) unless noted; cinfer_server_default_params sets
+ * the safe defaults README.md lists. */
+typedef struct {
+    int max_concurrent_streams;     /* streams per connection, advertised in
+                                       SETTINGS; more are refused by the
+                                       transport (REFUSED_STREAM) */
+    int64_t max_connection_idle_ms; /* a connection without calls for this
+                                       long is sent GOAWAY (a connection
+                                       that only sent its preface too) */
+    int64_t max_connection_age_ms;  /* a connection this old is sent
+                                       GOAWAY, so a mesh can rebalance */
+    int64_t max_connection_age_grace_ms; /* then its calls get this long
+                                       before it is closed */
+    int64_t min_ping_interval_ms;   /* pings closer than this (with no
+                                       data between) are strikes */
+    int max_ping_strikes;           /* strikes before GOAWAY
+                                       (ENHANCE_YOUR_CALM); 0 = never */
+    int max_header_list_bytes;      /* request metadata per call; larger is
+                                       refused */
+    int64_t handshake_timeout_ms;   /* from accept to the client's HTTP/2
+                                       SETTINGS (and the TLS handshake) */
+    int64_t receive_timeout_ms;     /* from accept to the call's request
+                                       message; past it the call ends with
+                                       DEADLINE_EXCEEDED */
+} cinfer_server_conn_limits;
+
 typedef struct {
     const char *listen;             /* "HOST:PORT" ("[::1]:PORT" for IPv6);
                                        port 0 = a free port (see
@@ -90,6 +118,7 @@ typedef struct {
     int prefix_cache;               /* the engine reuses prompt prefixes
                                        (the idle service-time bound then
                                        assumes a cached prompt) */
+    cinfer_server_conn_limits conn; /* connection and stream limits */
     cinfer_metrics *metrics;        /* borrowed, outlives the server; the
                                        server records into it and installs
                                        its collector; NULL = none */

@@ -120,6 +120,11 @@ struct srv_call {
                                     cancelled, the deadline passed): no
                                     status of ours may follow */
     int counted;                 /* its outcome is in the metrics (once) */
+    int recv_listed;             /* on srv->recv_list, waiting for its
+                                    first message (srv->mu) */
+    int64_t recv_deadline_ns;    /* when that wait ends it */
+    atomic_int recv_expired;     /* ended for it (DEADLINE_EXCEEDED) */
+    srv_call *rnext, *rprev;     /* srv->recv_list links (srv->mu) */
     int initial_md_sent;
     int accepted;                /* counted in calls_open */
     int listed;                  /* on srv->generate_list / watch_list */
@@ -214,6 +219,8 @@ struct cinfer_server {
     uint64_t calls_total;
     srv_call *generate_list;
     srv_call *watch_list;
+    srv_call *recv_list;         /* calls waiting for their first message
+                                    (conn.receive_timeout_ms) */
     int shutdown_done;
     char shutdown_tag;           /* its address tags the shutdown event */
     atomic_ullong next_request_seq;
@@ -345,6 +352,11 @@ void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns);
 /* 1 when health is SERVING: attached, not draining, the engine neither
  * stuck nor faulted. */
 int cinfer_server_healthy(const cinfer_server *s);
+
+/* Ends the calls that waited longer than conn.receive_timeout_ms for
+ * their request message, with DEADLINE_EXCEEDED (the watchdog calls it;
+ * server.c). */
+void cinfer_server_expire_receives(cinfer_server *s, int64_t now_ns);
 
 /* Watchdog (watchdog.c): started by attach, stopped by destroy before the
  * server lets the engine go. */

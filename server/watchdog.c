@@ -25,6 +25,8 @@
  *     the state and replaces the replica;
  *   - queued Generate calls are re-checked against the shedder (their
  *     deadline, CoDel), which may shed them (generate.c);
+ *   - calls still waiting for their request message after the receive
+ *     timeout (half-open streams) are ended (server.c);
  *   - a change of health is told to Health.Watch streams.
  *
  * The thread owns the probe's engine request: stop cancels it and waits
@@ -193,6 +195,7 @@ static void *watchdog_main(void *arg)
         }
 
         cinfer_generate_check_queued(s, now);
+        cinfer_server_expire_receives(s, now);
 
         int healthy = cinfer_server_healthy(s);
         if (healthy != s->health_reported) {

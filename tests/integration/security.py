@@ -408,9 +408,136 @@ def case_accounting():
         log("ok: half-open streams at shutdown end once")
 
 
+FRAME_PING, FRAME_GOAWAY = 6, 7
+ENHANCE_YOUR_CALM = 0xb
+
+
+def goaway_after(c, seconds):
+    """Reads until a GOAWAY comes (or `seconds` pass): the time it took,
+    or None."""
+    t0 = time.time()
+    while time.time() - t0 < seconds and not c.closed:
+        n = len(c.frames)
+        c.read(0.05)
+        if any(f[0] == FRAME_GOAWAY for f in c.frames[n:]):
+            return time.time() - t0
+    return None
+
+
+def case_limits():
+    run.need_h2()
+    import grpc
+    flags = ["--max-concurrent-streams", "3",
+             "--max-connection-idle-ms", "1000",
+             "--receive-timeout-ms", "1000",
+             "--keepalive-min-ping-interval-ms", "10000",
+             "--keepalive-max-ping-strikes", "2",
+             "--max-header-list-bytes", "8192"]
+    srv, faults = run.faulty_server("limits", extra=flags)
+    with srv:
+        # MAX_CONCURRENT_STREAMS advertised.
+        c = RawH2(srv.addr)
+        c.read(0.3)
+        check_eq(c.conn.remote_settings.max_concurrent_streams, 3,
+                 "SETTINGS_MAX_CONCURRENT_STREAMS")
+        # A half-open stream ends at the receive timeout.
+        before = request_counts(srv)
+        c.request(1, GENERATE, msg=None, end=False)
+        t0 = time.time()
+        while time.time() - t0 < 15 and c.end_stream_headers(1) == 0:
+            c.read(0.05)
+        took = time.time() - t0
+        check_eq(c.end_stream_headers(1), 1, "the half-open stream ended")
+        check(0.8 < took < 10, "ended at the receive timeout (%.2f s)" %
+              took)
+        c.close()
+        after = request_counts(srv)
+        check_eq(after.get("DEADLINE_EXCEEDED", 0) -
+                 before.get("DEADLINE_EXCEEDED", 0), 1,
+                 "counted DEADLINE_EXCEEDED")
+        log("ok: 3 streams advertised; a half-open stream ended after "
+            "%.2f s" % took)
+
+        # An idle connection (preface and SETTINGS only) gets GOAWAY at
+        # its idle timeout.
+        c = RawH2(srv.addr)
+        took = goaway_after(c, 15)
+        check(took is not None, "no GOAWAY on an idle connection")
+        check(0.8 < took < 10, "GOAWAY at the idle timeout (%.2f s)" % took)
+        c.close()
+        log("ok: an idle connection got GOAWAY after %.2f s" % took)
+
+        # A ping flood ends in GOAWAY ENHANCE_YOUR_CALM.
+        # (Pings one by one, reading between them: a server that closes
+        # the socket with pings unread makes the kernel reset it, which
+        # may drop the GOAWAY before the client reads it.)
+        c = RawH2(srv.addr)
+        c.read(0.2)
+        sent = 0
+        goaway = None
+        while sent < 20 and goaway is None and not c.closed:
+            c.conn.ping(struct.pack(">Q", sent))
+            c.flush()
+            sent += 1
+            goaway = goaway_after(c, 0.3)
+        check(goaway is not None, "no GOAWAY after %d pings" % sent)
+        ga = [f for f in c.frames if f[0] == FRAME_GOAWAY]
+        check(ga, "no GOAWAY frame")
+        c.close()
+        log("ok: a ping flood got GOAWAY after %d pings" % sent)
+
+        # A header list over the limit is refused (once the client has
+        # acknowledged the SETTINGS that carry it; gRPC core then ends the
+        # connection); the server goes on serving others.
+        c = RawH2(srv.addr)
+        c.read(0.3)
+        c.request(1, GENERATE, run.gen_bytes(n=2).SerializeToString(),
+                  metadata=[("x-big", "a" * 12000)])
+        t0 = time.time()
+        while time.time() - t0 < 15 and not c.closed and \
+                c.end_stream_headers(1) == 0 and \
+                not any(t in (FRAME_RST, FRAME_GOAWAY) for t, f, s in c.frames):
+            c.read(0.05)
+        big_data = sum(1 for t, f, s in c.frames if s == 1 and
+                       t == FRAME_DATA)
+        check_eq(big_data, 0, "a 12 KB header list was served")
+        c.close()
+        r = run.h2_call(srv.addr, GENERATE,
+                        run.gen_bytes(n=2).SerializeToString(),
+                        [("x-small", "a" * 1000)], timeout=15)
+        check_eq(r.status, 0, "a 1 KB header list is served")
+        check_eq(srv.health(), "SERVING", "health after the big header")
+        log("ok: a 12 KB header list refused, a 1 KB one served")
+
+    # Connection age: GOAWAY on a connection with a running stream, which
+    # still finishes within the grace period.
+    srv, faults = run.faulty_server("age", extra=[
+        "--max-connection-age-ms", "500",
+        "--max-connection-age-grace-ms", "60000"], hang_ms=20)
+    with srv:
+        c = RawH2(srv.addr)
+        c.request(1, GENERATE, run.gen_bytes(
+            n=100, ignore_eos=True).SerializeToString())
+        took = goaway_after(c, 15)
+        check(took is not None, "no GOAWAY at the connection's age")
+        t0 = time.time()
+        while time.time() - t0 < 30 and c.end_stream_headers(1) == 0 \
+                and not c.closed:
+            c.read(0.05)
+        check_eq(c.end_stream_headers(1), 1, "the stream finished")
+        data = sum(1 for t, f, s in c.frames if s == 1 and t == FRAME_DATA)
+        check(data >= 50, "the stream kept streaming after GOAWAY (%d "
+              "DATA frames)" % data)
+        c.close()
+        log("ok: GOAWAY at the connection's age (%.2f s); its stream "
+            "finished (%d DATA frames)" % (took, data))
+        del grpc
+
+
 CASES = {
     "wire": case_wire,
     "accounting": case_accounting,
+    "limits": case_limits,
 }
 
 
