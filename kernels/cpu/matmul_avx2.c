@@ -503,11 +503,11 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
 /* Beyond a few rows (prefill, batched decode) the int8 products are bound
  * by vector uops, not by the weight stream, and tile_q decodes each weight
  * block (nibbles, scale and minimum conversions) and multiplies the scales
- * again for every pair of rows. So many rows take this path instead: a panel of weight rows
- * is decoded once into scratch on the stack (nibbles as bytes, scales as
- * floats laid out lane by lane for the tile), and every tile of PN_R
- * activation rows x PN_C weight rows runs over it, with the activations as
- * memory operands. Per element and block the inner loop is vpmaddubsw,
+ * again for every pair of rows. So many rows take this path instead: a
+ * panel of weight rows is decoded once into scratch on the stack (nibbles
+ * as bytes, scales as floats laid out lane by lane for the tile), and
+ * every tile of PN_R activation rows x PN_C weight rows runs over it, with
+ * the activations as memory operands. Per element and block the inner loop is vpmaddubsw,
  * vpmaddwd, vcvtdq2ps and one FMA (plus vpsignb for Q8_0, vpsubw for
  * Q4_0); the scale products of a whole tile are one vmulps and Q4_1's
  * minimum terms one FMA. The per-element arithmetic is tile_q's (the order
@@ -518,7 +518,8 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
 enum {
     PN_R = 4,         /* activation rows per tile */
     PN_C = 2,         /* weight rows per tile; lane 2r + c of a pattern is (r, c) */
-    PN_WBLKS = 512,   /* decoded blocks of a panel (64 KiB); nb above it stays on tile_q */
+    PN_WBLKS = 512,   /* decoded blocks of a panel (64 KiB); more blocks a
+                       * row (n_in > 16384) stay on tile_q */
     PN_MIN_ROWS = 4,  /* fewer rows stay on tile_q */
 };
 
