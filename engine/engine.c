@@ -88,6 +88,8 @@ static void request_free(eng_request *r)
             free(s->hashes);
             cinfer_sampler_destroy(s->sampler);
             cinfer_textstream_destroy(s->text);
+            cinfer_grammar_state_destroy(s->grammar);
+            free(s->allowed);
         }
     }
     free(r->seqs);
@@ -242,6 +244,14 @@ static cinfer_status request_build(cinfer_engine *e,
         tp.n_stop = p->n_stop;
         if ((st = cinfer_textstream_create(&tp, &s->text)) != CINFER_OK)
             goto fail;
+        if (p->grammar) {
+            if ((st = cinfer_grammar_state_create(p->grammar, &s->grammar)) !=
+                CINFER_OK)
+                goto fail;
+            s->allowed = malloc((size_t)e->info->n_vocab);
+            if (!s->allowed)
+                goto fail_nomem;
+        }
     }
     free(eog);
     *out = r;
@@ -372,6 +382,81 @@ static int is_stop_id(const eng_request *r, int32_t tok)
     return 0;
 }
 
+/* The engine's token bytes for grammar masks, made once. */
+static cinfer_status grammar_vocab(cinfer_engine *e)
+{
+    if (e->gvocab)
+        return CINFER_OK;
+    int32_t V = e->info->n_vocab;
+    uint32_t *off = malloc(((size_t)V + 1) * sizeof *off);
+    int32_t *eog = malloc((size_t)V * sizeof *eog);
+    size_t used = 0, cap = (size_t)V * 8 + 64;
+    char *bytes = malloc(cap);
+    cinfer_status st = CINFER_OK;
+    int32_t n_eog = 0;
+    if (!off || !eog || !bytes)
+        st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
+    for (int32_t t = 0; st == CINFER_OK && t < V; t++) {
+        const char *b;
+        size_t l;
+        if ((st = cinfer_tokenizer_token_piece(e->tk, t, &b, &l)) != CINFER_OK)
+            break;
+        if (cinfer_tokenizer_is_eog(e->tk, t)) {
+            eog[n_eog++] = t;
+            l = 0; /* ends the output; never part of its text */
+        }
+        if (used + l > cap) {
+            char *nb = realloc(bytes, 2 * (used + l));
+            if (!nb) {
+                st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
+                break;
+            }
+            bytes = nb;
+            cap = 2 * (used + l);
+        }
+        memcpy(bytes + used, b, l);
+        off[t] = (uint32_t)used;
+        used += l;
+    }
+    if (st == CINFER_OK) {
+        off[V] = (uint32_t)used;
+        st = cinfer_grammar_vocab_create(bytes, off, V, &e->gvocab);
+    }
+    free(bytes);
+    free(off);
+    if (st != CINFER_OK) {
+        free(eog);
+        return st;
+    }
+    e->eog_ids = eog;
+    e->n_eog_ids = n_eog;
+    return CINFER_OK;
+}
+
+/* The grammar's mask for s's next token, handed to its sampler: what the
+ * grammar allows, and the end-of-generation tokens where the output is
+ * complete and min_tokens is reached (before it the sampler bans them). 0,
+ * or the number of tokens allowed. */
+static int64_t grammar_mask(cinfer_engine *e, eng_seq *s, cinfer_status *st)
+{
+    *st = grammar_vocab(e);
+    if (*st != CINFER_OK)
+        return 0;
+    int64_t n = cinfer_grammar_mask(s->grammar, e->gvocab, s->allowed);
+    if (n < 0) {
+        *st = CINFER_E_RANGE;
+        return 0;
+    }
+    if (cinfer_grammar_complete(s->grammar) &&
+        s->n_generated >= s->req->min_tokens)
+        for (int32_t i = 0; i < e->n_eog_ids; i++) {
+            n += !s->allowed[e->eog_ids[i]];
+            s->allowed[e->eog_ids[i]] = 1;
+        }
+    cinfer_sampler_set_allowed(s->sampler, s->allowed);
+    return n;
+}
+
 /* Samples the next token of s from its logits row and decides whether the
  * sample ends. */
 static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
@@ -379,10 +464,30 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
     eng_request *r = s->req;
     cinfer_logprobs lp;
     int32_t tok = -1;
-    cinfer_status st = cinfer_sampler_sample(s->sampler, row, &tok,
-                                             r->logprobs ? &lp : NULL);
+    cinfer_status st = CINFER_OK;
+    if (s->grammar && grammar_mask(e, s, &st) == 0) {
+        if (st == CINFER_OK) {
+            finish_seq(e, s, CINFER_FINISH_ERROR, CINFER_E_UNSUPPORTED,
+                       "grammar: no token of the vocabulary can continue "
+                       "the output",
+                       t_ns);
+            return;
+        }
+        snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
+        finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
+        return;
+    }
+    st = cinfer_sampler_sample(s->sampler, row, &tok,
+                               r->logprobs ? &lp : NULL);
     if (st == CINFER_OK)
         st = cinfer_sampler_accept(s->sampler, tok);
+    if (st == CINFER_OK && s->grammar && !cinfer_tokenizer_is_eog(e->tk, tok)) {
+        const char *b;
+        size_t l;
+        st = cinfer_tokenizer_token_piece(e->tk, tok, &b, &l);
+        if (st == CINFER_OK)
+            st = cinfer_grammar_accept(s->grammar, b, l);
+    }
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
         finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
@@ -400,7 +505,10 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
     int last = s->n_generated >= r->max_tokens || s->n_tokens >= s->cap;
     const char *text = "";
     size_t len = 0;
-    if (eligible && !r->ignore_eos && cinfer_tokenizer_is_eog(e->tk, tok))
+    /* with a grammar, end-of-generation is allowed only where the output
+     * is complete, and then it ends it whatever ignore_eos says */
+    if (eligible && (!r->ignore_eos || s->grammar) &&
+        cinfer_tokenizer_is_eog(e->tk, tok))
         why = CINFER_FINISH_EOS;
     else if (eligible && is_stop_id(r, tok))
         why = CINFER_FINISH_STOP_TOKEN;
@@ -765,6 +873,8 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->sched);
     free(e->cancels);
     free(e->cancel_buf);
+    cinfer_grammar_vocab_destroy(e->gvocab);
+    free(e->eog_ids);
     free(e->s_tokens);
     free(e->s_pos);
     free(e->s_row_seq);

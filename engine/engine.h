@@ -21,6 +21,7 @@
 #include "../common/status.h"
 #include "../kernels/backend.h"
 #include "gguf.h"
+#include "grammar.h"
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -171,6 +172,15 @@ typedef struct {
                                      token's logprob and, in `top`, the
                                      sampling.n_logprobs most likely; 0 = no
                                      logprobs */
+    const cinfer_grammar *grammar; /* the output must be a sentence of it
+                                     (grammar.h): each step masks the tokens
+                                     that cannot continue one, and an
+                                     end-of-generation token is allowed only
+                                     where the output is complete. Borrowed:
+                                     it must outlive the request. If no token
+                                     can continue, the sample ends with
+                                     FINISH_ERROR (CINFER_E_UNSUPPORTED,
+                                     "grammar: ..."). NULL = none */
 } cinfer_request_params;
 
 cinfer_request_params cinfer_request_default_params(void);

@@ -54,6 +54,8 @@ struct eng_seq {
 
     cinfer_sampler *sampler;
     cinfer_textstream *text;
+    cinfer_grammar_state *grammar; /* the request's grammar, or NULL */
+    uint8_t *allowed;              /* [n_vocab] this step's grammar mask */
 
     int32_t cached_tokens; /* prompt tokens reused at first admission */
     int admitted;          /* admitted at least once */
@@ -99,6 +101,11 @@ struct cinfer_engine {
     cinfer_model *model;
     const cinfer_model_info *info;
     const cinfer_tokenizer *tk;
+    cinfer_grammar_vocab *gvocab; /* token bytes for grammar masks; made at
+                                     the first grammar's first step (engine
+                                     thread) */
+    int32_t *eog_ids;             /* the end-of-generation ids, with it */
+    int32_t n_eog_ids;
     int max_seqs;
     int max_batched;
     int min_prefill;  /* min_prefill_tokens */

@@ -92,6 +92,7 @@ struct cinfer_sampler {
     uint64_t rng[4];
     int penalties;      /* some penalty is not neutral */
     int32_t n_accepted; /* output tokens accepted */
+    const uint8_t *allowed; /* the next call's mask, or NULL */
 
     pen_slot *tab;     /* NULL until the first counted token */
     uint32_t tab_cap;  /* power of two */
@@ -638,6 +639,12 @@ cinfer_status cinfer_sampler_accept(cinfer_sampler *s, int32_t token)
     return CINFER_OK;
 }
 
+void cinfer_sampler_set_allowed(cinfer_sampler *s, const uint8_t *allowed)
+{
+    if (s)
+        s->allowed = allowed;
+}
+
 void cinfer_sampler_reset(cinfer_sampler *s)
 {
     if (!s)
@@ -658,7 +665,8 @@ void cinfer_sampler_reset(cinfer_sampler *s)
 
 static cinfer_status undo_reserve(cinfer_sampler *s)
 {
-    int64_t need = (int64_t)s->p.n_logit_bias + s->p.n_eog_tokens + s->tab_used;
+    int64_t need = (int64_t)s->p.n_logit_bias + s->p.n_eog_tokens + s->tab_used +
+                   (s->allowed ? s->p.n_vocab : 0);
     if (need > INT32_MAX)
         return cinfer_set_error(CINFER_E_NOMEM, "sampler: undo log too large");
     void *buf = s->undo;
@@ -682,6 +690,12 @@ static void apply_stages(cinfer_sampler *s, float *x)
     for (int32_t i = 0; i < s->p.n_logit_bias; i++)
         set_logit(s, x, s->bias[i].token,
                   x[s->bias[i].token] + s->bias[i].bias);
+    if (s->allowed) {
+        for (int32_t t = 0; t < s->p.n_vocab; t++)
+            if (!s->allowed[t])
+                set_logit(s, x, t, -INFINITY);
+        s->allowed = NULL; /* one call's */
+    }
     if (s->n_accepted < s->p.min_tokens)
         for (int32_t i = 0; i < s->p.n_eog_tokens; i++)
             set_logit(s, x, s->eog[i], -INFINITY);
@@ -962,8 +976,10 @@ static cinfer_status build_plan(cinfer_sampler *s, const float *x, plan *pl)
 static cinfer_status prepare(cinfer_sampler *s, float *x, plan *pl)
 {
     cinfer_status st = undo_reserve(s);
-    if (st != CINFER_OK)
+    if (st != CINFER_OK) {
+        s->allowed = NULL; /* one call's, even a failed one */
         return st;
+    }
     apply_stages(s, x);
     /* Entries written by stages 1-3 are checked through their raw values;
      * build_plan checks the processed row (which covers the rest). */
@@ -1191,8 +1207,10 @@ cinfer_status cinfer_sampler_process_logits(cinfer_sampler *s, float *logits)
                                 "sampler_process_logits: %s is NULL",
                                 !s ? "s" : "logits");
     cinfer_status st = undo_reserve(s);
-    if (st != CINFER_OK)
+    if (st != CINFER_OK) {
+        s->allowed = NULL; /* one call's, even a failed one */
         return st;
+    }
     apply_stages(s, logits);
     s->n_undo = 0;
     return CINFER_OK;

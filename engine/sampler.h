@@ -9,7 +9,9 @@
  *
  * Order of application (vLLM's; each stage sees the previous one's output):
  *
- *   1. logit_bias: logit[t] += bias (a bias of -INFINITY bans t);
+ *   1. logit_bias: logit[t] += bias (a bias of -INFINITY bans t); a mask
+ *      set for this step (cinfer_sampler_set_allowed) bans what it does not
+ *      allow;
  *   2. min_tokens: while fewer than min_tokens tokens were accepted, the
  *      eog_tokens get -INFINITY;
  *   3. penalties, over the token counts kept by accept (see below):
@@ -198,6 +200,13 @@ cinfer_status cinfer_sampler_accept(cinfer_sampler *s, int32_t token);
 
 /* Output tokens accepted since create or reset. */
 int32_t cinfer_sampler_n_accepted(const cinfer_sampler *s);
+
+/* A mask for the next sample(), candidates() or process_logits() call
+ * only: tokens with allowed[t] == 0 get -INFINITY in stage 1, with
+ * logit_bias (a grammar's mask, engine/grammar.h). allowed has n_vocab
+ * entries and is borrowed until that call returns; logprobs stay the raw
+ * row's. NULL = no mask. */
+void cinfer_sampler_set_allowed(cinfer_sampler *s, const uint8_t *allowed);
 
 /* Picks the next token from `logits` [n_vocab] (stages 1-9 above) and, if
  * `lp` is not NULL, fills it for that token. The row is used as scratch and

@@ -624,6 +624,83 @@ static void test_n_samples(void)
     cinfer_model_destroy(m);
 }
 
+/* A grammar constrains sampled output: over 12 seeds at temperature 1
+ * (random weights: unconstrained output would be noise), each of 3
+ * samples of a request is a whole sentence of the grammar and ends with
+ * end-of-generation where the grammar allowed it; a grammar the model's
+ * vocabulary cannot continue ends the sample with FINISH_ERROR, the
+ * reason named. */
+static void test_grammar_constrains_output(void)
+{
+    cinfer_model *m = tiny_model(0, 16, 256);
+    if (!m)
+        return;
+    int V = cinfer_model_get_info(m)->n_vocab;
+    static const char gbnf[] =
+        "root ::= \"{\\\"n\\\": \" num \", \\\"ok\\\": \" "
+        "(\"true\" | \"false\") \"}\"\n"
+        "num  ::= \"-\"? [1-9] [0-9]{0,3}\n";
+    cinfer_grammar *g = NULL;
+    CHECK_OK(cinfer_grammar_compile(gbnf, strlen(gbnf), NULL, &g));
+    job j;
+    make_jobs(&j, 1, 8, 10, V, 5);
+    j.max_tokens = 64;
+    cinfer_engine *e = make_engine(m, 8, 0, 1, NULL);
+    int sentences = 0;
+    for (int seed = 0; g && seed < 12; seed++) {
+        static req_rec rr;
+        cinfer_request_params rp = greedy_params(&j, &rr);
+        rp.sampling.temperature = 1.0f;
+        rp.sampling.seed = (uint64_t)seed;
+        rp.n_samples = 3;
+        rp.grammar = g;
+        run_one(e, &rp, &rr, 3);
+        for (int k = 0; k < 3; k++) {
+            sample_rec *sr = &rr.s[k];
+            CHECK(sr->finished);
+            CHECK_EQ_INT(sr->fin.finish, CINFER_FINISH_EOS);
+            cinfer_grammar_state *gs = NULL;
+            CHECK_OK(cinfer_grammar_state_create(g, &gs));
+            if (!gs)
+                continue;
+            int ok = cinfer_grammar_accept(gs, sr->text, sr->text_len) ==
+                         CINFER_OK &&
+                     cinfer_grammar_complete(gs);
+            if (!ok)
+                fprintf(stderr, "  not a sentence: %s\n", sr->text);
+            CHECK(ok);
+            sentences += ok;
+            cinfer_grammar_state_destroy(gs);
+        }
+        if (seed == 0)
+            fprintf(stderr, "  e.g. %s\n", rr.s[0].text);
+    }
+    CHECK_EQ_INT(sentences, 36);
+    cinfer_grammar_destroy(g);
+    /* A grammar that is done forces end-of-generation; one that is done
+     * before min_tokens leaves no token to take: FINISH_ERROR, named. */
+    static const char ab[] = "root ::= \"ab\"\n";
+    CHECK_OK(cinfer_grammar_compile(ab, strlen(ab), NULL, &g));
+    for (int min = 0; g && min <= 5; min += 5) {
+        static req_rec rr;
+        cinfer_request_params rp = greedy_params(&j, &rr);
+        rp.grammar = g;
+        rp.min_tokens = min;
+        run_one(e, &rp, &rr, 1);
+        CHECK_EQ_INT(strcmp(rr.s[0].text, "ab"), 0);
+        if (min == 0) {
+            CHECK_EQ_INT(rr.s[0].fin.finish, CINFER_FINISH_EOS);
+        } else {
+            CHECK_EQ_INT(rr.s[0].fin.finish, CINFER_FINISH_ERROR);
+            CHECK_EQ_INT(rr.s[0].fin.status, CINFER_E_UNSUPPORTED);
+        }
+    }
+    cinfer_grammar_destroy(g);
+    check_idle(e);
+    cinfer_engine_destroy(e);
+    cinfer_model_destroy(m);
+}
+
 static void test_stop_conditions(void)
 {
     cinfer_model *m = tiny_model(0, 16, 64);
@@ -1306,6 +1383,7 @@ int main(void)
     RUN(test_prefix_cache);
     RUN(test_n_samples);
     RUN(test_stop_conditions);
+    RUN(test_grammar_constrains_output);
     RUN(test_cancel_and_deadline);
     RUN(test_refuses_hopeless_deadline);
     RUN(test_refuses_late_first_token);
