@@ -70,6 +70,12 @@ cinfer_status cinfer_grammar_compile(const char *src, size_t len,
                                      const char *root, cinfer_grammar **out);
 void cinfer_grammar_destroy(cinfer_grammar *g);
 
+/* A regular expression the whole output must match (Python's
+ * re.fullmatch; grammar_regex.c has the subset): translated to GBNF and
+ * compiled. Refused constructs and syntax errors name the offset. */
+cinfer_status cinfer_grammar_compile_regex(const char *re, size_t len,
+                                           cinfer_grammar **out);
+
 /* Rules, counting the ones the compiler made for groups and repetitions. */
 int cinfer_grammar_n_rules(const cinfer_grammar *g);
 
