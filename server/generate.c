@@ -760,12 +760,11 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     }
     uint8_t *buf;
     size_t len;
-    int ok = cinfer_bb_read(msg, &buf, &len);
+    cinfer_status rst = cinfer_call_read(c, msg, &buf, &len);
     grpc_byte_buffer_destroy(msg);
-    if (!ok) {
+    if (rst != CINFER_OK) {
         cinfer_call_set_request_id(c, NULL);
-        cinfer_set_error(CINFER_E_NOMEM, "out of memory reading the request");
-        reject(c, CINFER_E_NOMEM);
+        reject(c, rst);
         return;
     }
     Cinfer__V1__GenerateRequest *r = NULL;

@@ -121,8 +121,13 @@ static void watch_on_message(srv_call *c, grpc_byte_buffer *msg)
     }
     uint8_t *buf;
     size_t len;
-    int ok = cinfer_bb_read(msg, &buf, &len);
+    cinfer_status rst = cinfer_call_read(c, msg, &buf, &len);
     grpc_byte_buffer_destroy(msg);
+    if (rst != CINFER_OK) {
+        cinfer_call_send_status(c, OP_STEP, NULL, rst, cinfer_last_error());
+        return;
+    }
+    int ok = 1;
     Grpc__Health__V1__HealthCheckRequest *r =
         ok ? grpc__health__v1__health_check_request__unpack(NULL, len, buf)
            : NULL;

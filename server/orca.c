@@ -462,11 +462,10 @@ static void orca_on_message(srv_call *c, grpc_byte_buffer *msg)
     }
     uint8_t *buf;
     size_t len;
-    int ok = cinfer_bb_read(msg, &buf, &len);
+    cinfer_status rst = cinfer_call_read(c, msg, &buf, &len);
     grpc_byte_buffer_destroy(msg);
-    if (!ok) {
-        cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_NOMEM,
-                                "out of memory reading the request");
+    if (rst != CINFER_OK) {
+        cinfer_call_send_status(c, OP_STEP, NULL, rst, cinfer_last_error());
         return;
     }
     Xds__Service__Orca__V3__OrcaLoadReportRequest *r =

@@ -21,11 +21,10 @@ static void refl_on_message(srv_call *c, grpc_byte_buffer *msg)
     }
     uint8_t *req, *resp = NULL;
     size_t len, resp_len = 0;
-    int ok = cinfer_bb_read(msg, &req, &len);
+    cinfer_status rst = cinfer_call_read(c, msg, &req, &len);
     grpc_byte_buffer_destroy(msg);
-    if (!ok) {
-        cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_NOMEM,
-                                "reflection: no memory");
+    if (rst != CINFER_OK) {
+        cinfer_call_send_status(c, OP_STEP, NULL, rst, cinfer_last_error());
         return;
     }
     cinfer_status st =

@@ -41,6 +41,7 @@
 #include "proto/descriptor_set.h"
 #include "server/log.h"
 #include "server/status_map.h"
+#include "server/wire.h"
 
 /* Accepts kept posted per completion queue. */
 #define ACCEPTS_PER_CQ 8
@@ -121,6 +122,10 @@ static size_t channel_args(const cinfer_server_params *sp, grpc_arg *a)
     ARG_INT(GRPC_ARG_ALLOW_REUSEPORT, 0);
     /* The server enforces deadlines (see the top of this file). */
     ARG_INT(GRPC_ARG_ENABLE_DEADLINE_CHECKS, 0);
+    /* Compressed messages reach the server as they came and are inflated
+     * within the receive limit (cinfer_call_read); the core would
+     * inflate them in full first. */
+    ARG_INT(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
     if (l->max_concurrent_streams > 0)
         ARG_INT(GRPC_ARG_MAX_CONCURRENT_STREAMS, l->max_concurrent_streams);
     if (l->max_connection_idle_ms > 0)
@@ -176,6 +181,29 @@ int cinfer_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len)
     *out = buf;
     *len = off;
     return 1;
+}
+
+cinfer_status cinfer_call_read(srv_call *c, grpc_byte_buffer *bb,
+                               uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    if (bb->type == GRPC_BB_RAW &&
+        bb->data.raw.compression != GRPC_COMPRESS_NONE) {
+        grpc_compression_algorithm a = bb->data.raw.compression;
+        if (a != GRPC_COMPRESS_GZIP && a != GRPC_COMPRESS_DEFLATE)
+            return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                    "request compression %d is not "
+                                    "supported (gzip, deflate)",
+                                    (int)a);
+        const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+        size_t max = (size_t)c->srv->params.max_receive_message_bytes;
+        return cinfer_wire_inflate(sb->slices, sb->count, max, out, len);
+    }
+    if (!cinfer_bb_read(bb, out, len))
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "out of memory reading the request");
+    return CINFER_OK;
 }
 
 grpc_byte_buffer *cinfer_bb_wrap(uint8_t *data, size_t len)
@@ -683,11 +711,11 @@ void cinfer_call_unary(srv_call *c, grpc_byte_buffer *msg, cinfer_unary_fn fn)
     }
     uint8_t *req;
     size_t len;
-    int ok = cinfer_bb_read(msg, &req, &len);
+    cinfer_status rst = cinfer_call_read(c, msg, &req, &len);
     grpc_byte_buffer_destroy(msg);
-    if (!ok) {
-        cinfer_call_send_status(c, OP_STEP, NULL, CINFER_E_NOMEM,
-                                "out of memory reading the request");
+    if (rst != CINFER_OK) {
+        cinfer_call_set_request_id(c, NULL);
+        cinfer_call_send_status(c, OP_STEP, NULL, rst, cinfer_last_error());
         return;
     }
     grpc_byte_buffer *out = NULL;

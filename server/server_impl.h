@@ -254,8 +254,18 @@ int cinfer_call_send_status(srv_call *c, int op, grpc_byte_buffer *msg,
                             cinfer_status st, const char *details);
 
 /* Copies a received message into one malloc'd buffer (*out, *len; free
- * it). Returns 0 on allocation failure. */
+ * it). Returns 0 on allocation failure. A compressed buffer is copied as
+ * it is (see cinfer_call_read). */
 int cinfer_bb_read(grpc_byte_buffer *bb, uint8_t **out, size_t *len);
+
+/* A call's request message as one malloc'd buffer: a compressed one (gRPC
+ * core's decompression is off) inflated within max_receive_message_bytes
+ * (wire.h). Errors, with the message set: CINFER_E_EXHAUSTED (inflates
+ * past the limit), CINFER_E_INVALID_ARG (does not inflate),
+ * CINFER_E_UNSUPPORTED (an encoding the server does not know),
+ * CINFER_E_NOMEM. */
+cinfer_status cinfer_call_read(srv_call *c, grpc_byte_buffer *bb,
+                               uint8_t **out, size_t *len);
 /* Wraps a malloc'd buffer (taking ownership) as a byte buffer. */
 grpc_byte_buffer *cinfer_bb_wrap(uint8_t *data, size_t len);
 /* Packs a protobuf-c message into a byte buffer; NULL when out of

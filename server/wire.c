@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "server/validate.h"
 
@@ -384,6 +385,111 @@ cinfer_status cinfer_wire_unpack(const ProtobufCMessageDescriptor *d,
     if (!*out)
         return cinfer_set_error(CINFER_E_INVALID_ARG, "%s does not decode",
                                 d->short_name);
+    return CINFER_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Compressed messages                                                    */
+/* ---------------------------------------------------------------------- */
+
+static cinfer_status too_large(size_t max_len)
+{
+    return cinfer_set_error(CINFER_E_EXHAUSTED,
+                            "the request message inflates past %zu bytes "
+                            "(--max-receive-message-bytes)",
+                            max_len);
+}
+
+/* Room for output at buf[n]: the buffer doubles, up to max_len + 1 bytes
+ * (one past the limit tells that the message is too large). */
+static cinfer_status room(uint8_t **buf, size_t *cap, size_t n,
+                          size_t max_len)
+{
+    if (n < *cap)
+        return CINFER_OK;
+    if (*cap > max_len)
+        return too_large(max_len);
+    size_t nc = *cap * 2 > max_len + 1 ? max_len + 1 : *cap * 2;
+    uint8_t *q = realloc(*buf, nc);
+    if (!q)
+        return cinfer_set_error(CINFER_E_NOMEM, "inflate: no memory");
+    *buf = q;
+    *cap = nc;
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_wire_inflate(const grpc_slice *in, size_t n_in,
+                                  size_t max_len, uint8_t **out,
+                                  size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (inflateInit2(&z, 15 + 32) != Z_OK) /* gzip or zlib header */
+        return cinfer_set_error(CINFER_E_NOMEM, "inflate: no memory");
+    size_t cap = 16384, n = 0;
+    if (cap > max_len + 1)
+        cap = max_len + 1;
+    uint8_t *buf = malloc(cap);
+    cinfer_status st = CINFER_OK;
+    int ended = 0;
+    if (!buf)
+        st = cinfer_set_error(CINFER_E_NOMEM, "inflate: no memory");
+    for (size_t i = 0; i < n_in && st == CINFER_OK; i++) {
+        z.next_in = (Bytef *)GRPC_SLICE_START_PTR(in[i]);
+        z.avail_in = (uInt)GRPC_SLICE_LENGTH(in[i]);
+        while (z.avail_in > 0 && st == CINFER_OK) {
+            if (ended) {
+                st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                                      "the compressed request message has "
+                                      "bytes past its end");
+                break;
+            }
+            st = room(&buf, &cap, n, max_len);
+            if (st != CINFER_OK)
+                break;
+            z.next_out = buf + n;
+            z.avail_out = (uInt)(cap - n);
+            int r = inflate(&z, Z_NO_FLUSH);
+            n = cap - z.avail_out;
+            if (r == Z_STREAM_END) {
+                ended = 1;
+            } else if (r != Z_OK && r != Z_BUF_ERROR) {
+                st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                                      "the compressed request message does "
+                                      "not inflate (%s)",
+                                      z.msg ? z.msg : "corrupt");
+            }
+        }
+    }
+    /* The stream may end with its output filling the buffer exactly. */
+    while (st == CINFER_OK && !ended) {
+        st = room(&buf, &cap, n, max_len);
+        if (st != CINFER_OK)
+            break;
+        z.next_in = NULL;
+        z.avail_in = 0;
+        z.next_out = buf + n;
+        z.avail_out = (uInt)(cap - n);
+        int r = inflate(&z, Z_FINISH);
+        n = cap - z.avail_out;
+        if (r == Z_STREAM_END)
+            ended = 1;
+        else if (r != Z_BUF_ERROR || z.avail_out != 0)
+            st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                                  "the compressed request message is "
+                                  "truncated");
+    }
+    if (st == CINFER_OK && n > max_len)
+        st = too_large(max_len);
+    inflateEnd(&z);
+    if (st != CINFER_OK) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *out_len = n;
     return CINFER_OK;
 }
 

@@ -27,6 +27,10 @@
  *     ...
  *     protobuf_c_message_free_unpacked(&r->base, NULL);
  *
+ * Compression. gRPC core's own decompression is off (it inflated a
+ * message in full before the receive limit applied); a compressed message
+ * arrives as it came and cinfer_wire_inflate inflates it within the limit.
+ *
  * Deadlines. A grpc-timeout may lie up to 99999999 hours (about 11,000
  * years) away, past what int64 nanoseconds hold; such a deadline is no
  * deadline.
@@ -37,6 +41,7 @@
 #ifndef CINFER_SERVER_WIRE_H
 #define CINFER_SERVER_WIRE_H
 
+#include <grpc/slice.h>
 #include <grpc/support/time.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stddef.h>
@@ -74,6 +79,16 @@ cinfer_status cinfer_wire_check(const ProtobufCMessageDescriptor *d,
 cinfer_status cinfer_wire_merge(const ProtobufCMessageDescriptor *d,
                                 const uint8_t *buf, size_t len, uint8_t **out,
                                 size_t *out_len);
+
+/* Inflates a compressed request message (gzip or zlib-wrapped deflate,
+ * gRPC's two message encodings) given as n_in slices, refusing it once it
+ * inflates past max_len bytes, before inflating the rest: a 1 MB message
+ * that would inflate to 1 GiB costs at most max_len + 1 bytes. *out is
+ * malloc'd. Errors: CINFER_E_EXHAUSTED (past max_len), CINFER_E_INVALID_ARG
+ * (not a complete deflate stream), CINFER_E_NOMEM. */
+cinfer_status cinfer_wire_inflate(const grpc_slice *in, size_t n_in,
+                                  size_t max_len, uint8_t **out,
+                                  size_t *out_len);
 
 /* A call's deadline on the monotonic clock: now_mono_ns plus what is left
  * of `deadline` at `now` (both on deadline's clock), at least now_mono_ns +

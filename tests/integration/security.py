@@ -22,6 +22,14 @@ Cases:
               grpc-timeout of 0n, a reset right after the request, half-open
               streams at shutdown): never two END_STREAM HEADERS frames on
               one stream, as a raw HTTP/2 client (the h2 package) sees them.
+  limits      connection and stream limits: MAX_CONCURRENT_STREAMS in
+              SETTINGS, a half-open stream ended at --receive-timeout-ms,
+              GOAWAY on an idle connection, after a ping flood and at the
+              connection's age (its stream finishing), a header list over
+              --max-header-list-bytes refused.
+  compression requests compressed by grpcio (gzip, deflate) served; a gzip
+              bomb (256 MiB in 256 KB) refused RESOURCE_EXHAUSTED without
+              the server's peak memory growing by more than 64 MB.
 
 Reuses run.py's server and stub helpers; each case runs in seconds on the
 tiny model. Exit status: 0 pass, 1 fail, 77 skip (no grpcio or h2).
@@ -534,10 +542,79 @@ def case_limits():
         del grpc
 
 
+def peak_rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def case_compression():
+    """Defect 4: a compressed request is inflated within the receive limit,
+    never in full first; gzip from grpcio works as before."""
+    run.need_h2()
+    import grpc
+    import zlib
+    pb, _, _, _ = run.stubs()
+    with run.Server(run.tiny_model(), name="compression") as srv:
+        # grpcio compressing its requests: the same answer as plain ones.
+        text = "the quick brown fox " * 20000  # 400 KB
+        plain = srv.stub().Tokenize(pb.TokenizeRequest(text=text),
+                                    timeout=60)
+        for comp in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            got = srv.stub().Tokenize(pb.TokenizeRequest(text=text),
+                                      timeout=60, compression=comp)
+            check_eq(list(got.token_ids), list(plain.token_ids),
+                     "Tokenize with %s" % comp)
+        text, final, _ = run.collect(srv.stub().Generate(
+            run.gen_bytes(n=3), timeout=60,
+            compression=grpc.Compression.Gzip))
+        check(final.usage.completion_tokens >= 1, "gzip Generate streams")
+        log("ok: gzip and deflate requests from grpcio served")
+
+        # A bomb: 256 MiB of one repeated request field in about 256 KB.
+        big = pb.TokenizeRequest(text="a" * (256 << 20)).SerializeToString()
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)
+        bomb = z.compress(big) + z.flush()
+        del big
+        check(len(bomb) < (1 << 20), "the bomb fits the receive limit")
+        base = peak_rss_kb(srv.proc.pid)
+        c = RawH2(srv.addr)
+        c.read(0.2)
+        hdrs = [(":method", "POST"), (":scheme", "http"),
+                (":path", TOKENIZE), (":authority", srv.addr),
+                ("content-type", "application/grpc"), ("te", "trailers"),
+                ("grpc-encoding", "gzip")]
+        c.conn.send_headers(1, hdrs)
+        c.conn.send_data(1, b"\1" + struct.pack(">I", len(bomb)) + bomb,
+                         end_stream=True)
+        c.flush()
+        t0 = time.time()
+        while time.time() - t0 < 30 and c.end_stream_headers(1) == 0 \
+                and not c.closed:
+            c.read(0.05)
+        check_eq(c.end_stream_headers(1), 1, "the bomb got its status")
+        c.close()
+        status = None
+        for ln in srv.log_lines():
+            if ln.get("msg") == "call failed" and \
+                    "inflates past" in ln.get("detail", ""):
+                status = ln.get("grpc_status")
+        check_eq(status, 8, "the bomb refused RESOURCE_EXHAUSTED (log)")
+        grown = peak_rss_kb(srv.proc.pid) - base
+        check(grown < 64 * 1024, "peak memory grew %d KB for the bomb" %
+              grown)
+        check_eq(srv.health(), "SERVING", "health after the bomb")
+        log("ok: a 256 MiB gzip bomb refused; peak memory grew %d KB" %
+            grown)
+
+
 CASES = {
     "wire": case_wire,
     "accounting": case_accounting,
     "limits": case_limits,
+    "compression": case_compression,
 }
 
 

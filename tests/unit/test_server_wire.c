@@ -19,6 +19,7 @@ int main(void)
 #else
 
 #include <stdlib.h>
+#include <zlib.h>
 
 #include "cinfer/v1/cinfer.pb-c.h"
 #include "server/wire.h"
@@ -335,6 +336,79 @@ static void test_deadline(void)
     CHECK_EQ_INT(cinfer_wire_deadline_ns(now, now, mono), mono + 1);
 }
 
+/* gzip (windowBits 31) or zlib (15) of src into a malloc'd buffer. */
+static uint8_t *deflate_all(const uint8_t *src, size_t n, int window_bits,
+                            size_t *out_n)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    CHECK_EQ_INT(deflateInit2(&z, 6, Z_DEFLATED, window_bits, 8,
+                              Z_DEFAULT_STRATEGY),
+                 Z_OK);
+    size_t cap = deflateBound(&z, (uLong)n);
+    uint8_t *out = malloc(cap);
+    z.next_in = (Bytef *)src;
+    z.avail_in = (uInt)n;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    CHECK_EQ_INT(deflate(&z, Z_FINISH), Z_STREAM_END);
+    *out_n = cap - z.avail_out;
+    deflateEnd(&z);
+    return out;
+}
+
+static void test_inflate(void)
+{
+    size_t n = 100000;
+    uint8_t *src = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)(i * 7 + i / 100);
+    for (int wb = 15; wb <= 31; wb += 16) {
+        size_t zn;
+        uint8_t *z = deflate_all(src, n, wb, &zn);
+        /* Split in two slices, as a message may arrive. */
+        grpc_slice parts[2] = {grpc_slice_from_copied_buffer((char *)z, 10),
+                               grpc_slice_from_copied_buffer(
+                                   (char *)z + 10, zn - 10)};
+        uint8_t *out = NULL;
+        size_t on = 0;
+        CHECK_OK(cinfer_wire_inflate(parts, 2, n, &out, &on));
+        CHECK_EQ_INT(on, n);
+        CHECK(out && memcmp(out, src, n) == 0);
+        free(out);
+        /* One byte less allowed: refused. */
+        CHECK_EQ_INT(cinfer_wire_inflate(parts, 2, n - 1, &out, &on),
+                     CINFER_E_EXHAUSTED);
+        CHECK(out == NULL);
+        CHECK(strstr(cinfer_last_error(), "inflates past 99999 bytes"));
+        /* Truncated. */
+        CHECK_EQ_INT(cinfer_wire_inflate(parts, 1, n, &out, &on),
+                     CINFER_E_INVALID_ARG);
+        grpc_slice_unref(parts[0]);
+        grpc_slice_unref(parts[1]);
+        free(z);
+    }
+    /* A bomb: 64 MiB of zeros in about 64 KB, refused at 1 MiB. */
+    size_t big = (size_t)64 << 20;
+    uint8_t *zeros = calloc(big, 1);
+    size_t zn;
+    uint8_t *z = deflate_all(zeros, big, 31, &zn);
+    free(zeros);
+    CHECK(zn < 200000);
+    grpc_slice one = grpc_slice_from_copied_buffer((char *)z, zn);
+    uint8_t *out = NULL;
+    size_t on = 0;
+    CHECK_EQ_INT(cinfer_wire_inflate(&one, 1, 1 << 20, &out, &on),
+                 CINFER_E_EXHAUSTED);
+    grpc_slice_unref(one);
+    free(z);
+    /* Not deflate at all. */
+    grpc_slice junk = grpc_slice_from_static_string("not compressed");
+    CHECK_EQ_INT(cinfer_wire_inflate(&junk, 1, 1000, &out, &on),
+                 CINFER_E_INVALID_ARG);
+    free(src);
+}
+
 int main(void)
 {
     RUN(test_nul_bytes);
@@ -343,6 +417,7 @@ int main(void)
     RUN(test_merge_oneof);
     RUN(test_malformed);
     RUN(test_deadline);
+    RUN(test_inflate);
     return harness_done();
 }
 #endif
