@@ -11,7 +11,9 @@
  *
  * Order of events: the port is bound first and health reports NOT_SERVING
  * while the model loads; then the engine starts and health turns SERVING.
- * SIGTERM or SIGINT drains: health NOT_SERVING, new calls UNAVAILABLE,
+ * SIGHUP re-reads the TLS certificate, key and client CAs
+ * (cinfer_server_reload). SIGTERM or SIGINT drains: health NOT_SERVING,
+ * new calls UNAVAILABLE,
  * running streams get --drain-timeout seconds to finish, then the process
  * exits 0. The signals are blocked in every thread and taken synchronously
  * by the main thread with sigwait, so no handler runs inside gRPC or the
@@ -111,6 +113,9 @@ typedef struct {
     const char *metrics_listen;
     int metrics_listen_given;
     cinfer_server_conn_limits conn; /* connection and stream limits */
+    const char *tls_cert;
+    const char *tls_key;
+    const char *tls_client_ca;
 } config;
 
 /* One row per flag: its name, environment variable, argument and help. */
@@ -274,6 +279,14 @@ static const flag_doc flags[] = {
     {"unhealthy-after-faults", "CINFER_UNHEALTHY_AFTER_FAULTS", "N",
      "health NOT_SERVING after N device faults in a row, until the engine "
      "serves again (default 5, 0 = off)"},
+    {"tls-cert", "CINFER_TLS_CERT", "PEM",
+     "TLS on the gRPC port with this certificate chain (and --tls-key); "
+     "re-read on SIGHUP: new connections get the new one, running streams "
+     "go on (default: plaintext)"},
+    {"tls-key", "CINFER_TLS_KEY", "PEM", "the certificate's private key"},
+    {"tls-client-ca", "CINFER_TLS_CLIENT_CA", "PEM",
+     "mTLS: clients must present a certificate that chains to these CAs "
+     "(a handshake without one fails); re-read on SIGHUP"},
     {"max-concurrent-streams", "CINFER_MAX_CONCURRENT_STREAMS", "N",
      "streams per connection, advertised in SETTINGS; more are refused "
      "(default 100, 0 = no limit)"},
@@ -566,6 +579,12 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_double(v, 0, 1e9, &cfg->watchdog_timeout_s);
     } else if (strcmp(name, "unhealthy-after-faults") == 0) {
         ok = parse_long(v, 0, 1L << 30, &cfg->unhealthy_after_faults);
+    } else if (strcmp(name, "tls-cert") == 0) {
+        cfg->tls_cert = v;
+    } else if (strcmp(name, "tls-key") == 0) {
+        cfg->tls_key = v;
+    } else if (strcmp(name, "tls-client-ca") == 0) {
+        cfg->tls_client_ca = v;
     } else {
         ok = apply_conn_limit(&cfg->conn, name, v);
     }
@@ -676,6 +695,9 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
     sp->unhealthy_after_faults = (int)cfg->unhealthy_after_faults;
     sp->prefix_cache = (int)cfg->prefix_cache;
     sp->conn = cfg->conn;
+    sp->tls_cert_path = cfg->tls_cert;
+    sp->tls_key_path = cfg->tls_key;
+    sp->tls_client_ca_path = cfg->tls_client_ca;
 
     cinfer_admission_params *ap = &sp->admission;
     ap->global.rate_per_s = cfg->rate_limit_qps;
@@ -978,6 +1000,7 @@ int cinfer_server_main(int argc, char **argv,
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -1011,6 +1034,11 @@ int cinfer_server_main(int argc, char **argv,
             cinfer_log_str(&l, "address", addr);
             cinfer_log_int(&l, "port", cinfer_server_port(srv));
             cinfer_log_str(&l, "version", CINFER_VERSION);
+            cinfer_log_str(&l, "tls",
+                           !cfg.tls_cert || !cfg.tls_cert[0] ? "off"
+                           : cfg.tls_client_ca && cfg.tls_client_ca[0]
+                               ? "mtls"
+                               : "tls");
             cinfer_log_end(&l);
         }
     }
@@ -1118,8 +1146,13 @@ int cinfer_server_main(int argc, char **argv,
         goto out;
     }
 
+    /* SIGHUP re-reads what can change without a restart; a failed
+     * reload keeps the old configuration (its error is logged). */
     int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
+    while (sigwait(&sigs, &sig) != 0 || sig == SIGHUP) {
+        if (sig == SIGHUP)
+            cinfer_server_reload(srv);
+        sig = 0;
     }
     {
         cinfer_log_line l;

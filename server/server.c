@@ -954,6 +954,25 @@ int cinfer_server_port(const cinfer_server *s)
     return s->port;
 }
 
+cinfer_status cinfer_server_reload(cinfer_server *s)
+{
+    cinfer_status st = CINFER_OK;
+    if (s->tls) {
+        st = cinfer_tls_reload(s->tls);
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, st == CINFER_OK ? CINFER_LOG_INFO
+                                                 : CINFER_LOG_ERROR,
+                             st == CINFER_OK ? "tls reloaded"
+                                             : "tls reload failed",
+                             NULL)) {
+            if (st != CINFER_OK)
+                cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+    }
+    return st;
+}
+
 static void set_state(cinfer_server *s, server_state st)
 {
     atomic_store(&s->state, (int)st);
@@ -1116,11 +1135,34 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
                                               NULL);
     }
 
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = NULL;
+    if (sp.tls_cert_path && sp.tls_cert_path[0]) {
+        cinfer_tls_params tp = {sp.tls_cert_path, sp.tls_key_path,
+                                sp.tls_client_ca_path};
+        st = cinfer_tls_create(&tp, &s->tls);
+        if (st != CINFER_OK)
+            goto fail_cqs;
+        creds = cinfer_tls_credentials(s->tls);
+    } else if (sp.tls_client_ca_path && sp.tls_client_ca_path[0]) {
+        st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                              "--tls-client-ca needs --tls-cert and "
+                              "--tls-key");
+        goto fail_cqs;
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    if (!creds) {
+        st = cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
+        goto fail_cqs;
+    }
     s->port = grpc_server_add_http2_port(s->grpc, s->listen, creds);
     grpc_server_credentials_release(creds);
     if (s->port <= 0) {
-        st = cinfer_set_error(CINFER_E_IO, "cannot listen on %s", s->listen);
+        st = cinfer_set_error(CINFER_E_IO, "cannot listen on %s%s", s->listen,
+                              s->tls ? " with TLS (do --tls-cert and "
+                                       "--tls-key hold a certificate and "
+                                       "its key?)"
+                                     : "");
         goto fail_cqs;
     }
     grpc_server_start(s->grpc);
@@ -1173,6 +1215,7 @@ fail_server:
     grpc_server_destroy(s->grpc);
 fail_grpc:
     grpc_shutdown_blocking();
+    cinfer_tls_destroy(s->tls); /* after the core let its credentials go */
     cinfer_refl_index_destroy(s->refl);
 fail_alloc:
     cinfer_orca_destroy(s->orca);
@@ -1357,6 +1400,7 @@ void cinfer_server_destroy(cinfer_server *s)
     }
     grpc_server_destroy(s->grpc);
     grpc_shutdown_blocking();
+    cinfer_tls_destroy(s->tls);
     free(s->workers);
     cinfer_refl_index_destroy(s->refl);
     cinfer_chat_template_cleanup(&s->chat);

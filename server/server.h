@@ -119,6 +119,13 @@ typedef struct {
                                        (the idle service-time bound then
                                        assumes a cached prompt) */
     cinfer_server_conn_limits conn; /* connection and stream limits */
+    const char *tls_cert_path;      /* PEM certificate chain: TLS on the
+                                       port (with tls_key_path); NULL =
+                                       plaintext */
+    const char *tls_key_path;       /* its PEM private key */
+    const char *tls_client_ca_path; /* PEM CAs client certificates must
+                                       chain to: mTLS, a client certificate
+                                       required; NULL = none asked */
     cinfer_metrics *metrics;        /* borrowed, outlives the server; the
                                        server records into it and installs
                                        its collector; NULL = none */
@@ -148,6 +155,12 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
  * limit). Returns the number of streams still running when it gave up
  * (they are cancelled by destroy), 0 if all finished. */
 int cinfer_server_drain(cinfer_server *s, int64_t timeout_ms);
+
+/* Reads the reloadable configuration again (SIGHUP): the TLS certificate,
+ * key and client CAs, which new connections then get (running ones keep
+ * theirs). On error nothing changes and the error is returned (the old
+ * configuration stays). Called by the main thread. */
+cinfer_status cinfer_server_reload(cinfer_server *s);
 
 /* Stops the server: cancels the engine requests of calls still running
  * (they end with UNAVAILABLE), cancels every other call, waits until every

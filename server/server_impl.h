@@ -49,6 +49,7 @@
 #include "server/orca.h"
 #include "server/reflection_index.h"
 #include "server/server.h"
+#include "server/tls.h"
 #include "server/trace.h"
 #include "server/validate.h"
 
@@ -179,6 +180,7 @@ struct cinfer_server {
     cinfer_chat_template chat;
 
     cinfer_refl_index *refl;
+    cinfer_tls *tls;             /* NULL = plaintext (tls.h) */
 
     /* Resilience (fixed at create). */
     cinfer_admission *adm;       /* NULL = admission off */
