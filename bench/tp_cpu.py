@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tp", default="1,2,3")
     ap.add_argument("--bench", default="128,32")
+    ap.add_argument("--note", default="", help="how the machine was loaded "
+                    "while this ran (printed with the results)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/"
                                                   "tp-cpu.md"))
     a = ap.parse_args()
@@ -89,11 +91,10 @@ def main():
         "--bench %s`: a model of the default model's size and shape with "
         "heads that divide by 2 and 3 (see the script), medians of %d "
         "rounds run in alternation; OPENBLAS_CORETYPE=%s (cinfer links no "
-        "BLAS). The machine was shared with other builds while this ran: "
-        "read the ratios of rounds run back to back." % (
+        "BLAS). %s" % (
             datetime.date.today().isoformat(), cpu_model(), a.threads,
             a.rounds, a.threads, a.tp, a.bench, a.rounds,
-            os.environ.get("OPENBLAS_CORETYPE", "unset")),
+            os.environ.get("OPENBLAS_CORETYPE", "unset"), a.note),
         "",
         "| TP | prefill tok/s | decode tok/s | prefill / TP=1 | "
         "decode / TP=1 | all-reduce per decode step | all-reduce per "
