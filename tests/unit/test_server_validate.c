@@ -161,7 +161,7 @@ static void test_sampling(void)
     /* Small enough to take a logit past a float in the sampler. */
     SET(repetition_penalty, 1e-37f);
     EXPECT_BAD(r, "sampling.repetition_penalty must be in [0.01, 10], got "
-                  "1e-37");
+                  "9.99999991e-38");
     SET(repetition_penalty, 0.0099f);
     EXPECT_BAD(r, "sampling.repetition_penalty");
     SET(repetition_penalty, 0.01f);
@@ -328,6 +328,10 @@ static void test_status_map(void)
                  GRPC_STATUS_DEADLINE_EXCEEDED);
     CHECK_EQ_INT(cinfer_server_grpc_status(CINFER_E_CANCELLED),
                  GRPC_STATUS_CANCELLED);
+    CHECK_EQ_INT(cinfer_server_grpc_status(CINFER_E_UNAUTHENTICATED),
+                 GRPC_STATUS_UNAUTHENTICATED);
+    CHECK_EQ_INT(cinfer_server_grpc_status(CINFER_E_PERMISSION),
+                 GRPC_STATUS_PERMISSION_DENIED);
     CHECK_EQ_INT(cinfer_server_grpc_status(CINFER_E_NOT_FOUND),
                  GRPC_STATUS_NOT_FOUND);
     CHECK_EQ_INT(cinfer_server_grpc_status(CINFER_E_UNSUPPORTED),
