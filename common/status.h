@@ -36,7 +36,9 @@ extern "C" {
     X(CINFER_E_CANCELLED, -10, "cancelled")                                \
     X(CINFER_E_EXHAUSTED, -11, "resource exhausted")                       \
     X(CINFER_E_UNAVAILABLE, -12, "unavailable")                            \
-    X(CINFER_E_INTERNAL, -13, "internal error")
+    X(CINFER_E_INTERNAL, -13, "internal error")                         \
+    X(CINFER_E_UNAUTHENTICATED, -14, "unauthenticated")                 \
+    X(CINFER_E_PERMISSION, -15, "permission denied")
 
 typedef enum {
 #define CINFER_STATUS_ENUM_(name, value, desc) name = value,

@@ -447,6 +447,8 @@ static void log_done(srv_call *c, gen_state *g)
         cinfer_log_str(&l, "client", "gone");
     if (g->finish == CINFER_FINISH_ERROR)
         cinfer_log_str(&l, "error", g->fin_message);
+    if (cinfer_call_key_name(c))
+        cinfer_log_str(&l, "api_key", cinfer_call_key_name(c));
     cinfer_trace_log(&l, &c->trace);
     cinfer_log_end(&l);
 }
@@ -699,7 +701,34 @@ static int admit(srv_call *c, gen_state *g, int priority, int64_t tokens,
 
     char *peer = NULL;
     size_t id_len = 0;
-    const char *id = client_key(c, &id_len, &peer);
+    const char *id = NULL;
+    if (c->key_set) {
+        /* With API keys, the key's own bucket replaces the per-client
+         * ones. */
+        int64_t retry_ms;
+        if (!cinfer_api_keys_take(c->key_set, c->key_index, now,
+                                  &retry_ms)) {
+            const char *name = cinfer_call_key_name(c);
+            char subject[96];
+            snprintf(subject, sizeof subject, "api_key:%s", name);
+            snprintf(msg, sizeof msg,
+                     "rate limited: API key %s exceeds its request rate; "
+                     "retry in %lld ms",
+                     name, (long long)retry_ms);
+            cinfer_pushback pb = {
+                .reason = CINFER_REJECT_RATE_LIMITED_CLIENT,
+                .retry_after_ms = retry_ms,
+                .quota_subject = subject,
+                .quota_desc = "the API key's request rate (qps= in the "
+                              "--api-keys file)",
+            };
+            cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_EXHAUSTED,
+                                       msg, &pb);
+            return 0;
+        }
+    } else {
+        id = client_key(c, &id_len, &peer);
+    }
     cinfer_admission_request rq = {
         .client_id = id,
         .client_id_len = id_len,
@@ -787,6 +816,18 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     gen_state *g = NULL;
     if (st != CINFER_OK)
         goto fail;
+    if (c->key_set) {
+        const cinfer_api_key *k =
+            cinfer_api_keys_get(c->key_set, c->key_index);
+        if (k && k->has_max_priority && r->priority > k->max_priority) {
+            st = cinfer_set_error(CINFER_E_PERMISSION,
+                                  "priority %d is above the maximum of API "
+                                  "key %s (%d)",
+                                  (int)r->priority, k->name,
+                                  (int)k->max_priority);
+            goto fail;
+        }
+    }
 
     switch (r->input_case) {
     case CINFER__V1__GENERATE_REQUEST__INPUT_TEXT:

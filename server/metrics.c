@@ -146,6 +146,8 @@ struct cinfer_metrics {
     _Atomic uint64_t requests[MAX_LABELS][N_GRPC_CODES];
     label_table reasons;
     _Atomic uint64_t rejected[MAX_LABELS];
+    label_table keys;
+    _Atomic uint64_t key_requests[MAX_LABELS];
 
     hist hists[CINFER_HIST_COUNT_];
     _Atomic uint64_t prompt_tokens;
@@ -237,6 +239,14 @@ void cinfer_metrics_rejected(cinfer_metrics *m, const char *reason)
         return;
     int i = label_index(&m->reasons, reason);
     atomic_fetch_add_explicit(&m->rejected[i], 1, memory_order_relaxed);
+}
+
+void cinfer_metrics_api_key(cinfer_metrics *m, const char *name)
+{
+    if (!m)
+        return;
+    int i = label_index(&m->keys, name);
+    atomic_fetch_add_explicit(&m->key_requests[i], 1, memory_order_relaxed);
 }
 
 void cinfer_metrics_add_tokens(cinfer_metrics *m, uint64_t prompt,
@@ -588,6 +598,22 @@ char *cinfer_metrics_render(cinfer_metrics *m)
         sb_printf(&b, "\"} %llu\n", (unsigned long long)v);
     }
 
+    int nk = atomic_load_explicit(&m->keys.n, memory_order_acquire);
+    if (nk > 0) {
+        sb_family(&b, "cinfer:api_key_requests_total", "counter",
+                  "Calls authenticated with an API key, by the key's name.");
+        for (int k = 0; k <= nk; k++) {
+            int i = k < nk ? k : MAX_LABELS - 1;
+            uint64_t v = atomic_load_explicit(&m->key_requests[i],
+                                              memory_order_relaxed);
+            if (!v)
+                continue;
+            sb_str(&b, "cinfer:api_key_requests_total{key=\"");
+            sb_label_value(&b, m->keys.names[i]);
+            sb_printf(&b, "\"} %llu\n", (unsigned long long)v);
+        }
+    }
+
     sb_family(&b, "cinfer:prompt_tokens_total", "counter",
               "Prompt tokens of finished requests.");
     sb_sample_u64(
@@ -852,6 +878,10 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
         st = cinfer_set_error(CINFER_E_NOMEM, "metrics: out of memory");
         goto fail_reasons;
     }
+    if (label_table_init(&m->keys) != 0) {
+        st = cinfer_set_error(CINFER_E_NOMEM, "metrics: out of memory");
+        goto fail_keys;
+    }
     if (pthread_mutex_init(&m->collect_mu, NULL) != 0) {
         st = cinfer_set_error(CINFER_E_NOMEM, "metrics: mutex init failed");
         goto fail_mutex;
@@ -886,6 +916,8 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
 fail_listen:
     pthread_mutex_destroy(&m->collect_mu);
 fail_mutex:
+    label_table_cleanup(&m->keys);
+fail_keys:
     label_table_cleanup(&m->reasons);
 fail_reasons:
     label_table_cleanup(&m->methods);
@@ -901,6 +933,7 @@ void cinfer_metrics_destroy(cinfer_metrics *m)
     if (m->daemon)
         MHD_stop_daemon(m->daemon); /* joins its thread, closes the socket */
     pthread_mutex_destroy(&m->collect_mu);
+    label_table_cleanup(&m->keys);
     label_table_cleanup(&m->reasons);
     label_table_cleanup(&m->methods);
     free(m);

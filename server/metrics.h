@@ -81,6 +81,10 @@ void cinfer_metrics_add_tokens(cinfer_metrics *m, uint64_t prompt,
  * "breaker_open", "shed_queue_full", ...). */
 void cinfer_metrics_rejected(cinfer_metrics *m, const char *reason);
 
+/* cinfer:api_key_requests_total{key} - calls authenticated with the API
+ * key of that name (the name from the key file; never the key). */
+void cinfer_metrics_api_key(cinfer_metrics *m, const char *name);
+
 /* ---- gauges pulled at scrape time ------------------------------------- */
 
 typedef struct {

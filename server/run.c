@@ -11,8 +11,8 @@
  *
  * Order of events: the port is bound first and health reports NOT_SERVING
  * while the model loads; then the engine starts and health turns SERVING.
- * SIGHUP re-reads the TLS certificate, key and client CAs
- * (cinfer_server_reload). SIGTERM or SIGINT drains: health NOT_SERVING,
+ * SIGHUP re-reads the TLS certificate, key and client CAs and the API
+ * key file (cinfer_server_reload). SIGTERM or SIGINT drains: health NOT_SERVING,
  * new calls UNAVAILABLE,
  * running streams get --drain-timeout seconds to finish, then the process
  * exits 0. The signals are blocked in every thread and taken synchronously
@@ -116,6 +116,8 @@ typedef struct {
     const char *tls_cert;
     const char *tls_key;
     const char *tls_client_ca;
+    const char *api_keys;
+    long api_keys_all_methods;
 } config;
 
 /* One row per flag: its name, environment variable, argument and help. */
@@ -287,6 +289,15 @@ static const flag_doc flags[] = {
     {"tls-client-ca", "CINFER_TLS_CLIENT_CA", "PEM",
      "mTLS: clients must present a certificate that chains to these CAs "
      "(a handshake without one fails); re-read on SIGHUP"},
+    {"api-keys", "CINFER_API_KEYS", "FILE",
+     "API keys: one line per key, its SHA-256 in hex, a name, and optional "
+     "qps=R burst=N max_priority=P; calls then need authorization: Bearer "
+     "KEY (or x-api-key: KEY), else UNAUTHENTICATED; a key with qps= has "
+     "its own rate limit instead of the per-client one; re-read on SIGHUP "
+     "(default: no keys)"},
+    {"api-keys-all-methods", "CINFER_API_KEYS_ALL_METHODS", "0|1",
+     "1 = health, reflection and the ORCA stream need a key too (default "
+     "0)"},
     {"max-concurrent-streams", "CINFER_MAX_CONCURRENT_STREAMS", "N",
      "streams per connection, advertised in SETTINGS; more are refused "
      "(default 100, 0 = no limit)"},
@@ -585,6 +596,10 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         cfg->tls_key = v;
     } else if (strcmp(name, "tls-client-ca") == 0) {
         cfg->tls_client_ca = v;
+    } else if (strcmp(name, "api-keys") == 0) {
+        cfg->api_keys = v;
+    } else if (strcmp(name, "api-keys-all-methods") == 0) {
+        ok = parse_long(v, 0, 1, &cfg->api_keys_all_methods);
     } else {
         ok = apply_conn_limit(&cfg->conn, name, v);
     }
@@ -698,6 +713,8 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
     sp->tls_cert_path = cfg->tls_cert;
     sp->tls_key_path = cfg->tls_key;
     sp->tls_client_ca_path = cfg->tls_client_ca;
+    sp->api_keys_path = cfg->api_keys;
+    sp->api_keys_all_methods = (int)cfg->api_keys_all_methods;
 
     cinfer_admission_params *ap = &sp->admission;
     ap->global.rate_per_s = cfg->rate_limit_qps;

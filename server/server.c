@@ -372,6 +372,7 @@ static void call_free(srv_call *c)
         grpc_slice_unref(c->initial_md[i].key);
         grpc_slice_unref(c->initial_md[i].value);
     }
+    cinfer_api_keys_unref(c->key_set);
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->request_md);
     if (c->call)
@@ -644,6 +645,8 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
                                    cinfer_reject_name(pb->reason));
                 cinfer_log_int(&l, "retry_after_ms", pb->retry_after_ms);
                 cinfer_log_str(&l, "detail", details ? details : "");
+                if (cinfer_call_key_name(c))
+                    cinfer_log_str(&l, "api_key", cinfer_call_key_name(c));
                 cinfer_trace_log(&l, &c->trace);
                 cinfer_log_end(&l);
             }
@@ -676,6 +679,8 @@ void cinfer_call_log_status(srv_call *c, cinfer_status st,
     cinfer_log_str(&l, "status", cinfer_status_name(st));
     cinfer_log_int(&l, "grpc_status", (int)cinfer_server_grpc_status(st));
     cinfer_log_str(&l, "detail", details ? details : "");
+    if (cinfer_call_key_name(c))
+        cinfer_log_str(&l, "api_key", cinfer_call_key_name(c));
     cinfer_trace_log(&l, &c->trace);
     cinfer_log_end(&l);
 }
@@ -761,6 +766,75 @@ static const rpc_method *find_method(const grpc_slice *path)
     return NULL;
 }
 
+/* Health, reflection and the load reports need no key unless
+ * api_keys_all_methods says so. */
+static int needs_key(const srv_call *c)
+{
+    if (c->srv->params.api_keys_all_methods || !c->method)
+        return 1;
+    switch (c->method->kind) {
+    case RPC_HEALTH_CHECK:
+    case RPC_HEALTH_WATCH:
+    case RPC_REFLECTION:
+    case RPC_ORCA_STREAM:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+const char *cinfer_call_key_name(const srv_call *c)
+{
+    const cinfer_api_key *k =
+        c->key_set ? cinfer_api_keys_get(c->key_set, c->key_index) : NULL;
+    return k ? k->name : NULL;
+}
+
+/* Checks the call's API key when the server has keys. Returns 1 to go on,
+ * 0 when the call was answered UNAUTHENTICATED. */
+static int authenticate(srv_call *c)
+{
+    cinfer_server *s = c->srv;
+    pthread_mutex_lock(&s->keys_mu);
+    cinfer_api_keys *ks = s->keys;
+    if (ks)
+        cinfer_api_keys_ref(ks);
+    pthread_mutex_unlock(&s->keys_mu);
+    if (!ks)
+        return 1;
+    if (!needs_key(c)) {
+        cinfer_api_keys_unref(ks);
+        return 1;
+    }
+    const char *key = NULL;
+    size_t key_len = 0;
+    for (size_t i = 0; i < c->request_md.count && !key; i++) {
+        const grpc_metadata *md = &c->request_md.metadata[i];
+        cinfer_api_key_from_header(
+            (const char *)GRPC_SLICE_START_PTR(md->key),
+            GRPC_SLICE_LENGTH(md->key),
+            (const char *)GRPC_SLICE_START_PTR(md->value),
+            GRPC_SLICE_LENGTH(md->value), &key, &key_len);
+    }
+    int idx = -1;
+    if (key && key_len <= CINFER_API_KEY_MAX_BYTES)
+        idx = cinfer_api_keys_find(ks, key, key_len);
+    if (idx < 0) {
+        cinfer_api_keys_unref(ks);
+        cinfer_call_set_request_id(c, NULL);
+        cinfer_call_send_status(
+            c, OP_STEP, NULL, CINFER_E_UNAUTHENTICATED,
+            key ? "the API key is not valid"
+                : "an API key is required (authorization: Bearer KEY, or "
+                  "x-api-key: KEY)");
+        return 0;
+    }
+    c->key_set = ks;
+    c->key_index = idx;
+    cinfer_metrics_api_key(s->metrics, cinfer_call_key_name(c));
+    return 1;
+}
+
 static void dispatch(srv_call *c)
 {
     cinfer_server *s = c->srv;
@@ -782,6 +856,9 @@ static void dispatch(srv_call *c)
 
     cinfer_trace_from_metadata(&c->trace, &c->request_md);
     c->method = find_method(&c->details.method);
+    /* Before anything else reads the call, and before its message. */
+    if (!authenticate(c))
+        return;
     if (!c->method) {
         char msg[300];
         size_t n = GRPC_SLICE_LENGTH(c->details.method);
@@ -957,15 +1034,46 @@ int cinfer_server_port(const cinfer_server *s)
 cinfer_status cinfer_server_reload(cinfer_server *s)
 {
     cinfer_status st = CINFER_OK;
-    if (s->tls) {
-        st = cinfer_tls_reload(s->tls);
+    if (s->params.api_keys_path) {
+        pthread_mutex_lock(&s->keys_mu);
+        cinfer_api_keys *old = s->keys;
+        cinfer_api_keys_ref(old);
+        pthread_mutex_unlock(&s->keys_mu);
+        cinfer_api_keys *ks = NULL;
+        st = cinfer_api_keys_load(s->params.api_keys_path, old, &ks);
+        if (st == CINFER_OK) {
+            pthread_mutex_lock(&s->keys_mu);
+            cinfer_api_keys *prev = s->keys;
+            s->keys = ks;
+            pthread_mutex_unlock(&s->keys_mu);
+            cinfer_api_keys_unref(prev);
+        }
+        cinfer_api_keys_unref(old);
         cinfer_log_line l;
         if (cinfer_log_begin(&l, st == CINFER_OK ? CINFER_LOG_INFO
                                                  : CINFER_LOG_ERROR,
-                             st == CINFER_OK ? "tls reloaded"
-                                             : "tls reload failed",
+                             st == CINFER_OK ? "api keys reloaded"
+                                             : "api keys reload failed",
                              NULL)) {
-            if (st != CINFER_OK)
+            if (st == CINFER_OK)
+                cinfer_log_int(&l, "keys",
+                               (int64_t)cinfer_api_keys_count(ks));
+            else
+                cinfer_log_str(&l, "error", cinfer_last_error());
+            cinfer_log_end(&l);
+        }
+    }
+    if (s->tls) {
+        cinfer_status tst = cinfer_tls_reload(s->tls);
+        if (tst != CINFER_OK)
+            st = tst;
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, tst == CINFER_OK ? CINFER_LOG_INFO
+                                                  : CINFER_LOG_ERROR,
+                             tst == CINFER_OK ? "tls reloaded"
+                                              : "tls reload failed",
+                             NULL)) {
+            if (tst != CINFER_OK)
                 cinfer_log_str(&l, "error", cinfer_last_error());
             cinfer_log_end(&l);
         }
@@ -1071,6 +1179,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->prefill_mu, NULL);
+    pthread_mutex_init(&s->keys_mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->wd_cv, &ca);
@@ -1087,6 +1196,14 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     if (!s->listen) {
         st = cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
         goto fail_alloc;
+    }
+
+    if (sp.api_keys_path && sp.api_keys_path[0]) {
+        st = cinfer_api_keys_load(sp.api_keys_path, NULL, &s->keys);
+        if (st != CINFER_OK)
+            goto fail_alloc;
+    } else {
+        s->params.api_keys_path = NULL;
     }
 
     if (sp.resilience) {
@@ -1220,6 +1337,8 @@ fail_grpc:
 fail_alloc:
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
+    cinfer_api_keys_unref(s->keys);
+    pthread_mutex_destroy(&s->keys_mu);
     pthread_mutex_destroy(&s->prefill_mu);
     pthread_cond_destroy(&s->wd_cv);
     pthread_cond_destroy(&s->cv);
@@ -1406,6 +1525,8 @@ void cinfer_server_destroy(cinfer_server *s)
     cinfer_chat_template_cleanup(&s->chat);
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
+    cinfer_api_keys_unref(s->keys);
+    pthread_mutex_destroy(&s->keys_mu);
     pthread_mutex_destroy(&s->prefill_mu);
     pthread_cond_destroy(&s->wd_cv);
     pthread_cond_destroy(&s->cv);

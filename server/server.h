@@ -126,6 +126,11 @@ typedef struct {
     const char *tls_client_ca_path; /* PEM CAs client certificates must
                                        chain to: mTLS, a client certificate
                                        required; NULL = none asked */
+    const char *api_keys_path;      /* key file (api_keys.h): every call
+                                       but health, reflection and ORCA must
+                                       carry a listed key; NULL = no keys */
+    int api_keys_all_methods;       /* 1 = health, reflection and ORCA
+                                       need a key too */
     cinfer_metrics *metrics;        /* borrowed, outlives the server; the
                                        server records into it and installs
                                        its collector; NULL = none */
@@ -158,8 +163,9 @@ int cinfer_server_drain(cinfer_server *s, int64_t timeout_ms);
 
 /* Reads the reloadable configuration again (SIGHUP): the TLS certificate,
  * key and client CAs, which new connections then get (running ones keep
- * theirs). On error nothing changes and the error is returned (the old
- * configuration stays). Called by the main thread. */
+ * theirs), and the API key file, which new calls are checked against. A
+ * part that fails to load keeps its old configuration (the error is
+ * logged and returned). Called by the main thread. */
 cinfer_status cinfer_server_reload(cinfer_server *s);
 
 /* Stops the server: cancels the engine requests of calls still running

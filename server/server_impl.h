@@ -49,6 +49,7 @@
 #include "server/orca.h"
 #include "server/reflection_index.h"
 #include "server/server.h"
+#include "server/api_keys.h"
 #include "server/tls.h"
 #include "server/trace.h"
 #include "server/validate.h"
@@ -121,6 +122,9 @@ struct srv_call {
                                     cancelled, the deadline passed): no
                                     status of ours may follow */
     int counted;                 /* its outcome is in the metrics (once) */
+    cinfer_api_keys *key_set;    /* the key set it was let in with (a
+                                    reference), NULL = none */
+    int key_index;               /* its key in key_set */
     int recv_listed;             /* on srv->recv_list, waiting for its
                                     first message (srv->mu) */
     int64_t recv_deadline_ns;    /* when that wait ends it */
@@ -181,6 +185,9 @@ struct cinfer_server {
 
     cinfer_refl_index *refl;
     cinfer_tls *tls;             /* NULL = plaintext (tls.h) */
+    pthread_mutex_t keys_mu;
+    cinfer_api_keys *keys;       /* current key set (keys_mu); NULL = no
+                                    keys asked (api_keys.h) */
 
     /* Resilience (fixed at create). */
     cinfer_admission *adm;       /* NULL = admission off */
@@ -307,6 +314,9 @@ void cinfer_call_count_ended(srv_call *c);
  * (RECV_CLOSE_ON_SERVER came back cancelled) or its deadline passed (the
  * core ends it with DEADLINE_EXCEEDED itself). */
 int cinfer_call_ended_by_core(srv_call *c);
+
+/* The name of the call's API key, or NULL. */
+const char *cinfer_call_key_name(const srv_call *c);
 
 /* Logs a rejected or failed call (info level for client errors, warn for
  * server faults). */

@@ -14,6 +14,8 @@
  *   CANCELLED          -> CANCELLED;
  *   NOT_FOUND          -> NOT_FOUND (health: an unknown service name);
  *   UNSUPPORTED        -> UNIMPLEMENTED (an unknown method);
+ *   UNAUTHENTICATED    -> UNAUTHENTICATED (no API key, or a wrong one);
+ *   PERMISSION         -> PERMISSION_DENIED (a priority above the key's);
  *   IO, FORMAT, DEVICE, INTERNAL -> INTERNAL: a server-side fault the
  *       breaker counts.
  */
@@ -40,6 +42,10 @@ grpc_status_code cinfer_server_grpc_status(cinfer_status s)
         return GRPC_STATUS_NOT_FOUND;
     case CINFER_E_UNSUPPORTED:
         return GRPC_STATUS_UNIMPLEMENTED;
+    case CINFER_E_UNAUTHENTICATED:
+        return GRPC_STATUS_UNAUTHENTICATED;
+    case CINFER_E_PERMISSION:
+        return GRPC_STATUS_PERMISSION_DENIED;
     case CINFER_E_IO:
     case CINFER_E_FORMAT:
     case CINFER_E_DEVICE:

@@ -33,6 +33,12 @@ Cases:
               another CA) fails; SIGHUP with a new certificate keeps a
               running stream and serves the new one to new connections; a
               bad one is refused and the old one kept.
+  keys        --api-keys: no key and a wrong key UNAUTHENTICATED (before
+              the body is read), good keys stream, one key's burst
+              RESOURCE_EXHAUSTED (QuotaFailure api_key:NAME) while another
+              key goes on, a priority above the key's PERMISSION_DENIED,
+              health and reflection exempt, SIGHUP reloads (a broken file
+              keeps the keys), names and never keys in logs and /metrics.
   compression requests compressed by grpcio (gzip, deflate) served; a gzip
               bomb (256 MiB in 256 KB) refused RESOURCE_EXHAUSTED without
               the server's peak memory growing by more than 64 MB.
@@ -842,12 +848,157 @@ def case_tls():
             "or one from another CA, fails the handshake")
 
 
+# ---------------------------------------------------------------------------
+# API keys
+# ---------------------------------------------------------------------------
+
+def case_keys():
+    """No key and a wrong key are UNAUTHENTICATED before the body is read;
+    a good key streams; one key's burst gets RESOURCE_EXHAUSTED while
+    another key keeps working; a priority above the key's maximum is
+    PERMISSION_DENIED; health and reflection need no key; the key never
+    appears in logs or metrics, its name does; SIGHUP reloads the file."""
+    import grpc
+    import hashlib
+    pb, rpc, hpb, hrpc = run.stubs()
+    keys = {"alice": "alice-" + os.urandom(16).hex(),
+            "bob": "bob-" + os.urandom(16).hex(),
+            "carol": "carol-" + os.urandom(16).hex()}
+
+    def digest(k):
+        return hashlib.sha256(k.encode()).hexdigest()
+
+    path = os.path.join(ARGS.work, "keys.txt")
+    with open(path, "w") as f:
+        f.write("# test keys\n")
+        f.write("%s alice qps=0.05 burst=2 max_priority=10\n" %
+                digest(keys["alice"]))
+        f.write("%s bob\n" % digest(keys["bob"]))
+    with run.Server(run.tiny_model(), name="keys",
+                    extra=["--api-keys", path]) as srv:
+        stub = srv.stub()
+
+        def gen(md, priority=0):
+            req = run.gen_bytes(n=2)
+            req.priority = priority
+            try:
+                run.collect(stub.Generate(req, timeout=30, metadata=md))
+                return grpc.StatusCode.OK, ""
+            except grpc.RpcError as e:
+                return e.code(), e.details() or ""
+
+        code, details = gen(())
+        check_eq(code, grpc.StatusCode.UNAUTHENTICATED, "no key")
+        check("API key is required" in details, details)
+        code, _ = gen((("authorization", "Bearer wrong"),))
+        check_eq(code, grpc.StatusCode.UNAUTHENTICATED, "a wrong key")
+        code, _ = gen((("x-api-key", keys["bob"] + "x"),))
+        check_eq(code, grpc.StatusCode.UNAUTHENTICATED, "a near key")
+        # Before the body: a request that does not even decode is still
+        # UNAUTHENTICATED.
+        r = run.h2_call(srv.addr, GENERATE, b"\xff\xff\xff")
+        check_eq(r.status, 16, "an undecodable request without a key")
+        code, details = gen((("authorization", "Bearer " + keys["bob"]),))
+        check_eq(code, grpc.StatusCode.OK, "bob's key: " + details)
+        code, details = gen((("x-api-key", keys["alice"]),))
+        check_eq(code, grpc.StatusCode.OK, "alice's key: " + details)
+        # Tokenize needs a key too; health and reflection do not.
+        try:
+            stub.Tokenize(pb.TokenizeRequest(text="hi"), timeout=10)
+            check(False, "Tokenize without a key was served")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.UNAUTHENTICATED, "Tokenize")
+        check_eq(srv.health(), "SERVING", "health without a key")
+        rc, out, err = run.grpcurl(srv, "list", timeout=30)
+        check_eq(rc, 0, "reflection without a key: " + err)
+        log("ok: no key / wrong key UNAUTHENTICATED; good keys stream; "
+            "health and reflection exempt")
+
+        # Alice's burst of 2 (one used above) runs out; bob goes on.
+        alice = (("x-api-key", keys["alice"]),)
+        seen = []
+        for _ in range(3):
+            seen.append(gen(alice))
+        codes = [c for c, _ in seen]
+        check(grpc.StatusCode.RESOURCE_EXHAUSTED in codes,
+              "alice's burst: %r" % (seen,))
+        limited = [d for c, d in seen
+                   if c == grpc.StatusCode.RESOURCE_EXHAUSTED][0]
+        check("API key alice" in limited, limited)
+        for _ in range(5):
+            code, details = gen((("x-api-key", keys["bob"]),))
+            check_eq(code, grpc.StatusCode.OK, "bob meanwhile: " + details)
+        # Trailers-Only with the key's quota subject.
+        req = run.gen_bytes(n=2).SerializeToString()
+        r = run.h2_call(srv.addr, GENERATE, req, [("x-api-key",
+                                                   keys["alice"])])
+        check_eq(r.status, 8, "alice over her rate, raw")
+        check(r.trailers_only, "the key's refusal is Trailers-Only")
+        _, _, retry_ms, subjects = run.rich_status(
+            r.md("grpc-status-details-bin"))
+        check_eq(subjects, ["api_key:alice"], "QuotaFailure subject")
+        check(retry_ms and retry_ms >= 1, "pushback %r" % retry_ms)
+        code, details = gen((("x-api-key", keys["bob"]),), priority=50)
+        check_eq(code, grpc.StatusCode.OK, "bob has no priority cap")
+        log("ok: alice's burst RESOURCE_EXHAUSTED (api_key:alice) while bob "
+            "kept working")
+
+        # SIGHUP: carol added with a priority cap, bob removed.
+        with open(path, "w") as f:
+            f.write("%s alice qps=0.05 burst=2 max_priority=10\n" %
+                    digest(keys["alice"]))
+            f.write("%s carol max_priority=5\n" % digest(keys["carol"]))
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 30
+        while not any(ln.get("msg") == "api keys reloaded"
+                      for ln in srv.log_lines()):
+            check(time.time() < deadline, "no 'api keys reloaded' line")
+            time.sleep(0.05)
+        code, _ = gen((("x-api-key", keys["bob"]),))
+        check_eq(code, grpc.StatusCode.UNAUTHENTICATED, "bob after reload")
+        code, details = gen((("x-api-key", keys["carol"]),), priority=6)
+        check_eq(code, grpc.StatusCode.PERMISSION_DENIED, "carol's cap")
+        check("above the maximum of API key carol" in details, details)
+        code, details = gen((("x-api-key", keys["carol"]),), priority=5)
+        check_eq(code, grpc.StatusCode.OK, "carol at her cap: " + details)
+        # A broken file keeps the keys.
+        with open(path, "w") as f:
+            f.write("not a key file\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 30
+        while not any(ln.get("msg") == "api keys reload failed"
+                      for ln in srv.log_lines()):
+            check(time.time() < deadline, "no 'api keys reload failed'")
+            time.sleep(0.05)
+        code, _ = gen((("x-api-key", keys["carol"]),))
+        check_eq(code, grpc.StatusCode.OK, "carol after a failed reload")
+        log("ok: SIGHUP reloads the keys; a broken file keeps them")
+
+        m = run.scrape(srv)
+        if m is not None:
+            check(run.metric(m, "cinfer:api_key_requests_total",
+                             key="carol") >= 2, "per-key metric")
+            check(run.metric(m, "cinfer:request_total", method="Generate",
+                             code="UNAUTHENTICATED") >= 4,
+                  "UNAUTHENTICATED counted")
+        import urllib.request
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" %
+                                      srv.metrics_port, timeout=10).read()
+        logs = srv.log_text()
+        for name, k in keys.items():
+            check(k not in logs, "the %s key is in the log" % name)
+            check(k.encode() not in body, "the %s key is in /metrics" % name)
+        check('"api_key":"carol"' in logs, "the key's name in the log")
+        log("ok: names, never keys, in logs and metrics")
+
+
 CASES = {
     "wire": case_wire,
     "accounting": case_accounting,
     "limits": case_limits,
     "compression": case_compression,
     "tls": case_tls,
+    "keys": case_keys,
 }
 
 
