@@ -827,15 +827,40 @@ static int sset_add(sset *s, const uint32_t *v, size_t n)
     return 0;
 }
 
-/* Appends a copy of *src to *dst (dst empty first). */
+/* *dst becomes a copy of *src (no dedupe needed: src has none). */
 static int sset_copy(sset *dst, const sset *src)
 {
-    dst->n = dst->used = 0;
-    for (size_t i = 0; i < src->n; i++) {
-        int r = sset_add(dst, src->pool + src->start[i], src->len[i]);
-        if (r)
-            return r;
+    if (src->n > dst->ncap) {
+        size_t cap = src->n;
+        size_t *st = realloc(dst->start, cap * sizeof *st);
+        if (st)
+            dst->start = st;
+        uint32_t *ln = realloc(dst->len, cap * sizeof *ln);
+        if (ln)
+            dst->len = ln;
+        uint64_t *hs = realloc(dst->hash, cap * sizeof *hs);
+        if (hs)
+            dst->hash = hs;
+        if (!st || !ln || !hs)
+            return -1;
+        dst->ncap = cap;
     }
+    if (src->used > dst->cap) {
+        uint32_t *p = realloc(dst->pool, src->used * sizeof *p);
+        if (!p)
+            return -1;
+        dst->pool = p;
+        dst->cap = src->used;
+    }
+    if (src->used)
+        memcpy(dst->pool, src->pool, src->used * sizeof *dst->pool);
+    if (src->n) {
+        memcpy(dst->start, src->start, src->n * sizeof *dst->start);
+        memcpy(dst->len, src->len, src->n * sizeof *dst->len);
+        memcpy(dst->hash, src->hash, src->n * sizeof *dst->hash);
+    }
+    dst->n = src->n;
+    dst->used = src->used;
     return 0;
 }
 
