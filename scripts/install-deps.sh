@@ -11,7 +11,7 @@ DEB_PACKAGES="build-essential cmake pkg-config git clang libclang-rt-14-dev \
   llvm libpcre2-dev libjemalloc-dev python3 python3-pip \
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
   libcurl4-openssl-dev libmicrohttpd-dev libboost-context-dev nginx \
-  zlib1g-dev libssl-dev openssl"
+  zlib1g-dev libssl-dev openssl nghttp2-client"
 
 missing=""
 for p in $DEB_PACKAGES; do

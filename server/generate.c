@@ -2,7 +2,7 @@
  * generate.c - cinfer.v1.Inference/Generate: the streaming call and its
  * sink.
  *
- * On the call's worker thread: decode, validate, tokenize (text, ids, or
+ * On a request thread (pool.c): decode, validate, tokenize (text, ids, or
  * chat through the template), submit to the engine. From then on the
  * engine thread drives the stream through on_event:
  *
@@ -935,7 +935,20 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     }
     rp.on_event = on_event;
     rp.user = c;
+    /* A request thread runs this: the close may come meanwhile on the
+     * call's completion-queue thread, which reads c->rpc under c->mu. */
+    pthread_mutex_lock(&c->mu);
     c->rpc = g;
+    if (c->closed && c->close_cancelled)
+        g->gone = 1;
+    int gone_early = g->gone;
+    pthread_mutex_unlock(&c->mu);
+    if (gone_early) {
+        /* The client left while its request was read: counted as such,
+         * no engine work. */
+        cinfer_call_count_ended(c);
+        goto out;
+    }
 
     if (s->adm) {
         int64_t total = (int64_t)n_prompt + rp.max_tokens;
@@ -1007,8 +1020,10 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     pthread_mutex_lock(&c->mu);
     g->engine_id = id;
     g->submitted = 1;
-    /* The watchdog may have shed it between listing and now. */
-    int shed_early = g->shed != CINFER_REJECT_NONE && !g->finished;
+    /* The watchdog may have shed it between listing and now, or the
+     * client may have left (generate_on_close saw it unsubmitted). */
+    int shed_early = (g->shed != CINFER_REJECT_NONE || g->gone) &&
+                     !g->finished;
     pthread_mutex_unlock(&c->mu);
     if (shed_early)
         cinfer_engine_cancel(s->engine, id);
@@ -1057,11 +1072,13 @@ static void generate_on_send(srv_call *c, int ok)
 
 static void generate_on_close(srv_call *c)
 {
-    gen_state *g = c->rpc;
-    if (!g)
-        return;
     int64_t now = cinfer_server_now_ns();
     pthread_mutex_lock(&c->mu);
+    gen_state *g = c->rpc;
+    if (!g) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
     int cancel = 0;
     uint64_t id = g->engine_id;
     if (c->close_cancelled) {
@@ -1213,6 +1230,7 @@ const rpc_method cinfer_rpc_generate = {
     .path = "/cinfer.v1.Inference/Generate",
     .kind = RPC_GENERATE,
     .needs_model = 1,
+    .off_cq = 1,
     .on_message = generate_on_message,
     .on_send = generate_on_send,
     .on_close = generate_on_close,

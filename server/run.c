@@ -72,6 +72,7 @@ typedef struct {
     long dist_timeout_ms;
     int compute_prio; /* cinfer_thread_prio */
     long grpc_threads;
+    long request_threads;
     long max_seqs;
     long max_batched_tokens;
     long min_prefill_tokens;
@@ -172,6 +173,11 @@ static const flag_doc flags[] = {
      "idle)"},
     {"grpc-threads", "CINFER_GRPC_THREADS", "N",
      "completion-queue threads (default 2)"},
+    {"request-threads", "CINFER_REQUEST_THREADS", "N",
+     "threads that read, decode, tokenize and submit requests at nice +10, "
+     "off the completion-queue threads, so that health checks, reflection "
+     "and rejections answer at once whatever the requests are (default 2; "
+     "0 = the completion-queue threads do it)"},
     {"max-seqs", "CINFER_MAX_SEQS", "N",
      "sequences decoded together (default 64)"},
     {"max-batched-tokens", "CINFER_MAX_BATCHED_TOKENS", "N",
@@ -502,6 +508,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
         ok = parse_long(v, 1, 1L << 30, &cfg->dist_timeout_ms);
     } else if (strcmp(name, "grpc-threads") == 0) {
         ok = parse_long(v, 1, 256, &cfg->grpc_threads);
+    } else if (strcmp(name, "request-threads") == 0) {
+        ok = parse_long(v, 0, 256, &cfg->request_threads);
     } else if (strcmp(name, "max-seqs") == 0) {
         ok = parse_long(v, 1, 4096, &cfg->max_seqs);
     } else if (strcmp(name, "max-batched-tokens") == 0) {
@@ -699,6 +707,7 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
 {
     sp->listen = cfg->listen;
     sp->grpc_threads = (int)cfg->grpc_threads;
+    sp->request_threads = (int)cfg->request_threads;
     sp->max_receive_message_bytes = (int)cfg->max_receive_message_bytes;
     sp->default_max_tokens = (int)cfg->default_max_tokens;
     sp->max_seqs = (int)cfg->max_seqs;
@@ -921,6 +930,7 @@ int cinfer_server_main(int argc, char **argv,
         .nnodes = 1,
         .compute_prio = CINFER_THREAD_PRIO_IDLE,
         .grpc_threads = 2,
+        .request_threads = defaults.request_threads,
         .max_seqs = 64,
         .max_batched_tokens = 64,
         .min_prefill_tokens = 32,

@@ -60,6 +60,9 @@
 /* Pushback of calls refused while the model loads. */
 #define LOADING_PUSHBACK_MS 1000
 
+/* Pushback of calls refused because the request threads' queue is full. */
+#define BUSY_PUSHBACK_MS 100
+
 static const rpc_method *const methods[] = {
     &cinfer_rpc_generate,          &cinfer_rpc_tokenize,
     &cinfer_rpc_detokenize,        &cinfer_rpc_model_info,
@@ -81,6 +84,8 @@ cinfer_server_params cinfer_server_default_params(void)
     memset(&p, 0, sizeof p);
     p.listen = "127.0.0.1:50051";
     p.grpc_threads = 2;
+    p.request_threads = 2;
+    p.request_queue = 1024;
     p.max_receive_message_bytes = 4 << 20;
     p.default_max_tokens = 256;
     p.resilience = 1;
@@ -929,6 +934,20 @@ static void on_step(srv_call *c, int ok)
                                     "was read");
             return;
         }
+        if (c->method->off_cq && c->srv->pool) {
+            if (!cinfer_pool_push(c->srv->pool, c, msg)) {
+                grpc_byte_buffer_destroy(msg);
+                cinfer_call_set_request_id(c, NULL);
+                cinfer_pushback pb = {.reason = CINFER_REJECT_NONE,
+                                      .retry_after_ms = BUSY_PUSHBACK_MS};
+                cinfer_call_send_status_ex(c, OP_STEP, NULL,
+                                           CINFER_E_UNAVAILABLE,
+                                           "overloaded: too many requests "
+                                           "wait to be read",
+                                           &pb);
+            }
+            return;
+        }
         c->method->on_message(c, msg);
         return;
     }
@@ -1134,6 +1153,12 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
         sp.listen = d.listen;
     if (sp.grpc_threads <= 0)
         sp.grpc_threads = d.grpc_threads;
+    if (sp.request_threads < 0 || sp.request_threads > 256)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "request_threads must be in [0, 256], got %d",
+                                sp.request_threads);
+    if (sp.request_queue <= 0)
+        sp.request_queue = d.request_queue;
     if (sp.grpc_threads > 256)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "grpc_threads must be in [1, 256], got %d",
@@ -1214,6 +1239,13 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
             ap.hash_seed[1] = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
         }
         st = cinfer_admission_create(&ap, &s->adm);
+        if (st != CINFER_OK)
+            goto fail_alloc;
+    }
+
+    if (sp.request_threads > 0) {
+        st = cinfer_pool_create(sp.request_threads, sp.request_queue,
+                                &s->pool);
         if (st != CINFER_OK)
             goto fail_alloc;
     }
@@ -1335,6 +1367,7 @@ fail_grpc:
     cinfer_tls_destroy(s->tls); /* after the core let its credentials go */
     cinfer_refl_index_destroy(s->refl);
 fail_alloc:
+    cinfer_pool_destroy(s->pool);
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     cinfer_api_keys_unref(s->keys);
@@ -1509,6 +1542,8 @@ void cinfer_server_destroy(cinfer_server *s)
     pthread_mutex_lock(&s->mu);
     wait_until(s, all_freed, -1);
     pthread_mutex_unlock(&s->mu);
+    /* Every call is freed: the request threads have nothing queued. */
+    cinfer_pool_destroy(s->pool);
 
     for (int i = 0; i < s->n_workers; i++)
         grpc_completion_queue_shutdown(s->workers[i].cq);

@@ -90,6 +90,13 @@ typedef struct {
                                        cinfer_server_port); NULL =
                                        "127.0.0.1:50051" */
     int grpc_threads;               /* completion-queue threads; 0 = 2 */
+    int request_threads;            /* threads that decode, tokenize and
+                                       submit requests (off the
+                                       completion-queue threads); 0 = none
+                                       (the completion-queue threads do
+                                       it); the default is 2 */
+    int request_queue;              /* requests waiting for one; more are
+                                       UNAVAILABLE at once; 0 = 1024 */
     int max_receive_message_bytes;  /* largest request message; larger ones
                                        fail with RESOURCE_EXHAUSTED; 0 =
                                        4 MiB */

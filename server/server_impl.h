@@ -87,6 +87,7 @@ enum { OP_STEP = 0, OP_CLOSE = 1, OP_SEND = 2 };
 
 typedef struct srv_worker srv_worker;
 typedef struct srv_call srv_call;
+typedef struct srv_pool srv_pool;
 
 struct srv_worker {
     cinfer_server *srv;
@@ -130,6 +131,8 @@ struct srv_call {
     int64_t recv_deadline_ns;    /* when that wait ends it */
     atomic_int recv_expired;     /* ended for it (DEADLINE_EXCEEDED) */
     srv_call *rnext, *rprev;     /* srv->recv_list links (srv->mu) */
+    srv_call *pool_next;         /* request-thread queue link (pool.c) */
+    grpc_byte_buffer *pool_msg;  /* the message it carries there */
     int initial_md_sent;
     int accepted;                /* counted in calls_open */
     int listed;                  /* on srv->generate_list / watch_list */
@@ -151,6 +154,10 @@ typedef struct rpc_method {
     const char *path;          /* "/cinfer.v1.Inference/Generate" */
     rpc_kind kind;
     int needs_model;           /* UNAVAILABLE while loading or draining */
+    int off_cq;                /* on_message runs on a request thread
+                                  (decoding, tokenizing: work that grows
+                                  with the request), not on the
+                                  completion-queue thread */
     /* A request message arrived; msg NULL = the client half-closed with no
      * (more) messages. The hook owns msg. */
     void (*on_message)(srv_call *c, grpc_byte_buffer *msg);
@@ -185,6 +192,7 @@ struct cinfer_server {
 
     cinfer_refl_index *refl;
     cinfer_tls *tls;             /* NULL = plaintext (tls.h) */
+    srv_pool *pool;              /* request threads; NULL = none (pool.c) */
     pthread_mutex_t keys_mu;
     cinfer_api_keys *keys;       /* current key set (keys_mu); NULL = no
                                     keys asked (api_keys.h) */
@@ -329,6 +337,25 @@ const char *cinfer_call_method_name(const srv_call *c);
 
 /* Assigns c->request_id: the client's id if given, else "req-<n>". */
 void cinfer_call_set_request_id(srv_call *c, const char *client_id);
+
+/* ---- request threads (pool.c) ------------------------------------------
+ * The work of a request that grows with its size (copying and decoding a
+ * 4 MB message, tokenizing it, admitting and submitting it) runs on a few
+ * threads of its own at a lower priority (nice +10; small requests have a
+ * thread of normal priority of their own), so that the
+ * completion-queue threads stay free for health checks, reflection,
+ * rejections and the streams' sends whatever the requests are. */
+
+/* Starts n threads for every request and one more for small ones;
+ * queue_max calls may wait for one. */
+cinfer_status cinfer_pool_create(int n_threads, int queue_max,
+                                 srv_pool **out);
+/* Queues c->method->on_message(c, msg) for a request thread, with a
+ * reference on the call that the thread drops. Returns 0 when the queue
+ * is full (nothing taken). */
+int cinfer_pool_push(srv_pool *p, srv_call *c, grpc_byte_buffer *msg);
+/* Runs what is queued, then joins the threads. NULL is fine. */
+void cinfer_pool_destroy(srv_pool *p);
 
 /* ---- methods (one file each) ------------------------------------------- */
 

@@ -1,9 +1,10 @@
 /*
  * tokenize.c - cinfer.v1.Inference/Tokenize and /Detokenize (unary).
  *
- * Both run on the call's worker thread: the tokenizer is immutable and
- * thread-safe, and the work is bounded by the request size (the receive
- * limit) and, for Detokenize, by the context length.
+ * Both run on a request thread (pool.c), off the completion-queue
+ * threads: the tokenizer is immutable and thread-safe, and the work grows
+ * with the request size (bounded by the receive limit) and, for
+ * Detokenize, by the context length.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,7 @@ const rpc_method cinfer_rpc_tokenize = {
     .path = "/cinfer.v1.Inference/Tokenize",
     .kind = RPC_TOKENIZE,
     .needs_model = 1,
+    .off_cq = 1,
     .on_message = tokenize_on_message,
 };
 
@@ -152,5 +154,6 @@ const rpc_method cinfer_rpc_detokenize = {
     .path = "/cinfer.v1.Inference/Detokenize",
     .kind = RPC_DETOKENIZE,
     .needs_model = 1,
+    .off_cq = 1,
     .on_message = detokenize_on_message,
 };
