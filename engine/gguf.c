@@ -535,8 +535,9 @@ static cinfer_status read_tensor_info(cursor *c, uint64_t index,
                                 T_ARGS(index, e), c->pos, c->size);
     if (!cinfer_dtype_valid(type))
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                T_FMT ": tensor type %u is not supported",
-                                T_ARGS(index, e), type);
+                                T_FMT ": tensor type %u (%s) is not supported",
+                                T_ARGS(index, e), type,
+                                cinfer_dtype_ggml_name(type));
     e->t.dtype = (cinfer_dtype)type;
     int be = cinfer_dtype_block_elems(e->t.dtype);
     if (e->t.ne[0] % be != 0)

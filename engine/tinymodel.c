@@ -808,6 +808,8 @@ static int weight_type_ok(cinfer_dtype t)
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q6_K:
         return 1;
     default:
         return 0;
@@ -822,6 +824,8 @@ static uint32_t file_type(cinfer_dtype t)
     case CINFER_DTYPE_Q4_0: return 2;
     case CINFER_DTYPE_Q4_1: return 3;
     case CINFER_DTYPE_Q8_0: return 7;
+    case CINFER_DTYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
+    case CINFER_DTYPE_Q6_K: return 18;
     case CINFER_DTYPE_BF16: return 32;
     default: return 0;
     }
@@ -879,20 +883,22 @@ static cinfer_status validate(const cinfer_tinymodel_params *p,
                                 "tinymodel: norm_eps = %g (must be > 0)",
                                 (double)p->norm_eps);
     if (!weight_type_ok(p->weight_dtype))
-        return bad("weight_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0 or "
-                                   "Q4_1)",
+        return bad("weight_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0, "
+                                   "Q4_1, Q4_K or Q6_K)",
                    p->weight_dtype);
     if (!weight_type_ok(p->embd_dtype))
-        return bad("embd_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0 or "
-                                 "Q4_1)",
+        return bad("embd_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0, "
+                                 "Q4_1, Q4_K or Q6_K)",
                    p->embd_dtype);
     int wq = cinfer_dtype_block_elems(p->weight_dtype);
     int eq = cinfer_dtype_block_elems(p->embd_dtype);
     if (p->n_embd % wq != 0 || p->n_embd % eq != 0)
-        return bad("n_embd", "(must be a multiple of 32 for quantized types)",
+        return bad("n_embd", "(must be a multiple of 32 for quantized types, "
+                             "256 for K-quants)",
                    p->n_embd);
     if (p->n_ff % wq != 0)
-        return bad("n_ff", "(must be a multiple of 32 for quantized types)",
+        return bad("n_ff", "(must be a multiple of 32 for quantized types, "
+                           "256 for K-quants)",
                    p->n_ff);
     if (p->alignment != 0 && (p->alignment & (p->alignment - 1)) != 0)
         return bad("alignment", "(must be 0 or a power of two)", p->alignment);

@@ -19,10 +19,29 @@ int cinfer_dtype_valid(uint32_t id)
     case CINFER_DTYPE_Q8_1:
     case CINFER_DTYPE_I32:
     case CINFER_DTYPE_BF16:
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q8_K:
         return 1;
     default:
         return 0;
     }
+}
+
+const char *cinfer_dtype_ggml_name(uint32_t id)
+{
+    static const char *const names[] = {
+        "F32",    "F16",     "Q4_0",    "Q4_1",   "Q4_2",   "Q4_3",
+        "Q5_0",   "Q5_1",    "Q8_0",    "Q8_1",   "Q2_K",   "Q3_K",
+        "Q4_K",   "Q5_K",    "Q6_K",    "Q8_K",   "IQ2_XXS", "IQ2_XS",
+        "IQ3_XXS", "IQ1_S",  "IQ4_NL",  "IQ3_S",  "IQ2_S",  "IQ4_XS",
+        "I8",     "I16",     "I32",     "I64",    "F64",    "IQ1_M",
+        "BF16",   "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0",
+        "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+    };
+    if (id < sizeof names / sizeof names[0])
+        return names[id];
+    return "?";
 }
 
 const char *cinfer_dtype_name(cinfer_dtype t)
@@ -36,6 +55,10 @@ const char *cinfer_dtype_name(cinfer_dtype t)
     case CINFER_DTYPE_Q8_1: return "Q8_1";
     case CINFER_DTYPE_I32: return "I32";
     case CINFER_DTYPE_BF16: return "BF16";
+    case CINFER_DTYPE_Q4_K: return "Q4_K";
+    case CINFER_DTYPE_Q5_K: return "Q5_K";
+    case CINFER_DTYPE_Q6_K: return "Q6_K";
+    case CINFER_DTYPE_Q8_K: return "Q8_K";
     }
     return "?";
 }
@@ -48,6 +71,11 @@ int cinfer_dtype_block_elems(cinfer_dtype t)
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q8_1:
         return CINFER_QK;
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
+    case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q8_K:
+        return CINFER_QK_K;
     default:
         return 1;
     }
@@ -64,6 +92,10 @@ size_t cinfer_dtype_block_bytes(cinfer_dtype t)
     case CINFER_DTYPE_Q4_1: return sizeof(cinfer_block_q4_1);
     case CINFER_DTYPE_Q8_0: return sizeof(cinfer_block_q8_0);
     case CINFER_DTYPE_Q8_1: return sizeof(cinfer_block_q8_1);
+    case CINFER_DTYPE_Q4_K: return sizeof(cinfer_block_q4_k);
+    case CINFER_DTYPE_Q5_K: return sizeof(cinfer_block_q5_k);
+    case CINFER_DTYPE_Q6_K: return sizeof(cinfer_block_q6_k);
+    case CINFER_DTYPE_Q8_K: return sizeof(cinfer_block_q8_k);
     }
     return 0;
 }
@@ -161,10 +193,213 @@ static void quant_q8(const float *x, int8_t *q, float *d_out, int *sum_out)
     *sum_out = sum;
 }
 
+/* GGML's nearest_int: round half to even through the float adder. */
+static int nearest_int(float f)
+{
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* GGML's quantize_row_q8_K_ref, one super-block. */
+static void quant_q8_k(const float *x, cinfer_block_q8_k *y)
+{
+    float max = 0.0f, amax = 0.0f;
+    for (int j = 0; j < CINFER_QK_K; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    memset(y, 0, sizeof *y);
+    if (amax == 0.0f)
+        return;
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < CINFER_QK_K; j++) {
+        int v = nearest_int(iscale * x[j]);
+        y->qs[j] = (int8_t)(v < 127 ? v : 127);
+    }
+    for (int k = 0; k < CINFER_QK_K / 16; k++) {
+        int sum = 0;
+        for (int j = 0; j < 16; j++)
+            sum += y->qs[16 * k + j];
+        y->bsums[k] = (int16_t)sum;
+    }
+    y->d = 1.0f / iscale;
+}
+
+void cinfer_dtype_k4_scale_min(const uint8_t *q, int j, uint8_t *sc,
+                               uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Q4_K (nmax 15) or Q5_K (nmax 31): per sub-block of 32 the range
+ * [min(0, lo), hi] in nmax steps; 6-bit scales and mins against the
+ * super-block's d and dmin; q to nearest. Writes q[256] and the header. */
+static void quant_k_asym(const float *x, int nmax, uint16_t *d_out,
+                         uint16_t *dmin_out, uint8_t *scales, uint8_t *q)
+{
+    float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
+    for (int k = 0; k < 8; k++) {
+        float lo = x[32 * k], hi = x[32 * k];
+        for (int j = 1; j < 32; j++) {
+            lo = x[32 * k + j] < lo ? x[32 * k + j] : lo;
+            hi = x[32 * k + j] > hi ? x[32 * k + j] : hi;
+        }
+        lo = lo < 0.0f ? lo : 0.0f;
+        sc[k] = (hi - lo) / (float)nmax;
+        mn[k] = -lo;
+        max_sc = sc[k] > max_sc ? sc[k] : max_sc;
+        max_mn = mn[k] > max_mn ? mn[k] : max_mn;
+    }
+    uint16_t dh = cinfer_fp32_to_fp16(max_sc / 63.0f);
+    uint16_t mh = cinfer_fp32_to_fp16(max_mn / 63.0f);
+    float d = cinfer_fp16_to_fp32(dh), dmin = cinfer_fp16_to_fp32(mh);
+    uint8_t ls[8], lm[8];
+    for (int k = 0; k < 8; k++) {
+        ls[k] = (uint8_t)(d > 0.0f ? clampi((int)nearbyintf(sc[k] / d), 0, 63) : 0);
+        lm[k] = (uint8_t)(dmin > 0.0f ? clampi((int)nearbyintf(mn[k] / dmin), 0, 63) : 0);
+    }
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
+        scales[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
+        scales[j + 8] = (uint8_t)((ls[j + 4] & 0xF) | ((lm[j + 4] & 0xF) << 4));
+    }
+    for (int k = 0; k < 8; k++) {
+        float step = d * (float)ls[k], off = dmin * (float)lm[k];
+        for (int j = 0; j < 32; j++) {
+            int v = step > 0.0f ? (int)nearbyintf((x[32 * k + j] + off) / step) : 0;
+            q[32 * k + j] = (uint8_t)clampi(v, 0, nmax);
+        }
+    }
+    *d_out = dh;
+    *dmin_out = mh;
+}
+
+static void quant_q4_k(const float *x, cinfer_block_q4_k *y)
+{
+    uint8_t q[CINFER_QK_K];
+    quant_k_asym(x, 15, &y->d, &y->dmin, y->scales, q);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++)
+            y->qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+}
+
+static void quant_q5_k(const float *x, cinfer_block_q5_k *y)
+{
+    uint8_t q[CINFER_QK_K];
+    quant_k_asym(x, 31, &y->d, &y->dmin, y->scales, q);
+    memset(y->qh, 0, sizeof y->qh);
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            int lo = q[64 * c + l], hi = q[64 * c + 32 + l];
+            y->qs[32 * c + l] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+            y->qh[l] |= (uint8_t)(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+        }
+    }
+}
+
+/* Q6_K: per sub-block of 16 a scale amax / 31 as an int8 multiple of the
+ * super-block's d; q - 32 to nearest in -32..31. */
+static void quant_q6_k(const float *x, cinfer_block_q6_k *y)
+{
+    float sc[16], max_sc = 0.0f;
+    for (int k = 0; k < 16; k++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 16; j++)
+            amax = fabsf(x[16 * k + j]) > amax ? fabsf(x[16 * k + j]) : amax;
+        sc[k] = amax / 31.0f;
+        max_sc = sc[k] > max_sc ? sc[k] : max_sc;
+    }
+    y->d = cinfer_fp32_to_fp16(max_sc / 127.0f);
+    float d = cinfer_fp16_to_fp32(y->d);
+    uint8_t q[CINFER_QK_K];
+    for (int k = 0; k < 16; k++) {
+        int ls = d > 0.0f ? clampi((int)nearbyintf(sc[k] / d), 0, 127) : 0;
+        y->scales[k] = (int8_t)ls;
+        float step = d * (float)ls;
+        for (int j = 0; j < 16; j++) {
+            int v = step > 0.0f ? (int)nearbyintf(x[16 * k + j] / step) : 0;
+            q[16 * k + j] = (uint8_t)(clampi(v, -32, 31) + 32);
+        }
+    }
+    memset(y->qh, 0, sizeof y->qh);
+    for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < 128; i++) {
+            int v = q[128 * h + i];
+            uint8_t *lo = &y->ql[64 * h + i % 64];
+            if (i < 64)
+                *lo = (uint8_t)(v & 15);
+            else
+                *lo = (uint8_t)(*lo | ((v & 15) << 4));
+            y->qh[32 * h + i % 32] |= (uint8_t)((v >> 4) << (2 * (i / 32)));
+        }
+    }
+}
+
+static void dequant_k4(const cinfer_block_q4_k *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d), min = cinfer_fp16_to_fp32(b->dmin);
+    for (int c = 0; c < 4; c++) {
+        uint8_t sc, m;
+        cinfer_dtype_k4_scale_min(b->scales, 2 * c, &sc, &m);
+        float d1 = d * (float)sc, m1 = min * (float)m;
+        cinfer_dtype_k4_scale_min(b->scales, 2 * c + 1, &sc, &m);
+        float d2 = d * (float)sc, m2 = min * (float)m;
+        for (int l = 0; l < 32; l++) {
+            y[64 * c + l] = d1 * (float)(b->qs[32 * c + l] & 0xF) - m1;
+            y[64 * c + 32 + l] = d2 * (float)(b->qs[32 * c + l] >> 4) - m2;
+        }
+    }
+}
+
+static void dequant_k5(const cinfer_block_q5_k *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d), min = cinfer_fp16_to_fp32(b->dmin);
+    for (int c = 0; c < 4; c++) {
+        uint8_t sc, m;
+        cinfer_dtype_k4_scale_min(b->scales, 2 * c, &sc, &m);
+        float d1 = d * (float)sc, m1 = min * (float)m;
+        cinfer_dtype_k4_scale_min(b->scales, 2 * c + 1, &sc, &m);
+        float d2 = d * (float)sc, m2 = min * (float)m;
+        for (int l = 0; l < 32; l++) {
+            int lo = (b->qs[32 * c + l] & 0xF) | (((b->qh[l] >> (2 * c)) & 1) << 4);
+            int hi = (b->qs[32 * c + l] >> 4) | (((b->qh[l] >> (2 * c + 1)) & 1) << 4);
+            y[64 * c + l] = d1 * (float)lo - m1;
+            y[64 * c + 32 + l] = d2 * (float)hi - m2;
+        }
+    }
+}
+
+static void dequant_k6(const cinfer_block_q6_k *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d);
+    for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < 128; i++) {
+            int lo = (b->ql[64 * h + i % 64] >> (4 * (i / 64))) & 15;
+            int hi = (b->qh[32 * h + i % 32] >> (2 * (i / 32))) & 3;
+            int e = 128 * h + i;
+            y[e] = d * (float)b->scales[e / 16] * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+}
+
 void cinfer_quantize_row(cinfer_dtype t, const float *src, void *dst,
                          int64_t n)
 {
     int64_t nb = n / CINFER_QK;
+    int64_t nbk = n / CINFER_QK_K;
     switch (t) {
     case CINFER_DTYPE_F32:
         memcpy(dst, src, (size_t)n * 4);
@@ -249,6 +484,22 @@ void cinfer_quantize_row(cinfer_dtype t, const float *src, void *dst,
         }
         return;
     }
+    case CINFER_DTYPE_Q4_K:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_q4_k(src + i * CINFER_QK_K, (cinfer_block_q4_k *)dst + i);
+        return;
+    case CINFER_DTYPE_Q5_K:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_q5_k(src + i * CINFER_QK_K, (cinfer_block_q5_k *)dst + i);
+        return;
+    case CINFER_DTYPE_Q6_K:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_q6_k(src + i * CINFER_QK_K, (cinfer_block_q6_k *)dst + i);
+        return;
+    case CINFER_DTYPE_Q8_K:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_q8_k(src + i * CINFER_QK_K, (cinfer_block_q8_k *)dst + i);
+        return;
     case CINFER_DTYPE_I32:
         return;
     }
@@ -258,6 +509,7 @@ void cinfer_dequantize_row(cinfer_dtype t, const void *src, float *dst,
                            int64_t n)
 {
     int64_t nb = n / CINFER_QK;
+    int64_t nbk = n / CINFER_QK_K;
     switch (t) {
     case CINFER_DTYPE_F32:
         memcpy(dst, src, (size_t)n * 4);
@@ -313,6 +565,25 @@ void cinfer_dequantize_row(cinfer_dtype t, const void *src, float *dst,
                 dst[i * CINFER_QK + j + 16] = d * (float)(b[i].qs[j] >> 4) + m;
             }
         }
+        return;
+    }
+    case CINFER_DTYPE_Q4_K:
+        for (int64_t i = 0; i < nbk; i++)
+            dequant_k4((const cinfer_block_q4_k *)src + i, dst + i * CINFER_QK_K);
+        return;
+    case CINFER_DTYPE_Q5_K:
+        for (int64_t i = 0; i < nbk; i++)
+            dequant_k5((const cinfer_block_q5_k *)src + i, dst + i * CINFER_QK_K);
+        return;
+    case CINFER_DTYPE_Q6_K:
+        for (int64_t i = 0; i < nbk; i++)
+            dequant_k6((const cinfer_block_q6_k *)src + i, dst + i * CINFER_QK_K);
+        return;
+    case CINFER_DTYPE_Q8_K: {
+        const cinfer_block_q8_k *b = src;
+        for (int64_t i = 0; i < nbk; i++)
+            for (int j = 0; j < CINFER_QK_K; j++)
+                dst[i * CINFER_QK_K + j] = b[i].d * (float)b[i].qs[j];
         return;
     }
     case CINFER_DTYPE_I32:

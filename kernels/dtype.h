@@ -15,6 +15,26 @@
  * j + 16 in its high nibble. Q8_1 is the activation format paired with Q4_1
  * (as in GGML), Q8_0 the one paired with Q8_0 and Q4_0.
  *
+ * The K-quants store super-blocks of CINFER_QK_K (256) elements, GGML's
+ * layouts byte for byte:
+ *
+ *   Q4_K: { f16 d, dmin; u8 scales[12]; u8 qs[128]; }      144 bytes
+ *         8 sub-blocks of 32 with 6-bit scale sc[k] and min m[k] (packed
+ *         as GGML's get_scale_min_k4 reads them); x = d*sc*q - dmin*m,
+ *         q in 0..15; byte 32c + l holds element 64c + l (low nibble) and
+ *         64c + 32 + l (high nibble).
+ *   Q5_K: { f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; } 176 bytes
+ *         as Q4_K with q in 0..31: bit 2c (low) / 2c + 1 (high) of qh[l]
+ *         is bit 4 of the elements byte 32c + l of qs holds.
+ *   Q6_K: { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d; } 210 bytes
+ *         16 sub-blocks of 16, x = d * scales[e / 16] * (q - 32), q in
+ *         0..63; within each half h of 128 elements (e = 128h + i):
+ *         low 4 bits in ql[64h + i % 64] (nibble i / 64), high 2 bits in
+ *         qh[32h + i % 32] at bit 2 * (i / 32).
+ *   Q8_K: { f32 d; i8 qs[256]; i16 bsums[16]; }            292 bytes
+ *         the activation format of all K-quants, x = d * q; bsums[k] is the
+ *         sum of qs[16k .. 16k + 15].
+ *
  * The functions here are the scalar reference: the CPU kernels must agree
  * with them bit for bit when they quantize activations.
  *
@@ -32,6 +52,7 @@ extern "C" {
 #endif
 
 #define CINFER_QK 32
+#define CINFER_QK_K 256
 
 typedef enum {
     CINFER_DTYPE_F32 = 0,
@@ -40,6 +61,10 @@ typedef enum {
     CINFER_DTYPE_Q4_1 = 3,
     CINFER_DTYPE_Q8_0 = 8,
     CINFER_DTYPE_Q8_1 = 9,
+    CINFER_DTYPE_Q4_K = 12,
+    CINFER_DTYPE_Q5_K = 13,
+    CINFER_DTYPE_Q6_K = 14,
+    CINFER_DTYPE_Q8_K = 15,
     CINFER_DTYPE_I32 = 26,
     CINFER_DTYPE_BF16 = 30,
 } cinfer_dtype;
@@ -66,8 +91,44 @@ typedef struct {
     uint8_t qs[CINFER_QK / 2];
 } cinfer_block_q4_1;
 
+typedef struct {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qs[CINFER_QK_K / 2];
+} cinfer_block_q4_k;
+
+typedef struct {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[CINFER_QK_K / 8];
+    uint8_t qs[CINFER_QK_K / 2];
+} cinfer_block_q5_k;
+
+typedef struct {
+    uint8_t ql[CINFER_QK_K / 2];
+    uint8_t qh[CINFER_QK_K / 4];
+    int8_t scales[CINFER_QK_K / 16];
+    uint16_t d;
+} cinfer_block_q6_k;
+
+typedef struct {
+    float d;
+    int8_t qs[CINFER_QK_K];
+    int16_t bsums[CINFER_QK_K / 16];
+} cinfer_block_q8_k;
+
 /* 1 if `id` (a GGML type id) is one this project supports. */
 int cinfer_dtype_valid(uint32_t id);
+
+/* GGML's name of type id `id`, supported or not ("Q2_K", "IQ4_XS", ...;
+ * "?" for an id GGML does not define), for messages that refuse a type. */
+const char *cinfer_dtype_ggml_name(uint32_t id);
+
+/* Scale sc and min m of sub-block j (0..7) of a Q4_K / Q5_K super-block. */
+void cinfer_dtype_k4_scale_min(const uint8_t *scales, int j, uint8_t *sc,
+                               uint8_t *m);
 
 /* "F32", "Q4_1", ... ("?" for an unknown id). */
 const char *cinfer_dtype_name(cinfer_dtype t);
@@ -86,7 +147,9 @@ float cinfer_bf16_to_fp32(uint16_t h);
 uint16_t cinfer_fp32_to_bf16(float f); /* round to nearest even, NaN kept */
 
 /* Converts `n` floats into row `dst` of type `t` (any type above but I32).
- * `n` must be a multiple of the block size. Thread-safe. */
+ * `n` must be a multiple of the block size. Thread-safe. Q8_K is GGML's
+ * quantize_row_q8_K bit for bit; Q4_K, Q5_K and Q6_K use a plain
+ * round-to-nearest (valid blocks, not GGML's error-minimising search). */
 void cinfer_quantize_row(cinfer_dtype t, const float *src, void *dst,
                          int64_t n);
 

@@ -10,7 +10,10 @@
  * fmaf(), which rounds once as the SIMD instructions do.
  *
  * Weight / activation pairs (as GGML pairs them): Q4_1 x Q8_1, Q8_0 x Q8_0,
- * Q4_0 x Q8_0, F16 x F16, BF16 x BF16, F32 x F32.
+ * Q4_0 x Q8_0, Q4_K / Q6_K x Q8_K, F16 x F16, BF16 x BF16, F32 x F32.
+ * Q8_K activations are quantized by the scalar code on every ISA (GGML's
+ * x86 build does the same); the K-quant products live in
+ * matmul_kquant*.c, whose AVX2 code AVX-512 processors run as well.
  */
 #include "matmul.h"
 
@@ -32,10 +35,17 @@ int cinfer_cpu_matmul_supported(cinfer_dtype wt)
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q6_K:
         return 1;
     default:
         return 0;
     }
+}
+
+static int is_kquant(cinfer_dtype wt)
+{
+    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q6_K;
 }
 
 cinfer_dtype cinfer_cpu_matmul_act_type(cinfer_dtype wt)
@@ -43,6 +53,9 @@ cinfer_dtype cinfer_cpu_matmul_act_type(cinfer_dtype wt)
     switch (wt) {
     case CINFER_DTYPE_Q4_1:
         return CINFER_DTYPE_Q8_1;
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q6_K:
+        return CINFER_DTYPE_Q8_K;
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q4_0:
         return CINFER_DTYPE_Q8_0;
@@ -74,6 +87,10 @@ void cinfer_cpu_matmul_prepare(cinfer_cpu_isa isa, cinfer_dtype act_type,
 {
     if (r1 <= r0)
         return;
+    if (act_type == CINFER_DTYPE_Q8_K) {
+        cinfer_cpu_matmul_prepare_portable(act_type, x, n_in, r0, r1, act);
+        return;
+    }
     switch (resolve_isa(isa)) {
 #ifdef CINFER_MATMUL_HAVE_AVX512
     case CINFER_CPU_ISA_AVX512:
@@ -100,6 +117,18 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
     if (n <= 0 || o1 <= o0)
         return;
     cinfer_cpu_isa use = resolve_isa(isa);
+    if (is_kquant(wt)) {
+#ifdef CINFER_MATMUL_HAVE_AVX2
+        if (use == CINFER_CPU_ISA_AVX2 || use == CINFER_CPU_ISA_AVX512) {
+            cinfer_cpu_matmul_compute_kquant_avx2(wt, w, w_row_bytes, act, n,
+                                                  n_in, out, out_stride, o0, o1);
+            return;
+        }
+#endif
+        cinfer_cpu_matmul_compute_kquant_portable(wt, w, w_row_bytes, act, n,
+                                                  n_in, out, out_stride, o0, o1);
+        return;
+    }
 #if defined(CINFER_MATMUL_HAVE_AVX512) && defined(CINFER_MATMUL_HAVE_AVX2)
     /* F16 and F32 weights stream faster through the AVX2 kernels at one or
      * two rows (decode) on Zen 4 (bench/results/kernels-*.txt); both ISAs

@@ -34,6 +34,8 @@
  *   Float 16-lane reduction tree: h8[i] = l[i] + l[i + 8]; h4[i] = h8[i] +
  *   h8[i + 4]; h2[i] = h4[i] + h4[i + 2]; out = h2[0] + h2[1].
  *
+ *   K-quants (Q4_K, Q6_K x Q8_K): the order written out in matmul_kquant.c.
+ *
  * Every code path (one row or a tile of rows, a full column tile or a tail)
  * performs exactly these per-element operations; tiling only changes which
  * elements share a register, never what is added to what.
@@ -68,7 +70,22 @@ void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
                                         int64_t out_stride, int64_t o0,
                                         int64_t o1);
 
+/* K-quant weights x Q8_K activations (matmul_kquant.c). */
+void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
+                                               size_t w_row_bytes,
+                                               const void *act, int64_t n,
+                                               int64_t n_in, float *out,
+                                               int64_t out_stride, int64_t o0,
+                                               int64_t o1);
+
 #ifdef CINFER_MATMUL_X86
+/* The same for AVX2 + FMA + F16C (matmul_kquant_avx2.c). */
+void cinfer_cpu_matmul_compute_kquant_avx2(cinfer_dtype wt, const void *w,
+                                           size_t w_row_bytes, const void *act,
+                                           int64_t n, int64_t n_in, float *out,
+                                           int64_t out_stride, int64_t o0,
+                                           int64_t o1);
+
 /* AVX2 + FMA + F16C (matmul_avx2.c). */
 void cinfer_cpu_matmul_prepare_avx2(cinfer_dtype act_type, const float *x,
                                     int64_t n_in, int64_t r0, int64_t r1,

@@ -1117,6 +1117,9 @@ static void test_bad_types(void)
         put_zeros(&b, 1024);
         EXPECT_FAIL(b.p, b.n, CINFER_E_UNSUPPORTED, "type");
         EXPECT_FAIL(b.p, b.n, CINFER_E_UNSUPPORTED, "'w'");
+        /* a type GGML defines is refused by its name */
+        EXPECT_FAIL(b.p, b.n, CINFER_E_UNSUPPORTED,
+                    k == 0 ? "(Q2_K)" : k == 2 ? "(IQ1_M)" : "type");
         free(b.p);
     }
 

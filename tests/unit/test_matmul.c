@@ -13,7 +13,8 @@
  *     inside the full batch; columns outside [o0, o1) are left untouched;
  *   - every ISA produces the same bits as the portable reference order.
  * Sizes are awkward on purpose (n_in 769 and 5125 for float types, 800 and
- * 2560 for block types; n_out 1, 7, 769, 5125; n 1, 3, 13, 64).
+ * 2560 for block types, 768 and 2816 for the K-quants; n_out 1, 7, 769,
+ * 5125; n 1, 3, 13, 64).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 static const cinfer_dtype k_wtypes[] = {
     CINFER_DTYPE_F32,  CINFER_DTYPE_F16,  CINFER_DTYPE_BF16,
     CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_1,
+    CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K,
 };
 #define N_WTYPES (int)(sizeof(k_wtypes) / sizeof(k_wtypes[0]))
 
@@ -35,6 +37,57 @@ static const cinfer_cpu_isa k_isas[] = {
 #define N_ISAS (int)(sizeof(k_isas) / sizeof(k_isas[0]))
 
 static int is_block(cinfer_dtype t) { return cinfer_dtype_block_elems(t) > 1; }
+static int is_k(cinfer_dtype t) { return cinfer_dtype_block_elems(t) == CINFER_QK_K; }
+
+/* Quant e (0..255) of a K-quant super-block, as the format defines it
+ * (dtype.h), written out independently of the library's decoders. */
+static int k_quant(cinfer_dtype wt, const void *blk, int e)
+{
+    if (wt == CINFER_DTYPE_Q4_K) {
+        const cinfer_block_q4_k *b = blk;
+        int byte = b->qs[32 * (e / 64) + e % 32];
+        return e % 64 < 32 ? byte & 15 : byte >> 4;
+    }
+    const cinfer_block_q6_k *b = blk;
+    int h = e / 128, i = e % 128;
+    int lo = (b->ql[64 * h + i % 64] >> (4 * (i / 64))) & 15;
+    int hi = (b->qh[32 * h + i % 32] >> (2 * (i / 32))) & 3;
+    return lo | (hi << 4);
+}
+
+/* Float64 K-quant x Q8_K dot; mag sums the scale and min terms apart, as
+ * the kernels accumulate them apart. */
+static void ref_dot_k(cinfer_dtype wt, const void *wrow, const void *arow,
+                      int64_t n_in, double *dot, double *mag)
+{
+    const cinfer_block_q8_k *ab = arow;
+    const size_t bb = cinfer_dtype_block_bytes(wt);
+    double s = 0.0, m = 0.0;
+    for (int64_t b = 0; b < n_in / CINFER_QK_K; b++) {
+        const void *wb = (const uint8_t *)wrow + (size_t)b * bb;
+        for (int e = 0; e < CINFER_QK_K; e++) {
+            double a = (double)ab[b].d * ab[b].qs[e];
+            int q = k_quant(wt, wb, e);
+            if (wt == CINFER_DTYPE_Q4_K) {
+                const cinfer_block_q4_k *k4 = wb;
+                uint8_t sc, mn;
+                cinfer_dtype_k4_scale_min(k4->scales, e / 32, &sc, &mn);
+                double p = cinfer_fp16_to_fp32(k4->d) * sc * q * a;
+                double pm = cinfer_fp16_to_fp32(k4->dmin) * mn * a;
+                s += p - pm;
+                m += fabs(p) + fabs(pm);
+            } else {
+                const cinfer_block_q6_k *k6 = wb;
+                double p = cinfer_fp16_to_fp32(k6->d) * k6->scales[e / 16] *
+                           (q - 32) * a;
+                s += p;
+                m += fabs(p);
+            }
+        }
+    }
+    *dot = s;
+    *mag = m;
+}
 
 /* Random floats with a per-row scale, a few exact zeros, and (for some
  * rows) one large outlier, the way activations look. */
@@ -85,6 +138,10 @@ static void ref_dot(cinfer_dtype wt, const void *wrow, const void *arow,
                     int64_t n_in, double *dot, double *mag)
 {
     double s = 0.0, m = 0.0;
+    if (is_k(wt)) {
+        ref_dot_k(wt, wrow, arow, n_in, dot, mag);
+        return;
+    }
     if (!is_block(wt)) {
         cinfer_dtype at = cinfer_cpu_matmul_act_type(wt);
         float *wf = malloc(sizeof(float) * (size_t)n_in);
@@ -182,7 +239,10 @@ static void check_shape(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n,
             ref_dot(wt, w + wrb * (size_t)o, act_ref + arb * (size_t)r, n_in,
                     &ref[r * n_out + o], &mag[r * n_out + o]);
     /* Chain length of one lane plus the reduction tree depth. */
-    double chain = is_block(wt) ? (double)(n_in / CINFER_QK) + 6.0
+    /* K-quants: the rounded d and dmin and the int32 -> float conversion
+     * add a few roundings per super-block. */
+    double chain = is_k(wt) ? 4.0 * (double)(n_in / CINFER_QK_K) + 8.0
+                   : is_block(wt) ? (double)(n_in / CINFER_QK) + 6.0
                    : wt == CINFER_DTYPE_BF16 ? 2.0 * (double)((n_in + 31) / 32) + 6.0
                                              : (double)((n_in + 15) / 16) + 6.0;
     double rel_tol = chain * 1.2e-7;
@@ -312,14 +372,15 @@ static void check_shape(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n,
 typedef struct {
     int64_t n_in_block; /* n_in for block types */
     int64_t n_in_float; /* n_in for F32/F16/BF16 */
+    int64_t n_in_k;     /* n_in for the K-quants */
     int64_t n_out;
     int64_t n;
 } shape;
 
 static const shape k_shapes[] = {
-    {32, 17, 5125, 3},   {800, 769, 7, 13},   {2560, 5125, 7, 3},
-    {800, 769, 769, 1},  {800, 800, 37, 64},  {2560, 5125, 1, 1},
-    {64, 1, 13, 13},     {96, 33, 9, 5},
+    {32, 17, 256, 5125, 3},  {800, 769, 768, 7, 13},  {2560, 5125, 2816, 7, 3},
+    {800, 769, 768, 769, 1}, {800, 800, 1280, 37, 64}, {2560, 5125, 2816, 1, 1},
+    {64, 1, 256, 13, 13},    {96, 33, 512, 9, 5},
 };
 #define N_SHAPES (int)(sizeof(k_shapes) / sizeof(k_shapes[0]))
 
@@ -336,6 +397,10 @@ static void test_supported_and_pairs(void)
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_F16), CINFER_DTYPE_F16);
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_BF16), CINFER_DTYPE_BF16);
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_F32), CINFER_DTYPE_F32);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q4_K), CINFER_DTYPE_Q8_K);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q6_K), CINFER_DTYPE_Q8_K);
+    CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_Q8_K));
+    CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_Q5_K));
     for (int ii = 0; ii < N_ISAS; ii++)
         fprintf(stderr, "     isa %-8s %s\n", cinfer_cpu_isa_name(k_isas[ii]),
                 cinfer_cpu_isa_supported(k_isas[ii]) ? "supported" : "absent");
@@ -345,7 +410,9 @@ static void run_type(cinfer_dtype wt)
 {
     for (int s = 0; s < N_SHAPES; s++) {
         const shape *sh = &k_shapes[s];
-        int64_t n_in = is_block(wt) ? sh->n_in_block : sh->n_in_float;
+        int64_t n_in = is_k(wt)       ? sh->n_in_k
+                       : is_block(wt) ? sh->n_in_block
+                                      : sh->n_in_float;
         check_shape(wt, n_in, sh->n_out, sh->n, 1234567ull + (uint64_t)s * 77);
     }
 }
@@ -356,6 +423,8 @@ static void test_bf16(void) { run_type(CINFER_DTYPE_BF16); }
 static void test_q8_0(void) { run_type(CINFER_DTYPE_Q8_0); }
 static void test_q4_0(void) { run_type(CINFER_DTYPE_Q4_0); }
 static void test_q4_1(void) { run_type(CINFER_DTYPE_Q4_1); }
+static void test_q4_k(void) { run_type(CINFER_DTYPE_Q4_K); }
+static void test_q6_k(void) { run_type(CINFER_DTYPE_Q6_K); }
 
 /* Activation quantization corner cases: all-zero blocks, exact .5 ties
  * (round half to even), a block whose maximum is negative, huge and tiny
@@ -382,12 +451,12 @@ static void test_prepare_edges(void)
     x[302] = -70000.0f;
     x[303] = 3.0e38f;
     const cinfer_dtype ats[] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q8_1,
-                                CINFER_DTYPE_F16, CINFER_DTYPE_BF16,
-                                CINFER_DTYPE_F32};
-    for (int t = 0; t < 5; t++) {
+                                CINFER_DTYPE_Q8_K, CINFER_DTYPE_F16,
+                                CINFER_DTYPE_BF16, CINFER_DTYPE_F32};
+    for (int t = 0; t < 6; t++) {
         /* Non-finite values only for the float formats: the block
          * quantizers' result for them is not defined. */
-        if (t == 2) {
+        if (t == 3) {
             x[130] = INFINITY;
             x[170] = NAN;
             x[171] = -NAN;
@@ -647,6 +716,8 @@ int main(void)
     RUN(test_packed);
     RUN(test_q4_0);
     RUN(test_q4_1);
+    RUN(test_q4_k);
+    RUN(test_q6_k);
     RUN(test_batched_rows);
     return harness_done();
 }

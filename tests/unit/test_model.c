@@ -328,7 +328,7 @@ static void test_f32_matches_float64(void)
 static void test_quantized_close_to_float64(void)
 {
     /* Activations are quantized to the weights' paired format (Q8_1 / Q8_0,
-     * F16, BF16), so these agree only to a few percent of the logits'
+     * Q8_K, F16, BF16), so these agree only to a few percent of the logits'
      * spread on random weights. */
     const shape shapes[] = {
         {"llama", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_Q8_0, 1},
@@ -336,6 +336,8 @@ static void test_quantized_close_to_float64(void)
         {"llama", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_Q4_0, 1},
         {"llama", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_F16, 1},
         {"qwen2", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_BF16, 0},
+        {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_Q4_K, 0},
+        {"qwen2", 1, 256, 4, 2, 512, 300, CINFER_DTYPE_Q6_K, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_against_reference(&shapes[i], 5e-2);

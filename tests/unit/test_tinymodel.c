@@ -371,6 +371,8 @@ static void test_shapes(void)
         {"qwen2", 1, 96, 3, 3, 64, 400, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_0, 0, "llama", 2},
         {"llama", 2, 48, 6, 2, 80, 512, CINFER_DTYPE_BF16, CINFER_DTYPE_BF16, 0, "llama", 32},
         {"llama", 1, 128, 4, 4, 256, 1000, CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_1, 1, "llama", 3},
+        {"llama", 2, 256, 4, 2, 512, 300, CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K, 0, "gpt2", 15},
+        {"qwen2", 1, 256, 2, 1, 256, 400, CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q4_K, 1, "llama", 18},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
@@ -557,6 +559,39 @@ static void test_weight_scales(void)
     }
 }
 
+/* K-quant weights: the round-to-nearest blocks decode to the same
+ * spread as the float weights. */
+static void test_weight_scales_k(void)
+{
+    const cinfer_dtype types[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K};
+    for (size_t k = 0; k < 2; k++) {
+        cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
+        p.n_embd = 256;
+        p.n_ff = 512;
+        p.weight_dtype = types[k];
+        p.embd_dtype = types[k];
+        p.tied_output = 0;
+        void *buf;
+        size_t size;
+        cinfer_gguf *g = open_model(&p, &buf, &size);
+        if (!g) {
+            free(buf);
+            continue;
+        }
+        double tol = types[k] == CINFER_DTYPE_Q4_K ? 0.12 : 0.05;
+        double mean, sd;
+        tensor_stats(cinfer_gguf_find_tensor(g, "blk.0.attn_q.weight"), &mean, &sd);
+        CHECK_NEAR(mean, 0.0, 0.01);
+        CHECK_NEAR(sd, 1.0 / sqrt(256.0), tol / sqrt(256.0));
+        tensor_stats(cinfer_gguf_find_tensor(g, "blk.1.ffn_down.weight"), &mean, &sd);
+        CHECK_NEAR(sd, 1.0 / sqrt(512.0), tol / sqrt(512.0));
+        tensor_stats(cinfer_gguf_find_tensor(g, "token_embd.weight"), &mean, &sd);
+        CHECK_NEAR(sd, 2.0 / sqrt(256.0), 2 * tol / sqrt(256.0));
+        cinfer_gguf_destroy(g);
+        free(buf);
+    }
+}
+
 static void test_invalid_params(void)
 {
     static const struct {
@@ -580,6 +615,8 @@ static void test_invalid_params(void)
         {"embd_dtype", "embd_dtype"},
         {"q_embd", "multiple of 32"},
         {"q_ff", "n_ff = 80"},
+        {"k_embd", "256 for K-quants"},
+        {"k_weight", "weight_dtype = 13"},
         {"alignment", "alignment"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -602,6 +639,8 @@ static void test_invalid_params(void)
         else if (!strcmp(f, "embd_dtype")) p.embd_dtype = CINFER_DTYPE_Q8_1;
         else if (!strcmp(f, "q_embd")) { p.n_embd = 48; p.n_head = 4; p.embd_dtype = CINFER_DTYPE_Q8_0; }
         else if (!strcmp(f, "q_ff")) { p.n_ff = 80; p.weight_dtype = CINFER_DTYPE_Q4_0; }
+        else if (!strcmp(f, "k_embd")) { p.n_embd = 128; p.weight_dtype = CINFER_DTYPE_Q6_K; }
+        else if (!strcmp(f, "k_weight")) p.weight_dtype = CINFER_DTYPE_Q5_K;
         else if (!strcmp(f, "alignment")) p.alignment = 48;
         void *buf = NULL;
         size_t size = 0;
@@ -664,6 +703,7 @@ int main(void)
     RUN(test_vocab_sizes);
     RUN(test_determinism);
     RUN(test_weight_scales);
+    RUN(test_weight_scales_k);
     RUN(test_invalid_params);
     RUN(test_write_file);
     return harness_done();

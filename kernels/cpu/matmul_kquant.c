@@ -1,0 +1,129 @@
+/*
+ * matmul_kquant.c - portable C products of the K-quant weights (Q4_K, Q6_K)
+ * with Q8_K activations.
+ *
+ * The reduction order, which every ISA follows (it is the order of GGML's
+ * AVX2 ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K, so results match
+ * llama.cpp's CPU backend where it takes those paths). For a super-block b
+ * of 256 elements with activation scale da (fp32) and weight scale dw:
+ *
+ *   Q4_K: d = da * f(dw); dmin = -da * f(dmin_w)
+ *     isum[l] (l = 0..7, exact int32) = sum over chunks c = 0..3 of
+ *         sc[2c]     * sum_{t<4} q[64c + 4l + t]      * a[64c + 4l + t]
+ *       + sc[2c + 1] * sum_{t<4} q[64c + 32 + 4l + t] * a[64c + 32 + 4l + t]
+ *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *     msum[k] (k = 0..3) = m[2k] * (bs[4k] + bs[4k+1])
+ *                        + m[2k+1] * (bs[4k+2] + bs[4k+3])
+ *     accm[k] = fma(dmin, (float)msum[k], accm[k])
+ *   out = hsum8(acc) + ((accm0 + accm2) + (accm1 + accm3))
+ *
+ *   Q6_K: d = da * f(dw); q in 0..63 (unsigned, the "- 32" comes last)
+ *     isum[l] = sum over the eight 32-element parts p (elements 32p ..)
+ *         scales[2p + (l >= 4)] * sum_{t<4} q[32p + 4l + t] * a[32p + 4l + t]
+ *       - 32 * (bs[2l] * scales[2l] + bs[2l+1] * scales[2l+1])
+ *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *   out = hsum8(acc)
+ *
+ * with bs the activation's bsums, f() fp16 -> fp32, and hsum8 the tree of
+ * matmul_impl.h. The integer sums are exact, so only the float steps fix
+ * the bits; every path performs exactly these.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "matmul_impl.h"
+
+static float hsum8(const float *l)
+{
+    float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6],
+          a3 = l[3] + l[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
+                      int64_t nb)
+{
+    float acc[8] = {0}, accm[4] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
+        const float dmin = -y[b].d * cinfer_fp16_to_fp32(x[b].dmin);
+        uint8_t sc[8], m[8];
+        for (int k = 0; k < 8; k++)
+            cinfer_dtype_k4_scale_min(x[b].scales, k, &sc[k], &m[k]);
+        const uint8_t *q = x[b].qs;
+        const int8_t *a = y[b].qs;
+        int32_t isum[8] = {0};
+        for (int c = 0; c < 4; c++) {
+            for (int l = 0; l < 8; l++) {
+                int lo = 0, hi = 0;
+                for (int t = 0; t < 4; t++) {
+                    int byte = q[32 * c + 4 * l + t];
+                    lo += (byte & 15) * a[64 * c + 4 * l + t];
+                    hi += (byte >> 4) * a[64 * c + 32 + 4 * l + t];
+                }
+                isum[l] += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+        const int16_t *bs = y[b].bsums;
+        for (int k = 0; k < 4; k++) {
+            int ms = m[2 * k] * (bs[4 * k] + bs[4 * k + 1]) +
+                     m[2 * k + 1] * (bs[4 * k + 2] + bs[4 * k + 3]);
+            accm[k] = fmaf(dmin, (float)ms, accm[k]);
+        }
+    }
+    return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+}
+
+static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
+                      int64_t nb)
+{
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
+        const int8_t *sc = x[b].scales;
+        const int8_t *a = y[b].qs;
+        int32_t isum[8] = {0};
+        for (int p = 0; p < 8; p++) {
+            const int h = p / 4, i0 = 32 * (p % 4);
+            for (int l = 0; l < 8; l++) {
+                int s = 0;
+                for (int t = 0; t < 4; t++) {
+                    int i = i0 + 4 * l + t;
+                    int lo = (x[b].ql[64 * h + i % 64] >> (4 * (i / 64))) & 15;
+                    int hi = (x[b].qh[32 * h + i % 32] >> (2 * (i / 32))) & 3;
+                    s += (lo | (hi << 4)) * a[128 * h + i];
+                }
+                isum[l] += sc[2 * p + (l >= 4)] * s;
+            }
+        }
+        const int16_t *bs = y[b].bsums;
+        for (int l = 0; l < 8; l++) {
+            isum[l] -= 32 * (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]);
+            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+        }
+    }
+    return hsum8(acc);
+}
+
+void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
+                                               size_t w_row_bytes,
+                                               const void *act, int64_t n,
+                                               int64_t n_in, float *out,
+                                               int64_t out_stride, int64_t o0,
+                                               int64_t o1)
+{
+    const size_t arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_K, n_in);
+    const int64_t nb = n_in / CINFER_QK_K;
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = (const uint8_t *)w + (size_t)o * w_row_bytes;
+        for (int64_t r = 0; r < n; r++) {
+            const cinfer_block_q8_k *arow =
+                (const cinfer_block_q8_k *)((const uint8_t *)act + (size_t)r * arb);
+            out[r * out_stride + o] =
+                wt == CINFER_DTYPE_Q4_K ? dot_q4_k(wrow, arow, nb)
+                                        : dot_q6_k(wrow, arow, nb);
+        }
+    }
+}
