@@ -206,3 +206,31 @@ void cinfer_log(cinfer_log_level lvl, const char *msg, const char *request_id)
     if (cinfer_log_begin(&l, lvl, msg, request_id))
         cinfer_log_end(&l);
 }
+
+/* ---------------------------------------------------------------------- */
+/* Rate limits                                                            */
+/* ---------------------------------------------------------------------- */
+
+void cinfer_log_limit_init(cinfer_log_limit *r, double per_s, uint64_t burst)
+{
+    cinfer_tb_params p = {per_s, burst};
+    memset(r, 0, sizeof *r);
+    if (cinfer_tb_init(&r->tb, &p) != CINFER_OK) {
+        /* A bad rate: one line a second. */
+        cinfer_tb_params one = {1.0, 1};
+        cinfer_tb_init(&r->tb, &one);
+    }
+}
+
+int cinfer_log_limit_take(cinfer_log_limit *r, int64_t now_ns,
+                          uint64_t *suppressed)
+{
+    *suppressed = 0;
+    if (!cinfer_tb_take(&r->tb, 1, now_ns, NULL)) {
+        r->dropped++;
+        return 0;
+    }
+    *suppressed = r->dropped;
+    r->dropped = 0;
+    return 1;
+}

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "resilience/resilience.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -66,6 +68,24 @@ void cinfer_log_end(cinfer_log_line *l);
 
 /* One-call form for lines with no extra fields. */
 void cinfer_log(cinfer_log_level lvl, const char *msg, const char *request_id);
+
+/* A bound on how often one source writes lines (a library that logs each
+ * failed accept, say, under a flood): a token bucket of `burst` lines
+ * refilled at per_s a second; lines beyond it are dropped and counted, and
+ * the next line let through reports the count. A value type, the time
+ * passed in; the caller serialises the calls. */
+typedef struct {
+    cinfer_tb tb;
+    uint64_t dropped;
+} cinfer_log_limit;
+
+/* per_s > 0, burst >= 1. */
+void cinfer_log_limit_init(cinfer_log_limit *r, double per_s, uint64_t burst);
+
+/* 1: write the line, and *suppressed is how many were dropped since the
+ * last one written (then reset); 0: drop it. */
+int cinfer_log_limit_take(cinfer_log_limit *r, int64_t now_ns,
+                          uint64_t *suppressed);
 
 #ifdef __cplusplus
 }

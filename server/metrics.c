@@ -716,8 +716,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     return ret;
 }
 
+/* libmicrohttpd logs each failed accept: out of file descriptors it wrote
+ * 185 MB/s of them. At most MHD_LOG_PER_S lines a second pass. */
+#define MHD_LOG_PER_S 5
+#define MHD_LOG_BURST 20
+
+static pthread_mutex_t mhd_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static cinfer_log_limit mhd_log_limit;
+static int mhd_log_limit_ready;
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    (void)cls;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    uint64_t suppressed = 0;
+    pthread_mutex_lock(&mhd_log_mu);
+    if (!mhd_log_limit_ready) {
+        cinfer_log_limit_init(&mhd_log_limit, MHD_LOG_PER_S, MHD_LOG_BURST);
+        mhd_log_limit_ready = 1;
+    }
+    int ok = cinfer_log_limit_take(&mhd_log_limit, now, &suppressed);
+    pthread_mutex_unlock(&mhd_log_mu);
+    if (!ok)
+        return;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
@@ -726,6 +749,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     cinfer_log_line l;
     if (cinfer_log_begin(&l, CINFER_LOG_WARN, "metrics http", NULL)) {
         cinfer_log_str(&l, "error", msg);
+        if (suppressed)
+            cinfer_log_int(&l, "suppressed", (int64_t)suppressed);
         cinfer_log_end(&l);
     }
 }

@@ -1030,9 +1030,29 @@ static void *worker_main(void *arg)
 /* Lifecycle                                                              */
 /* ---------------------------------------------------------------------- */
 
-/* gRPC's own log lines, as JSON lines like ours (stderr stays parseable). */
+/* gRPC's own log lines, as JSON lines like ours (stderr stays parseable),
+ * at most GRPC_LOG_PER_S a second (it logs each failed accept). */
+#define GRPC_LOG_PER_S 20
+#define GRPC_LOG_BURST 100
+
+static pthread_mutex_t grpc_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static cinfer_log_limit grpc_log_limit;
+static int grpc_log_limit_ready;
+
 static void grpc_log_to_json(gpr_log_func_args *a)
 {
+    uint64_t suppressed = 0;
+    pthread_mutex_lock(&grpc_log_mu);
+    if (!grpc_log_limit_ready) {
+        cinfer_log_limit_init(&grpc_log_limit, GRPC_LOG_PER_S,
+                              GRPC_LOG_BURST);
+        grpc_log_limit_ready = 1;
+    }
+    int pass = cinfer_log_limit_take(&grpc_log_limit, cinfer_server_now_ns(),
+                                     &suppressed);
+    pthread_mutex_unlock(&grpc_log_mu);
+    if (!pass)
+        return;
     cinfer_log_level lvl = a->severity == GPR_LOG_SEVERITY_ERROR ? CINFER_LOG_ERROR
                            : a->severity == GPR_LOG_SEVERITY_INFO ? CINFER_LOG_INFO
                                                                   : CINFER_LOG_DEBUG;
@@ -1042,6 +1062,8 @@ static void grpc_log_to_json(gpr_log_func_args *a)
     cinfer_log_str(&l, "detail", a->message);
     cinfer_log_str(&l, "file", a->file);
     cinfer_log_int(&l, "line", a->line);
+    if (suppressed)
+        cinfer_log_int(&l, "suppressed", (int64_t)suppressed);
     cinfer_log_end(&l);
 }
 

@@ -115,8 +115,35 @@ static void test_truncation(void)
     CHECK_EQ_INT(quotes % 2, 0);
 }
 
+/* A flood of lines: the burst, then per_s a second, the dropped ones
+ * counted into the next line let through. */
+static void test_limit(void)
+{
+    cinfer_log_limit r;
+    cinfer_log_limit_init(&r, 5, 20);
+    int64_t t = 1000000000;
+    uint64_t sup = 99;
+    int passed = 0;
+    for (int i = 0; i < 10000; i++)
+        passed += cinfer_log_limit_take(&r, t, &sup);
+    CHECK_EQ_INT(passed, 20);
+    /* 0.2 s later: one more, carrying the 9980 dropped. */
+    CHECK_EQ_INT(cinfer_log_limit_take(&r, t + 200000000, &sup), 1);
+    CHECK_EQ_INT(sup, 9980);
+    CHECK_EQ_INT(cinfer_log_limit_take(&r, t + 200000000, &sup), 0);
+    /* A second of flood at 1 line per ms: 5 pass. */
+    passed = 0;
+    for (int ms = 1; ms <= 1000; ms++)
+        passed += cinfer_log_limit_take(&r, t + 200000000 + ms * 1000000LL,
+                                        &sup);
+    CHECK(passed >= 4 && passed <= 6);
+    /* A clock that goes back lets nothing extra through. */
+    CHECK_EQ_INT(cinfer_log_limit_take(&r, t, &sup), 0);
+}
+
 int main(void)
 {
+    RUN(test_limit);
     RUN(test_escapes);
     RUN(test_levels);
     RUN(test_truncation);
