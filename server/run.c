@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 
 #include <grpc/grpc.h>
 
@@ -915,6 +916,27 @@ static int follow_node0(const config *cfg, const char *model_path)
     return st == CINFER_OK ? 0 : 1;
 }
 
+/* Connections are descriptors: the soft limit goes up to the hard one
+ * (gRPC core's listener stops accepting for good when they run out; the
+ * watchdog then reports health NOT_SERVING). */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    rlim_t before = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "descriptor limit raised",
+                         NULL)) {
+        cinfer_log_int(&l, "from", (int64_t)before);
+        cinfer_log_int(&l, "to", (int64_t)rl.rlim_cur);
+        cinfer_log_end(&l);
+    }
+}
+
 int cinfer_server_main(int argc, char **argv,
                        const cinfer_server_main_hooks *hooks)
 {
@@ -1030,6 +1052,7 @@ int cinfer_server_main(int argc, char **argv,
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit();
 
     int metrics_ok;
     cinfer_metrics *metrics = start_metrics(&cfg, &metrics_ok);

@@ -1133,7 +1133,7 @@ int cinfer_server_healthy(const cinfer_server *s)
     cinfer_server *m = (cinfer_server *)s;
     return atomic_load(&m->state) == SERVER_SERVING &&
            !atomic_load(&m->stuck) && !atomic_load(&m->faulted) &&
-           !atomic_load(&m->device_lost);
+           !atomic_load(&m->device_lost) && !atomic_load(&m->listener_dead);
 }
 
 /* The metrics collector: gauges read at scrape time (HTTP thread). */
@@ -1235,6 +1235,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     atomic_init(&s->faulted, 0);
     atomic_init(&s->device_lost, 0);
     atomic_init(&s->fault_run, 0);
+    atomic_init(&s->listener_dead, 0);
     atomic_init(&s->probe_ok, 0);
     s->health_reported = 1;
     s->metrics = sp.metrics;

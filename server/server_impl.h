@@ -210,6 +210,8 @@ struct cinfer_server {
     atomic_int device_lost;      /* the backend hit a sticky fault (engine
                                     stats device_lost); never cleared */
     atomic_int fault_run;        /* device faults in a row */
+    atomic_int listener_dead;    /* the gRPC port stopped accepting
+                                    connections (the watchdog's probe) */
     int health_reported;         /* last health notified (watchdog thread) */
 
     /* Watchdog thread (watchdog.c), from attach to destroy. */
@@ -399,7 +401,7 @@ void cinfer_generate_abort_all(cinfer_server *s);
 void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns);
 
 /* 1 when health is SERVING: attached, not draining, the engine neither
- * stuck nor faulted. */
+ * stuck nor faulted, the port accepting connections. */
 int cinfer_server_healthy(const cinfer_server *s);
 
 /* Ends the calls that waited longer than conn.receive_timeout_ms for

@@ -27,20 +27,34 @@
  *     deadline, CoDel), which may shed them (generate.c);
  *   - calls still waiting for their request message after the receive
  *     timeout (half-open streams) are ended (server.c);
+ *   - the gRPC port is probed (plaintext): a port that stops accepting
+ *     connections makes health NOT_SERVING until it accepts again;
  *   - a change of health is told to Health.Watch streams.
  *
  * The thread owns the probe's engine request: stop cancels it and waits
  * for its FINISH, so the engine never calls back into a freed server.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "server/log.h"
 #include "server/server_impl.h"
 
 #define WATCHDOG_TICK_MS 10
 #define PROBE_INTERVAL_MS 1000
+
+/* The listener probe: every LISTENER_PROBE_MS a connection to the server's
+ * own port must be answered (its SETTINGS frame) within the same time;
+ * LISTENER_MISSES misses in a row make health NOT_SERVING. */
+#define LISTENER_PROBE_MS 1000
+#define LISTENER_MISSES 2
 
 /* ---------------------------------------------------------------------- */
 /* Faults                                                                 */
@@ -126,7 +140,146 @@ static void log_health_change(cinfer_server *s, int healthy)
     cinfer_log_int(&l, "faulted", atomic_load(&s->faulted));
     cinfer_log_int(&l, "device_lost", atomic_load(&s->device_lost));
     cinfer_log_int(&l, "device_faults_in_a_row", atomic_load(&s->fault_run));
+    cinfer_log_int(&l, "listener_dead", atomic_load(&s->listener_dead));
     cinfer_log_end(&l);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Listener probe                                                         */
+/* ---------------------------------------------------------------------- */
+
+/* A plaintext port that no longer accepts (gRPC core's listener gives up
+ * when file descriptors run out) leaves every running call and the health
+ * service looking fine. So the watchdog connects to its own port now and
+ * then, sends the HTTP/2 preface and waits for the server's SETTINGS:
+ * a connection that sits in the kernel's backlog gets none, and a socket
+ * that cannot be made (no descriptor left) is a miss too. With TLS the
+ * probe is off (a preface without a handshake would be logged as a failed
+ * handshake each time). One step per tick, never blocking. */
+typedef struct {
+    struct sockaddr_storage addr;
+    socklen_t addr_len;
+    int enabled;
+    int fd;              /* -1 = no probe in flight */
+    int sent;            /* the preface is written */
+    int64_t started_ns;
+    int64_t next_ns;
+    int misses;
+} listener_probe;
+
+static void probe_init(listener_probe *p, const cinfer_server *s)
+{
+    memset(p, 0, sizeof *p);
+    p->fd = -1;
+    if (s->tls || s->port <= 0)
+        return;
+    /* The host of --listen; a wildcard is reached over loopback. */
+    char host[256];
+    const char *l = s->listen;
+    const char *colon = strrchr(l, ':');
+    size_t hl = colon ? (size_t)(colon - l) : 0;
+    if (hl >= sizeof host)
+        return;
+    memcpy(host, l, hl);
+    host[hl] = '\0';
+    char *h = host;
+    if (h[0] == '[') {
+        h++;
+        char *e = strchr(h, ']');
+        if (e)
+            *e = '\0';
+    }
+    if (!h[0] || strcmp(h, "0.0.0.0") == 0)
+        h = "127.0.0.1";
+    else if (strcmp(h, "::") == 0)
+        h = "::1";
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    if (getaddrinfo(h, port, &hints, &res) != 0 || !res)
+        return;
+    if (res->ai_addrlen <= sizeof p->addr) {
+        memcpy(&p->addr, res->ai_addr, res->ai_addrlen);
+        p->addr_len = res->ai_addrlen;
+        p->enabled = 1;
+    }
+    freeaddrinfo(res);
+}
+
+static void probe_close(listener_probe *p)
+{
+    if (p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
+    p->sent = 0;
+}
+
+static void probe_verdict(cinfer_server *s, listener_probe *p, int ok,
+                          int64_t now)
+{
+    probe_close(p);
+    p->next_ns = now + cinfer_ms_to_ns(LISTENER_PROBE_MS);
+    p->misses = ok ? 0 : p->misses + 1;
+    int dead = p->misses >= LISTENER_MISSES;
+    if (dead != atomic_load(&s->listener_dead)) {
+        atomic_store(&s->listener_dead, dead);
+        cinfer_log(dead ? CINFER_LOG_ERROR : CINFER_LOG_INFO,
+                   dead ? "the gRPC port does not accept connections; "
+                          "health NOT_SERVING"
+                        : "the gRPC port accepts connections again",
+                   NULL);
+    }
+}
+
+static void probe_step(cinfer_server *s, listener_probe *p, int64_t now)
+{
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                                  "\0\0\0\4\0\0\0\0\0"; /* SETTINGS */
+    if (!p->enabled)
+        return;
+    if (p->fd < 0) {
+        if (now < p->next_ns)
+            return;
+        p->started_ns = now;
+        p->fd = socket(p->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK |
+                                               SOCK_CLOEXEC,
+                       0);
+        if (p->fd < 0) {
+            probe_verdict(s, p, 0, now); /* no descriptor left */
+            return;
+        }
+        if (connect(p->fd, (struct sockaddr *)&p->addr, p->addr_len) != 0 &&
+            errno != EINPROGRESS) {
+            probe_verdict(s, p, 0, now);
+            return;
+        }
+    }
+    struct pollfd pf = {p->fd, (short)(p->sent ? POLLIN : POLLOUT), 0};
+    if (poll(&pf, 1, 0) > 0) {
+        if (!p->sent && (pf.revents & POLLOUT)) {
+            ssize_t n = send(p->fd, preface, sizeof preface - 1,
+                             MSG_NOSIGNAL);
+            if (n != (ssize_t)(sizeof preface - 1)) {
+                probe_verdict(s, p, 0, now);
+                return;
+            }
+            p->sent = 1;
+        } else if (p->sent && (pf.revents & (POLLIN | POLLHUP | POLLERR))) {
+            /* Bytes (its SETTINGS), or a close: the port accepted. */
+            char buf[64];
+            ssize_t n = recv(p->fd, buf, sizeof buf, 0);
+            probe_verdict(s, p, n >= 0, now);
+            return;
+        } else if (pf.revents & (POLLHUP | POLLERR)) {
+            probe_verdict(s, p, 0, now); /* refused */
+            return;
+        }
+    }
+    if (now - p->started_ns >= cinfer_ms_to_ns(LISTENER_PROBE_MS))
+        probe_verdict(s, p, 0, now);
 }
 
 static void *watchdog_main(void *arg)
@@ -135,6 +288,8 @@ static void *watchdog_main(void *arg)
     uint64_t last_steps = 0;
     int64_t last_progress = cinfer_server_now_ns();
     int64_t last_probe = 0;
+    listener_probe lp;
+    probe_init(&lp, s);
     for (;;) {
         pthread_mutex_lock(&s->mu);
         if (!s->watchdog_stop) {
@@ -153,8 +308,10 @@ static void *watchdog_main(void *arg)
         int stop = s->watchdog_stop;
         int probing = s->probe_inflight;
         pthread_mutex_unlock(&s->mu);
-        if (stop)
+        if (stop) {
+            probe_close(&lp);
             break;
+        }
 
         int64_t now = cinfer_server_now_ns();
         cinfer_engine_stats es;
@@ -196,6 +353,7 @@ static void *watchdog_main(void *arg)
 
         cinfer_generate_check_queued(s, now);
         cinfer_server_expire_receives(s, now);
+        probe_step(s, &lp, now);
 
         int healthy = cinfer_server_healthy(s);
         if (healthy != s->health_reported) {

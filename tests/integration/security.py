@@ -43,6 +43,12 @@ Cases:
               default model: health checks and a 2-token Generate still
               answer within bounds (the request threads take the work off
               the completion-queue threads).
+  fds         a server limited to 256 descriptors flooded with connections
+              that only send their preface: health NOT_SERVING within
+              seconds (the watchdog's probe of its own port), the libraries'
+              accept errors rate-limited in the log, and after the flood
+              either SERVING again or still NOT_SERVING on /metrics (gRPC
+              core 1.51's listener gives up for good).
   compression requests compressed by grpcio (gzip, deflate) served; a gzip
               bomb (256 MiB in 256 KB) refused RESOURCE_EXHAUSTED without
               the server's peak memory growing by more than 64 MB.
@@ -1069,6 +1075,80 @@ def case_hol():
               (max(ttft) * 1e3))
 
 
+# ---------------------------------------------------------------------------
+# Descriptors running out
+# ---------------------------------------------------------------------------
+
+def case_fds():
+    """Defect 2, the part the server can see: with its descriptors used up
+    by connections that only sent their preface, health turns NOT_SERVING
+    (the watchdog's probe of its own port), the libraries' per-accept log
+    lines stay rate-limited, and once the connections close the server
+    either accepts again (health SERVING) or keeps saying NOT_SERVING on
+    /metrics."""
+    nofile = 256
+    wrapper = os.path.join(ARGS.work, "server-nofile.sh")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\nulimit -n %d || exit 1\nexec %s \"$@\"\n" %
+                (nofile, ARGS.server_bin))
+    os.chmod(wrapper, 0o755)
+    srv = run.Server(run.tiny_model(), name="fds", binary=wrapper)
+    with srv:
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + \
+            b"\0\0\0\4\0\0\0\0\0"
+        flood = []
+        t0 = time.time()
+        try:
+            for _ in range(nofile + 100):
+                c = socket.create_connection(("127.0.0.1", srv.port),
+                                             timeout=5)
+                c.sendall(preface)
+                flood.append(c)
+        except OSError as e:
+            log("flood stopped at %d connections: %s" % (len(flood), e))
+        deadline = time.time() + 20
+        while not any("does not accept" in ln.get("msg", "")
+                      for ln in srv.log_lines()):
+            check(time.time() < deadline,
+                  "health did not turn NOT_SERVING with %d connections "
+                  "open" % len(flood))
+            time.sleep(0.1)
+        took = time.time() - t0
+        log("ok: health NOT_SERVING %.1f s into a flood of %d connections" %
+            (took, len(flood)))
+        time.sleep(2.0)  # the libraries log their failed accepts
+        for c in flood:
+            c.close()
+        span = time.time() - t0 + 1
+        lines = srv.log_lines()
+        mhd = sum(1 for ln in lines if ln.get("msg") == "metrics http")
+        grpc_lines = sum(1 for ln in lines if ln.get("msg") == "grpc")
+        check(mhd <= 20 + 5 * span, "%d libmicrohttpd lines in %.0f s" %
+              (mhd, span))
+        check(grpc_lines <= 100 + 20 * span + 50,
+              "%d gRPC lines in %.0f s" % (grpc_lines, span))
+        # After: the port accepts again (the probe would see it within
+        # two seconds), or health says it does not.
+        deadline = time.time() + 8
+        state = None
+        while time.time() < deadline:
+            if any("accepts connections again" in ln.get("msg", "")
+                   for ln in srv.log_lines()):
+                state = "recovered"
+                break
+            time.sleep(0.2)
+        if state == "recovered":
+            srv.wait_health("SERVING", 30)
+        else:
+            m = run.scrape(srv)
+            if m is not None:
+                check_eq(run.metric(m, "cinfer:health_serving"), 0.0,
+                         "/metrics health while the port is dead")
+            state = "dead, reported"
+        log("ok: after the flood the port is %s; %d libmicrohttpd and %d "
+            "gRPC log lines" % (state, mhd, grpc_lines))
+
+
 CASES = {
     "wire": case_wire,
     "accounting": case_accounting,
@@ -1077,6 +1157,7 @@ CASES = {
     "tls": case_tls,
     "keys": case_keys,
     "hol": case_hol,
+    "fds": case_fds,
 }
 
 
