@@ -166,6 +166,7 @@ static int weight_dtype_ok(cinfer_dtype t)
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
     case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
         return 1;
     default:

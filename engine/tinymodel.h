@@ -59,8 +59,8 @@ typedef struct {
                                   be even */
     uint32_t n_head_kv;        /* key/value heads, divides n_head */
     uint32_t n_ff;             /* feed-forward width; a multiple of 32 when
-                                  weight_dtype is quantized (256 for Q4_K
-                                  and Q6_K) */
+                                  weight_dtype is quantized (256 for the
+                                  K-quants) */
     uint32_t n_vocab;          /* vocabulary size, >= 259 (gpt2) or 260
                                   (llama: specials, bytes, >= 1 char) */
     uint32_t n_ctx;            /* trained context length written to the file */
@@ -68,7 +68,7 @@ typedef struct {
     float norm_eps;            /* RMSNorm epsilon, > 0 */
     cinfer_dtype weight_dtype; /* 2-D projection weights (attn_q/k/v/output,
                                   ffn_gate/up/down, output): F32, F16, BF16,
-                                  Q8_0, Q4_0, Q4_1, Q4_K or Q6_K (K-quant
+                                  Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K (K-quant
                                   blocks from cinfer_quantize_row's
                                   round-to-nearest) */
     cinfer_dtype embd_dtype;   /* token_embd.weight, same choices */

@@ -20,6 +20,7 @@ int cinfer_dtype_valid(uint32_t id)
     case CINFER_DTYPE_I32:
     case CINFER_DTYPE_BF16:
     case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
     case CINFER_DTYPE_Q8_K:
         return 1;

@@ -10,7 +10,7 @@
  * fmaf(), which rounds once as the SIMD instructions do.
  *
  * Weight / activation pairs (as GGML pairs them): Q4_1 x Q8_1, Q8_0 x Q8_0,
- * Q4_0 x Q8_0, Q4_K / Q6_K x Q8_K, F16 x F16, BF16 x BF16, F32 x F32.
+ * Q4_0 x Q8_0, Q4_K / Q5_K / Q6_K x Q8_K, F16 x F16, BF16 x BF16, F32 x F32.
  * Q8_K activations are quantized by the scalar code on every ISA (GGML's
  * x86 build does the same); the K-quant products live in
  * matmul_kquant*.c, whose AVX2 code AVX-512 processors run as well.
@@ -36,6 +36,7 @@ int cinfer_cpu_matmul_supported(cinfer_dtype wt)
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
     case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
         return 1;
     default:
@@ -45,7 +46,8 @@ int cinfer_cpu_matmul_supported(cinfer_dtype wt)
 
 static int is_kquant(cinfer_dtype wt)
 {
-    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q6_K;
+    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K ||
+           wt == CINFER_DTYPE_Q6_K;
 }
 
 cinfer_dtype cinfer_cpu_matmul_act_type(cinfer_dtype wt)
@@ -54,6 +56,7 @@ cinfer_dtype cinfer_cpu_matmul_act_type(cinfer_dtype wt)
     case CINFER_DTYPE_Q4_1:
         return CINFER_DTYPE_Q8_1;
     case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
         return CINFER_DTYPE_Q8_K;
     case CINFER_DTYPE_Q8_0:

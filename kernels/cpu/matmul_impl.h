@@ -34,7 +34,8 @@
  *   Float 16-lane reduction tree: h8[i] = l[i] + l[i + 8]; h4[i] = h8[i] +
  *   h8[i + 4]; h2[i] = h4[i] + h4[i + 2]; out = h2[0] + h2[1].
  *
- *   K-quants (Q4_K, Q6_K x Q8_K): the order written out in matmul_kquant.c.
+ *   K-quants (Q4_K, Q5_K, Q6_K x Q8_K): the order written out in
+ *   matmul_kquant.c.
  *
  * Every code path (one row or a tile of rows, a full column tile or a tail)
  * performs exactly these per-element operations; tiling only changes which

@@ -17,6 +17,14 @@
  *     accm[k] = fma(dmin, (float)msum[k], accm[k])
  *   out = hsum8(acc) + ((accm0 + accm2) + (accm1 + accm3))
  *
+ *   Q5_K: as Q4_K with q in 0..31 for isum and acc, but the mins reduced
+ *     to one integer per super-block and one scalar accumulator:
+ *     summs = fma(dmin, (float)(msum0 + msum1 + msum2 + msum3), summs)
+ *     (GGML's source writes summs += dmin * msum; GCC fuses it, as GNU C's
+ *     default -ffp-contract=fast allows, and the llama.cpp build the
+ *     goldens use computes the fused form: checked bit for bit)
+ *   out = hsum8(acc) + summs
+ *
  *   Q6_K: d = da * f(dw); q in 0..63 (unsigned, the "- 32" comes last)
  *     isum[l] = sum over the eight 32-element parts p (elements 32p ..)
  *         scales[2p + (l >= 4)] * sum_{t<4} q[32p + 4l + t] * a[32p + 4l + t]
@@ -76,6 +84,43 @@ static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
     return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
 }
 
+static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
+                      int64_t nb)
+{
+    float acc[8] = {0}, summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
+        const float dmin = -y[b].d * cinfer_fp16_to_fp32(x[b].dmin);
+        uint8_t sc[8], m[8];
+        for (int k = 0; k < 8; k++)
+            cinfer_dtype_k4_scale_min(x[b].scales, k, &sc[k], &m[k]);
+        const uint8_t *q = x[b].qs, *qh = x[b].qh;
+        const int8_t *a = y[b].qs;
+        int32_t isum[8] = {0};
+        for (int c = 0; c < 4; c++) {
+            for (int l = 0; l < 8; l++) {
+                int lo = 0, hi = 0;
+                for (int t = 0; t < 4; t++) {
+                    int i = 4 * l + t, byte = q[32 * c + i];
+                    int ql = (byte & 15) | (((qh[i] >> (2 * c)) & 1) << 4);
+                    int qhi = (byte >> 4) | (((qh[i] >> (2 * c + 1)) & 1) << 4);
+                    lo += ql * a[64 * c + i];
+                    hi += qhi * a[64 * c + 32 + i];
+                }
+                isum[l] += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+        const int16_t *bs = y[b].bsums;
+        int ms = 0;
+        for (int k = 0; k < 8; k++)
+            ms += m[k] * (bs[2 * k] + bs[2 * k + 1]);
+        summs = fmaf(dmin, (float)ms, summs);
+    }
+    return hsum8(acc) + summs;
+}
+
 static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
                       int64_t nb)
 {
@@ -122,8 +167,9 @@ void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
             const cinfer_block_q8_k *arow =
                 (const cinfer_block_q8_k *)((const uint8_t *)act + (size_t)r * arb);
             out[r * out_stride + o] =
-                wt == CINFER_DTYPE_Q4_K ? dot_q4_k(wrow, arow, nb)
-                                        : dot_q6_k(wrow, arow, nb);
+                wt == CINFER_DTYPE_Q4_K   ? dot_q4_k(wrow, arow, nb)
+                : wt == CINFER_DTYPE_Q5_K ? dot_q5_k(wrow, arow, nb)
+                                          : dot_q6_k(wrow, arow, nb);
         }
     }
 }

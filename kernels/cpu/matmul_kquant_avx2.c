@@ -1,5 +1,5 @@
 /*
- * matmul_kquant_avx2.c - K-quant products (Q4_K, Q6_K x Q8_K) for AVX2 +
+ * matmul_kquant_avx2.c - K-quant products (Q4_K, Q5_K, Q6_K x Q8_K) for AVX2 +
  * FMA + F16C, in the reduction order of matmul_kquant.c.
  *
  * One output element at a time, a super-block per step: vpmaddubsw of the
@@ -13,6 +13,7 @@
 #ifdef CINFER_MATMUL_HAVE_AVX2
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 static inline float hsum8(__m256 x)
@@ -74,6 +75,53 @@ static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
     return hsum8(acc) + _mm_cvtss_f32(accm);
 }
 
+static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
+                      int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = y[b].d * f16(x[b].d);
+        const float dmin = -y[b].d * f16(x[b].dmin);
+        const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(x[b].scales));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)y[b].bsums);
+        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                            _mm256_extracti128_si256(bs, 1));
+        const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
+        const __m128i z = _mm_setzero_si128();
+        const int msum = _mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(prod, z), z));
+        summs = fmaf(dmin, (float)msum, summs);
+
+        int16_t sc[8];
+        _mm_storeu_si128((__m128i *)sc, _mm256_castsi256_si128(sm));
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[b].qh);
+        const uint8_t *q = x[b].qs;
+        const int8_t *a = y[b].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+            const __m256i hl =
+                _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c)), one);
+            const __m256i hh =
+                _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c + 1)), one);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4),
+                                               _mm256_slli_epi16(hl, 4));
+            const __m256i hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), _mm256_slli_epi16(hh, 4));
+            const __m256i al = _mm256_loadu_si256((const __m256i *)(a + 64 * c));
+            const __m256i ah = _mm256_loadu_si256((const __m256i *)(a + 64 * c + 32));
+            __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]),
+                                           _mm256_maddubs_epi16(lo, al));
+            __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]),
+                                           _mm256_maddubs_epi16(hi, ah));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc) + summs;
+}
+
 static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
                       int64_t nb)
 {
@@ -131,8 +179,9 @@ void cinfer_cpu_matmul_compute_kquant_avx2(cinfer_dtype wt, const void *w,
             const cinfer_block_q8_k *arow =
                 (const cinfer_block_q8_k *)((const uint8_t *)act + (size_t)r * arb);
             out[r * out_stride + o] =
-                wt == CINFER_DTYPE_Q4_K ? dot_q4_k(wrow, arow, nb)
-                                        : dot_q6_k(wrow, arow, nb);
+                wt == CINFER_DTYPE_Q4_K   ? dot_q4_k(wrow, arow, nb)
+                : wt == CINFER_DTYPE_Q5_K ? dot_q5_k(wrow, arow, nb)
+                                          : dot_q6_k(wrow, arow, nb);
         }
     }
 }

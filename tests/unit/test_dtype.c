@@ -29,7 +29,8 @@ static void test_sizes_and_names(void)
     CHECK(cinfer_dtype_valid(CINFER_DTYPE_Q4_K));
     CHECK(cinfer_dtype_valid(CINFER_DTYPE_Q6_K));
     CHECK(cinfer_dtype_valid(CINFER_DTYPE_Q8_K));
-    CHECK(!cinfer_dtype_valid(CINFER_DTYPE_Q5_K)); /* no kernel yet */
+    CHECK(cinfer_dtype_valid(CINFER_DTYPE_Q5_K));
+    CHECK_EQ_STR(cinfer_dtype_name(CINFER_DTYPE_Q5_K), "Q5_K");
     CHECK(!cinfer_dtype_valid(10));
     CHECK_EQ_STR(cinfer_dtype_name(CINFER_DTYPE_Q4_K), "Q4_K");
     CHECK_EQ_STR(cinfer_dtype_name(CINFER_DTYPE_Q6_K), "Q6_K");

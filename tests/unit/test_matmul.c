@@ -25,7 +25,7 @@
 static const cinfer_dtype k_wtypes[] = {
     CINFER_DTYPE_F32,  CINFER_DTYPE_F16,  CINFER_DTYPE_BF16,
     CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_1,
-    CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K,
+    CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K,
 };
 #define N_WTYPES (int)(sizeof(k_wtypes) / sizeof(k_wtypes[0]))
 
@@ -48,6 +48,12 @@ static int k_quant(cinfer_dtype wt, const void *blk, int e)
         int byte = b->qs[32 * (e / 64) + e % 32];
         return e % 64 < 32 ? byte & 15 : byte >> 4;
     }
+    if (wt == CINFER_DTYPE_Q5_K) {
+        const cinfer_block_q5_k *b = blk;
+        int byte = b->qs[32 * (e / 64) + e % 32];
+        int lo = e % 64 < 32 ? byte & 15 : byte >> 4;
+        return lo | (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+    }
     const cinfer_block_q6_k *b = blk;
     int h = e / 128, i = e % 128;
     int lo = (b->ql[64 * h + i % 64] >> (4 * (i / 64))) & 15;
@@ -68,7 +74,8 @@ static void ref_dot_k(cinfer_dtype wt, const void *wrow, const void *arow,
         for (int e = 0; e < CINFER_QK_K; e++) {
             double a = (double)ab[b].d * ab[b].qs[e];
             int q = k_quant(wt, wb, e);
-            if (wt == CINFER_DTYPE_Q4_K) {
+            if (wt != CINFER_DTYPE_Q6_K) {
+                /* Q4_K and Q5_K share the header layout */
                 const cinfer_block_q4_k *k4 = wb;
                 uint8_t sc, mn;
                 cinfer_dtype_k4_scale_min(k4->scales, e / 32, &sc, &mn);
@@ -400,7 +407,7 @@ static void test_supported_and_pairs(void)
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q4_K), CINFER_DTYPE_Q8_K);
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q6_K), CINFER_DTYPE_Q8_K);
     CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_Q8_K));
-    CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_Q5_K));
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q5_K), CINFER_DTYPE_Q8_K);
     for (int ii = 0; ii < N_ISAS; ii++)
         fprintf(stderr, "     isa %-8s %s\n", cinfer_cpu_isa_name(k_isas[ii]),
                 cinfer_cpu_isa_supported(k_isas[ii]) ? "supported" : "absent");
@@ -424,6 +431,7 @@ static void test_q8_0(void) { run_type(CINFER_DTYPE_Q8_0); }
 static void test_q4_0(void) { run_type(CINFER_DTYPE_Q4_0); }
 static void test_q4_1(void) { run_type(CINFER_DTYPE_Q4_1); }
 static void test_q4_k(void) { run_type(CINFER_DTYPE_Q4_K); }
+static void test_q5_k(void) { run_type(CINFER_DTYPE_Q5_K); }
 static void test_q6_k(void) { run_type(CINFER_DTYPE_Q6_K); }
 
 /* Activation quantization corner cases: all-zero blocks, exact .5 ties
@@ -717,6 +725,7 @@ int main(void)
     RUN(test_q4_0);
     RUN(test_q4_1);
     RUN(test_q4_k);
+    RUN(test_q5_k);
     RUN(test_q6_k);
     RUN(test_batched_rows);
     return harness_done();

@@ -338,6 +338,7 @@ static void test_quantized_close_to_float64(void)
         {"qwen2", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_BF16, 0},
         {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_Q4_K, 0},
         {"qwen2", 1, 256, 4, 2, 512, 300, CINFER_DTYPE_Q6_K, 1},
+        {"llama", 1, 256, 4, 4, 256, 300, CINFER_DTYPE_Q5_K, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_against_reference(&shapes[i], 5e-2);

@@ -373,6 +373,7 @@ static void test_shapes(void)
         {"llama", 1, 128, 4, 4, 256, 1000, CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_1, 1, "llama", 3},
         {"llama", 2, 256, 4, 2, 512, 300, CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K, 0, "gpt2", 15},
         {"qwen2", 1, 256, 2, 1, 256, 400, CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q4_K, 1, "llama", 18},
+        {"llama", 1, 256, 4, 4, 256, 300, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q5_K, 1, "gpt2", 17},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
@@ -563,8 +564,9 @@ static void test_weight_scales(void)
  * spread as the float weights. */
 static void test_weight_scales_k(void)
 {
-    const cinfer_dtype types[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K};
-    for (size_t k = 0; k < 2; k++) {
+    const cinfer_dtype types[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K,
+                                  CINFER_DTYPE_Q6_K};
+    for (size_t k = 0; k < 3; k++) {
         cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
         p.n_embd = 256;
         p.n_ff = 512;
@@ -616,7 +618,7 @@ static void test_invalid_params(void)
         {"q_embd", "multiple of 32"},
         {"q_ff", "n_ff = 80"},
         {"k_embd", "256 for K-quants"},
-        {"k_weight", "weight_dtype = 13"},
+        {"k_weight", "weight_dtype = 15"},
         {"alignment", "alignment"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -640,7 +642,7 @@ static void test_invalid_params(void)
         else if (!strcmp(f, "q_embd")) { p.n_embd = 48; p.n_head = 4; p.embd_dtype = CINFER_DTYPE_Q8_0; }
         else if (!strcmp(f, "q_ff")) { p.n_ff = 80; p.weight_dtype = CINFER_DTYPE_Q4_0; }
         else if (!strcmp(f, "k_embd")) { p.n_embd = 128; p.weight_dtype = CINFER_DTYPE_Q6_K; }
-        else if (!strcmp(f, "k_weight")) p.weight_dtype = CINFER_DTYPE_Q5_K;
+        else if (!strcmp(f, "k_weight")) p.weight_dtype = CINFER_DTYPE_Q8_K;
         else if (!strcmp(f, "alignment")) p.alignment = 48;
         void *buf = NULL;
         size_t size = 0;
