@@ -1,7 +1,8 @@
 /*
  * fuzz_request.c - libFuzzer target for the server's request decoding and
- * validation (protobuf-c unpack + server/validate.c), the reflection codec
- * and the chat template recogniser.
+ * validation (server/wire.c's checks and merges before protobuf-c unpacks,
+ * then server/validate.c), the reflection codec and the chat template
+ * recogniser.
  *
  * Input: one selector byte, then the message bytes.
  *   0  GenerateRequest    unpack; validate; a valid request's numbers are
@@ -41,6 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #include "server/chat.h"
 #include "server/reflection_index.h"
 #include "server/validate.h"
+#include "server/wire.h"
 
 #define FUZZ_ASSERT(c)                                                         \
     do {                                                                       \
@@ -66,10 +68,33 @@ static void check_message(cinfer_status st)
     }
 }
 
+/* The server's own decoding (server/wire.c): refused with a message, or
+ * unpacked; a message protobuf-c alone takes is never refused unless a
+ * string holds NUL or bad UTF-8 (wire.c is stricter, never looser). */
+static ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc,
+                                     const uint8_t *d, size_t n)
+{
+    ProtobufCMessage *m = NULL;
+    cinfer_status st = cinfer_wire_unpack(desc, d, n, &m);
+    if (st != CINFER_OK) {
+        FUZZ_ASSERT(m == NULL);
+        FUZZ_ASSERT(st == CINFER_E_INVALID_ARG || st == CINFER_E_NOMEM);
+        FUZZ_ASSERT(cinfer_last_error()[0] != '\0');
+        ProtobufCMessage *plain = protobuf_c_message_unpack(desc, NULL, n, d);
+        if (plain) {
+            FUZZ_ASSERT(strstr(cinfer_last_error(), "NUL") ||
+                        strstr(cinfer_last_error(), "UTF-8") ||
+                        strstr(cinfer_last_error(), "does not decode"));
+            protobuf_c_message_free_unpacked(plain, NULL);
+        }
+    }
+    return m;
+}
+
 static void fuzz_generate(const uint8_t *d, size_t n)
 {
-    Cinfer__V1__GenerateRequest *r =
-        cinfer__v1__generate_request__unpack(NULL, n, d);
+    Cinfer__V1__GenerateRequest *r = (Cinfer__V1__GenerateRequest *)wire_unpack(
+        &cinfer__v1__generate_request__descriptor, d, n);
     if (!r)
         return;
     cinfer_request_limits lim = LIM;
@@ -102,6 +127,11 @@ static void fuzz_generate(const uint8_t *d, size_t n)
                 FUZZ_ASSERT(s->min_p >= 0.0f && s->min_p <= 1.0f);
             if (CINFER_PB_HAS(s, top_k))
                 FUZZ_ASSERT(s->top_k >= 0);
+            if (CINFER_PB_HAS(s, repetition_penalty))
+                FUZZ_ASSERT(s->repetition_penalty >=
+                                CINFER_MIN_REPETITION_PENALTY &&
+                            s->repetition_penalty <=
+                                CINFER_MAX_REPETITION_PENALTY);
         }
         if (r->stopping) {
             FUZZ_ASSERT(r->stopping->n_stop <= CINFER_MAX_STOP_STRINGS);
@@ -116,8 +146,8 @@ static void fuzz_generate(const uint8_t *d, size_t n)
 
 static void fuzz_tokenize(const uint8_t *d, size_t n)
 {
-    Cinfer__V1__TokenizeRequest *r =
-        cinfer__v1__tokenize_request__unpack(NULL, n, d);
+    Cinfer__V1__TokenizeRequest *r = (Cinfer__V1__TokenizeRequest *)wire_unpack(
+        &cinfer__v1__tokenize_request__descriptor, d, n);
     if (!r)
         return;
     check_message(cinfer_validate_tokenize(r, &LIM));
