@@ -7,7 +7,8 @@
  * sequences run together and where their KV lives; the model only computes.
  *
  * Supported: architecture `llama` (and `qwen2`: Q/K/V bias, NEOX rope),
- * weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1; tied or separate output.
+ * weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (the
+ * K-quants on the CPU backend); tied or separate output.
  * Weights are read into memory in huge pages, or mapped (use_mmap); the
  * CPU backend computes from that memory in place where it can and packs
  * the int8-block types for its AVX-512 kernels, and a device backend copies
