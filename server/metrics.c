@@ -148,6 +148,8 @@ struct cinfer_metrics {
     _Atomic uint64_t rejected[MAX_LABELS];
     label_table keys;
     _Atomic uint64_t key_requests[MAX_LABELS];
+    char *tls_cert, *tls_key;  /* HTTPS: the PEM texts, for the daemon's
+                                  life */
 
     hist hists[CINFER_HIST_COUNT_];
     _Atomic uint64_t prompt_tokens;
@@ -877,9 +879,20 @@ static double process_start_time(void)
     return (double)btime + (double)start / (double)tick;
 }
 
+static void free_tls(cinfer_metrics *m)
+{
+    if (m->tls_key) {
+        memset(m->tls_key, 0, strlen(m->tls_key));
+        free(m->tls_key);
+    }
+    free(m->tls_cert);
+    m->tls_key = m->tls_cert = NULL;
+}
+
 cinfer_metrics_params cinfer_metrics_default_params(void)
 {
     cinfer_metrics_params p;
+    memset(&p, 0, sizeof p);
     p.listen = "127.0.0.1:9090";
     return p;
 }
@@ -920,12 +933,27 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
         st = open_listener(p->listen, &fd, &m->port);
         if (st != CINFER_OK)
             goto fail_listen;
+        int tls = p->tls_cert_pem && p->tls_key_pem;
+        if (tls) {
+            m->tls_cert = strdup(p->tls_cert_pem);
+            m->tls_key = strdup(p->tls_key_pem);
+            if (!m->tls_cert || !m->tls_key) {
+                close(fd);
+                st = cinfer_set_error(CINFER_E_NOMEM, "metrics: no memory");
+                goto fail_listen;
+            }
+        }
+        /* The TLS options come last: without TLS, MHD_OPTION_END ends
+         * the list before them. */
         m->daemon = MHD_start_daemon(
-            MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-            on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-            MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
-            (unsigned int)64, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10,
-            MHD_OPTION_END);
+            MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
+                (tls ? MHD_USE_TLS : 0),
+            0, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER,
+            on_mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10,
+            tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, m->tls_cert,
+            MHD_OPTION_HTTPS_MEM_KEY, m->tls_key, MHD_OPTION_END);
         if (!m->daemon) {
             close(fd);
             st = cinfer_set_error(CINFER_E_IO,
@@ -939,6 +967,7 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
     return CINFER_OK;
 
 fail_listen:
+    free_tls(m);
     pthread_mutex_destroy(&m->collect_mu);
 fail_mutex:
     label_table_cleanup(&m->keys);
@@ -958,6 +987,7 @@ void cinfer_metrics_destroy(cinfer_metrics *m)
     if (m->daemon)
         MHD_stop_daemon(m->daemon); /* joins its thread, closes the socket */
     pthread_mutex_destroy(&m->collect_mu);
+    free_tls(m);
     label_table_cleanup(&m->keys);
     label_table_cleanup(&m->reasons);
     label_table_cleanup(&m->methods);

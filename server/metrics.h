@@ -38,6 +38,9 @@ typedef struct cinfer_metrics cinfer_metrics;
 typedef struct {
     const char *listen; /* "HOST:PORT" for /metrics; NULL or "" = no HTTP
                            listener (recording still works, for tests) */
+    const char *tls_cert_pem; /* PEM certificate chain (text, copied):
+                                 /metrics over HTTPS; NULL = HTTP */
+    const char *tls_key_pem;  /* its PEM private key (text, copied) */
 } cinfer_metrics_params;
 
 cinfer_metrics_params cinfer_metrics_default_params(void);

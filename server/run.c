@@ -51,6 +51,7 @@
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/server.h"
+#include "server/tls.h"
 
 #ifndef CINFER_VERSION
 #define CINFER_VERSION "0.1.0"
@@ -748,6 +749,13 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
 
 /* The metrics listener: NULL (and *ok = 1) when switched off or when the
  * default address is taken; *ok = 0 when an explicit one fails. */
+/* 1 when HOST:PORT names a loopback host. */
+static int is_loopback(const char *addr)
+{
+    return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "[::1]:", 6) == 0 ||
+           strncmp(addr, "localhost:", 10) == 0;
+}
+
 static cinfer_metrics *start_metrics(const config *cfg, int *ok)
 {
     *ok = 1;
@@ -756,8 +764,35 @@ static cinfer_metrics *start_metrics(const config *cfg, int *ok)
         return NULL;
     cinfer_metrics_params mp = cinfer_metrics_default_params();
     mp.listen = addr;
+    /* Off loopback, /metrics gets the gRPC port's TLS too. */
+    char *cert = NULL, *key = NULL;
+    if (cfg->tls_cert && cfg->tls_cert[0] && !is_loopback(addr)) {
+        if (cinfer_tls_read_pem("--tls-cert", cfg->tls_cert, &cert) !=
+                CINFER_OK ||
+            cinfer_tls_read_pem("--tls-key", cfg->tls_key ? cfg->tls_key : "",
+                                &key) != CINFER_OK) {
+            cinfer_log_line l;
+            if (cinfer_log_begin(&l, CINFER_LOG_ERROR, "cannot serve metrics",
+                                 NULL)) {
+                cinfer_log_str(&l, "error", cinfer_last_error());
+                cinfer_log_end(&l);
+            }
+            free(cert);
+            free(key);
+            *ok = 0;
+            return NULL;
+        }
+        mp.tls_cert_pem = cert;
+        mp.tls_key_pem = key;
+    }
     cinfer_metrics *m = NULL;
-    if (cinfer_metrics_create(&mp, &m) != CINFER_OK) {
+    int https = cert != NULL;
+    cinfer_status mst = cinfer_metrics_create(&mp, &m);
+    if (key)
+        memset(key, 0, strlen(key));
+    free(cert);
+    free(key);
+    if (mst != CINFER_OK) {
         cinfer_log_line l;
         if (cinfer_log_begin(&l, CINFER_LOG_ERROR,
                              cfg->metrics_listen_given
@@ -780,6 +815,7 @@ static cinfer_metrics *start_metrics(const config *cfg, int *ok)
     if (cinfer_log_begin(&l, CINFER_LOG_INFO, "metrics listening", NULL)) {
         cinfer_log_str(&l, "address", where);
         cinfer_log_int(&l, "port", cinfer_metrics_port(m));
+        cinfer_log_str(&l, "tls", https ? "on" : "off");
         cinfer_log_end(&l);
     }
     return m;

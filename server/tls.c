@@ -19,8 +19,8 @@ struct cinfer_tls {
     grpc_ssl_server_certificate_config *pending; /* under mu */
 };
 
-/* The whole file as a NUL-terminated string (malloc'd). */
-static cinfer_status read_pem(const char *what, const char *path, char **out)
+cinfer_status cinfer_tls_read_pem(const char *what, const char *path,
+                                  char **out)
 {
     *out = NULL;
     FILE *f = fopen(path, "rb");
@@ -59,11 +59,11 @@ static cinfer_status load(const cinfer_tls *t,
                           grpc_ssl_server_certificate_config **out)
 {
     char *cert = NULL, *key = NULL, *ca = NULL;
-    cinfer_status st = read_pem("--tls-cert", t->cert_path, &cert);
+    cinfer_status st = cinfer_tls_read_pem("--tls-cert", t->cert_path, &cert);
     if (st == CINFER_OK)
-        st = read_pem("--tls-key", t->key_path, &key);
+        st = cinfer_tls_read_pem("--tls-key", t->key_path, &key);
     if (st == CINFER_OK && t->client_ca_path)
-        st = read_pem("--tls-client-ca", t->client_ca_path, &ca);
+        st = cinfer_tls_read_pem("--tls-client-ca", t->client_ca_path, &ca);
     if (st == CINFER_OK) {
         grpc_ssl_pem_key_cert_pair pair = {key, cert};
         /* The config copies the strings. gRPC core (1.51) asserts that a

@@ -68,6 +68,12 @@ int cinfer_tls_mutual(const cinfer_tls *t);
 
 void cinfer_tls_destroy(cinfer_tls *t);
 
+/* A PEM file as a NUL-terminated string (*out malloc'd), at most
+ * CINFER_TLS_MAX_PEM_BYTES; `what` names it in errors (the flag). Errors
+ * as create's. */
+cinfer_status cinfer_tls_read_pem(const char *what, const char *path,
+                                  char **out);
+
 #ifdef __cplusplus
 }
 #endif

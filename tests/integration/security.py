@@ -29,7 +29,7 @@ Cases:
               --max-header-list-bytes refused.
   tls         TLS and mTLS with a CA and certificates made here (openssl
               CLI): grpcurl -cacert lists and streams; a plaintext client is
-              refused; mTLS without a client certificate (or with one from
+              refused; /metrics off loopback is HTTPS; mTLS without a client certificate (or with one from
               another CA) fails; SIGHUP with a new certificate keeps a
               running stream and serves the new one to new connections; a
               bad one is refused and the old one kept.
@@ -732,7 +732,8 @@ def case_tls():
     req = {"text": "hello", "stopping": {"max_tokens": 3}}
 
     srv, faults = run.faulty_server("tls", extra=[
-        "--tls-cert", cert_path, "--tls-key", key_path])
+        "--tls-cert", cert_path, "--tls-key", key_path,
+        "--metrics-listen", "0.0.0.0:0"])
     srv.wait_serving = False
     with srv:
         tls_line = [ln for ln in srv.log_lines() if ln.get("msg") ==
@@ -764,7 +765,22 @@ def case_tls():
         plain.close()
         rc, out, err = run.grpcurl(srv, "list", timeout=30)
         check(rc != 0, "grpcurl -plaintext was served")
-        log("ok: TLS: grpcurl lists and streams; plaintext refused")
+        # /metrics off loopback: HTTPS with the same certificate.
+        import ssl
+        import urllib.request
+        ctx = ssl.create_default_context(cafile=ca[0])
+        body = urllib.request.urlopen(
+            "https://127.0.0.1:%d/metrics" % srv.metrics_port, timeout=10,
+            context=ctx).read().decode()
+        check("cinfer:health_serving" in body, "/metrics over HTTPS")
+        try:
+            urllib.request.urlopen("http://127.0.0.1:%d/metrics" %
+                                   srv.metrics_port, timeout=10).read()
+            check(False, "/metrics off loopback served plain HTTP")
+        except Exception:  # noqa: BLE001  (reset or bad status line)
+            pass
+        log("ok: TLS: grpcurl lists and streams; plaintext refused; "
+            "/metrics off loopback is HTTPS")
 
         # SIGHUP with a new certificate: a running stream goes on, new
         # connections get the new certificate.
