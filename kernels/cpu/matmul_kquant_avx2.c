@@ -26,13 +26,26 @@ static inline float hsum8(__m256 x)
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
-/* Sub-block scales sc[0..7] in bytes 0..7, mins in 8..15. */
+/* Sub-block scales sc[0..7] in bytes 0..7, mins in 8..15: the 12 packed
+ * bytes unpacked four at a time (cinfer_dtype_k4_scale_min's layout). */
 static inline __m128i k4_scales_mins(const uint8_t *scales)
 {
-    uint8_t sm[16];
-    for (int k = 0; k < 8; k++)
-        cinfer_dtype_k4_scale_min(scales, k, &sm[k], &sm[8 + k]);
-    return _mm_loadu_si128((const __m128i *)sm);
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4); /* mins 4..7 */
+    const uint32_t mins03 = u[1] & m6;
+    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4); /* scales 4..7 */
+    u[2] = mins03;
+    u[0] &= m6; /* scales 0..3 */
+    return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+}
+
+/* Shuffles that broadcast int16 lane k (bytes 2k, 2k + 1) of a register. */
+static inline __m256i bcast16(const __m256i v, int k)
+{
+    const __m256i idx = _mm256_set1_epi16((short)(2 * k | (2 * k + 1) << 8));
+    return _mm256_shuffle_epi8(v, idx);
 }
 
 static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
@@ -51,8 +64,8 @@ static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
         const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
         accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm);
 
-        int16_t sc[8];
-        _mm_storeu_si128((__m128i *)sc, _mm256_castsi256_si128(sm));
+        const __m128i sc128 = _mm256_castsi256_si128(sm);
+        const __m256i sc = _mm256_setr_m128i(sc128, sc128);
         const uint8_t *q = x[b].qs;
         const int8_t *a = y[b].qs;
         __m256i sumi = _mm256_setzero_si256();
@@ -62,9 +75,9 @@ static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
             const __m256i al = _mm256_loadu_si256((const __m256i *)(a + 64 * c));
             const __m256i ah = _mm256_loadu_si256((const __m256i *)(a + 64 * c + 32));
-            __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]),
+            __m256i pl = _mm256_madd_epi16(bcast16(sc, 2 * c),
                                            _mm256_maddubs_epi16(lo, al));
-            __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]),
+            __m256i ph = _mm256_madd_epi16(bcast16(sc, 2 * c + 1),
                                            _mm256_maddubs_epi16(hi, ah));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
@@ -93,8 +106,8 @@ static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
         const int msum = _mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(prod, z), z));
         summs = fmaf(dmin, (float)msum, summs);
 
-        int16_t sc[8];
-        _mm_storeu_si128((__m128i *)sc, _mm256_castsi256_si128(sm));
+        const __m128i sc128 = _mm256_castsi256_si128(sm);
+        const __m256i sc = _mm256_setr_m128i(sc128, sc128);
         const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[b].qh);
         const uint8_t *q = x[b].qs;
         const int8_t *a = y[b].qs;
@@ -111,9 +124,9 @@ static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
                 _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), _mm256_slli_epi16(hh, 4));
             const __m256i al = _mm256_loadu_si256((const __m256i *)(a + 64 * c));
             const __m256i ah = _mm256_loadu_si256((const __m256i *)(a + 64 * c + 32));
-            __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]),
+            __m256i pl = _mm256_madd_epi16(bcast16(sc, 2 * c),
                                            _mm256_maddubs_epi16(lo, al));
-            __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]),
+            __m256i ph = _mm256_madd_epi16(bcast16(sc, 2 * c + 1),
                                            _mm256_maddubs_epi16(hi, ah));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
@@ -121,6 +134,18 @@ static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
     }
     return hsum8(acc) + summs;
 }
+
+/* Byte shuffles for Q6_K part p: scale 2p eight times, then 2p + 1. */
+static const uint8_t k_pick6[8][16] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9},
+    {10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13},
+    {14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
 
 static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
                       int64_t nb)
@@ -133,7 +158,7 @@ static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
         const __m256i sc16 =
             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
         const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
-        const int8_t *sc = x[b].scales;
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[b].ql + 64 * h;
@@ -153,8 +178,9 @@ static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
                 const int p = 4 * h + i;
                 const __m256i av =
                     _mm256_loadu_si256((const __m256i *)(y[b].qs + 32 * p));
-                const __m256i s = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * p]),
-                                                    _mm_set1_epi16(sc[2 * p + 1]));
+                /* scales 2p (bytes 0..15 of the part), 2p + 1 (16..31) */
+                const __m128i pick = _mm_loadu_si128((const __m128i *)k_pick6[p]);
+                const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
                 sumi = _mm256_add_epi32(
                     sumi, _mm256_madd_epi16(s, _mm256_maddubs_epi16(q6[i], av)));
             }
