@@ -612,10 +612,14 @@ static cinfer_status load_ranks(cinfer_model_group *g,
             mp.progress_user = &pc;
         }
         if ((st = cinfer_model_create(&mp, &g->models[j])) != CINFER_OK) {
-            if (g->first_rank + j > 0 || g->world > 1)
-                return cinfer_set_error(st, "rank %d: %s", g->first_rank + j,
-                                        cinfer_last_error());
-            return st;
+            if (g->world == 1)
+                return st;
+            /* the message is formatted from a copy: the error buffer is
+             * the one being written */
+            char why[MAX_MSG + 1];
+            snprintf(why, sizeof why, "%s", cinfer_last_error());
+            return cinfer_set_error(st, "rank %d: %s", g->first_rank + j,
+                                    why);
         }
     }
     return CINFER_OK;
