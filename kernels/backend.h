@@ -332,6 +332,12 @@ typedef struct {
     cinfer_comm *comm;      /* this rank's tensor-parallel communicator, an
                                NCCL one on `device` (comm.h); borrowed: it
                                must outlive the backend. NULL = one rank */
+    int batch_invariant;    /* 1 = every op's bits for a row are fixed by
+                               the row alone, as on the CPU: F32 / F16 /
+                               BF16 weights go through a fixed-order kernel
+                               instead of cuBLAS (the quantized ones are
+                               invariant anyway); 0 = cuBLAS, whose choice
+                               of algorithm follows the batch's shape */
 } cinfer_backend_cuda_params;
 
 cinfer_backend_cuda_params cinfer_backend_cuda_default_params(void);

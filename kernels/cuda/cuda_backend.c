@@ -64,6 +64,7 @@ typedef struct {
     cublasHandle_t cublas;
     cudaEvent_t step_copied; /* the last step's staging copy is done */
     int unhealthy;           /* a sticky error was seen */
+    int invariant;           /* batch_invariant (dense.cuh for floats) */
 
     size_t budget; /* bytes the backend may hold */
     size_t used;   /* bytes it holds */
@@ -463,7 +464,7 @@ static cinfer_status cuda_matmul(cinfer_backend *be, int n_w,
     }
     return seen(cb, cinfer_cuda_matmul(cb->stream, cb->cublas, n_w, mw,
                                        x->data, n, k, cb->scratch,
-                                       cb->scratch_bytes));
+                                       cb->scratch_bytes, cb->invariant));
 }
 
 static cinfer_status cuda_add_bias(cinfer_backend *be, cinfer_tensor *x,
@@ -710,6 +711,7 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
     cb->base.ops = &cuda_ops;
     cb->base.name = "cuda";
     cb->base.comm = p->comm;
+    cb->invariant = p->batch_invariant != 0;
     cb->device = p->device;
     cinfer_status st = open_device(cb, fraction);
     if (st != CINFER_OK) {

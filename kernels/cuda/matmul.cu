@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense.cuh"
 #include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/quantize.cuh"
@@ -101,7 +102,7 @@ static cinfer_status check_weight(int i, const cinfer_cuda_mm_weight *w,
 static cinfer_status check_args(cublasHandle_t cublas, int n_w,
                                 const cinfer_cuda_mm_weight *w, const float *x,
                                 int32_t n, int64_t k, const void *scratch,
-                                size_t scratch_bytes)
+                                size_t scratch_bytes, int invariant)
 {
     if (n_w < 1 || n_w > MM_MAX_WEIGHTS || w == NULL)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -129,7 +130,7 @@ static cinfer_status check_args(cublasHandle_t cublas, int n_w,
         cinfer_status st = check_weight(i, &w[i], k);
         if (st != CINFER_OK)
             return st;
-        if (!is_quantized(w[i].dtype) && cublas == NULL)
+        if (!is_quantized(w[i].dtype) && cublas == NULL && !invariant)
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "cuda matmul: cublas must be set for "
                                     "w[%d].dtype %s",
@@ -161,10 +162,11 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
                                             const cinfer_cuda_mm_weight *w,
                                             const float *x, int32_t n,
                                             int64_t k, void *scratch,
-                                            size_t scratch_bytes)
+                                            size_t scratch_bytes,
+                                            int batch_invariant)
 {
-    cinfer_status st =
-        check_args(cublas, n_w, w, x, n, k, scratch, scratch_bytes);
+    cinfer_status st = check_args(cublas, n_w, w, x, n, k, scratch,
+                                  scratch_bytes, batch_invariant);
     if (st != CINFER_OK)
         return st;
 
@@ -178,6 +180,8 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
         need_bf16 |= w[i].dtype == CINFER_DTYPE_BF16;
         need_blas |= !is_quantized(w[i].dtype);
     }
+    if (batch_invariant) /* float weights take x as it is (dense.cuh) */
+        need_f16 = need_bf16 = need_blas = 0;
     if (need_q8) {
         st = cinfer_cuda_quantize_q8_1(stream, x, xq, n, k);
         if (st != CINFER_OK)
@@ -211,13 +215,17 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
                                        xq, n, k, wi->out);
             break;
         case CINFER_DTYPE_F32:
-            st = gemm(cublas, wi, x, CUDA_R_32F, n, k);
-            break;
         case CINFER_DTYPE_F16:
-            st = gemm(cublas, wi, x16, CUDA_R_16F, n, k);
-            break;
         case CINFER_DTYPE_BF16:
-            st = gemm(cublas, wi, xb16, CUDA_R_16BF, n, k);
+            if (batch_invariant)
+                st = cinfer_cuda_dense(stream, wi->dtype, wi->data, wi->n_out,
+                                       x, n, k, wi->out);
+            else if (wi->dtype == CINFER_DTYPE_F32)
+                st = gemm(cublas, wi, x, CUDA_R_32F, n, k);
+            else if (wi->dtype == CINFER_DTYPE_F16)
+                st = gemm(cublas, wi, x16, CUDA_R_16F, n, k);
+            else
+                st = gemm(cublas, wi, xb16, CUDA_R_16BF, n, k);
             break;
         default: /* check_weight refused it */
             st = cinfer_set_error(CINFER_E_INTERNAL,

@@ -8,7 +8,9 @@
  * activations in cinfer_cuda_mmvq (n <= 8 rows) or cinfer_cuda_mmq (more
  * rows). `cublas` may be NULL when no weight is F32, F16 or BF16. The two quantized kernels share one reduction order (mmvq.cuh), so
  * a row's outputs over quantized weights do not depend on n. cuBLAS picks
- * its kernel by shape, so over F32 / F16 / BF16 weights they can.
+ * its kernel by shape, so over F32 / F16 / BF16 weights they can; with
+ * batch_invariant those go to cinfer_cuda_dense instead (dense.cuh), whose
+ * bits a row fixes alone.
  *
  *     size_t sb = cinfer_cuda_matmul_scratch_bytes(n, k);   // once, max n
  *     cinfer_cuda_mm_weight w[3] = {
@@ -16,7 +18,8 @@
  *         {CINFER_DTYPE_Q4_0, wk_dev, n_kv, k_dev},
  *         {CINFER_DTYPE_F16, wv_dev, n_kv, v_dev},
  *     };
- *     st = cinfer_cuda_matmul(stream, cublas, 3, w, h_dev, n, k, scratch, sb);
+ *     st = cinfer_cuda_matmul(stream, cublas, 3, w, h_dev, n, k, scratch, sb,
+ *                             0);
  *
  * Asynchronous on `stream` (the cuBLAS handle is set to it). Arguments are
  * checked before anything is launched: CINFER_E_INVALID_ARG or
@@ -58,7 +61,8 @@ typedef struct {
 cinfer_status cinfer_cuda_matmul(cudaStream_t stream, cublasHandle_t cublas,
                                  int n_w, const cinfer_cuda_mm_weight *w,
                                  const float *x, int32_t n, int64_t k,
-                                 void *scratch, size_t scratch_bytes);
+                                 void *scratch, size_t scratch_bytes,
+                                 int batch_invariant);
 
 /* Scratch cinfer_cuda_matmul needs for n rows of k inputs, whatever the
  * weight types (0 for n < 1 or k < 1). */
