@@ -138,6 +138,8 @@ typedef struct {
                                   1, ... */
     double gpu_memory_fraction; /* CUDA: each rank's share of its device;
                                   0 = the backend's default */
+    int cuda_batch_invariant;  /* CUDA: each rank's backend in batch-
+                                  invariant mode (backend.h) */
     int n_nodes;               /* CUDA: processes the ranks span, each with
                                   tensor_parallel / n_nodes of them; 0 = 1 */
     int node_rank;             /* this process, 0..n_nodes-1; node 0 runs

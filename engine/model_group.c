@@ -572,6 +572,7 @@ static cinfer_status make_backend(cinfer_model_group *g,
     memset(&cp, 0, sizeof cp);
     cp.device = p->cuda_devices ? p->cuda_devices[j] : j;
     cp.memory_fraction = p->gpu_memory_fraction;
+    cp.batch_invariant = p->cuda_batch_invariant;
     cp.comm = g->comms[j];
     return p->cuda->backend_create(&cp, &g->be[j]);
 }

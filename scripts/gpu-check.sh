@@ -16,16 +16,18 @@
 #      tests (test_model_cuda: tiny random models, CUDA vs CPU logits and
 #      greedy tokens; test_model_tp_cuda: tensor parallelism through NCCL,
 #      here TP=1, the one NCCL check one GPU allows, bit for bit against
-#      the plain backend, and TP=2/3 where there are GPUs enough), then
-#      compute-sanitizer memcheck and racecheck over the backend tests
-#      where the tool runs;
+#      the plain backend, and TP=2/3 where there are GPUs enough;
+#      test_model_invariant: batch-invariant mode, a sequence's logits
+#      alone and in mixed batches bit for bit), then compute-sanitizer
+#      memcheck and racecheck over the backend tests where the tool runs;
 #   3. ceilings: device copy bandwidth and the cuBLAS BF16 GEMM rate,
 #      measured with PyTorch (bench/gpu_ceilings.py);
 #   4. decode tokens/s at batch 1, 8 and 64 (and a 2,048-token prefill) on
 #      random-weight models of TinyLlama-1.1B and Llama-3-8B shape in BF16,
 #      Q8_0 and Q4_0, made here by the project's GGUF writer
 #      (cinfer-mkmodel), each beside its bandwidth floor (weight bytes over
-#      the measured copy bandwidth).
+#      the measured copy bandwidth); BF16 again in batch-invariant mode, at
+#      batch 1 and 64, for what the mode costs.
 # Budget: about 8 minutes on one H200 (GPU_CHECK_BUDGET_S caps the
 # benchmarks; models that do not start in time are listed as skipped).
 set -u
@@ -120,6 +122,7 @@ run_test() { # name timeout command...
 run_test test_backend_ops 180 "$BIN/tests/test_backend_ops"
 run_test test_model_cuda 180 "$BIN/tests/test_model_cuda"
 run_test test_model_tp_cuda 120 "$BIN/tests/test_model_tp_cuda"
+run_test test_model_invariant 120 "$BIN/tests/test_model_invariant"
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck; do
     run_test "sanitizer-$tool" 120 compute-sanitizer --tool "$tool" \
@@ -161,6 +164,14 @@ echo "$SHAPES" | while read -r name L E H KV FF V C T; do
       >"$OUT/devbench-$name-$t.jsonl" 2>>"$LOG"
     python3 bench/gpu_table.py "$OUT/devbench-$name-$t.jsonl" "$name" "$t" "$BW" \
       >>"$OUT/bench.md" 2>>"$LOG"
+    # what batch-invariant mode costs: float weights off cuBLAS
+    if [ "$t" = bf16 ] && [ "$(left)" -gt 60 ]; then
+      timeout "$(left)" "$BIN/tools/cinfer-devbench" -m "$f" --device cuda \
+        --batch 1,64 --steps 32 --prompt 2048 -r 3 --batch-invariant \
+        >"$OUT/devbench-$name-$t-invariant.jsonl" 2>>"$LOG"
+      python3 bench/gpu_table.py "$OUT/devbench-$name-$t-invariant.jsonl" \
+        "$name" "$t batch-invariant" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
+    fi
     rm -f "$f"
   done
 done

@@ -31,7 +31,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: cinfer-devbench -m MODEL [--device cpu|cuda[:N]] "
                "[--batch B1,B2,...] [--steps N] [--prompt P] [-r REPS] "
-               "[--gpu-memory-fraction F] [-t THREADS]\n");
+               "[--gpu-memory-fraction F] [-t THREADS] [--batch-invariant]\n");
 }
 
 /* The step of B sequences at position pos, sequence s in blocks
@@ -177,6 +177,7 @@ int main(int argc, char **argv)
     const char *path = NULL, *device = "cpu", *batches = "1";
     int steps = 32, prompt = 0, reps = 3, threads = 0;
     double fraction = 0.9;
+    int invariant = 0; /* --batch-invariant */
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"device", required_argument, 0, 'd'},
@@ -186,10 +187,11 @@ int main(int argc, char **argv)
         {"reps", required_argument, 0, 'r'},
         {"threads", required_argument, 0, 't'},
         {"gpu-memory-fraction", required_argument, 0, 'f'},
+        {"batch-invariant", no_argument, 0, 'i'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:h", opts, NULL)) !=
+    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:ih", opts, NULL)) !=
            -1) {
         switch (c) {
         case 'm': path = optarg; break;
@@ -200,6 +202,7 @@ int main(int argc, char **argv)
         case 'r': reps = atoi(optarg); break;
         case 't': threads = atoi(optarg); break;
         case 'f': fraction = atof(optarg); break;
+        case 'i': invariant = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -228,6 +231,7 @@ int main(int argc, char **argv)
         cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
         cp.device = device[4] == ':' ? atoi(device + 5) : 0;
         cp.memory_fraction = fraction;
+        cp.batch_invariant = invariant;
         st = cinfer_backend_cuda_create(&cp, &be);
     } else if (strcmp(device, "cpu") == 0) {
         cinfer_backend_cpu_params cp = cinfer_backend_cpu_default_params();

@@ -73,6 +73,10 @@ static void usage(FILE *f)
             "                          CPU threads with a shared-memory\n"
             "                          all-reduce, the --threads shared out\n"
             "                          (default 1)\n"
+            "      --batch-invariant   on CUDA, float weights through a fixed-\n"
+            "                          order kernel instead of cuBLAS, so a\n"
+            "                          row's bits do not depend on its batch\n"
+            "                          (as on the CPU)\n"
             "      --chat              wrap the prompt as a ChatML user turn\n"
             "      --temperature T     0 = greedy (default 0)\n"
             "      --top-k K           0 = off\n"
@@ -97,7 +101,7 @@ static void usage(FILE *f)
 enum {
     OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
     OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
-    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION, OPT_TP
+    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION, OPT_TP, OPT_INVARIANT
 };
 
 /* --device: "auto", "cpu", "cuda", "cuda:N". *cuda is -1 for the CPU,
@@ -133,7 +137,8 @@ static int parse_device(const char *s, int *cuda)
 
 /* The backend --device asks for; NULL (and 0) for the CPU, which the model
  * then creates itself with --threads and --isa. */
-static int open_device(int cuda, double fraction, cinfer_backend **out)
+static int open_device(int cuda, double fraction, int invariant,
+                       cinfer_backend **out)
 {
     *out = NULL;
     if (cuda == -1 || (cuda == -2 && cinfer_cuda_device_count() <= 0))
@@ -141,6 +146,7 @@ static int open_device(int cuda, double fraction, cinfer_backend **out)
     cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
     cp.device = cuda < 0 ? 0 : cuda;
     cp.memory_fraction = fraction;
+    cp.batch_invariant = invariant;
     if (cinfer_backend_cuda_create(&cp, out) != CINFER_OK) {
         fprintf(stderr, "cinfer-run: --device cuda:%d: %s\n", cp.device,
                 cinfer_last_error());
@@ -313,6 +319,7 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *prompt = NULL;
     long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096, tp = 1;
     int tp_given = 0; /* --tensor-parallel given: CUDA ranks via NCCL */
+    int invariant = 0; /* --batch-invariant */
     int chat = 0, ignore_eos = 0, parse_special = 1, use_mmap = 0;
     int bench_pp = -1, bench_tg = -1;
     int cuda = -2; /* --device auto */
@@ -346,6 +353,7 @@ int main(int argc, char **argv)
         {"device", required_argument, 0, OPT_DEVICE},
         {"gpu-memory-fraction", required_argument, 0, OPT_GPU_FRACTION},
         {"tensor-parallel", required_argument, 0, OPT_TP},
+        {"batch-invariant", no_argument, 0, OPT_INVARIANT},
         {0, 0, 0, 0},
     };
     int c;
@@ -409,6 +417,9 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case OPT_INVARIANT:
+            invariant = 1;
+            break;
         case OPT_TP:
             if (parse_int(optarg, "--tensor-parallel", 1, 256, &tp))
                 return 2;
@@ -470,7 +481,7 @@ int main(int argc, char **argv)
     if (tp > 1 && !tp_cuda)
         cuda = -1; /* CPU ranks */
     cinfer_backend *backend = NULL;
-    if (!tp_cuda && open_device(cuda, gpu_fraction, &backend)) {
+    if (!tp_cuda && open_device(cuda, gpu_fraction, invariant, &backend)) {
         free(owned_prompt);
         return 1;
     }
@@ -494,6 +505,7 @@ int main(int argc, char **argv)
         mp.cuda = &entry;
         mp.cuda_devices = devices;
         mp.gpu_memory_fraction = gpu_fraction;
+        mp.cuda_batch_invariant = invariant;
     }
     if (isatty(2)) {
         mp.progress = progress_bar;
