@@ -310,6 +310,14 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
     cinfer_backend *be = lc->m->be;
     cinfer_status st;
     int borrowed;
+    /* a matrix the backend cannot multiply is refused now, not at the
+     * first step */
+    if (rows && !float_only && !cinfer_backend_matmul_supports(be, t->dtype))
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: tensor '%s' is %s, which the %s "
+                                "backend has no matmul kernel for",
+                                name, cinfer_dtype_name(t->dtype),
+                                cinfer_backend_name(be));
     if (split != WHOLE && lc->m->tp > 1) {
         /* The rank's share goes through a buffer of its own; the file's
          * memory under the whole tensor is given back, and the buffer too

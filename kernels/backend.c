@@ -366,6 +366,11 @@ static int matmul_supports(cinfer_backend *be, cinfer_dtype dt)
            dt == CINFER_DTYPE_Q4_0 || dt == CINFER_DTYPE_Q4_1;
 }
 
+int cinfer_backend_matmul_supports(cinfer_backend *be, cinfer_dtype dt)
+{
+    return be && matmul_supports(be, dt);
+}
+
 cinfer_status cinfer_backend_upload(cinfer_backend *be, cinfer_tensor *t,
                                     size_t offset, const void *src,
                                     size_t n_bytes)

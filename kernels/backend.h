@@ -265,6 +265,10 @@ cinfer_status cinfer_backend_all_gather(cinfer_backend *be,
                                         const cinfer_tensor *x,
                                         cinfer_tensor *out);
 
+/* 1 when matmul takes weights of this type on this backend (a model
+ * refuses at load a weight its backend cannot multiply). */
+int cinfer_backend_matmul_supports(cinfer_backend *be, cinfer_dtype dt);
+
 /* The backend's communicator (NULL: one rank) as given at create. */
 cinfer_comm *cinfer_backend_comm(const cinfer_backend *be);
 
