@@ -31,7 +31,9 @@
  * splitting), its whitespace set, and its detection of end-of-generation
  * tokens by name. Deliberate differences: bytes that are not valid UTF-8
  * are kept as they are (each one its own piece) where llama.cpp replaces
- * them by U+FFFD, so any bytes round-trip; the EOT id, when the file names
+ * them by U+FFFD, so any bytes round-trip (the server refuses ill-formed
+ * UTF-8 in a request's strings before they get here, server/wire.c); the
+ * EOT id, when the file names
  * none, is the first of llama.cpp's candidate names in its list order
  * (llama.cpp takes whichever its hash map yields first: for SmolLM2 it
  * reports <|endoftext|>, this module <|im_end|>; both end generation);
