@@ -11,9 +11,9 @@
  * matches it past that element. Expansion uses a work list, not recursion,
  * so an output's nesting never grows the C stack.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include "grammar.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1273,11 +1273,9 @@ struct cinfer_grammar_vocab {
     uint32_t max_len;
 };
 
-static const cinfer_grammar_vocab *sort_vocab; /* qsort's context */
-
-static int by_bytes(const void *a, const void *b)
+static int by_bytes(const void *a, const void *b, void *ctx)
 {
-    const cinfer_grammar_vocab *v = sort_vocab;
+    const cinfer_grammar_vocab *v = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     uint32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
     int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y],
@@ -1324,14 +1322,7 @@ cinfer_status cinfer_grammar_vocab_create(const char *bytes,
         uint32_t len = v->off[t + 1] - v->off[t];
         v->max_len = len > v->max_len ? len : v->max_len;
     }
-    /* qsort has no context argument: the sort is not reentrant across
-     * threads, so creation is done under a lock */
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&mu);
-    sort_vocab = v;
-    qsort(v->order, (size_t)n_vocab, sizeof *v->order, by_bytes);
-    sort_vocab = NULL;
-    pthread_mutex_unlock(&mu);
+    qsort_r(v->order, (size_t)n_vocab, sizeof *v->order, by_bytes, v);
     v->lcp[0] = 0;
     for (int32_t i = 1; i < n_vocab; i++) {
         int32_t a = v->order[i - 1], b = v->order[i];
