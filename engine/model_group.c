@@ -279,6 +279,20 @@ static cinfer_status follower_handshake(cinfer_model_group *g,
     return CINFER_OK;
 }
 
+/* CONFIG to every other node, best effort (a node that is gone fails its
+ * own wait). */
+static void send_config(cinfer_model_group *g, int kv, cinfer_status st,
+                        const char *why)
+{
+    uint32_t w = (uint32_t)kv;
+    for (int k = 1; k < g->n_nodes; k++)
+        if (cinfer_rendezvous_send(g->rv, k, GROUP_MAGIC, 8, g->timeout_ms) ==
+                CINFER_OK &&
+            cinfer_rendezvous_send(g->rv, k, &w, 4, g->timeout_ms) ==
+                CINFER_OK)
+            (void)send_status(g, k, st, why);
+}
+
 /* Node 0 after its load: every node's READY, checked against its own;
  * then CONFIG to each (the group's KV blocks, or why it failed). */
 static cinfer_status leader_handshake(cinfer_model_group *g)
@@ -329,14 +343,7 @@ static cinfer_status leader_handshake(cinfer_model_group *g)
             kv = (int)r.n_kv_blocks;
         }
     }
-    for (int k = 1; k < g->n_nodes; k++) {
-        uint32_t w = (uint32_t)kv;
-        if (cinfer_rendezvous_send(g->rv, k, GROUP_MAGIC, 8, g->timeout_ms) ==
-            CINFER_OK &&
-            cinfer_rendezvous_send(g->rv, k, &w, 4, g->timeout_ms) ==
-                CINFER_OK)
-            (void)send_status(g, k, st, why);
-    }
+    send_config(g, kv, st, why);
     if (st != CINFER_OK)
         return cinfer_set_error(st, "model_group: %s", why);
     g->kv_blocks = kv;
@@ -350,13 +357,7 @@ static void leader_failed(cinfer_model_group *g, cinfer_status st)
     char orig[MAX_MSG + 1], why[2 * (MAX_MSG + 1)];
     snprintf(orig, sizeof orig, "%s", cinfer_last_error());
     snprintf(why, sizeof why, "node 0 failed to load: %s", orig);
-    for (int k = 1; k < g->n_nodes; k++) {
-        uint32_t w = 0;
-        if (cinfer_rendezvous_send(g->rv, k, GROUP_MAGIC, 8, 1000) ==
-                CINFER_OK &&
-            cinfer_rendezvous_send(g->rv, k, &w, 4, 1000) == CINFER_OK)
-            (void)send_status(g, k, st, why);
-    }
+    send_config(g, 0, st, why);
     cinfer_set_error(st, "%s", orig);
 }
 
