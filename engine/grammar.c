@@ -808,7 +808,9 @@ static int sset_add(sset *s, const uint32_t *v, size_t n)
             return -1;
         s->ncap = cap;
     }
-    if (s->used + n > s->cap) {
+    /* the pool exists once a set has a stack, empty ones too: pointer
+     * arithmetic on a NULL pool is undefined even at offset 0 */
+    if (s->used + n > s->cap || !s->pool) {
         size_t cap = s->cap ? s->cap : 64;
         while (cap < s->used + n)
             cap *= 2;
@@ -818,7 +820,8 @@ static int sset_add(sset *s, const uint32_t *v, size_t n)
         s->pool = p;
         s->cap = cap;
     }
-    memcpy(s->pool + s->used, v, n * sizeof *v);
+    if (n)
+        memcpy(s->pool + s->used, v, n * sizeof *v);
     s->start[s->n] = s->used;
     s->len[s->n] = (uint32_t)n;
     s->hash[s->n] = h;
@@ -845,12 +848,13 @@ static int sset_copy(sset *dst, const sset *src)
             return -1;
         dst->ncap = cap;
     }
-    if (src->used > dst->cap) {
-        uint32_t *p = realloc(dst->pool, src->used * sizeof *p);
+    if (src->used > dst->cap || (src->n && !dst->pool)) {
+        size_t cap = src->used > 64 ? src->used : 64;
+        uint32_t *p = realloc(dst->pool, cap * sizeof *p);
         if (!p)
             return -1;
         dst->pool = p;
-        dst->cap = src->used;
+        dst->cap = cap;
     }
     if (src->used)
         memcpy(dst->pool, src->pool, src->used * sizeof *dst->pool);
@@ -1356,8 +1360,9 @@ static int same_level(const struct level *a, const struct level *b)
     for (size_t i = 0; i < a->set.n; i++)
         if (a->set.hash[i] != b->set.hash[i] || a->set.len[i] != b->set.len[i])
             return 0;
-    return memcmp(a->set.pool, b->set.pool, a->set.used * sizeof(uint32_t)) ==
-           0;
+    return a->set.used == 0 ||
+           memcmp(a->set.pool, b->set.pool, a->set.used * sizeof(uint32_t)) ==
+               0;
 }
 
 static int copy_level(struct level *dst, const struct level *src)
