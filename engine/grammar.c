@@ -1078,6 +1078,22 @@ static int prefix_range(const unsigned char *p, int n, uint32_t *lo,
     return *lo <= *hi;
 }
 
+/* Whether some stack of set can take a character that begins with the k
+ * bytes at buf (a token that ends inside a character). */
+static int partial_viable(const cinfer_grammar *g, const sset *set,
+                          const unsigned char *buf, int k)
+{
+    uint32_t lo, hi;
+    if (!prefix_range(buf, k, &lo, &hi))
+        return 0;
+    for (size_t i = 0; i < set->n; i++)
+        if (set->len[i] > 0 &&
+            match_range(g, set->pool[set->start[i] + set->len[i] - 1], lo,
+                        hi))
+            return 1;
+    return 0;
+}
+
 /* Feeds bytes from *from (s->cur, or a copy) into the result, which ends
  * in *res (one of s->a / s->b) with the new partial bytes in part/n_part.
  * 1 allowed, 0 not, -1 no memory, -2 the stack bound. */
@@ -1117,16 +1133,7 @@ static int feed(cinfer_grammar_state *s, const char *bytes, size_t n,
     }
     if (k > 0) {
         /* a character begun: some stack must be able to take it */
-        uint32_t lo, hi;
-        if (!prefix_range(buf, k, &lo, &hi))
-            return 0;
-        int any = 0;
-        for (size_t i = 0; i < cur->n && !any; i++)
-            if (cur->len[i] > 0)
-                any = match_range(s->g, cur->pool[cur->start[i] +
-                                                  cur->len[i] - 1],
-                                  lo, hi);
-        if (!any)
+        if (!partial_viable(s->g, cur, buf, k))
             return 0;
     }
     *res = cur;
@@ -1425,16 +1432,7 @@ static int level_step(cinfer_grammar_state *s, struct level *in,
     if (!len)
         return 0;
     if (k < len) {
-        uint32_t lo, hi;
-        if (!prefix_range(buf, k, &lo, &hi))
-            return 0;
-        int any = 0;
-        for (size_t i = 0; i < in->set.n && !any; i++)
-            if (in->set.len[i] > 0)
-                any = match_range(s->g, in->set.pool[in->set.start[i] +
-                                                     in->set.len[i] - 1],
-                                  lo, hi);
-        if (!any)
+        if (!partial_viable(s->g, &in->set, buf, k))
             return 0;
         int r = sset_copy(&out->set, &in->set);
         if (r)
