@@ -872,6 +872,16 @@ static int sset_copy(sset *dst, const sset *src)
 /* matching                                                                */
 /* ---------------------------------------------------------------------- */
 
+#define MEMO_SLOTS 1024 /* a power of two */
+#define MASK_MEMO 16    /* whole masks a state keeps */
+/* Interned levels a state keeps between masks, in bytes; past it they are
+ * dropped at the next mask. A walk that interns past the hard bound
+ * within one mask drops them and finishes on the memoized path. */
+#define INTERN_KEEP_BYTES (8u << 20)
+#define INTERN_HARD_BYTES (64u << 20)
+#define NEXT_UNKNOWN (-2)
+#define NEXT_DEAD (-1)
+
 struct cinfer_grammar_state {
     const cinfer_grammar *g;
     sset cur;               /* stacks, tops all characters (or empty) */
@@ -898,9 +908,31 @@ struct cinfer_grammar_state {
         unsigned char byte;
         struct level in, out;
     } *memo;
+    /* fast mask: every level a walk meets, interned (hash-consed) with its
+     * byte transitions, so a step of the walk is a table lookup; like the
+     * memo, they depend on the grammar alone and outlive a mask */
+    struct ilevel {
+        struct level lv;
+        uint64_t key;
+        int32_t *next; /* [256]: NEXT_UNKNOWN, NEXT_DEAD or a level id */
+    } *il;
+    size_t n_il, cap_il, il_bytes;
+    uint32_t *itab; /* open addressing over il: id + 1, 0 = empty */
+    size_t itab_cap;
+    int32_t *lid;   /* [n_lid]: the walk's level ids by prefix length */
+    size_t n_lid;
+    struct level scratch;
+    /* fast mask: whole masks by the interned id of their level 0 */
+    struct mask_memo {
+        int32_t id;     /* -1 = empty */
+        int64_t count;
+        uint64_t used;  /* LRU clock */
+        uint8_t *bits;  /* [n_vocab / 8 rounded up] */
+    } mm[MASK_MEMO];
+    uint64_t mm_vocab, mm_clock; /* the vocabulary's serial the masks are
+                                    of; 0 = none yet */
 };
 
-#define MEMO_SLOTS 1024 /* a power of two */
 
 static int is_end(const cinfer_grammar *g, uint32_t pos)
 {
@@ -1153,6 +1185,8 @@ cinfer_status cinfer_grammar_state_create(const cinfer_grammar *g,
     if (!s)
         return cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
     s->g = g;
+    for (int i = 0; i < MASK_MEMO; i++)
+        s->mm[i].id = -1;
     int r = 0;
     for (uint32_t a = g->rule_alt[g->root]; !r && a < g->rule_alt[g->root + 1];
          a++) {
@@ -1172,6 +1206,8 @@ cinfer_status cinfer_grammar_state_create(const cinfer_grammar *g,
     return CINFER_OK;
 }
 
+static void intern_reset(cinfer_grammar_state *s);
+
 void cinfer_grammar_state_destroy(cinfer_grammar_state *s)
 {
     if (!s)
@@ -1190,6 +1226,13 @@ void cinfer_grammar_state_destroy(cinfer_grammar_state *s)
         sset_free(&s->memo[i].out.set);
     }
     free(s->memo);
+    intern_reset(s);
+    for (int i = 0; i < MASK_MEMO; i++)
+        free(s->mm[i].bits);
+    free(s->il);
+    free(s->itab);
+    free(s->lid);
+    sset_free(&s->scratch.set);
     free(s);
 }
 
@@ -1282,7 +1325,11 @@ struct cinfer_grammar_vocab {
     int32_t *order;  /* token ids by their bytes, ascending */
     uint32_t *lcp;   /* [n]: bytes order[i] shares with order[i - 1] */
     uint32_t max_len;
+    uint64_t serial; /* distinct per vocabulary made: what a state's
+                        memoized masks are of */
 };
+
+static _Atomic uint64_t vocab_serial;
 
 static int by_bytes(const void *a, const void *b, void *ctx)
 {
@@ -1333,6 +1380,7 @@ cinfer_status cinfer_grammar_vocab_create(const char *bytes,
         uint32_t len = v->off[t + 1] - v->off[t];
         v->max_len = len > v->max_len ? len : v->max_len;
     }
+    v->serial = ++vocab_serial;
     qsort_r(v->order, (size_t)n_vocab, sizeof *v->order, by_bytes, v);
     v->lcp[0] = 0;
     for (int32_t i = 1; i < n_vocab; i++) {
@@ -1451,8 +1499,11 @@ static int level_step(cinfer_grammar_state *s, struct level *in,
     return out->set.n > 0;
 }
 
-int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
-                            const cinfer_grammar_vocab *v, uint8_t *allowed)
+/* The mask by the memoized walk: levels are whole stack sets copied from
+ * depth to depth, their steps memoized in a small hash. The fast walk
+ * below falls back to it when a grammar interns too much. */
+static int64_t mask_memoized(cinfer_grammar_state *s,
+                             const cinfer_grammar_vocab *v, uint8_t *allowed)
 {
     if (s->n_lv < (size_t)v->max_len + 1) {
         struct level *lv = realloc(s->lv, ((size_t)v->max_len + 1) *
@@ -1512,4 +1563,255 @@ int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
         count += ok;
     }
     return count;
+}
+
+/* ---------------------------------------------------------------------- */
+/* the fast mask: interned levels                                          */
+/* ---------------------------------------------------------------------- */
+
+/* A level's hash: its stacks' hashes and its partial bytes. */
+static uint64_t level_key(const struct level *lv)
+{
+    uint64_t key = 1469598103934665603ull ^ (uint64_t)lv->set.n;
+    for (size_t i = 0; i < lv->set.n; i++)
+        key = (key ^ lv->set.hash[i]) * 1099511628211ull;
+    for (int i = 0; i < lv->n_part; i++)
+        key = (key ^ lv->part[i]) * 1099511628211ull;
+    return key ^ ((uint64_t)lv->n_part << 56);
+}
+
+static void intern_reset(cinfer_grammar_state *s)
+{
+    for (size_t i = 0; i < s->n_il; i++) {
+        sset_free(&s->il[i].lv.set);
+        free(s->il[i].next);
+    }
+    s->n_il = 0;
+    s->il_bytes = 0;
+    if (s->itab)
+        memset(s->itab, 0, s->itab_cap * sizeof *s->itab);
+    for (int i = 0; i < MASK_MEMO; i++)
+        s->mm[i].id = -1; /* the ids they were keyed by are gone */
+}
+
+static int itab_grow(cinfer_grammar_state *s)
+{
+    size_t cap = s->itab_cap ? 2 * s->itab_cap : 1024;
+    uint32_t *t = calloc(cap, sizeof *t);
+    if (!t)
+        return -1;
+    for (size_t id = 0; id < s->n_il; id++) {
+        size_t j = s->il[id].key & (cap - 1);
+        while (t[j])
+            j = (j + 1) & (cap - 1);
+        t[j] = (uint32_t)id + 1;
+    }
+    free(s->itab);
+    s->itab = t;
+    s->itab_cap = cap;
+    return 0;
+}
+
+/* The id of the level equal to lv, interned if new; -1 no memory. */
+static int32_t intern(cinfer_grammar_state *s, const struct level *lv)
+{
+    if (2 * (s->n_il + 1) > s->itab_cap && itab_grow(s))
+        return -1;
+    uint64_t key = level_key(lv);
+    size_t j = key & (s->itab_cap - 1);
+    for (; s->itab[j]; j = (j + 1) & (s->itab_cap - 1)) {
+        struct ilevel *x = &s->il[s->itab[j] - 1];
+        if (x->key == key && same_level(&x->lv, lv))
+            return (int32_t)(s->itab[j] - 1);
+    }
+    if (s->n_il == s->cap_il) {
+        size_t cap = s->cap_il ? 2 * s->cap_il : 64;
+        struct ilevel *il = realloc(s->il, cap * sizeof *il);
+        if (!il)
+            return -1;
+        s->il = il;
+        s->cap_il = cap;
+    }
+    struct ilevel *x = &s->il[s->n_il];
+    memset(x, 0, sizeof *x);
+    if (copy_level(&x->lv, lv)) {
+        sset_free(&x->lv.set);
+        return -1;
+    }
+    x->key = key;
+    s->il_bytes += sizeof *x + lv->set.used * sizeof(uint32_t) +
+                   lv->set.n * (sizeof(size_t) + 12);
+    s->itab[j] = (uint32_t)s->n_il + 1;
+    return (int32_t)s->n_il++;
+}
+
+/* Level id's successor by one byte into *out: 1 viable, 0 dead, < 0 an
+ * error (as level_step). */
+static int transition(cinfer_grammar_state *s, int32_t id, unsigned char byte,
+                      int32_t *out)
+{
+    int32_t *nx = s->il[id].next;
+    if (!nx) {
+        nx = malloc(256 * sizeof *nx);
+        if (!nx)
+            return -1;
+        for (int i = 0; i < 256; i++)
+            nx[i] = NEXT_UNKNOWN;
+        s->il[id].next = nx;
+        s->il_bytes += 256 * sizeof *nx;
+    }
+    if (nx[byte] >= 0) {
+        *out = nx[byte];
+        return 1;
+    }
+    if (nx[byte] == NEXT_DEAD)
+        return 0;
+    int r = level_step(s, &s->il[id].lv, byte, &s->scratch);
+    if (r <= 0) {
+        if (r == 0)
+            nx[byte] = NEXT_DEAD;
+        return r;
+    }
+    int32_t to = intern(s, &s->scratch); /* s->il may move */
+    if (to < 0)
+        return -1;
+    s->il[id].next[byte] = to;
+    *out = to;
+    return 1;
+}
+
+static void mask_error(int r)
+{
+    if (r == -1)
+        cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+    else
+        cinfer_set_error(CINFER_E_RANGE,
+                         "grammar: more than %d parse stacks (the grammar is "
+                         "too ambiguous here)",
+                         CINFER_GRAMMAR_MAX_STACKS);
+}
+
+/* The sorted walk over interned levels from level id0. -3 when the levels
+ * interned passed the hard bound (the caller starts again on the memoized
+ * walk), other negatives as level_step. */
+static int64_t walk_interned(cinfer_grammar_state *s,
+                             const cinfer_grammar_vocab *v, int32_t id0,
+                             uint8_t *allowed)
+{
+    int32_t *lid = s->lid;
+    lid[0] = id0;
+    uint32_t valid = 0, dead = 0;
+    int64_t count = 0;
+    for (int32_t i = 0; i < v->n; i++) {
+        int32_t t = v->order[i];
+        const unsigned char *b = (const unsigned char *)v->bytes + v->off[t];
+        uint32_t len = v->off[t + 1] - v->off[t];
+        uint32_t common = v->lcp[i];
+        if (dead && common >= dead) {
+            allowed[t] = 0; /* it starts with the dead prefix */
+            continue;
+        }
+        dead = 0;
+        uint32_t d = common < valid ? common : valid;
+        int ok = len > 0;
+        while (ok && d < len) {
+            int r = transition(s, lid[d], b[d], &lid[d + 1]);
+            if (r < 0)
+                return r;
+            if (!r) {
+                ok = 0;
+                dead = d + 1;
+                break;
+            }
+            d++;
+        }
+        if (s->il_bytes > INTERN_HARD_BYTES)
+            return -3;
+        valid = d;
+        allowed[t] = (uint8_t)ok;
+        count += ok;
+    }
+    return count;
+}
+
+static struct mask_memo *mask_memo_find(cinfer_grammar_state *s, int32_t id)
+{
+    for (int i = 0; i < MASK_MEMO; i++)
+        if (s->mm[i].id == id)
+            return &s->mm[i];
+    return NULL;
+}
+
+static void mask_memo_put(cinfer_grammar_state *s,
+                          const cinfer_grammar_vocab *v, int32_t id,
+                          const uint8_t *allowed, int64_t count)
+{
+    struct mask_memo *m = &s->mm[0];
+    for (int i = 1; i < MASK_MEMO && m->id >= 0; i++)
+        if (s->mm[i].id < 0 || s->mm[i].used < m->used)
+            m = &s->mm[i];
+    if (!m->bits) {
+        m->bits = malloc(((size_t)v->n + 7) / 8);
+        if (!m->bits)
+            return; /* a memo is an optimisation */
+    }
+    memset(m->bits, 0, ((size_t)v->n + 7) / 8);
+    for (int32_t t = 0; t < v->n; t++)
+        m->bits[t >> 3] |= (uint8_t)(allowed[t] << (t & 7));
+    m->id = id;
+    m->count = count;
+    m->used = ++s->mm_clock;
+}
+
+int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
+                            const cinfer_grammar_vocab *v, uint8_t *allowed)
+{
+    if (s->mm_vocab != v->serial) {
+        for (int i = 0; i < MASK_MEMO; i++) {
+            free(s->mm[i].bits);
+            s->mm[i].bits = NULL;
+            s->mm[i].id = -1;
+        }
+        s->mm_vocab = v->serial;
+    }
+    if (s->il_bytes > INTERN_KEEP_BYTES)
+        intern_reset(s);
+    if (s->n_lid < (size_t)v->max_len + 1) {
+        int32_t *lid = realloc(s->lid, ((size_t)v->max_len + 1) * sizeof *lid);
+        if (!lid) {
+            cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+            return -1;
+        }
+        s->lid = lid;
+        s->n_lid = (size_t)v->max_len + 1;
+    }
+    if (sset_copy(&s->scratch.set, &s->cur)) {
+        cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+        return -1;
+    }
+    memcpy(s->scratch.part, s->part, sizeof s->part);
+    s->scratch.n_part = s->n_part;
+    int32_t id0 = intern(s, &s->scratch);
+    if (id0 < 0) {
+        cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
+        return -1;
+    }
+    struct mask_memo *m = mask_memo_find(s, id0);
+    if (m) {
+        for (int32_t t = 0; t < v->n; t++)
+            allowed[t] = (m->bits[t >> 3] >> (t & 7)) & 1;
+        m->used = ++s->mm_clock;
+        return m->count;
+    }
+    int64_t n = walk_interned(s, v, id0, allowed);
+    if (n == -3) {
+        intern_reset(s);
+        return mask_memoized(s, v, allowed);
+    }
+    if (n < 0) {
+        mask_error((int)n);
+        return -1;
+    }
+    mask_memo_put(s, v, id0, allowed, n);
+    return n;
 }

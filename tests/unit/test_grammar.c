@@ -381,6 +381,104 @@ static void test_mask_equals_allows(void)
     cinfer_grammar_destroy(g);
 }
 
+/* The fast mask (interned levels, whole masks memoized by their start)
+ * equals a straightforward per-token check on many states: random walks
+ * through several grammars, each step choosing one of the tokens the mask
+ * allows, the mask compared with cinfer_grammar_allows on every token,
+ * and masked twice (the second from the memo). */
+static void test_mask_equals_allows_on_random_walks(void)
+{
+    static const char *grammars[] = {
+        NULL, /* json_gbnf */
+        "root ::= \"{\" space \"\\\"name\\\"\" space \":\" space string "
+        "\",\" space \"\\\"tags\\\"\" space \":\" space tags ( \",\" space "
+        "\"\\\"n\\\"\" space \":\" space number )? \"}\" space\n"
+        "tags ::= \"[\" space ( string ( \",\" space string ){0,3} )? \"]\" "
+        "space\n"
+        "space ::= ( \" \" | \"\\n\" [ \\t]{0,4} )?\n"
+        "string ::= \"\\\"\" char{0,12} \"\\\"\" space\n"
+        "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" "
+        "[0-9a-fA-F]{4} )\n"
+        "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,5} ) ( \".\" [0-9]{1,4} "
+        ")? space\n",
+        "root ::= ( [a-c\\u00e9-\\u00ff] | \"\\u20AC\" | \"ab\" [^a]{2} )* "
+        "\"!\"\n",
+        "root ::= item+\nitem ::= \"(\" item* \")\" | [0-9]{1,3} \",\"\n",
+    };
+    static const char alpha[] = "{}[]\",: 0123456789-.truefalsn\\a!()bc"
+                                "\xc3\xa9\xe2\x82\xac";
+    enum { N = 900 };
+    char *bytes = malloc(N * 8);
+    uint32_t off[N + 1];
+    uint32_t used = 0;
+    uint64_t x = 777;
+    for (int t = 0; t < N; t++) {
+        off[t] = used;
+        int l = t < 40 ? 1 : (int)(x % 6); /* single bytes, and empties */
+        for (int k = 0; k < l; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bytes[used++] = t < 40 ? alpha[t % (sizeof alpha - 1)]
+                                   : alpha[x % (sizeof alpha - 1)];
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    off[N] = used;
+    cinfer_grammar_vocab *v = NULL;
+    CHECK_OK(cinfer_grammar_vocab_create(bytes, off, N, &v));
+    uint8_t *mask = malloc(N), *again = malloc(N);
+    int states = 0, mismatches = 0;
+    for (size_t gi = 0; v && gi < sizeof grammars / sizeof *grammars; gi++) {
+        cinfer_grammar *g = compile(gi == 0 ? json_gbnf : grammars[gi]);
+        if (!g)
+            continue;
+        for (int walk = 0; walk < 12; walk++) {
+            cinfer_grammar_state *s = NULL;
+            CHECK_OK(cinfer_grammar_state_create(g, &s));
+            for (int stepi = 0; s && stepi < 40; stepi++) {
+                int64_t n_ok = cinfer_grammar_mask(s, v, mask);
+                CHECK(n_ok >= 0);
+                int64_t count = 0;
+                for (int t = 0; t < N; t++) {
+                    size_t l = off[t + 1] - off[t];
+                    int want =
+                        l > 0 && cinfer_grammar_allows(s, bytes + off[t], l);
+                    mismatches += mask[t] != want;
+                    count += mask[t];
+                }
+                CHECK_EQ_INT(count, n_ok);
+                CHECK_EQ_INT(cinfer_grammar_mask(s, v, again), n_ok);
+                CHECK(memcmp(mask, again, N) == 0);
+                states++;
+                if (n_ok == 0)
+                    break;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                int64_t pick = (int64_t)(x % (uint64_t)n_ok);
+                int t = 0;
+                for (; t < N; t++)
+                    if (mask[t] && pick-- == 0)
+                        break;
+                CHECK_OK(cinfer_grammar_accept(s, bytes + off[t],
+                                               off[t + 1] - off[t]));
+            }
+            cinfer_grammar_state_destroy(s);
+        }
+        cinfer_grammar_destroy(g);
+    }
+    CHECK_EQ_INT(mismatches, 0);
+    CHECK(states > 500);
+    fprintf(stderr, "  %d states x %d tokens: mask = allows\n", states, N);
+    free(mask);
+    free(again);
+    cinfer_grammar_vocab_destroy(v);
+    free(bytes);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -481,6 +579,7 @@ int main(void)
     RUN(test_limits);
     RUN(test_mutations_never_crash);
     RUN(test_mask_equals_allows);
+    RUN(test_mask_equals_allows_on_random_walks);
     const char *dm = cinfer_model_default_path();
     if (dm[0] && access(dm, R_OK) == 0) {
         RUN(test_mask_on_the_default_vocabulary);

@@ -1,0 +1,303 @@
+/*
+ * cinfer-maskbench - what a grammar's token mask (engine/grammar.h) costs
+ * per generated token over a real vocabulary.
+ *
+ * The grammar is the one server/json_schema.c compiles for a schema with
+ * strings, numbers, an array and an optional field (or --grammar FILE);
+ * the output is a fixed document of that schema, tokenized by the model's
+ * tokenizer. Each step masks the vocabulary and accepts the document's
+ * next token, as the engine does:
+ *   - batch 1: one state walks the document; the time of every mask is
+ *     recorded (median, mean, 90th percentile, worst);
+ *   - batch 64: 64 states over the document, each starting at another
+ *     token (so they sit in different places, as a batch's sequences do);
+ *     a step masks all 64, and its time is what the engine thread spends
+ *     on masks in a decode step of 64 rows.
+ * Rounds (--rounds, default 5) repeat both from fresh states and the
+ * figures are medians over the rounds: the machine is shared and noisy.
+ *
+ *     cinfer-maskbench                       the default model's vocabulary
+ *     cinfer-maskbench --model m.gguf --grammar g.gbnf --doc out.json
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/gguf.h"
+#include "engine/grammar.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+/* cinfer_json_schema_to_gbnf of bench_schema (server/json_schema.h). */
+static const char *bench_schema =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"name\": {\"type\": \"string\"}, "
+    "\"age\": {\"type\": \"integer\"}, "
+    "\"score\": {\"type\": \"number\"}, "
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, "
+    "\"maxItems\": 8}, "
+    "\"nick\": {\"type\": \"string\"}}, "
+    "\"required\": [\"name\", \"age\", \"score\", \"tags\"], "
+    "\"additionalProperties\": false}";
+
+static const char *bench_gbnf =
+#include "cinfer-maskbench.gbnf.inc"
+    ;
+
+static const char *bench_doc =
+    "{\"name\": \"Ada Lovelace, Countess of Lovelace (n\\u00e9e Byron)\", "
+    "\"age\": 36, \"score\": -1234.5678e-3, "
+    "\"tags\": [\"mathematician\", \"writer\", \"Analytical Engine\", "
+    "\"first program\", \"poetical science\"], "
+    "\"nick\": \"The Enchantress of Numbers \xe2\x80\x94 so Babbage "
+    "wrote\"}";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    qsort(v, n, sizeof *v, cmp_d);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i];
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[n] = '\0';
+        *len = (size_t)n;
+    }
+    return b;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = cinfer_model_default_path(), *gpath = NULL,
+               *dpath = NULL;
+    int rounds = 5, batch = 64;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--grammar") && i + 1 < argc)
+            gpath = argv[++i];
+        else if (!strcmp(argv[i], "--doc") && i + 1 < argc)
+            dpath = argv[++i];
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            batch = atoi(argv[++i]);
+        else {
+            fprintf(stderr,
+                    "usage: %s [--model GGUF] [--grammar GBNF] [--doc TEXT] "
+                    "[--rounds N] [--batch N]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (rounds < 1 || batch < 1) {
+        fprintf(stderr, "--rounds and --batch must be at least 1\n");
+        return 2;
+    }
+    size_t glen = strlen(bench_gbnf), dlen = strlen(bench_doc);
+    char *gtext = (char *)bench_gbnf, *dtext = (char *)bench_doc;
+    if (gpath && !(gtext = read_file(gpath, &glen))) {
+        fprintf(stderr, "cannot read %s\n", gpath);
+        return 1;
+    }
+    if (dpath && !(dtext = read_file(dpath, &dlen))) {
+        fprintf(stderr, "cannot read %s\n", dpath);
+        return 1;
+    }
+    cinfer_gguf_params gp = cinfer_gguf_default_params();
+    gp.path = model;
+    cinfer_gguf *gf = NULL;
+    cinfer_tokenizer *tk = NULL;
+    cinfer_grammar *g = NULL;
+    if (cinfer_gguf_create(&gp, &gf) != CINFER_OK) {
+        fprintf(stderr, "%s: %s\n", model, cinfer_last_error());
+        return 1;
+    }
+    cinfer_tokenizer_params tp = cinfer_tokenizer_default_params();
+    tp.gguf = gf;
+    if (cinfer_tokenizer_create(&tp, &tk) != CINFER_OK ||
+        cinfer_grammar_compile(gtext, glen, NULL, &g) != CINFER_OK) {
+        fprintf(stderr, "%s\n", cinfer_last_error());
+        return 1;
+    }
+    /* the vocabulary as the engine gives it: end-of-generation tokens have
+     * no bytes */
+    int32_t V = cinfer_tokenizer_n_vocab(tk);
+    uint32_t *off = malloc(((size_t)V + 1) * sizeof *off);
+    size_t cap = 1 << 20, used = 0;
+    char *bytes = malloc(cap);
+    for (int32_t t = 0; t < V; t++) {
+        const char *b;
+        size_t l;
+        if (cinfer_tokenizer_token_piece(tk, t, &b, &l) != CINFER_OK)
+            l = 0;
+        if (cinfer_tokenizer_is_eog(tk, t))
+            l = 0;
+        if (used + l > cap) {
+            cap = 2 * (used + l);
+            bytes = realloc(bytes, cap);
+        }
+        memcpy(bytes + used, b, l);
+        off[t] = (uint32_t)used;
+        used += l;
+    }
+    off[V] = (uint32_t)used;
+    cinfer_grammar_vocab *v = NULL;
+    if (cinfer_grammar_vocab_create(bytes, off, V, &v) != CINFER_OK) {
+        fprintf(stderr, "%s\n", cinfer_last_error());
+        return 1;
+    }
+    int32_t *ids = malloc((dlen + 8) * sizeof *ids);
+    size_t n_ids = 0;
+    if (cinfer_tokenizer_encode(tk, dtext, dlen, 0, 0, ids, dlen + 8,
+                                &n_ids) != CINFER_OK) {
+        fprintf(stderr, "%s\n", cinfer_last_error());
+        return 1;
+    }
+    uint8_t *mask = malloc((size_t)V);
+    double *t1 = malloc(n_ids * sizeof *t1);
+    double *r_med = malloc((size_t)rounds * sizeof *r_med);
+    double *r_mean = malloc((size_t)rounds * sizeof *r_mean);
+    double *r_p90 = malloc((size_t)rounds * sizeof *r_p90);
+    double *r_max = malloc((size_t)rounds * sizeof *r_max);
+    double *r_b = malloc((size_t)rounds * sizeof *r_b);
+    double *r_bmax = malloc((size_t)rounds * sizeof *r_bmax);
+    double *tb = malloc(n_ids * sizeof *tb);
+    cinfer_grammar_state **st = calloc((size_t)batch, sizeof *st);
+    size_t *pos = calloc((size_t)batch, sizeof *pos);
+    int64_t allowed_sum = 0;
+    for (int r = 0; r < rounds; r++) {
+        /* batch 1 */
+        cinfer_grammar_state *s = NULL;
+        cinfer_grammar_state_create(g, &s);
+        double sum = 0;
+        for (size_t i = 0; i < n_ids; i++) {
+            double a = now_s();
+            int64_t n = cinfer_grammar_mask(s, v, mask);
+            t1[i] = (now_s() - a) * 1e3;
+            sum += t1[i];
+            if (n < 0 || !mask[ids[i]]) {
+                fprintf(stderr, "token %zu (%d) not allowed: %s\n", i, ids[i],
+                        n < 0 ? cinfer_last_error() : "masked");
+                return 1;
+            }
+            allowed_sum += n;
+            const char *b;
+            size_t l;
+            cinfer_tokenizer_token_piece(tk, ids[i], &b, &l);
+            if (cinfer_grammar_accept(s, b, l) != CINFER_OK) {
+                fprintf(stderr, "accept: %s\n", cinfer_last_error());
+                return 1;
+            }
+        }
+        if (!cinfer_grammar_complete(s)) {
+            fprintf(stderr, "the document is not a whole sentence\n");
+            return 1;
+        }
+        cinfer_grammar_state_destroy(s);
+        r_mean[r] = sum / (double)n_ids;
+        r_max[r] = pct(t1, n_ids, 1.0);
+        r_p90[r] = pct(t1, n_ids, 0.9);
+        r_med[r] = pct(t1, n_ids, 0.5);
+        /* batch: each state starts at its own token and wraps around */
+        for (int b = 0; b < batch; b++) {
+            cinfer_grammar_state_create(g, &st[b]);
+            pos[b] = 0;
+            size_t skip = (size_t)b * n_ids / (size_t)batch;
+            for (size_t i = 0; i < skip; i++) {
+                const char *p;
+                size_t l;
+                cinfer_tokenizer_token_piece(tk, ids[i], &p, &l);
+                cinfer_grammar_accept(st[b], p, l);
+                pos[b]++;
+            }
+        }
+        for (size_t i = 0; i < n_ids; i++) {
+            double a = now_s();
+            for (int b = 0; b < batch; b++) {
+                if (pos[b] == n_ids) { /* a new sequence takes the slot */
+                    cinfer_grammar_state_destroy(st[b]);
+                    cinfer_grammar_state_create(g, &st[b]);
+                    pos[b] = 0;
+                }
+                cinfer_grammar_mask(st[b], v, mask);
+                const char *p;
+                size_t l;
+                cinfer_tokenizer_token_piece(tk, ids[pos[b]], &p, &l);
+                cinfer_grammar_accept(st[b], p, l);
+                pos[b]++;
+            }
+            tb[i] = (now_s() - a) * 1e3;
+        }
+        for (int b = 0; b < batch; b++)
+            cinfer_grammar_state_destroy(st[b]);
+        r_bmax[r] = pct(tb, n_ids, 1.0);
+        r_b[r] = pct(tb, n_ids, 0.5);
+    }
+    printf("vocabulary %d tokens; document %zu bytes, %zu tokens; %lld "
+           "allowed per mask on average; %d rounds (medians)\n",
+           V, dlen, n_ids,
+           (long long)(allowed_sum / ((int64_t)rounds * (int64_t)n_ids)),
+           rounds);
+    printf("batch 1:  mask per token  median %.3f ms  mean %.3f ms  p90 "
+           "%.3f ms  max %.3f ms\n",
+           pct(r_med, (size_t)rounds, 0.5), pct(r_mean, (size_t)rounds, 0.5),
+           pct(r_p90, (size_t)rounds, 0.5), pct(r_max, (size_t)rounds, 0.5));
+    printf("batch %d: masks per step  median %.3f ms  max %.3f ms  (%.3f ms "
+           "per sequence)\n",
+           batch, pct(r_b, (size_t)rounds, 0.5),
+           pct(r_bmax, (size_t)rounds, 0.5),
+           pct(r_b, (size_t)rounds, 0.5) / batch);
+    (void)bench_schema;
+    free(st);
+    free(pos);
+    free(tb);
+    free(r_b);
+    free(r_bmax);
+    free(r_med);
+    free(r_mean);
+    free(r_p90);
+    free(r_max);
+    free(t1);
+    free(mask);
+    free(ids);
+    free(bytes);
+    free(off);
+    if (gtext != bench_gbnf)
+        free(gtext);
+    if (dtext != bench_doc)
+        free(dtext);
+    cinfer_grammar_vocab_destroy(v);
+    cinfer_grammar_destroy(g);
+    cinfer_tokenizer_destroy(tk);
+    cinfer_gguf_destroy(gf);
+    return 0;
+}
