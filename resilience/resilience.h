@@ -71,6 +71,7 @@ extern "C" {
       CINFER_E_UNAVAILABLE)                                                    \
     X(CINFER_REJECT_SHED_FIRST_TOKEN, "shed_first_token",                      \
       CINFER_E_UNAVAILABLE)                                                    \
+    X(CINFER_REJECT_SHED_QUEUE_WAIT, "shed_queue_wait", CINFER_E_UNAVAILABLE)  \
     X(CINFER_REJECT_DRAINING, "draining", CINFER_E_UNAVAILABLE)
 
 typedef enum {

@@ -2,20 +2,23 @@
  * generate.c - cinfer.v1.Inference/Generate: the streaming call and its
  * sink.
  *
- * On a request thread (pool.c): decode, validate, tokenize (text, ids, or
- * chat through the template), submit to the engine. From then on the
- * engine thread drives the stream through on_event:
+ * On a request thread (pool.c): decode, validate, then the request path
+ * both front ends share (request.h: the desc, its engine params and its
+ * deadline; admit.c: admission and submit, the one place that decides
+ * refusals). From then on the engine thread drives the stream through
+ * on_event:
  *
- *   sink (under c->mu): pending {token ids, text, logprobs}, in_flight,
- *                       finished, status_sent, gone
+ *   sink (under c->mu): per sample pending {token ids, text, logprobs};
+ *                       in_flight, finished, status_sent, gone
  *
  *   engine TOKENS  -> append to pending; pump
  *   engine FINISH  -> record the final numbers; pump; drop the engine's
  *                     reference
  *   send completed -> in_flight = 0; pump (worker thread)
- *   pump           -> if nothing is in flight: send all pending as one
- *                     Chunk, or, when finished and nothing is pending, the
- *                     Final message and the status in one batch
+ *   pump           -> if nothing is in flight: send one sample's pending
+ *                     tokens as one Chunk (samples in turn), or, when every
+ *                     sample finished and nothing is pending, the Final
+ *                     message and the status in one batch
  *
  * So at most one SEND_MESSAGE is in flight per call, tokens sampled while
  * one is in flight coalesce into the next Chunk, and the engine thread never
@@ -54,62 +57,51 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "server/log.h"
 #include "server/server_impl.h"
 #include "server/status_map.h"
 #include "server/wire.h"
 
-/* Pushback when the engine's own waiting queue is full. */
-#define ENGINE_FULL_PUSHBACK_MS 1000
-
 /* gRPC may notice a deadline this much before our clock reads it. */
 #define DEADLINE_SLACK_NS 5000000
 
-/* Pushback for the engine's refusal for load on this thread: its own
- * estimate of when a request like it would be taken (at least 1 ms, at
- * most the queue-full pushback). */
-static int64_t engine_retry_ms(void)
-{
-    int64_t ms = (cinfer_engine_refusal_retry_ns() + 999999) / 1000000;
-    if (ms < 1)
-        ms = 1;
-    return ms < ENGINE_FULL_PUSHBACK_MS ? ms : ENGINE_FULL_PUSHBACK_MS;
-}
-
+/* One sample's pending output, under c->mu. */
 typedef struct {
-    /* Fixed at admission. */
-    int want_logprobs;     /* request asked for logprobs */
-    int n_top;             /* alternatives per token */
-    int deadline_is_hard;  /* the engine deadline is the call's deadline
-                              or max_request_time, not time_limit_ms */
-    int64_t call_deadline_ns; /* the call's own deadline; 0 = none */
-    int32_t n_prompt;
-
-    /* Sink, under c->mu. */
-    uint64_t engine_id;
-    int submitted;         /* engine_id is valid */
     int32_t *ids;
     size_t n_ids, cap_ids;
     char *text;            /* NUL-terminated */
     size_t n_text, cap_text;
     float *lp;             /* [n_ids] when want_logprobs */
     cinfer_token_logprob *top; /* [n_ids * n_top] */
+    int finished;
+    cinfer_finish_reason finish;
+    int32_t completion_tokens;
+} gen_sample;
+
+typedef struct {
+    /* Fixed at admission. */
+    int want_logprobs;     /* request asked for logprobs */
+    int n_top;             /* alternatives per token */
+    int64_t call_deadline_ns; /* the call's own deadline; 0 = none */
+    int32_t n_prompt;
+    cinfer_grammar *grammar; /* the request's, freed with the state (the
+                                engine borrows it until the last FINISH) */
+
+    /* Sink, under c->mu. */
+    uint64_t engine_id;
+    int submitted;         /* engine_id is valid */
+    gen_sample *samples;   /* [n_samples] */
+    int n_samples;
+    int next_sample;       /* the one pump looks at first */
     int in_flight;
-    int finished;          /* FINISH seen */
+    int finished;          /* every sample's FINISH seen */
     int status_sent;
     int gone;              /* client went away or a send failed */
-    int aborted;           /* cancelled by server shutdown */
     int oom;               /* a token could not be buffered */
-    cinfer_admission_ticket ticket; /* valid when the server admits calls */
-    int started;           /* the first token came (ticket dequeued) */
-    int64_t last_token_ns; /* arrival of the latest token */
-    cinfer_reject shed;    /* shed after admission: the call ends with
-                              this reason's status and pushback */
-    int64_t shed_retry_ms;
-    int deadline_passed;   /* gRPC ended the call at its deadline */
-    cinfer_finish_reason finish;
+    cinfer_gen_track tr;   /* admission ticket, shed, timings (admit.c) */
+    cinfer_finish_reason finish; /* the call's: an error or cancel of any
+                                    sample, else sample 0's */
     cinfer_status fin_status;
     char fin_message[256];
     int32_t prompt_tokens, completion_tokens, cached_tokens;
@@ -146,10 +138,11 @@ static Cinfer__V1__FinishReason finish_to_proto(cinfer_finish_reason r)
     }
 }
 
-/* The pending tokens as one GenerateResponse{chunk}; clears pending. NULL
- * when out of memory (pending is kept). */
-static grpc_byte_buffer *pack_chunk(srv_call *c, gen_state *g)
+/* Sample k's pending tokens as one GenerateResponse{chunk}; clears them.
+ * NULL when out of memory (pending is kept). */
+static grpc_byte_buffer *pack_chunk(srv_call *c, gen_state *g, int k)
 {
+    gen_sample *sm = &g->samples[k];
     Cinfer__V1__GenerateResponse resp = CINFER__V1__GENERATE_RESPONSE__INIT;
     Cinfer__V1__Chunk chunk = CINFER__V1__CHUNK__INIT;
     Cinfer__V1__TokenLogprob *tl = NULL, **tlp = NULL;
@@ -159,41 +152,42 @@ static grpc_byte_buffer *pack_chunk(srv_call *c, gen_state *g)
     resp.request_id = c->request_id;
     resp.kind_case = CINFER__V1__GENERATE_RESPONSE__KIND_CHUNK;
     resp.chunk = &chunk;
-    chunk.n_token_ids = g->n_ids;
-    chunk.token_ids = g->ids;
-    chunk.text = g->text ? g->text : "";
-    if (g->want_logprobs && g->n_ids) {
-        size_t nt = g->n_ids * (size_t)g->n_top;
-        tl = calloc(g->n_ids, sizeof *tl);
-        tlp = calloc(g->n_ids, sizeof *tlp);
+    chunk.n_token_ids = sm->n_ids;
+    chunk.token_ids = sm->ids;
+    chunk.text = sm->text ? sm->text : "";
+    chunk.index = k;
+    if (g->want_logprobs && sm->n_ids) {
+        size_t nt = sm->n_ids * (size_t)g->n_top;
+        tl = calloc(sm->n_ids, sizeof *tl);
+        tlp = calloc(sm->n_ids, sizeof *tlp);
         tops = calloc(nt ? nt : 1, sizeof *tops);
         topp = calloc(nt ? nt : 1, sizeof *topp);
         if (!tl || !tlp || !tops || !topp)
             goto out;
-        for (size_t i = 0; i < g->n_ids; i++) {
+        for (size_t i = 0; i < sm->n_ids; i++) {
             cinfer__v1__token_logprob__init(&tl[i]);
-            tl[i].token_id = g->ids[i];
-            tl[i].logprob = g->lp[i];
+            tl[i].token_id = sm->ids[i];
+            tl[i].logprob = sm->lp[i];
             tl[i].n_top = (size_t)g->n_top;
             tl[i].top = topp + i * (size_t)g->n_top;
-            for (int k = 0; k < g->n_top; k++) {
-                size_t j = i * (size_t)g->n_top + (size_t)k;
-                cinfer__v1__top_logprob__init(&tops[j]);
-                tops[j].token_id = g->top[j].id;
-                tops[j].logprob = g->top[j].logprob;
-                topp[j] = &tops[j];
+            for (int j = 0; j < g->n_top; j++) {
+                size_t q = i * (size_t)g->n_top + (size_t)j;
+                cinfer__v1__top_logprob__init(&tops[q]);
+                tops[q].token_id = sm->top[q].id;
+                tops[q].logprob = sm->top[q].logprob;
+                topp[q] = &tops[q];
             }
             tlp[i] = &tl[i];
         }
-        chunk.n_logprobs = g->n_ids;
+        chunk.n_logprobs = sm->n_ids;
         chunk.logprobs = tlp;
     }
     bb = cinfer_bb_pack(&resp.base);
     if (bb) {
-        g->n_ids = 0;
-        g->n_text = 0;
-        if (g->text)
-            g->text[0] = '\0';
+        sm->n_ids = 0;
+        sm->n_text = 0;
+        if (sm->text)
+            sm->text[0] = '\0';
         g->chunks_sent++;
     }
 out:
@@ -210,12 +204,23 @@ static grpc_byte_buffer *pack_final(srv_call *c, gen_state *g)
     Cinfer__V1__Final fin = CINFER__V1__FINAL__INIT;
     Cinfer__V1__Usage usage = CINFER__V1__USAGE__INIT;
     Cinfer__V1__Timings tm = CINFER__V1__TIMINGS__INIT;
+    Cinfer__V1__SampleFinal sf[CINFER_MAX_SAMPLES];
+    Cinfer__V1__SampleFinal *sfp[CINFER_MAX_SAMPLES];
     resp.request_id = c->request_id;
     resp.kind_case = CINFER__V1__GENERATE_RESPONSE__KIND_FINAL;
     resp.final = &fin;
-    fin.finish_reason = finish_to_proto(g->finish);
+    fin.finish_reason = finish_to_proto(g->samples[0].finish);
     fin.usage = &usage;
     fin.timings = &tm;
+    for (int k = 0; k < g->n_samples; k++) {
+        cinfer__v1__sample_final__init(&sf[k]);
+        sf[k].index = k;
+        sf[k].finish_reason = finish_to_proto(g->samples[k].finish);
+        sf[k].completion_tokens = g->samples[k].completion_tokens;
+        sfp[k] = &sf[k];
+    }
+    fin.n_samples = (size_t)g->n_samples;
+    fin.samples = sfp;
     usage.prompt_tokens = g->prompt_tokens;
     usage.completion_tokens = g->completion_tokens;
     usage.cached_tokens = g->cached_tokens;
@@ -244,114 +249,59 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 1;
 }
 
-/* Appends one TOKENS event. Returns 0 when out of memory. */
+/* Appends one TOKENS event to its sample. Returns 0 when out of memory. */
 static int sink_append(gen_state *g, const cinfer_engine_event *ev)
 {
-    size_t n = g->n_ids + ev->n_ids;
-    size_t cap_ids = g->cap_ids;
-    if (!grow((void **)&g->ids, &g->cap_ids, n, sizeof *g->ids))
+    if (ev->sample_index < 0 || ev->sample_index >= g->n_samples)
+        return 1;
+    gen_sample *sm = &g->samples[ev->sample_index];
+    size_t n = sm->n_ids + ev->n_ids;
+    size_t cap_ids = sm->cap_ids;
+    if (!grow((void **)&sm->ids, &sm->cap_ids, n, sizeof *sm->ids))
         return 0;
     if (g->want_logprobs) {
         /* lp and top follow ids' capacity. */
         size_t c1 = cap_ids, c2 = cap_ids;
-        if (!grow((void **)&g->lp, &c1, g->cap_ids, sizeof *g->lp))
+        if (!grow((void **)&sm->lp, &c1, sm->cap_ids, sizeof *sm->lp))
             return 0;
         if (g->n_top > 0 &&
-            !grow((void **)&g->top, &c2, g->cap_ids * (size_t)g->n_top,
-                  sizeof *g->top))
+            !grow((void **)&sm->top, &c2, sm->cap_ids * (size_t)g->n_top,
+                  sizeof *sm->top))
             return 0;
     }
-    size_t nt = g->n_text + ev->text_len + 1;
-    if (!grow((void **)&g->text, &g->cap_text, nt, 1))
+    size_t nt = sm->n_text + ev->text_len + 1;
+    if (!grow((void **)&sm->text, &sm->cap_text, nt, 1))
         return 0;
     for (size_t i = 0; i < ev->n_ids; i++) {
-        size_t j = g->n_ids + i;
-        g->ids[j] = ev->ids[i];
+        size_t j = sm->n_ids + i;
+        sm->ids[j] = ev->ids[i];
         if (g->want_logprobs) {
-            g->lp[j] = ev->logprobs ? ev->logprobs[i] : NAN;
+            sm->lp[j] = ev->logprobs ? ev->logprobs[i] : NAN;
             for (int k = 0; k < g->n_top; k++) {
                 cinfer_token_logprob t = {-1, NAN};
                 if (ev->top && k < ev->n_top)
                     t = ev->top[i * (size_t)ev->n_top + (size_t)k];
-                g->top[j * (size_t)g->n_top + (size_t)k] = t;
+                sm->top[j * (size_t)g->n_top + (size_t)k] = t;
             }
         }
     }
-    g->n_ids = n;
+    sm->n_ids = n;
     if (ev->text_len)
-        memcpy(g->text + g->n_text, ev->text, ev->text_len);
-    g->n_text += ev->text_len;
-    g->text[g->n_text] = '\0';
+        memcpy(sm->text + sm->n_text, ev->text, ev->text_len);
+    sm->n_text += ev->text_len;
+    sm->text[sm->n_text] = '\0';
     return 1;
 }
 
-/* The status message of a rejection. client: the client id of a client
- * rate limit, else NULL. */
-static void reject_message(cinfer_reject r, int64_t retry_ms,
-                           const char *client, char *buf, size_t n)
+/* The next sample with pending output, from next_sample on; -1 = none. */
+static int pending_sample(gen_state *g)
 {
-    const char *what = "overloaded";
-    switch (r) {
-    case CINFER_REJECT_RATE_LIMITED_GLOBAL:
-        what = "rate limited: the server's request rate limit is exceeded";
-        break;
-    case CINFER_REJECT_RATE_LIMITED_CLIENT:
-        snprintf(buf, n,
-                 "rate limited: client %.128s exceeds its request rate "
-                 "limit; retry in %lld ms",
-                 client ? client : "?", (long long)retry_ms);
-        return;
-    case CINFER_REJECT_BREAKER_OPEN:
-        what = "the server is failing: circuit breaker open";
-        break;
-    case CINFER_REJECT_SHED_QUEUE_FULL:
-        what = "overloaded: the request queue is full";
-        break;
-    case CINFER_REJECT_SHED_TOKENS:
-        what = "overloaded: the queued tokens exceed the limit";
-        break;
-    case CINFER_REJECT_SHED_DEADLINE:
-        what = "deadline exceeded: the request can not start before its "
-               "deadline";
-        break;
-    case CINFER_REJECT_SHED_CODEL:
-        what = "overloaded: requests wait longer than the queue target";
-        break;
-    case CINFER_REJECT_SHED_KV_PRESSURE:
-        what = "overloaded: the KV cache is full";
-        break;
-    case CINFER_REJECT_SHED_FIRST_TOKEN:
-        what = "overloaded: the first token would come too late";
-        break;
-    case CINFER_REJECT_DRAINING:
-        what = "the server is shutting down";
-        break;
-    default:
-        break;
+    for (int i = 0; i < g->n_samples; i++) {
+        int k = (g->next_sample + i) % g->n_samples;
+        if (g->samples[k].n_ids > 0 || g->samples[k].n_text > 0)
+            return k;
     }
-    snprintf(buf, n, "%s; retry in %lld ms", what, (long long)retry_ms);
-}
-
-/* The breaker's view of how a request ended. */
-static cinfer_outcome classify(const gen_state *g,
-                               const cinfer_engine_event *ev)
-{
-    switch (ev->finish) {
-    case CINFER_FINISH_ERROR:
-        /* A validated request the engine fails is a server fault, its
-         * reason what it may (pump sends it as INTERNAL). */
-        return CINFER_OUTCOME_FAILURE;
-    case CINFER_FINISH_TIME_LIMIT:
-        return g->deadline_is_hard ? CINFER_OUTCOME_FAILURE
-                                   : CINFER_OUTCOME_SUCCESS;
-    case CINFER_FINISH_CANCELLED:
-        /* A client's cancel or the server's shutdown count for nothing; a
-         * deadline that gRPC enforced is the server's slowness. */
-        return g->deadline_passed && !g->aborted ? CINFER_OUTCOME_FAILURE
-                                                 : CINFER_OUTCOME_IGNORED;
-    default:
-        return CINFER_OUTCOME_SUCCESS;
-    }
+    return -1;
 }
 
 /* Starts the next send if none is in flight. c->mu held. */
@@ -359,11 +309,13 @@ static void pump(srv_call *c, gen_state *g)
 {
     if (g->in_flight || g->status_sent || g->gone)
         return;
-    if (g->n_ids > 0 || g->n_text > 0) {
-        grpc_byte_buffer *bb = pack_chunk(c, g);
+    int k = pending_sample(g);
+    if (k >= 0) {
+        grpc_byte_buffer *bb = pack_chunk(c, g, k);
         if (!bb) {
             g->oom = 1;
         } else {
+            g->next_sample = (k + 1) % g->n_samples;
             g->in_flight = 1;
             if (!cinfer_call_send_message(c, OP_SEND, bb)) {
                 g->in_flight = 0;
@@ -379,14 +331,15 @@ static void pump(srv_call *c, gen_state *g)
     const char *detail = NULL;
     char msg[320];
     grpc_byte_buffer *fin = NULL;
-    cinfer_pushback pb = {.reason = g->shed,
-                          .retry_after_ms = g->shed_retry_ms};
+    cinfer_pushback pb = {.reason = g->tr.shed,
+                          .retry_after_ms = g->tr.shed_retry_ms};
     if (g->oom) {
         st = CINFER_E_NOMEM;
         detail = "out of memory buffering the output";
-    } else if (g->shed != CINFER_REJECT_NONE) {
-        st = cinfer_reject_status(g->shed);
-        reject_message(g->shed, pb.retry_after_ms, NULL, msg, sizeof msg);
+    } else if (g->tr.shed != CINFER_REJECT_NONE) {
+        st = cinfer_reject_status(g->tr.shed);
+        cinfer_request_reject_message(g->tr.shed, pb.retry_after_ms, NULL,
+                                      msg, sizeof msg);
         detail = msg;
     } else if (g->finish == CINFER_FINISH_ERROR) {
         /* The request passed validation: what the engine refuses after
@@ -397,14 +350,15 @@ static void pump(srv_call *c, gen_state *g)
         snprintf(msg, sizeof msg, "engine error: %s", g->fin_message);
         detail = msg;
     } else if (g->finish == CINFER_FINISH_CANCELLED) {
-        st = g->aborted           ? CINFER_E_UNAVAILABLE
-             : g->deadline_passed ? CINFER_E_TIMEOUT
-                                  : CINFER_E_CANCELLED;
-        detail = g->aborted ? "the server shut down before the request "
-                              "finished"
-                 : g->deadline_passed ? "deadline exceeded"
-                                      : "the request was cancelled";
-    } else if (g->finish == CINFER_FINISH_TIME_LIMIT && g->deadline_is_hard) {
+        st = g->tr.aborted           ? CINFER_E_UNAVAILABLE
+             : g->tr.deadline_passed ? CINFER_E_TIMEOUT
+                                     : CINFER_E_CANCELLED;
+        detail = g->tr.aborted ? "the server shut down before the request "
+                                 "finished"
+                 : g->tr.deadline_passed ? "deadline exceeded"
+                                         : "the request was cancelled";
+    } else if (g->finish == CINFER_FINISH_TIME_LIMIT &&
+               g->tr.deadline_is_hard) {
         st = CINFER_E_TIMEOUT;
         snprintf(msg, sizeof msg,
                  "deadline exceeded after %d generated tokens",
@@ -420,8 +374,8 @@ static void pump(srv_call *c, gen_state *g)
     g->status_sent = 1;
     g->in_flight = 1;
     if (!cinfer_call_send_status_ex(c, OP_SEND, fin, st, detail,
-                                    g->shed != CINFER_REJECT_NONE ? &pb
-                                                                  : NULL)) {
+                                    g->tr.shed != CINFER_REJECT_NONE ? &pb
+                                                                     : NULL)) {
         g->in_flight = 0;
         g->gone = 1;
     }
@@ -437,12 +391,14 @@ static void log_done(srv_call *c, gen_state *g)
     cinfer_log_int(&l, "prompt_tokens", g->prompt_tokens);
     cinfer_log_int(&l, "completion_tokens", g->completion_tokens);
     cinfer_log_int(&l, "cached_tokens", g->cached_tokens);
+    if (g->n_samples > 1)
+        cinfer_log_int(&l, "samples", g->n_samples);
     cinfer_log_double(&l, "queue_ms", (double)g->queue_ns * 1e-6);
     cinfer_log_double(&l, "ttft_ms", (double)g->ttft_ns * 1e-6);
     cinfer_log_double(&l, "total_ms", (double)g->total_ns * 1e-6);
     cinfer_log_int(&l, "chunks", g->chunks_sent);
-    if (g->shed != CINFER_REJECT_NONE)
-        cinfer_log_str(&l, "shed", cinfer_reject_name(g->shed));
+    if (g->tr.shed != CINFER_REJECT_NONE)
+        cinfer_log_str(&l, "shed", cinfer_reject_name(g->tr.shed));
     if (g->gone)
         cinfer_log_str(&l, "client", "gone");
     if (g->finish == CINFER_FINISH_ERROR)
@@ -453,77 +409,51 @@ static void log_done(srv_call *c, gen_state *g)
     cinfer_log_end(&l);
 }
 
-/* A TOKENS event's timing: the first token leaves the shedder's queue
- * (which may shed it: then *cancel is set and its tokens are dropped) and
- * is the TTFT; later ones give the inter-token latency. c->mu held. */
-static void on_tokens_timing(srv_call *c, gen_state *g,
-                             const cinfer_engine_event *ev, int64_t now,
-                             int *cancel)
+/* One sample's FINISH: its numbers, and the call's when it is the last.
+ * c->mu held. Returns 1 for the last. */
+static int on_sample_finish(srv_call *c, gen_state *g,
+                            const cinfer_engine_event *ev, int64_t now)
 {
-    cinfer_server *s = c->srv;
-    if (ev->n_ids == 0 || g->shed != CINFER_REJECT_NONE)
-        return;
-    if (!g->started) {
-        g->started = 1;
-        if (s->adm) {
-            cinfer_admission_decision d =
-                cinfer_admission_dequeue(s->adm, &g->ticket, now,
-                                         ev->queue_ns);
-            if (d.reason != CINFER_REJECT_NONE) {
-                g->shed = d.reason;
-                g->shed_retry_ms = d.retry_after_ms;
-                *cancel = 1;
-                return;
-            }
+    int last = cinfer_gen_track_finish(c->srv, &g->tr, ev, now);
+    if (ev->sample_index >= 0 && ev->sample_index < g->n_samples) {
+        gen_sample *sm = &g->samples[ev->sample_index];
+        sm->finished = 1;
+        sm->finish = ev->finish;
+        sm->completion_tokens = ev->completion_tokens;
+    }
+    if (ev->finish == CINFER_FINISH_ERROR && g->fin_status == CINFER_OK) {
+        g->fin_status = ev->status;
+        snprintf(g->fin_message, sizeof g->fin_message, "%s",
+                 ev->message ? ev->message : "");
+    }
+    /* The call's end: an error, a cancel or a time limit of any sample,
+     * else sample 0's. */
+    int rank = 0;
+    g->finish = g->samples[0].finished ? g->samples[0].finish : ev->finish;
+    for (int k = 0; k < g->n_samples; k++) {
+        cinfer_finish_reason f = g->samples[k].finish;
+        int rk = !g->samples[k].finished       ? 0
+                 : f == CINFER_FINISH_ERROR     ? 3
+                 : f == CINFER_FINISH_CANCELLED ? 2
+                 : f == CINFER_FINISH_TIME_LIMIT ? 1
+                                                 : 0;
+        if (rk > rank) {
+            rank = rk;
+            g->finish = f;
         }
-        cinfer_metrics_observe(s->metrics, CINFER_HIST_TTFT,
-                               (double)(now - c->start_ns) * 1e-9);
-    } else {
-        double gap = (double)(now - g->last_token_ns) * 1e-9 /
-                     (double)ev->n_ids;
-        for (size_t i = 0; i < ev->n_ids; i++)
-            cinfer_metrics_observe(s->metrics, CINFER_HIST_ITL, gap);
-        if (ev->n_ids == 1)
-            cinfer_service_time_record(s, 1, now - g->last_token_ns);
-        /* the stream time admission counts against deadlines */
-        if (s->adm)
-            cinfer_admission_observe_token_time(
-                s->adm, (now - g->last_token_ns) / (int64_t)ev->n_ids);
     }
-    g->last_token_ns = now;
-}
-
-/* A FINISH event's accounting: the breaker outcome, the metrics, the
- * device-fault run health watches, the service-time bound. c->mu held. */
-static void on_finish_accounting(srv_call *c, gen_state *g,
-                                 const cinfer_engine_event *ev, int64_t now)
-{
-    cinfer_server *s = c->srv;
-    if (s->adm)
-        cinfer_admission_finish(s->adm, &g->ticket, classify(g, ev), now);
-    if (g->shed == CINFER_REJECT_NONE) {
-        cinfer_metrics_observe(s->metrics, CINFER_HIST_E2E,
-                               (double)(now - c->start_ns) * 1e-9);
-        if (g->started)
-            cinfer_metrics_observe(s->metrics, CINFER_HIST_QUEUE,
-                                   (double)ev->queue_ns * 1e-9);
+    g->prompt_tokens = ev->prompt_tokens;
+    g->completion_tokens += ev->completion_tokens;
+    g->cached_tokens = ev->cached_tokens;
+    if (g->tr.n_finished == 1 || (ev->ttft_ns && ev->ttft_ns < g->ttft_ns)) {
+        g->queue_ns = ev->queue_ns;
+        g->ttft_ns = ev->ttft_ns;
     }
-    cinfer_metrics_add_tokens(s->metrics,
-                              (uint64_t)(ev->prompt_tokens > 0
-                                             ? ev->prompt_tokens
-                                             : 0),
-                              (uint64_t)(ev->completion_tokens > 0
-                                             ? ev->completion_tokens
-                                             : 0));
-    int fault = ev->finish == CINFER_FINISH_ERROR &&
-                ev->status == CINFER_E_DEVICE;
-    int ok = ev->completion_tokens > 0 && ev->finish != CINFER_FINISH_ERROR;
-    cinfer_watchdog_note_outcome(s, fault, ok);
-    if (ok && ev->ttft_ns > ev->queue_ns) {
-        int64_t uncached = (int64_t)ev->prompt_tokens - ev->cached_tokens;
-        cinfer_service_time_record(s, uncached > 0 ? uncached : 1,
-                                   ev->ttft_ns - ev->queue_ns);
-    }
+    if (ev->total_ns > g->total_ns)
+        g->total_ns = ev->total_ns;
+    if (last)
+        g->finished = 1;
+    return last;
 }
 
 /* Engine thread. */
@@ -532,29 +462,17 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     srv_call *c = user;
     gen_state *g = c->rpc;
     int64_t now = cinfer_server_now_ns();
-    int cancel = 0;
+    int cancel = 0, finished = 0;
     pthread_mutex_lock(&c->mu);
     if (ev->kind == CINFER_EVENT_TOKENS) {
-        on_tokens_timing(c, g, ev, now, &cancel);
-        if (g->shed == CINFER_REJECT_NONE && !g->gone && !g->oom &&
+        cinfer_gen_track_tokens(c->srv, &g->tr, ev, now, &cancel);
+        if (g->tr.shed == CINFER_REJECT_NONE && !g->gone && !g->oom &&
             !sink_append(g, ev))
             g->oom = 1;
     } else {
-        on_finish_accounting(c, g, ev, now);
-        g->finished = 1;
-        g->finish = ev->finish;
-        g->fin_status = ev->status;
-        snprintf(g->fin_message, sizeof g->fin_message, "%s",
-                 ev->message ? ev->message : "");
-        g->prompt_tokens = ev->prompt_tokens;
-        g->completion_tokens = ev->completion_tokens;
-        g->cached_tokens = ev->cached_tokens;
-        g->queue_ns = ev->queue_ns;
-        g->ttft_ns = ev->ttft_ns;
-        g->total_ns = ev->total_ns;
+        finished = on_sample_finish(c, g, ev, now);
     }
     pump(c, g);
-    int finished = ev->kind == CINFER_EVENT_FINISH;
     /* A stream the client cancelled (or whose deadline gRPC enforced) ends
      * with no status of ours: counted here, once. */
     if (finished && g->gone && !g->status_sent)
@@ -575,58 +493,6 @@ static void on_event(void *user, const cinfer_engine_event *ev)
 /* Admission                                                              */
 /* ---------------------------------------------------------------------- */
 
-/* Tokenizes text with the defaults cinfer-run uses: the vocabulary's own
- * BOS/EOS rule and special-token parsing. */
-static cinfer_status encode_text(const cinfer_tokenizer *tk, const char *text,
-                                 int add_special, int32_t **ids, size_t *n)
-{
-    size_t len = strlen(text);
-    size_t cap = len + 4;
-    int32_t *buf = malloc(cap * sizeof *buf);
-    if (!buf)
-        return cinfer_set_error(CINFER_E_NOMEM, "tokenize: no memory");
-    size_t got = 0;
-    cinfer_status st =
-        cinfer_tokenizer_encode(tk, text, len, add_special, 1, buf, cap, &got);
-    if (st == CINFER_E_RANGE && got > cap) {
-        int32_t *b2 = realloc(buf, got * sizeof *buf);
-        if (!b2) {
-            free(buf);
-            return cinfer_set_error(CINFER_E_NOMEM, "tokenize: no memory");
-        }
-        buf = b2;
-        cap = got;
-        st = cinfer_tokenizer_encode(tk, text, len, add_special, 1, buf, cap,
-                                     &got);
-    }
-    if (st != CINFER_OK) {
-        free(buf);
-        return st;
-    }
-    *ids = buf;
-    *n = got;
-    return CINFER_OK;
-}
-
-cinfer_status cinfer_server_encode_input(const cinfer_server *s,
-                                         int input_case, const char *text,
-                                         const Cinfer__V1__Chat *chat,
-                                         int add_special, int32_t **ids,
-                                         size_t *n)
-{
-    if (input_case == 0)
-        return encode_text(s->tk, text, add_special, ids, n);
-    return cinfer_chat_encode(&s->chat, s->tk, chat, ids, n);
-}
-
-static uint64_t random_seed(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
-        v = (uint64_t)cinfer_server_now_ns() * 0x9E3779B97F4A7C15ull;
-    return v;
-}
-
 /* The call's deadline on the monotonic clock, or 0 when it has none (or
  * one too far away to matter). One already past is now + 1: the engine
  * stops it at once. */
@@ -640,6 +506,12 @@ static int64_t call_deadline_ns(const srv_call *c)
 static void reject(srv_call *c, cinfer_status st)
 {
     cinfer_call_send_status(c, OP_STEP, NULL, st, cinfer_last_error());
+}
+
+static void send_refusal(srv_call *c, const cinfer_refusal *r)
+{
+    cinfer_call_send_status_ex(c, OP_STEP, NULL, r->status, r->message,
+                               r->has_pb ? &r->pb : NULL);
 }
 
 /* The client a per-client bucket is keyed by: the x-client-id metadata,
@@ -671,121 +543,44 @@ static const char *client_key(srv_call *c, size_t *len, char **peer)
     return p;
 }
 
-/* Admission of a Generate call: the idle service-time bound against the
- * deadline, then the token buckets, the breaker and the shedder. Returns 1
- * with g->ticket QUEUED, or 0 when the call was answered (refused). */
+/* Admission of a Generate call (admit.c decides). Returns 1 with the
+ * ticket QUEUED, or 0 when the call was answered (refused). */
 static int admit(srv_call *c, gen_state *g, int priority, int64_t tokens,
                  size_t n_prompt, int64_t deadline_ns, int64_t now)
 {
-    cinfer_server *s = c->srv;
-    char msg[320];
-
-    /* A deadline shorter than the fastest this server ever served such a
-     * request to its first token can not be met even idle. */
-    if (deadline_ns) {
-        int64_t min_ns = cinfer_service_time_min(
-            s, s->params.prefix_cache ? 1 : (int64_t)n_prompt);
-        if (min_ns > 0 && cinfer_ns_add_sat(now, min_ns) > deadline_ns) {
-            snprintf(msg, sizeof msg,
-                     "the deadline cannot be met: %.1f ms left, the first "
-                     "token takes at least %.1f ms on an idle server",
-                     (double)(deadline_ns - now) * 1e-6,
-                     (double)min_ns * 1e-6);
-            cinfer_pushback pb = {.reason = CINFER_REJECT_SHED_DEADLINE,
-                                  .retry_after_ms = 0};
-            cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_TIMEOUT,
-                                       msg, &pb);
-            return 0;
-        }
-    }
-
     char *peer = NULL;
-    size_t id_len = 0;
-    const char *id = NULL;
-    if (c->key_set) {
-        /* With API keys, the key's own bucket replaces the per-client
-         * ones. */
-        int64_t retry_ms;
-        if (!cinfer_api_keys_take(c->key_set, c->key_index, now,
-                                  &retry_ms)) {
-            const char *name = cinfer_call_key_name(c);
-            char subject[96];
-            snprintf(subject, sizeof subject, "api_key:%s", name);
-            snprintf(msg, sizeof msg,
-                     "rate limited: API key %s exceeds its request rate; "
-                     "retry in %lld ms",
-                     name, (long long)retry_ms);
-            cinfer_pushback pb = {
-                .reason = CINFER_REJECT_RATE_LIMITED_CLIENT,
-                .retry_after_ms = retry_ms,
-                .quota_subject = subject,
-                .quota_desc = "the API key's request rate (qps= in the "
-                              "--api-keys file)",
-            };
-            cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_EXHAUSTED,
-                                       msg, &pb);
-            return 0;
-        }
-    } else {
-        id = client_key(c, &id_len, &peer);
-    }
-    cinfer_admission_request rq = {
-        .client_id = id,
-        .client_id_len = id_len,
-        .cost = s->params.rate_limit_tokens ? (uint64_t)tokens : 1,
-        .tokens = (uint64_t)tokens,
+    cinfer_admit_in in = {
+        .key_set = c->key_set,
+        .key_index = c->key_index,
         .priority = priority,
+        .tokens = tokens,
+        .n_prompt = n_prompt,
         .deadline_ns = deadline_ns,
-        .gen_tokens = tokens > (int64_t)n_prompt
-                          ? (uint64_t)(tokens - (int64_t)n_prompt)
-                          : 0,
     };
-    cinfer_admission_decision d;
-    cinfer_status st = cinfer_admission_admit(s->adm, &rq, now, &d,
-                                              &g->ticket);
-    if (st != CINFER_OK) {
-        if (peer)
-            gpr_free(peer);
-        cinfer_call_send_status(c, OP_STEP, NULL, st, cinfer_last_error());
-        return 0;
-    }
-    if (d.reason == CINFER_REJECT_NONE) {
-        if (peer)
-            gpr_free(peer);
-        return 1;
-    }
-    char subject[160];
-    cinfer_pushback pb = {.reason = d.reason,
-                          .retry_after_ms = d.retry_after_ms};
-    char client[132];
-    snprintf(client, sizeof client, "%.*s", (int)(id_len > 128 ? 128 : id_len),
-             id ? id : "");
-    if (d.reason == CINFER_REJECT_RATE_LIMITED_GLOBAL) {
-        pb.quota_subject = "server";
-        pb.quota_desc = "the server's request rate limit (--rate-limit-qps)";
-    } else if (d.reason == CINFER_REJECT_RATE_LIMITED_CLIENT) {
-        snprintf(subject, sizeof subject, "client:%s", client);
-        pb.quota_subject = subject;
-        pb.quota_desc = "the client's request rate limit "
-                        "(--client-rate-limit-qps)";
-    }
-    reject_message(d.reason, d.retry_after_ms, client, msg, sizeof msg);
+    if (!c->key_set)
+        in.client_id = client_key(c, &in.client_id_len, &peer);
+    cinfer_refusal r;
+    int ok = cinfer_server_admit(c->srv, &in, now, &g->tr.ticket, &r);
     if (peer)
         gpr_free(peer);
-    cinfer_call_send_status_ex(c, OP_STEP, NULL, cinfer_reject_status(d.reason),
-                               msg, &pb);
-    return 0;
+    if (!ok) {
+        send_refusal(c, &r);
+        return 0;
+    }
+    g->tr.admitted = 1;
+    return 1;
 }
 
-static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
+/* Decodes the request message; 0 when the call was answered. */
+static int decode(srv_call *c, grpc_byte_buffer *msg,
+                  Cinfer__V1__GenerateRequest **out)
 {
-    cinfer_server *s = c->srv;
     if (!msg) {
         cinfer_call_set_request_id(c, NULL);
         cinfer_set_error(CINFER_E_INVALID_ARG,
                          "the request message is missing");
         reject(c, CINFER_E_INVALID_ARG);
-        return;
+        return 0;
     }
     uint8_t *buf;
     size_t len;
@@ -794,145 +589,145 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     if (rst != CINFER_OK) {
         cinfer_call_set_request_id(c, NULL);
         reject(c, rst);
-        return;
+        return 0;
     }
-    Cinfer__V1__GenerateRequest *r = NULL;
     cinfer_status ust =
         cinfer_wire_unpack(&cinfer__v1__generate_request__descriptor, buf,
-                           len, (ProtobufCMessage **)&r);
+                           len, (ProtobufCMessage **)out);
     free(buf);
     if (ust != CINFER_OK) {
         cinfer_call_set_request_id(c, NULL);
         reject(c, ust);
-        return;
+        return 0;
     }
+    return 1;
+}
+
+/* Everything about the request the server checks before admission: the
+ * fields, the API key's priority bound, the prompt, the grammar. */
+static cinfer_status prepare(srv_call *c, const Cinfer__V1__GenerateRequest *r,
+                             const cinfer_gen_desc *d, int32_t **prompt,
+                             size_t *n_prompt, cinfer_grammar **gram)
+{
+    cinfer_server *s = c->srv;
+    const cinfer_request_fields *f = &cinfer_request_fields_grpc;
     cinfer_request_limits lim = limits_of(s);
     cinfer_status st = cinfer_validate_generate(r, &lim);
-    /* A valid id is echoed; an invalid one is replaced. */
-    cinfer_call_set_request_id(
-        c, cinfer_request_id_ok(r->request_id) ? r->request_id : NULL);
-    int32_t *prompt = NULL;
-    size_t n_prompt = 0;
-    gen_state *g = NULL;
+    if (st == CINFER_OK)
+        st = cinfer_request_validate(d, &lim, f);
     if (st != CINFER_OK)
-        goto fail;
+        return st;
     if (c->key_set) {
         const cinfer_api_key *k =
             cinfer_api_keys_get(c->key_set, c->key_index);
-        if (k && k->has_max_priority && r->priority > k->max_priority) {
-            st = cinfer_set_error(CINFER_E_PERMISSION,
-                                  "priority %d is above the maximum of API "
-                                  "key %s (%d)",
-                                  (int)r->priority, k->name,
-                                  (int)k->max_priority);
-            goto fail;
-        }
+        if (k && k->has_max_priority && d->priority > k->max_priority)
+            return cinfer_set_error(CINFER_E_PERMISSION,
+                                    "priority %d is above the maximum of API "
+                                    "key %s (%d)",
+                                    (int)d->priority, k->name,
+                                    (int)k->max_priority);
     }
+    st = cinfer_request_encode(s->tk, &s->chat, d, prompt, n_prompt);
+    if (st == CINFER_OK)
+        st = cinfer_request_check_prompt(d, *n_prompt, &lim, f);
+    if (st == CINFER_OK)
+        st = cinfer_request_compile_grammar(d, f, gram);
+    return st;
+}
 
-    switch (r->input_case) {
-    case CINFER__V1__GENERATE_REQUEST__INPUT_TEXT:
-        st = cinfer_server_encode_input(s, 0, r->text, NULL, 1, &prompt,
-                                        &n_prompt);
-        break;
-    case CINFER__V1__GENERATE_REQUEST__INPUT_CHAT:
-        st = cinfer_server_encode_input(s, 1, NULL, r->chat, 1, &prompt,
-                                        &n_prompt);
-        break;
-    default:
-        prompt = malloc(r->token_ids->n_ids * sizeof *prompt);
-        if (!prompt) {
-            st = cinfer_set_error(CINFER_E_NOMEM, "no memory");
-            break;
-        }
-        memcpy(prompt, r->token_ids->ids, r->token_ids->n_ids * sizeof *prompt);
-        n_prompt = r->token_ids->n_ids;
-        break;
+/* Puts the call on the server's list of Generate calls, unless the server
+ * no longer serves (then it is answered: 0). */
+static int list_call(srv_call *c, gen_state *g)
+{
+    cinfer_server *s = c->srv;
+    /* Listing races with drain: decide under the server lock. */
+    pthread_mutex_lock(&s->mu);
+    if (atomic_load(&s->state) != SERVER_SERVING) {
+        pthread_mutex_unlock(&s->mu);
+        cinfer_gen_track_drop(s, &g->tr);
+        cinfer_pushback pb = {.reason = CINFER_REJECT_DRAINING,
+                              .retry_after_ms = 0};
+        cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_UNAVAILABLE,
+                                   "the server is shutting down", &pb);
+        return 0;
     }
+    c->listed = 1;
+    c->prev = NULL;
+    c->next = s->generate_list;
+    if (s->generate_list)
+        s->generate_list->prev = c;
+    s->generate_list = c;
+    s->generate_open++;
+    pthread_mutex_unlock(&s->mu);
+    return 1;
+}
+
+static void log_start(srv_call *c, const cinfer_request_params *rp,
+                      int64_t hard_dl, int64_t now)
+{
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "generate start",
+                         c->request_id)) {
+        cinfer_log_int(&l, "prompt_tokens", (int64_t)rp->n_prompt);
+        cinfer_log_int(&l, "max_tokens", rp->max_tokens);
+        if (rp->n_samples > 1)
+            cinfer_log_int(&l, "n", rp->n_samples);
+        cinfer_log_double(&l, "temperature", rp->sampling.temperature);
+        if (hard_dl)
+            cinfer_log_double(&l, "deadline_ms",
+                              (double)(hard_dl - now) * 1e-6);
+        cinfer_log_end(&l);
+    }
+}
+
+static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
+{
+    cinfer_server *s = c->srv;
+    Cinfer__V1__GenerateRequest *r = NULL;
+    if (!decode(c, msg, &r))
+        return;
+    /* A valid id is echoed; an invalid one is replaced. */
+    cinfer_call_set_request_id(
+        c, cinfer_request_id_ok(r->request_id) ? r->request_id : NULL);
+    cinfer_gen_desc d;
+    cinfer_gen_desc_from_proto(r, &d);
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    cinfer_grammar *gram = NULL;
+    cinfer_status st = prepare(c, r, &d, &prompt, &n_prompt, &gram);
+    gen_state *g = NULL;
     if (st != CINFER_OK)
         goto fail;
-    if (n_prompt == 0) {
-        st = cinfer_set_error(CINFER_E_INVALID_ARG,
-                              "text: tokenizes to no tokens");
-        goto fail;
-    }
-    if (n_prompt >= (size_t)lim.n_ctx) {
-        st = cinfer_set_error(
-            CINFER_E_INVALID_ARG,
-            "%s: the prompt is %zu tokens; the context holds %d (prompt plus "
-            "at least one generated token)",
-            r->input_case == CINFER__V1__GENERATE_REQUEST__INPUT_TEXT ? "text"
-                                                                      : "chat",
-            n_prompt, (int)lim.n_ctx);
-        goto fail;
-    }
 
+    cinfer_request_limits lim = limits_of(s);
+    cinfer_request_params rp;
+    cinfer_request_to_engine(&d, &lim, prompt, n_prompt,
+                             cinfer_server_random_seed(), gram, &rp);
     g = calloc(1, sizeof *g);
-    if (!g) {
+    if (g)
+        g->samples = calloc((size_t)rp.n_samples, sizeof *g->samples);
+    if (!g || !g->samples) {
+        if (g)
+            free(g);
+        g = NULL;
         st = cinfer_set_error(CINFER_E_NOMEM, "no memory");
         goto fail;
     }
+    g->n_samples = rp.n_samples;
+    g->grammar = gram;
+    gram = NULL;
     g->n_prompt = (int32_t)n_prompt;
-    g->want_logprobs = CINFER_PB_HAS(r, logprobs);
-    g->n_top = g->want_logprobs ? r->logprobs : 0;
+    g->want_logprobs = d.has_logprobs;
+    g->n_top = d.has_logprobs ? d.logprobs : 0;
+    cinfer_gen_track_init(&g->tr, c->start_ns, rp.n_samples);
 
-    cinfer_request_params rp = cinfer_request_default_params();
-    rp.prompt = prompt;
-    rp.n_prompt = n_prompt;
-    rp.sampling = cinfer_sampler_default_params();
-    rp.sampling.n_vocab = lim.n_vocab;
-    rp.sampling.seed = random_seed();
-    const Cinfer__V1__SamplingParams *sp = r->sampling;
-    if (sp) {
-        if (CINFER_PB_HAS(sp, temperature))
-            rp.sampling.temperature = sp->temperature;
-        if (CINFER_PB_HAS(sp, top_k))
-            rp.sampling.top_k = sp->top_k;
-        if (CINFER_PB_HAS(sp, top_p))
-            rp.sampling.top_p = sp->top_p;
-        if (CINFER_PB_HAS(sp, min_p))
-            rp.sampling.min_p = sp->min_p;
-        if (CINFER_PB_HAS(sp, repetition_penalty))
-            rp.sampling.repetition_penalty = sp->repetition_penalty;
-        if (CINFER_PB_HAS(sp, presence_penalty))
-            rp.sampling.presence_penalty = sp->presence_penalty;
-        if (CINFER_PB_HAS(sp, frequency_penalty))
-            rp.sampling.frequency_penalty = sp->frequency_penalty;
-        if (CINFER_PB_HAS(sp, seed))
-            rp.sampling.seed = sp->seed;
-    }
-    rp.sampling.n_logprobs = g->n_top;
-    rp.logprobs = g->want_logprobs;
-    rp.max_tokens = cinfer_validate_max_tokens(r, &lim);
-    const Cinfer__V1__StoppingCriteria *sc = r->stopping;
-    int64_t time_limit_ns = 0;
-    if (sc) {
-        if (CINFER_PB_HAS(sc, min_tokens))
-            rp.min_tokens = sc->min_tokens;
-        if (CINFER_PB_HAS(sc, ignore_eos))
-            rp.ignore_eos = sc->ignore_eos;
-        rp.stop = (const char *const *)sc->stop;
-        rp.n_stop = sc->n_stop;
-        rp.stop_ids = sc->stop_token_ids;
-        rp.n_stop_ids = sc->n_stop_token_ids;
-        if (CINFER_PB_HAS(sc, time_limit_ms))
-            time_limit_ns =
-                c->start_ns + (int64_t)sc->time_limit_ms * 1000000;
-    }
-    rp.priority = r->priority;
     int64_t now = cinfer_server_now_ns();
     g->call_deadline_ns = call_deadline_ns(c);
-    int64_t hard_dl = g->call_deadline_ns;
-    if (s->params.max_request_time_ms > 0) {
-        int64_t cap = cinfer_ns_add_sat(
-            c->start_ns, cinfer_ms_to_ns(s->params.max_request_time_ms));
-        if (!hard_dl || cap < hard_dl)
-            hard_dl = cap;
-    }
-    rp.deadline_ns = time_limit_ns;
-    if (hard_dl && (!time_limit_ns || hard_dl <= time_limit_ns)) {
-        rp.deadline_ns = hard_dl;
-        g->deadline_is_hard = 1;
-    }
+    cinfer_request_deadline dl = cinfer_request_deadline_of(
+        c->start_ns, g->call_deadline_ns, s->params.max_request_time_ms,
+        d.time_limit_ms);
+    rp.deadline_ns = dl.engine_ns;
+    g->tr.deadline_is_hard = dl.is_hard;
     rp.on_event = on_event;
     rp.user = c;
     /* A request thread runs this: the close may come meanwhile on the
@@ -951,94 +746,39 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     }
 
     if (s->adm) {
-        int64_t total = (int64_t)n_prompt + rp.max_tokens;
-        if (!admit(c, g, r->priority, total, n_prompt, hard_dl, now))
+        int64_t total =
+            (int64_t)n_prompt + (int64_t)rp.max_tokens * rp.n_samples;
+        if (!admit(c, g, d.priority, total, n_prompt, dl.hard_ns, now))
             goto out; /* answered */
     }
-
-    /* Listing races with drain: decide under the server lock. */
-    pthread_mutex_lock(&s->mu);
-    if (atomic_load(&s->state) != SERVER_SERVING) {
-        pthread_mutex_unlock(&s->mu);
-        if (s->adm)
-            cinfer_admission_finish(s->adm, &g->ticket, CINFER_OUTCOME_IGNORED,
-                                    cinfer_server_now_ns());
-        cinfer_pushback pb = {.reason = CINFER_REJECT_DRAINING,
-                              .retry_after_ms = 0};
-        cinfer_call_send_status_ex(c, OP_STEP, NULL, CINFER_E_UNAVAILABLE,
-                                   "the server is shutting down", &pb);
-        goto out;
-    }
-    c->listed = 1;
-    c->prev = NULL;
-    c->next = s->generate_list;
-    if (s->generate_list)
-        s->generate_list->prev = c;
-    s->generate_list = c;
-    s->generate_open++;
-    pthread_mutex_unlock(&s->mu);
+    if (!list_call(c, g))
+        goto out; /* answered */
 
     c->state = CALL_STREAMING;
-    cinfer_call_ref(c); /* the engine's hold, until FINISH */
+    cinfer_call_ref(c); /* the engine's hold, until the last FINISH */
     uint64_t id = 0;
-    st = cinfer_engine_submit(s->engine, &rp, &id);
+    cinfer_refusal ref;
+    st = cinfer_server_submit(s, &rp, &id, &ref);
     if (st != CINFER_OK) {
         cinfer_call_unref(c); /* never the last: this handler holds one */
         c->state = CALL_RECEIVING;
-        if (s->adm) {
-            pthread_mutex_lock(&c->mu);
-            cinfer_admission_finish(s->adm, &g->ticket,
-                                    CINFER_OUTCOME_IGNORED,
-                                    cinfer_server_now_ns());
-            pthread_mutex_unlock(&c->mu);
-        }
-        /* The engine's refusals for its load, at once with a pushback:
-         * UNAVAILABLE, a queue too long to wait in (--max-queue-wait-ms),
-         * a first token too late (--max-ttft-ms) or the engine stopping;
-         * TIMEOUT, the deadline foreseen to pass at the current load (as
-         * the shedder does); EXHAUSTED, its own queue bound
-         * (--max-queued). */
-        if (st == CINFER_E_UNAVAILABLE || st == CINFER_E_TIMEOUT ||
-            st == CINFER_E_EXHAUSTED) {
-            cinfer_pushback pb = {.reason = CINFER_REJECT_NONE,
-                                  .retry_after_ms = ENGINE_FULL_PUSHBACK_MS};
-            if (st != CINFER_E_EXHAUSTED) {
-                pb.reason =
-                    st == CINFER_E_TIMEOUT ? CINFER_REJECT_SHED_DEADLINE
-                    : cinfer_engine_refusal_kind() ==
-                            CINFER_ENGINE_REFUSAL_FIRST_TOKEN
-                        ? CINFER_REJECT_SHED_FIRST_TOKEN
-                        : CINFER_REJECT_SHED_QUEUE_FULL;
-                pb.retry_after_ms = engine_retry_ms();
-            }
-            cinfer_call_send_status_ex(c, OP_STEP, NULL, st,
-                                       cinfer_last_error(), &pb);
-            goto out;
-        }
-        goto fail;
+        pthread_mutex_lock(&c->mu);
+        cinfer_gen_track_drop(s, &g->tr);
+        pthread_mutex_unlock(&c->mu);
+        send_refusal(c, &ref);
+        goto out;
     }
     pthread_mutex_lock(&c->mu);
     g->engine_id = id;
     g->submitted = 1;
     /* The watchdog may have shed it between listing and now, or the
      * client may have left (generate_on_close saw it unsubmitted). */
-    int shed_early = (g->shed != CINFER_REJECT_NONE || g->gone) &&
+    int shed_early = (g->tr.shed != CINFER_REJECT_NONE || g->gone) &&
                      !g->finished;
     pthread_mutex_unlock(&c->mu);
     if (shed_early)
         cinfer_engine_cancel(s->engine, id);
-
-    cinfer_log_line l;
-    if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "generate start",
-                         c->request_id)) {
-        cinfer_log_int(&l, "prompt_tokens", (int64_t)n_prompt);
-        cinfer_log_int(&l, "max_tokens", rp.max_tokens);
-        cinfer_log_double(&l, "temperature", rp.sampling.temperature);
-        if (hard_dl)
-            cinfer_log_double(&l, "deadline_ms",
-                              (double)(hard_dl - now) * 1e-6);
-        cinfer_log_end(&l);
-    }
+    log_start(c, &rp, dl.hard_ns, now);
 out:
     free(prompt);
     cinfer__v1__generate_request__free_unpacked(r, NULL);
@@ -1046,6 +786,7 @@ out:
 
 fail:
     free(prompt);
+    cinfer_grammar_destroy(gram);
     cinfer__v1__generate_request__free_unpacked(r, NULL);
     reject(c, st);
 }
@@ -1084,14 +825,15 @@ static void generate_on_close(srv_call *c)
     if (c->close_cancelled) {
         g->gone = 1;
         /* A client resets its call at the deadline: cancelled=1 too. */
-        g->deadline_passed = g->call_deadline_ns &&
-                             now + DEADLINE_SLACK_NS >= g->call_deadline_ns;
+        g->tr.deadline_passed =
+            g->call_deadline_ns &&
+            now + DEADLINE_SLACK_NS >= g->call_deadline_ns;
         cancel = g->submitted && !g->finished;
     }
     pthread_mutex_unlock(&c->mu);
     if (cancel) {
         cinfer_log(CINFER_LOG_INFO,
-                   g->deadline_passed ? "deadline passed; cancelling"
+                   g->tr.deadline_passed ? "deadline passed; cancelling"
                                       : "client gone; cancelling",
                    c->request_id);
         cinfer_engine_cancel(c->srv->engine, id);
@@ -1103,10 +845,14 @@ static void generate_free(srv_call *c)
     gen_state *g = c->rpc;
     if (!g)
         return;
-    free(g->ids);
-    free(g->text);
-    free(g->lp);
-    free(g->top);
+    for (int k = 0; k < g->n_samples; k++) {
+        free(g->samples[k].ids);
+        free(g->samples[k].text);
+        free(g->samples[k].lp);
+        free(g->samples[k].top);
+    }
+    free(g->samples);
+    cinfer_grammar_destroy(g->grammar);
     free(g);
     c->rpc = NULL;
 }
@@ -1125,7 +871,7 @@ void cinfer_generate_abort_all(cinfer_server *s)
         gen_state *g = c->rpc;
         pthread_mutex_lock(&c->mu);
         if (g && g->submitted && !g->finished) {
-            g->aborted = 1;
+            g->tr.aborted = 1;
             ids[n++] = g->engine_id;
         }
         pthread_mutex_unlock(&c->mu);
@@ -1168,13 +914,13 @@ void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns)
         }
         gen_state *g = c->rpc;
         pthread_mutex_lock(&c->mu);
-        if (g && g->shed == CINFER_REJECT_NONE && !g->started &&
-            !g->finished) {
+        if (g && g->tr.admitted && g->tr.shed == CINFER_REJECT_NONE &&
+            !g->tr.started && !g->finished) {
             cinfer_admission_decision d =
-                cinfer_admission_check_queued(s->adm, &g->ticket, now_ns);
+                cinfer_admission_check_queued(s->adm, &g->tr.ticket, now_ns);
             if (d.reason != CINFER_REJECT_NONE) {
-                g->shed = d.reason;
-                g->shed_retry_ms = d.retry_after_ms;
+                g->tr.shed = d.reason;
+                g->tr.shed_retry_ms = d.retry_after_ms;
                 /* Not yet submitted: the submitter cancels it. */
                 if (g->submitted)
                     ids[n++] = g->engine_id;

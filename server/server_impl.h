@@ -48,6 +48,7 @@
 #include "server/chat.h"
 #include "server/orca.h"
 #include "server/reflection_index.h"
+#include "server/request.h"
 #include "server/server.h"
 #include "server/api_keys.h"
 #include "server/tls.h"
@@ -380,12 +381,84 @@ void cinfer_call_unary(srv_call *c, grpc_byte_buffer *msg, cinfer_unary_fn fn);
 /* Text (input_case 0; add_special: BOS/EOS as the vocabulary adds them,
  * special-token strings parsed, as cinfer-run does) or chat messages
  * (input_case 1, through the model's template) to token ids; *ids is
- * malloc'd (generate.c). */
+ * malloc'd (tokenize.c). */
 cinfer_status cinfer_server_encode_input(const cinfer_server *s,
                                          int input_case, const char *text,
                                          const Cinfer__V1__Chat *chat,
                                          int add_special, int32_t **ids,
                                          size_t *n);
+
+/* ---- the request path both front ends share (admit.c) ------------------
+ * The one place that decides load refusals: the idle service-time bound,
+ * the admission layer (token buckets, breaker, shedder) and the engine's
+ * own refusals at submit all end in a cinfer_refusal with the rejection's
+ * true reason, which the front end sends in its own framing. */
+
+typedef struct {
+    cinfer_status status;      /* the answer's status */
+    char message[320];
+    cinfer_pushback pb;        /* pb.reason NONE and has_pb 0: a plain
+                                  error without pushback */
+    int has_pb;
+    char subject[160];         /* pb.quota_subject points here */
+} cinfer_refusal;
+
+typedef struct {
+    const char *client_id;     /* the per-client bucket's key; NULL = none */
+    size_t client_id_len;
+    cinfer_api_keys *key_set;  /* the caller's key set, NULL = no keys */
+    int key_index;
+    int priority;
+    int64_t tokens;            /* prompt plus max_tokens times samples */
+    size_t n_prompt;
+    int64_t deadline_ns;       /* hard deadline; 0 = none */
+} cinfer_admit_in;
+
+/* Admits (1, *t QUEUED) or refuses (0, *out filled). Call only when s->adm
+ * is set. */
+int cinfer_server_admit(cinfer_server *s, const cinfer_admit_in *in,
+                        int64_t now_ns, cinfer_admission_ticket *t,
+                        cinfer_refusal *out);
+
+/* Submits to the engine: CINFER_OK with *id, else *out filled (a refusal
+ * for load with its reason and pushback, or the engine's error). */
+cinfer_status cinfer_server_submit(cinfer_server *s,
+                                   const cinfer_request_params *rp,
+                                   uint64_t *id, cinfer_refusal *out);
+
+/* What a generation call's sink keeps for admission and metrics, across
+ * its samples. Used under the sink's own lock. */
+typedef struct {
+    int64_t start_ns;           /* the call's arrival */
+    int admitted;               /* ticket holds an admission */
+    cinfer_admission_ticket ticket;
+    int started;                /* the first token came (dequeued) */
+    int64_t last_token_ns;
+    cinfer_reject shed;         /* shed after admission */
+    int64_t shed_retry_ms;
+    int deadline_is_hard;       /* the engine deadline is a hard one */
+    int deadline_passed;        /* the front end saw the deadline pass */
+    int aborted;                /* cancelled by the server's shutdown */
+    int n_samples;              /* FINISH events expected */
+    int n_finished;
+    cinfer_outcome outcome;     /* the worst of the samples' so far */
+} cinfer_gen_track;
+
+void cinfer_gen_track_init(cinfer_gen_track *t, int64_t start_ns,
+                           int n_samples);
+/* A TOKENS event: the first token dequeues the ticket (which may shed the
+ * request: *cancel set) and is the TTFT; later ones the ITL. */
+void cinfer_gen_track_tokens(cinfer_server *s, cinfer_gen_track *t,
+                             const cinfer_engine_event *ev, int64_t now_ns,
+                             int *cancel);
+/* A FINISH event of one sample; returns 1 for the request's last. */
+int cinfer_gen_track_finish(cinfer_server *s, cinfer_gen_track *t,
+                            const cinfer_engine_event *ev, int64_t now_ns);
+/* Gives the ticket back unused (a request refused after admission). */
+void cinfer_gen_track_drop(cinfer_server *s, cinfer_gen_track *t);
+
+/* A random sampling seed for a request that has none. */
+uint64_t cinfer_server_random_seed(void);
 
 /* Health: tells every Watch stream the serving status changed (health.c).
  * Called with srv->mu not held. */

@@ -12,6 +12,17 @@
 #include "server/server_impl.h"
 #include "server/wire.h"
 
+cinfer_status cinfer_server_encode_input(const cinfer_server *s,
+                                         int input_case, const char *text,
+                                         const Cinfer__V1__Chat *chat,
+                                         int add_special, int32_t **ids,
+                                         size_t *n)
+{
+    if (input_case == 0)
+        return cinfer_request_encode_text(s->tk, text, add_special, ids, n);
+    return cinfer_chat_encode(&s->chat, s->tk, chat, ids, n);
+}
+
 static cinfer_status tokenize(srv_call *c, const uint8_t *req, size_t len,
                               grpc_byte_buffer **out)
 {

@@ -1654,7 +1654,7 @@ def case_rejections():
     with srv:
         import grpc
         running = timed_stream(srv)
-        r = refused_at_once(srv, "qwait-1", "shed_queue_full", "wait")
+        r = refused_at_once(srv, "qwait-1", "shed_queue_wait", "wait")
         plain = Streamer(srv, gen_bytes(n=4))
         wait_stats(srv, lambda i: i.stats.waiting == 1, 30,
                    "a call without a deadline queued")
