@@ -146,6 +146,8 @@ struct cinfer_metrics {
     _Atomic uint64_t requests[MAX_LABELS][N_GRPC_CODES];
     label_table reasons;
     _Atomic uint64_t rejected[MAX_LABELS];
+    _Atomic uint64_t http_by_code[600]; /* the openai front end's answers,
+                                           by HTTP status */
     label_table keys;
     _Atomic uint64_t key_requests[MAX_LABELS];
     char *tls_cert, *tls_key;  /* HTTPS: the PEM texts, for the daemon's
@@ -232,6 +234,16 @@ void cinfer_metrics_request_done(cinfer_metrics *m, const char *method,
         grpc_code = 2; /* UNKNOWN */
     int i = label_index(&m->methods, method);
     atomic_fetch_add_explicit(&m->requests[i][grpc_code], 1,
+                              memory_order_relaxed);
+}
+
+void cinfer_metrics_frontend_request(cinfer_metrics *m, const char *frontend,
+                                     int http_status)
+{
+    (void)frontend; /* one front end besides gRPC today: openai */
+    if (!m || http_status < 100 || http_status >= 600)
+        return;
+    atomic_fetch_add_explicit(&m->http_by_code[http_status], 1,
                               memory_order_relaxed);
 }
 
@@ -600,6 +612,25 @@ char *cinfer_metrics_render(cinfer_metrics *m)
         sb_printf(&b, "\"} %llu\n", (unsigned long long)v);
     }
 
+    int any_http = 0;
+    for (int code = 100; code < 600 && !any_http; code++)
+        any_http = atomic_load_explicit(&m->http_by_code[code],
+                                        memory_order_relaxed) != 0;
+    if (any_http) {
+        sb_family(&b, "cinfer:frontend_requests_total", "counter",
+                  "Requests answered by a front end other than gRPC (whose "
+                  "calls are cinfer:request_total), by HTTP status.");
+        for (int code = 100; code < 600; code++) {
+            uint64_t v = atomic_load_explicit(&m->http_by_code[code],
+                                              memory_order_relaxed);
+            if (v)
+                sb_printf(&b,
+                          "cinfer:frontend_requests_total{frontend=\"openai\","
+                          "code=\"%d\"} %llu\n",
+                          code, (unsigned long long)v);
+        }
+    }
+
     int nk = atomic_load_explicit(&m->keys.n, memory_order_acquire);
     if (nk > 0) {
         sb_family(&b, "cinfer:api_key_requests_total", "counter",
@@ -759,15 +790,16 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* Splits "HOST:PORT" / "[V6]:PORT" (an empty HOST = every interface) and
  * opens a non-blocking listening socket bound to it. */
-static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
+cinfer_status cinfer_metrics_open_listener(const char *addr, const char *what,
+                                           int *fd_out, int *port_out)
 {
     char host[256];
     const char *colon = strrchr(addr, ':');
     if (!colon)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "metrics listen address \"%s\": expected "
+                                "%s address \"%s\": expected "
                                 "HOST:PORT",
-                                addr);
+                                what, addr);
     size_t hlen = (size_t)(colon - addr);
     const char *h = addr;
     if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']') {
@@ -776,8 +808,8 @@ static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
     }
     if (hlen >= sizeof host)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "metrics listen address \"%s\": host too long",
-                                addr);
+                                "%s address \"%s\": host too long",
+                                what, addr);
     memcpy(host, h, hlen);
     host[hlen] = '\0';
     const char *port_s = colon + 1;
@@ -785,8 +817,8 @@ static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
     if (plen == 0 || plen > 5 || strspn(port_s, "0123456789") != plen ||
         atoi(port_s) > 65535)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "metrics listen address \"%s\": bad port",
-                                addr);
+                                "%s address \"%s\": bad port",
+                                what, addr);
 
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -796,7 +828,7 @@ static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
     int gai = getaddrinfo(hlen ? host : NULL, port_s, &hints, &res);
     if (gai != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "metrics listen address \"%s\": %s", addr,
+                                "%s address \"%s\": %s", what, addr,
                                 gai_strerror(gai));
     int fd = -1, err = EADDRNOTAVAIL;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
@@ -817,7 +849,7 @@ static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
     freeaddrinfo(res);
     if (fd < 0)
         return cinfer_set_error(CINFER_E_IO,
-                                "metrics listen address \"%s\": %s", addr,
+                                "%s address \"%s\": %s", what, addr,
                                 strerror(err));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
@@ -825,9 +857,9 @@ static cinfer_status open_listener(const char *addr, int *fd_out, int *port_out)
         err = errno;
         close(fd);
         return cinfer_set_error(CINFER_E_IO,
-                                "metrics listen address \"%s\": getsockname: "
+                                "%s address \"%s\": getsockname: "
                                 "%s",
-                                addr, strerror(err));
+                                what, addr, strerror(err));
     }
     *port_out = 0;
     if (ss.ss_family == AF_INET)
@@ -930,7 +962,8 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
 
     if (p->listen && *p->listen) {
         int fd = -1;
-        st = open_listener(p->listen, &fd, &m->port);
+        st = cinfer_metrics_open_listener(p->listen, "metrics listen", &fd,
+                                          &m->port);
         if (st != CINFER_OK)
             goto fail_listen;
         int tls = p->tls_cert_pem && p->tls_key_pem;

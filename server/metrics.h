@@ -79,6 +79,17 @@ void cinfer_metrics_observe(cinfer_metrics *m, cinfer_hist h, double seconds);
 void cinfer_metrics_add_tokens(cinfer_metrics *m, uint64_t prompt,
                                uint64_t generated);
 
+/* cinfer:frontend_requests_total{frontend="openai", code} - every answer
+ * of the OpenAI-compatible HTTP front end, by HTTP status. */
+void cinfer_metrics_frontend_request(cinfer_metrics *m, const char *frontend,
+                                     int http_status);
+
+/* Opens a non-blocking listening socket on "HOST:PORT" ("[V6]:PORT"; an
+ * empty HOST = every interface); *port_out is the bound port. Errors name
+ * `what` and the address. */
+cinfer_status cinfer_metrics_open_listener(const char *addr, const char *what,
+                                           int *fd_out, int *port_out);
+
 /* cinfer:rejected_requests_total{reason} - limiter, breaker and shedder
  * rejections, by the admission layer's reason name ("rate_limited_global",
  * "breaker_open", "shed_queue_full", ...). */

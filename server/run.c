@@ -114,6 +114,7 @@ typedef struct {
     double watchdog_timeout_s;
     long unhealthy_after_faults;
     const char *metrics_listen;
+    const char *http_listen;
     int metrics_listen_given;
     cinfer_server_conn_limits conn; /* connection and stream limits */
     const char *tls_cert;
@@ -216,6 +217,9 @@ static const flag_doc flags[] = {
     {"metrics-listen", "CINFER_METRICS_LISTEN", "HOST:PORT",
      "Prometheus /metrics address (default 127.0.0.1:9090; \"\" or off = "
      "none)"},
+    {"http-listen", "CINFER_HTTP_LISTEN", "HOST:PORT",
+     "OpenAI-compatible HTTP API address (/v1/completions, "
+     "/v1/chat/completions, /v1/models, /health); default off"},
     {"resilience", "CINFER_RESILIENCE", "on|off",
      "admission control of Generate: rate limits, circuit breaker, load "
      "shedding, and the engine holding back requests that would make "
@@ -545,6 +549,8 @@ static int apply(config *cfg, int i, const char *v, const char *from)
     } else if (strcmp(name, "metrics-listen") == 0) {
         cfg->metrics_listen = v;
         cfg->metrics_listen_given = 1;
+    } else if (strcmp(name, "http-listen") == 0) {
+        cfg->http_listen = v;
     } else if (strcmp(name, "resilience") == 0) {
         if (strcasecmp(v, "on") == 0 || strcmp(v, "1") == 0)
             cfg->resilience = 1;
@@ -725,6 +731,7 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
     sp->tls_key_path = cfg->tls_key;
     sp->tls_client_ca_path = cfg->tls_client_ca;
     sp->api_keys_path = cfg->api_keys;
+    sp->http_listen = cfg->http_listen;
     sp->api_keys_all_methods = (int)cfg->api_keys_all_methods;
 
     cinfer_admission_params *ap = &sp->admission;
@@ -1125,6 +1132,11 @@ int cinfer_server_main(int argc, char **argv,
                            : cfg.tls_client_ca && cfg.tls_client_ca[0]
                                ? "mtls"
                                : "tls");
+            cinfer_log_end(&l);
+        }
+        if (cinfer_server_http_port(srv) &&
+            cinfer_log_begin(&l, CINFER_LOG_INFO, "http listening", NULL)) {
+            cinfer_log_int(&l, "port", cinfer_server_http_port(srv));
             cinfer_log_end(&l);
         }
     }

@@ -26,6 +26,7 @@
  * message read after its deadline is answered DEADLINE_EXCEEDED, and a
  * Generate's deadline is the engine's (generate.c).
  */
+#include "server/http.h"
 #include "server/server_impl.h"
 
 #include <errno.h>
@@ -1067,6 +1068,29 @@ static void grpc_log_to_json(gpr_log_func_args *a)
     cinfer_log_end(&l);
 }
 
+int cinfer_server_stream_begin(cinfer_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int ok = atomic_load(&s->state) == SERVER_SERVING;
+    if (ok)
+        s->generate_open++;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+void cinfer_server_stream_end(cinfer_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->generate_open--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int cinfer_server_http_port(const cinfer_server *s)
+{
+    return cinfer_http_port(s->http);
+}
+
 int cinfer_server_port(const cinfer_server *s)
 {
     return s->port;
@@ -1361,6 +1385,15 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
             post_accept(s, &s->workers[i]);
     if (s->metrics)
         cinfer_metrics_set_collector(s->metrics, collect, s);
+    if (sp.http_listen && *sp.http_listen) {
+        st = cinfer_http_create(s, sp.http_listen, &s->http);
+        if (st != CINFER_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", cinfer_last_error());
+            cinfer_server_destroy(s);
+            return cinfer_set_error(st, "%s", msg);
+        }
+    }
     *out = s;
     return CINFER_OK;
 
@@ -1554,11 +1587,16 @@ void cinfer_server_destroy(cinfer_server *s)
     /* Streams still running: stop them in the engine; each sends
      * UNAVAILABLE once its FINISH arrives. */
     cinfer_generate_abort_all(s);
+    cinfer_http_abort_all(s->http);
     pthread_mutex_lock(&s->mu);
     wait_until(s, no_generate,
                cinfer_server_now_ns() + (int64_t)ABORT_GRACE_MS * 1000000);
     pthread_mutex_unlock(&s->mu);
 
+    /* The HTTP connections end (their requests finished or were
+     * cancelled above). */
+    cinfer_http_destroy(s->http);
+    s->http = NULL;
     grpc_server_shutdown_and_notify(s->grpc, s->workers[0].cq,
                                     &s->shutdown_tag);
     grpc_server_cancel_all_calls(s->grpc);

@@ -138,6 +138,8 @@ typedef struct {
                                        carry a listed key; NULL = no keys */
     int api_keys_all_methods;       /* 1 = health, reflection and ORCA
                                        need a key too */
+    const char *http_listen;        /* "HOST:PORT" of the OpenAI-compatible
+                                       HTTP API (http.h); NULL or "" = off */
     cinfer_metrics *metrics;        /* borrowed, outlives the server; the
                                        server records into it and installs
                                        its collector; NULL = none */
@@ -154,6 +156,8 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
 
 /* The bound port (useful with port 0). */
 int cinfer_server_port(const cinfer_server *s);
+/* The HTTP API's bound port, 0 when it is off. */
+int cinfer_server_http_port(const cinfer_server *s);
 
 /* Starts serving the model through the engine: health SERVING. Reads the
  * model's chat template. Call once. Errors: CINFER_E_INVALID_ARG (NULL

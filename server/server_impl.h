@@ -202,6 +202,8 @@ struct cinfer_server {
     cinfer_admission *adm;       /* NULL = admission off */
     cinfer_metrics *metrics;     /* borrowed; NULL = none */
     cinfer_orca *orca;           /* ORCA load reports (orca.c) */
+    struct cinfer_http *http;    /* the OpenAI-compatible front end
+                                    (http.c); NULL = off */
 
     /* Health beyond the lifecycle state: SERVING needs all three clear. */
     atomic_int stuck;            /* the engine made no step for watchdog_ms
@@ -456,6 +458,12 @@ int cinfer_gen_track_finish(cinfer_server *s, cinfer_gen_track *t,
                             const cinfer_engine_event *ev, int64_t now_ns);
 /* Gives the ticket back unused (a request refused after admission). */
 void cinfer_gen_track_drop(cinfer_server *s, cinfer_gen_track *t);
+
+/* A generation call of another front end starts holding the engine:
+ * counted in generate_open (drain waits for it) when the server serves
+ * (1), else 0. _end when it lets go (server.c). */
+int cinfer_server_stream_begin(cinfer_server *s);
+void cinfer_server_stream_end(cinfer_server *s);
 
 /* A random sampling seed for a request that has none. */
 uint64_t cinfer_server_random_seed(void);
