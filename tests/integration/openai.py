@@ -1,0 +1,548 @@
+#!/usr/bin/env python3
+"""The OpenAI-compatible HTTP API (--http-listen) of the real cinfer-server,
+driven by the official `openai` Python package, against gRPC Generate on the
+same server.
+
+  completions  /v1/completions, non-streamed and streamed: the greedy text
+               equals gRPC Generate's; usage; /v1/models; /health
+  chat         /v1/chat/completions through the chat template, both ways,
+               equal to Generate with chat input; include_usage
+  samples      n=2 on both front ends (each gRPC chunk names its sample)
+  stop         stop strings end the text before them (finish_reason stop)
+  logprobs     completions' logprobs=N and chat's logprobs/top_logprobs,
+               equal to gRPC's
+  errors       the SDK's exception types: BadRequestError naming the field,
+               NotFoundError, AuthenticationError, RateLimitError (429 with
+               Retry-After), 503 with Retry-After while draining, 504 past
+               --max-request-time, 413 past the body bound, malformed JSON
+  disconnect   a client that drops a stream mid-way: its engine request is
+               cancelled and its KV blocks freed (engine counters in
+               /metrics and GetModelInfo)
+  curl         the README's curl examples, run as they are written
+
+Usage: openai.py CASE --server-bin ... --cli-bin ... --run-bin ...
+                 --mkmodel-bin ... --model PATH [--tokens N]
+"""
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run  # noqa: E402  (the integration helpers)
+
+from run import Skip, check, check_eq, log  # noqa: E402
+
+SKIP = 77
+ARGS = None
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+class HttpServer(run.Server):
+    """run.Server with the HTTP API on a free port (from its log)."""
+
+    def __init__(self, model, extra=(), name="openai-server", **kw):
+        super().__init__(model, extra=["--http-listen", "127.0.0.1:0"] +
+                         list(extra), name=name, **kw)
+        self.http_port = None
+
+    def __enter__(self):
+        super().__enter__()
+        deadline = time.time() + 30
+        while self.http_port is None:
+            for line in self.log_lines():
+                if line.get("msg") == "http listening":
+                    self.http_port = int(line["port"])
+            if self.http_port is None:
+                check(time.time() < deadline, "no 'http listening' line")
+                time.sleep(0.02)
+        self.base = "http://127.0.0.1:%d" % self.http_port
+        return self
+
+    def client(self, api_key="none", **kw):
+        import openai
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key,
+                             max_retries=0, timeout=300, **kw)
+
+    def model_id(self):
+        return self.client().models.list().data[0].id
+
+
+def need_openai():
+    """Imports the SDK: this file's own name must not shadow it, so its
+    folder leaves sys.path for the import (the module stays cached)."""
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+    try:
+        import openai  # noqa: F401
+        check(hasattr(openai, "OpenAI"), "the openai SDK, not this file")
+    except ImportError:
+        raise Skip("the openai package is not installed "
+                   "(scripts/install-deps.sh installs it)")
+    finally:
+        sys.path[:] = saved
+
+
+def grpc_text(srv, n, **kw):
+    """Greedy gRPC Generate: (text, final)."""
+    pb = run.stubs()[0]
+    req = pb.GenerateRequest(**kw)
+    req.sampling.temperature = 0
+    req.stopping.max_tokens = n
+    text, final, _ = run.collect(srv.stub().Generate(req, timeout=300))
+    return text, final
+
+
+def grpc_chat(pb, messages):
+    chat = pb.Chat()
+    for m in messages:
+        chat.messages.add(role=m["role"], content=m["content"])
+    return chat
+
+
+def http_post(srv, path, body, headers=None):
+    """(status, headers, parsed JSON or text) of a raw POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(srv.base + path, data=data,
+                                 headers=headers or {
+                                     "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read().decode()
+            return r.status, r.headers, raw
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+def scrape(srv):
+    from prometheus_client.parser import text_string_to_metric_families
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" %
+                                  srv.metrics_port, timeout=10).read()
+    out = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+PROMPT = "Once upon a time"
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Name three colours."}]
+
+
+# ---------------------------------------------------------------------------
+# cases
+# ---------------------------------------------------------------------------
+
+def case_completions():
+    model = run.need_model()
+    n = ARGS.tokens
+    with HttpServer(model) as srv:
+        want, final = grpc_text(srv, n, text=PROMPT)
+        c = srv.client()
+        mid = srv.model_id()
+        r = c.completions.create(model=mid, prompt=PROMPT, max_tokens=n,
+                                 temperature=0)
+        check_eq(r.choices[0].text, want, "non-streamed text = gRPC's")
+        check_eq(r.object, "text_completion", "object")
+        check_eq(r.usage.prompt_tokens, final.usage.prompt_tokens,
+                 "usage.prompt_tokens = gRPC's")
+        check_eq(r.usage.completion_tokens, final.usage.completion_tokens,
+                 "usage.completion_tokens")
+        check_eq(r.usage.total_tokens,
+                 r.usage.prompt_tokens + r.usage.completion_tokens,
+                 "usage.total_tokens")
+        check_eq(r.choices[0].finish_reason,
+                 "length" if final.usage.completion_tokens == n else "stop",
+                 "finish_reason")
+        parts = []
+        finish = None
+        for ch in c.completions.create(model=mid, prompt=PROMPT, max_tokens=n,
+                                       temperature=0, stream=True):
+            if ch.choices:
+                parts.append(ch.choices[0].text)
+                finish = ch.choices[0].finish_reason or finish
+        check_eq("".join(parts), want, "streamed text = gRPC's")
+        check(finish in ("length", "stop"), "streamed finish %r" % finish)
+        st, hdr, body = http_post(srv, "/v1/models", b"")
+        check_eq(st, 400, "POST /v1/models refused")
+        h = json.loads(urllib.request.urlopen(srv.base + "/health",
+                                              timeout=10).read())
+        check_eq(h.get("status"), "ok", "/health")
+        m = scrape(srv)
+        ok = m.get(("cinfer:frontend_requests_total",
+                    (("code", "200"), ("frontend", "openai"))), 0)
+        check(ok >= 3, "frontend_requests_total{frontend=openai,code=200} "
+              "counts (%r)" % ok)
+        log("ok: completions equal gRPC's %r, both ways" % want)
+
+
+def case_chat():
+    model = run.need_model()
+    n = ARGS.tokens
+    with HttpServer(model) as srv:
+        pb = run.stubs()[0]
+        want, final = grpc_text(srv, n, chat=grpc_chat(pb, MESSAGES))
+        c = srv.client()
+        mid = srv.model_id()
+        r = c.chat.completions.create(model=mid, messages=MESSAGES,
+                                      max_tokens=n, temperature=0)
+        check_eq(r.choices[0].message.content, want, "chat text = gRPC's")
+        check_eq(r.choices[0].message.role, "assistant", "role")
+        check_eq(r.usage.prompt_tokens, final.usage.prompt_tokens,
+                 "chat usage.prompt_tokens = gRPC's")
+        parts, usage, roles = [], None, []
+        for ch in c.chat.completions.create(
+                model=mid, messages=MESSAGES, max_completion_tokens=n,
+                temperature=0, stream=True,
+                stream_options={"include_usage": True}):
+            if ch.usage:
+                usage = ch.usage
+            for choice in ch.choices:
+                if choice.delta.role:
+                    roles.append(choice.delta.role)
+                if choice.delta.content:
+                    parts.append(choice.delta.content)
+        check_eq("".join(parts), want, "streamed chat = gRPC's")
+        check_eq(roles, ["assistant"], "the role comes once")
+        check(usage is not None, "include_usage: a usage chunk")
+        check_eq(usage.completion_tokens, final.usage.completion_tokens,
+                 "streamed usage")
+        log("ok: chat equals gRPC's %r, both ways" % want)
+
+
+def case_samples():
+    model = run.need_model()
+    n = ARGS.tokens
+    with HttpServer(model) as srv:
+        want, gfinal = grpc_text(srv, n, text=PROMPT)
+        c = srv.client()
+        mid = srv.model_id()
+        r = c.completions.create(model=mid, prompt=PROMPT, max_tokens=n,
+                                 temperature=0, n=2)
+        check_eq(sorted(ch.index for ch in r.choices), [0, 1], "two choices")
+        for ch in r.choices:
+            check_eq(ch.text, want, "greedy sample %d" % ch.index)
+        check_eq(r.usage.completion_tokens,
+                 2 * gfinal.usage.completion_tokens, "usage counts both")
+        texts = {0: [], 1: []}
+        for ch in c.chat.completions.create(
+                model=mid, messages=MESSAGES, max_tokens=n, temperature=0.8,
+                seed=7, n=2, stream=True):
+            for choice in ch.choices:
+                texts[choice.index].append(choice.delta.content or "")
+        check(all(texts[k] for k in texts), "both samples streamed")
+        # gRPC: n=2, each chunk names its sample, the final lists both.
+        pb = run.stubs()[0]
+        req = pb.GenerateRequest(text=PROMPT, n=2)
+        req.sampling.temperature = 0
+        req.stopping.max_tokens = n
+        got = {0: [], 1: []}
+        final = None
+        for resp in srv.stub().Generate(req, timeout=300):
+            if resp.HasField("chunk"):
+                got[resp.chunk.index].append(resp.chunk.text)
+            else:
+                final = resp.final
+        check_eq("".join(got[0]), want, "gRPC sample 0")
+        check_eq("".join(got[1]), want, "gRPC sample 1")
+        check_eq([s.index for s in final.samples], [0, 1], "final.samples")
+        check_eq(final.usage.completion_tokens,
+                 sum(s.completion_tokens for s in final.samples),
+                 "completion tokens summed")
+        r = c.completions.create(model=mid, prompt=PROMPT, max_tokens=n,
+                                 temperature=0.9, seed=3, n=2)
+        log("ok: n=2 on both front ends (sampled pair: %r / %r)" %
+            (r.choices[0].text, r.choices[1].text))
+
+
+def case_stop():
+    model = run.need_model()
+    n = max(ARGS.tokens, 16)
+    with HttpServer(model) as srv:
+        full, _ = grpc_text(srv, n, text=PROMPT)
+        words = full.split()
+        check(len(words) >= 3, "a long enough greedy text: %r" % full)
+        stop = " " + words[2]
+        c = srv.client()
+        mid = srv.model_id()
+        r = c.completions.create(model=mid, prompt=PROMPT, max_tokens=n,
+                                 temperature=0, stop=[stop, "\n\n\n"])
+        want = full[:full.index(stop)]
+        check_eq(r.choices[0].text, want, "text cut before the stop string")
+        check_eq(r.choices[0].finish_reason, "stop", "finish_reason")
+        pb = run.stubs()[0]
+        req = pb.GenerateRequest(text=PROMPT)
+        req.sampling.temperature = 0
+        req.stopping.max_tokens = n
+        req.stopping.stop.append(stop)
+        gtext, _, _ = run.collect(srv.stub().Generate(req, timeout=300))
+        check_eq(gtext, want, "gRPC with the same stop")
+        parts = [ch.choices[0].text for ch in c.completions.create(
+            model=mid, prompt=PROMPT, max_tokens=n, temperature=0, stop=stop,
+            stream=True) if ch.choices]
+        check_eq("".join(parts), want, "streamed with a stop string")
+        log("ok: stop %r ends %r" % (stop, want))
+
+
+def case_logprobs():
+    model = run.need_model()
+    n = ARGS.tokens
+    with HttpServer(model) as srv:
+        pb = run.stubs()[0]
+        req = pb.GenerateRequest(text=PROMPT, logprobs=2)
+        req.sampling.temperature = 0
+        req.stopping.max_tokens = n
+        glp = []
+        for resp in srv.stub().Generate(req, timeout=300):
+            if resp.HasField("chunk"):
+                glp += [t.logprob for t in resp.chunk.logprobs]
+        c = srv.client()
+        mid = srv.model_id()
+        r = c.completions.create(model=mid, prompt=PROMPT, max_tokens=n,
+                                 temperature=0, logprobs=2)
+        lp = r.choices[0].logprobs
+        check_eq(len(lp.token_logprobs), len(glp), "one logprob per token")
+        for a, b in zip(lp.token_logprobs, glp):
+            check(abs(a - b) < 1e-4, "logprob %r = gRPC's %r" % (a, b))
+        check(all(len(t) <= 2 for t in lp.top_logprobs), "top 2")
+        check_eq("".join(lp.tokens), r.choices[0].text, "tokens make the text")
+        r = c.chat.completions.create(model=mid, messages=MESSAGES,
+                                      max_tokens=n, temperature=0,
+                                      logprobs=True, top_logprobs=3)
+        content = r.choices[0].logprobs.content
+        check_eq(len(content), r.usage.completion_tokens,
+                 "chat: one entry per token")
+        for e in content:
+            check(len(e.top_logprobs) == 3, "three alternatives")
+            check(e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob,
+                  "most likely first")
+            check(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4,
+                  "greedy: the chosen token is the most likely")
+        log("ok: logprobs equal gRPC's on %d tokens" % len(glp))
+
+
+def case_errors():
+    import openai
+    model = run.need_model()
+    key = "sk-cinfer-test-key"
+    keys = os.path.join(ARGS.work, "keys")
+    with open(keys, "w") as f:
+        f.write("%s tester qps=0.01 burst=2\n" %
+                hashlib.sha256(key.encode()).hexdigest())
+    with HttpServer(model, extra=["--api-keys", keys]) as srv:
+        good = srv.client(api_key=key)
+        mid = good.models.list().data[0].id
+        try:
+            srv.client(api_key="wrong").completions.create(
+                model=mid, prompt="hi", max_tokens=2)
+            raise AssertionError("a wrong key was let in")
+        except openai.AuthenticationError as e:
+            check_eq(e.status_code, 401, "401")
+        try:
+            good.completions.create(model=mid, prompt="hi", max_tokens=2,
+                                    top_p=3)
+            raise AssertionError("top_p=3 accepted")
+        except openai.BadRequestError as e:
+            check_eq(e.body.get("param"), "top_p", "param names the field")
+            check("top_p" in e.message, "message names it: %s" % e.message)
+        try:
+            good.completions.create(model="no-such-model", prompt="hi",
+                                    max_tokens=2)
+            raise AssertionError("another model accepted")
+        except openai.NotFoundError as e:
+            check_eq(e.status_code, 404, "404")
+        # The key's bucket (burst 2) is spent: 429 with Retry-After.
+        try:
+            for _ in range(3):
+                good.completions.create(model=mid, prompt="hi", max_tokens=1)
+            raise AssertionError("the key's rate was not enforced")
+        except openai.RateLimitError as e:
+            check(int(e.response.headers.get("retry-after", "0")) >= 1,
+                  "Retry-After on 429")
+            check_eq(e.body.get("code"), "rate_limited_client", "code")
+        st, _, body = http_post(srv, "/v1/completions", b"{not json",
+                                {"Authorization": "Bearer " + key})
+        check_eq(st, 400, "malformed JSON is 400")
+        check("not valid JSON" in body, body)
+        big = b'{"model": "x", "prompt": "' + b"a" * (5 << 20) + b'"}'
+        st, _, _ = http_post(srv, "/v1/completions", big,
+                             {"Authorization": "Bearer " + key})
+        check_eq(st, 413, "a body past the bound is 413")
+    with HttpServer(model, extra=["--max-request-time", "0.02"],
+                    name="openai-deadline") as srv:
+        c = srv.client()
+        mid = srv.model_id()
+        # 504: the request cannot end within --max-request-time.
+        try:
+            c.completions.create(model=mid, prompt=PROMPT, max_tokens=400,
+                                 temperature=0,
+                                 extra_body={"ignore_eos": True})
+            raise AssertionError("a request past --max-request-time ended")
+        except openai.APIStatusError as e:
+            check_eq(e.status_code, 504, "504 past the deadline")
+    with HttpServer(model) as srv:
+        c = srv.client()
+        mid = srv.model_id()
+        # 503 while draining, with Retry-After; the stream running then
+        # finishes.
+        stream = c.completions.create(model=mid, prompt=PROMPT, max_tokens=64,
+                                      temperature=0, stream=True,
+                                      extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it)
+        srv.sigterm()
+        deadline = time.time() + 10
+        seen = None
+        while time.time() < deadline and seen is None:
+            try:
+                c.completions.create(model=mid, prompt="hi", max_tokens=1)
+            except openai.InternalServerError as e:
+                seen = e
+            except openai.APIConnectionError:
+                break
+            time.sleep(0.01)
+        check(seen is not None, "no 503 while draining")
+        check_eq(seen.status_code, 503, "503 while draining")
+        check(int(seen.response.headers.get("retry-after", "0")) >= 1,
+              "Retry-After on 503")
+        rest = [ch.choices[0].text for ch in it if ch.choices]
+        check(len(rest) > 0, "the running stream finished during the drain")
+        check_eq(srv.wait_exit(60), 0, "drained server exits 0")
+    log("ok: 401, 400 naming the field, 404, 504, 429, 413, 503 through the "
+        "SDK")
+
+
+def case_disconnect():
+    model = run.need_model()
+    with HttpServer(model) as srv:
+        c = srv.client()
+        mid = srv.model_id()
+        before = srv.info().stats
+        stream = c.completions.create(model=mid, prompt=PROMPT,
+                                      max_tokens=2000, temperature=0,
+                                      stream=True,
+                                      extra_body={"ignore_eos": True})
+        it = iter(stream)
+        for _ in range(2):
+            next(it)
+        check(scrape(srv).get(("cinfer:num_requests_running", ()), 0) >= 1,
+              "the request runs")
+        stream.close()  # the client hangs up mid-stream
+        info = run.wait_engine_idle(srv, 30, since=before, want_gone=1)
+        check(info.stats.requests_cancelled > before.requests_cancelled,
+              "the engine request was cancelled")
+        m = scrape(srv)
+        check_eq(m.get(("cinfer:num_requests_running", ())), 0.0,
+                 "num_requests_running")
+        check_eq(m.get(("cinfer:kv_cache_usage_perc", ())), 0.0,
+                 "KV blocks freed")
+        log("ok: a dropped stream is cancelled and its KV blocks freed "
+            "(%d generated before)" % (info.stats.generated_tokens -
+                                        before.generated_tokens))
+
+
+# The README's examples, with the address and model filled in.
+CURL_EXAMPLES = [
+    """curl -s http://ADDR/v1/completions -H 'Content-Type: application/json' \
+  -d '{"model": "MODEL", "prompt": "Once upon a time", "max_tokens": 16, \
+"temperature": 0}'""",
+    """curl -s http://ADDR/v1/chat/completions \
+  -H 'Content-Type: application/json' \
+  -d '{"model": "MODEL", "messages": [{"role": "user", "content": "Hi!"}], \
+"max_tokens": 16}'""",
+    """curl -sN http://ADDR/v1/chat/completions \
+  -H 'Content-Type: application/json' \
+  -d '{"model": "MODEL", "messages": [{"role": "user", "content": "Hi!"}], \
+"max_tokens": 16, "stream": true}'""",
+    """curl -s http://ADDR/v1/models""",
+]
+
+
+def case_curl():
+    model = run.need_model()
+    with HttpServer(model) as srv:
+        mid = srv.model_id()
+        for ex in CURL_EXAMPLES:
+            cmd = ex.replace("ADDR", "127.0.0.1:%d" % srv.http_port).replace(
+                "MODEL", mid)
+            r = subprocess.run(["sh", "-c", cmd], capture_output=True,
+                               text=True, timeout=120)
+            check_eq(r.returncode, 0, "curl: %s" % cmd)
+            out = r.stdout
+            if "stream" in cmd:
+                check(out.rstrip().endswith("data: [DONE]"),
+                      "SSE ends with [DONE]: %r" % out[-200:])
+                for line in out.splitlines():
+                    if line.startswith("data: {"):
+                        json.loads(line[6:])
+            else:
+                j = json.loads(out)
+                check("error" not in j, "curl answer: %r" % j)
+        log("ok: %d curl examples" % len(CURL_EXAMPLES))
+
+
+CASES = {
+    "completions": case_completions,
+    "chat": case_chat,
+    "samples": case_samples,
+    "stop": case_stop,
+    "logprobs": case_logprobs,
+    "errors": case_errors,
+    "disconnect": case_disconnect,
+    "curl": case_curl,
+}
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--server-bin", required=True)
+    ap.add_argument("--cli-bin", required=True)
+    ap.add_argument("--run-bin", required=True)
+    ap.add_argument("--mkmodel-bin", required=True)
+    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--work", default=None)
+    ARGS = ap.parse_args()
+    run.ARGS = ARGS
+    if ARGS.work is None:
+        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-openai-%s-" %
+                                     ARGS.case)
+    os.makedirs(ARGS.work, exist_ok=True)
+    try:
+        need_openai()
+        try:
+            import prometheus_client.parser  # noqa: F401
+        except ImportError:
+            raise Skip("prometheus_client not installed")
+        run.stubs()
+        CASES[ARGS.case]()
+    except Skip as e:
+        print("SKIP: %s" % e, file=sys.stderr)
+        return SKIP
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
+              file=sys.stderr)
+        return 1
+    print("PASS: %s" % ARGS.case, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    threading.stack_size(8 << 20)
+    sys.exit(main())
