@@ -8,10 +8,20 @@
  *   x = embed(tokens)
  *   for each layer:
  *       h = rms_norm(x) ; q,k,v = h Wq, h Wk, h Wv (+ bias for qwen2)
+ *       (qwen3: q, k = per-head rms_norm(q), rms_norm(k))
  *       rope(q), rope(k) at each row's position ; kv_store(k, v)
  *       a = attention(q, paged K/V) ; x += a Wo
  *       h = rms_norm(x) ; x += (silu(h Wg) * h Wu) Wd
  *   logits = rms_norm(x[out_rows]) Wout
+ *
+ * The architectures differ in a few switches (arch_desc below): the rope
+ * mode, Q/K/V biases, per-head Q/K norms, Llama 3's rope frequency
+ * factors. Rope scaling follows llama.cpp's reading of the metadata:
+ * "rope.scaling.type" absent or linear with "rope.scaling.factor" f scales
+ * every angle by 1/f; none does not scale; YaRN and LongRoPE are refused.
+ * A file with a tensor the architecture does not use is refused, as
+ * llama.cpp refuses it, so a feature cinfer lacks (an expert router, an
+ * extra bias) never goes silently unused.
  *
  * In the last layer only the rows whose logits are wanted go through the
  * feed-forward block (their K/V for later steps is already stored), which
@@ -42,10 +52,28 @@
 #define CINFER_DEFAULT_MODEL ""
 #endif
 
+/* What an architecture's graph switches on. */
+typedef struct {
+    const char *name;      /* general.architecture */
+    cinfer_rope_mode rope; /* pair layout of the rotation */
+    int qkv_bias;          /* blk.N.attn_{q,k,v}.bias (qwen2) */
+    int qk_norm;           /* blk.N.attn_{q,k}_norm.weight, per head (qwen3) */
+    int rope_freqs;        /* an optional rope_freqs.weight (llama 3) */
+} arch_desc;
+
+static const arch_desc ARCHS[] = {
+    {"llama", CINFER_ROPE_NORM, 0, 0, 1},
+    {"qwen2", CINFER_ROPE_NEOX, 1, 0, 0},
+    {"qwen3", CINFER_ROPE_NEOX, 0, 1, 0},
+};
+#define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
+#define ARCH_LIST "llama, qwen2, qwen3"
+
 typedef struct {
     cinfer_tensor *attn_norm, *ffn_norm;
     cinfer_tensor *wq, *wk, *wv, *wo;
     cinfer_tensor *bq, *bk, *bv; /* qwen2 only */
+    cinfer_tensor *q_norm, *k_norm; /* qwen3 only: [head_dim] */
     cinfer_tensor *w_gate, *w_up, *w_down;
     cinfer_tensor *k_cache, *v_cache;
 } layer;
@@ -56,8 +84,11 @@ struct cinfer_model {
     cinfer_tokenizer *tok;
     cinfer_backend *be;
     int owns_backend;
+    const arch_desc *arch;
     cinfer_rope_mode rope_mode;
     int rot_dim;
+    float rope_freq_scale;  /* 1 / rope.scaling.factor (linear); 1 = none */
+    float *rope_factors;    /* [rot_dim / 2] rope_freqs.weight, or NULL */
     int max_rows;
 
     cinfer_tensor *tok_embd, *out_norm, *output;
@@ -178,7 +209,52 @@ typedef struct {
     cinfer_model *m;
     uint64_t bytes_done, bytes_total;
     cinfer_model_params p;
+    /* the file's tensors the model has taken, to refuse the others */
+    const cinfer_gguf_tensor **used;
+    size_t n_used, cap_used;
 } load_ctx;
+
+static cinfer_status mark_used(load_ctx *lc, const cinfer_gguf_tensor *t)
+{
+    if (lc->n_used == lc->cap_used) {
+        size_t cap = lc->cap_used ? 2 * lc->cap_used : 256;
+        const cinfer_gguf_tensor **u =
+            realloc(lc->used, sizeof *u * cap);
+        if (!u)
+            return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+        lc->used = u;
+        lc->cap_used = cap;
+    }
+    lc->used[lc->n_used++] = t;
+    return CINFER_OK;
+}
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (const void *const *)a;
+    uintptr_t y = (uintptr_t) * (const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Every tensor of the file must have been taken: one the architecture
+ * does not know is a feature this graph would silently skip. */
+static cinfer_status check_all_used(load_ctx *lc)
+{
+    const cinfer_gguf *g = lc->m->gguf;
+    if (lc->n_used)
+        qsort(lc->used, lc->n_used, sizeof *lc->used, cmp_ptr);
+    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(g); i++) {
+        const cinfer_gguf_tensor *t = cinfer_gguf_tensor_at(g, i);
+        if (!lc->n_used || !bsearch(&t, lc->used, lc->n_used,
+                                    sizeof *lc->used, cmp_ptr))
+            return cinfer_set_error(
+                CINFER_E_UNSUPPORTED,
+                "model: tensor '%s' is not part of architecture '%s' as "
+                "cinfer implements it (a feature it does not support)",
+                t->name, lc->m->info.arch);
+    }
+    return CINFER_OK;
+}
 
 /* How a rank keeps a tensor: whole, or its share of the output features
  * (rows of a matrix, elements of a bias) or of the input features
@@ -292,6 +368,9 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
         return cinfer_set_error(CINFER_E_FORMAT,
                                 "model: tensor '%s' is missing", name);
     }
+    cinfer_status st = mark_used(lc, t);
+    if (st != CINFER_OK)
+        return st;
     int want_dims = rows ? 2 : 1;
     int64_t want0 = cols, want1 = rows ? rows : 1;
     if ((int)t->n_dims != want_dims || t->ne[0] != want0 ||
@@ -308,7 +387,6 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
                                 name, cinfer_dtype_name(t->dtype));
     cinfer_tensor_desc d;
     cinfer_backend *be = lc->m->be;
-    cinfer_status st;
     int borrowed;
     /* a matrix the backend cannot multiply is refused now, not at the
      * first step */
@@ -395,6 +473,71 @@ static cinfer_status make_act(cinfer_model *m, cinfer_tensor **out,
     return cinfer_backend_tensor_create(m->be, &d, out);
 }
 
+/* Rope scaling as llama.cpp reads it: "rope.scaling.type" defaults to
+ * linear, whose "rope.scaling.factor" (or the older "rope.scale_linear")
+ * f gives freq_scale 1/f (no factor: 1); none never scales. */
+static cinfer_status read_rope_scaling(cinfer_model *m)
+{
+    const cinfer_gguf *g = m->gguf;
+    const char *a = m->info.arch;
+    char key[128];
+    cinfer_gguf_str type = {"linear", 6};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (cinfer_gguf_find_key(g, key) >= 0 &&
+        cinfer_gguf_get_str(g, key, &type) != CINFER_OK)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: metadata '%s' is not a string", key);
+    int none = type.len == 4 && memcmp(type.ptr, "none", 4) == 0;
+    int linear = type.len == 6 && memcmp(type.ptr, "linear", 6) == 0;
+    if (!none && !linear)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: metadata '%s' = '%.*s' is not "
+                                "supported (supported: none, linear; Llama "
+                                "3's rope_freqs tensor)",
+                                key, (int)(type.len > 64 ? 64 : type.len),
+                                type.ptr);
+    float factor = 0.0f;
+    const char *fkey = "rope.scaling.factor";
+    snprintf(key, sizeof key, "%s.%s", a, fkey);
+    if (cinfer_gguf_find_key(g, key) < 0) {
+        fkey = "rope.scale_linear";
+        snprintf(key, sizeof key, "%s.%s", a, fkey);
+    }
+    if (cinfer_gguf_find_key(g, key) >= 0 &&
+        (cinfer_gguf_get_f32(g, key, &factor) != CINFER_OK ||
+         !isfinite(factor) || factor < 0.0f))
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: metadata '%s' must be a finite "
+                                "float >= 0",
+                                key);
+    m->rope_freq_scale = none || factor == 0.0f ? 1.0f : 1.0f / factor;
+    float attn = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", a);
+    if (cinfer_gguf_find_key(g, key) >= 0 &&
+        (cinfer_gguf_get_f32(g, key, &attn) != CINFER_OK || attn != 1.0f))
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: metadata '%s' other than 1 is not "
+                                "supported",
+                                key);
+    return CINFER_OK;
+}
+
+/* Mixture-of-experts files (Mixtral is `llama` with experts) need a
+ * router this graph does not have. */
+static cinfer_status refuse_experts(cinfer_model *m)
+{
+    char key[128];
+    uint32_t n = 0;
+    snprintf(key, sizeof key, "%s.expert_count", m->info.arch);
+    if (cinfer_gguf_find_key(m->gguf, key) >= 0 &&
+        cinfer_gguf_get_u32(m->gguf, key, &n) == CINFER_OK && n > 0)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: metadata '%s' = %u: mixture-of-experts "
+                                "models are not supported",
+                                key, n);
+    return CINFER_OK;
+}
+
 static cinfer_status read_hparams(cinfer_model *m)
 {
     const cinfer_gguf *g = m->gguf;
@@ -410,16 +553,15 @@ static cinfer_status read_hparams(cinfer_model *m)
                                 "model: architecture name too long");
     memcpy(I->arch, s.ptr, s.len);
     I->arch[s.len] = '\0';
-    if (strcmp(I->arch, "llama") == 0) {
-        m->rope_mode = CINFER_ROPE_NORM;
-    } else if (strcmp(I->arch, "qwen2") == 0) {
-        m->rope_mode = CINFER_ROPE_NEOX;
-    } else {
+    for (size_t i = 0; i < N_ARCHS && !m->arch; i++)
+        if (strcmp(I->arch, ARCHS[i].name) == 0)
+            m->arch = &ARCHS[i];
+    if (!m->arch)
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
                                 "model: architecture '%s' is not supported "
-                                "(supported: llama, qwen2)",
+                                "(supported: " ARCH_LIST ")",
                                 I->arch);
-    }
+    m->rope_mode = m->arch->rope;
     if (cinfer_gguf_get_str(g, "general.name", &s) == CINFER_OK) {
         size_t n = s.len < sizeof I->name - 1 ? s.len : sizeof I->name - 1;
         memcpy(I->name, s.ptr, n);
@@ -445,26 +587,36 @@ static cinfer_status read_hparams(cinfer_model *m)
         return cinfer_set_error(CINFER_E_FORMAT,
                                 "model: layer, width, head and feed-forward "
                                 "counts must be >= 1");
-    if (I->n_embd % I->n_head != 0)
-        return cinfer_set_error(CINFER_E_FORMAT,
-                                "model: embedding_length %d is not a multiple "
-                                "of head_count %d",
-                                I->n_embd, I->n_head);
     if (I->n_head % I->n_head_kv != 0)
         return cinfer_set_error(CINFER_E_FORMAT,
                                 "model: head_count %d is not a multiple of "
                                 "head_count_kv %d",
                                 I->n_head, I->n_head_kv);
-    I->head_dim = I->n_embd / I->n_head;
-    int key_len = 0;
-    if ((st = get_u32_arch(g, a, "attention.key_length", 0,
-                           (uint32_t)I->head_dim, &key_len)))
+    /* The head size is attention.key_length where the file gives it (Qwen3,
+     * Mistral Nemo: not embedding_length / head_count), as in llama.cpp. */
+    int key_len = 0, val_len = 0;
+    if ((st = get_u32_arch(g, a, "attention.key_length", 0, 0, &key_len)) ||
+        (st = get_u32_arch(g, a, "attention.value_length", 0,
+                           (uint32_t)key_len, &val_len)))
         return st;
-    if (key_len != I->head_dim)
+    if (!key_len && I->n_embd % I->n_head != 0)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: embedding_length %d is not a multiple "
+                                "of head_count %d (and no "
+                                "attention.key_length)",
+                                I->n_embd, I->n_head);
+    I->head_dim = key_len ? key_len : I->n_embd / I->n_head;
+    if (!key_len)
+        val_len = val_len ? val_len : I->head_dim;
+    if (val_len != I->head_dim)
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "model: attention.key_length %d differs from "
-                                "embedding_length / head_count %d",
-                                key_len, I->head_dim);
+                                "model: attention.value_length %d differs "
+                                "from the key length %d",
+                                val_len, I->head_dim);
+    if (I->head_dim < 2 || I->head_dim > 1024)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: head size %d is outside 2..1024",
+                                I->head_dim);
     if ((st = get_u32_arch(g, a, "rope.dimension_count", 0,
                            (uint32_t)I->head_dim, &m->rot_dim)))
         return st;
@@ -473,6 +625,9 @@ static cinfer_status read_hparams(cinfer_model *m)
                                 "model: rope.dimension_count %d is invalid "
                                 "for head size %d",
                                 m->rot_dim, I->head_dim);
+    if ((st = read_rope_scaling(m)) != CINFER_OK ||
+        (st = refuse_experts(m)) != CINFER_OK)
+        return st;
     if (I->n_ctx_train < 1)
         I->n_ctx_train = 2048;
     I->has_chat_template =
@@ -504,31 +659,62 @@ static void weight_stats(cinfer_model *m)
              cinfer_dtype_name((cinfer_dtype)best));
 }
 
-static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
+/* Llama 3's rope frequency factors: rope_freqs.weight, F32 [rot_dim / 2],
+ * one for every layer, kept on the host (rope reads them from there). */
+static cinfer_status load_rope_factors(load_ctx *lc)
 {
-    cinfer_model_info *I = &m->info;
-    load_ctx lc = {.m = m, .p = *p};
-    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(m->gguf); i++)
-        lc.bytes_total += cinfer_gguf_tensor_at(m->gguf, i)->n_bytes;
+    cinfer_model *m = lc->m;
+    const cinfer_gguf_tensor *t =
+        cinfer_gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    if (!t || !m->arch->rope_freqs)
+        return CINFER_OK; /* absent; or refused as unused */
+    int n = m->rot_dim / 2;
+    if (t->n_dims != 1 || t->ne[0] != n || t->dtype != CINFER_DTYPE_F32)
+        return cinfer_set_error(CINFER_E_FORMAT,
+                                "model: tensor 'rope_freqs.weight' must be "
+                                "F32 [%d] (rope.dimension_count / 2), got %s "
+                                "[%lld] (%u dims)",
+                                n, cinfer_dtype_name(t->dtype),
+                                (long long)t->ne[0], t->n_dims);
+    m->rope_factors = malloc(sizeof(float) * (size_t)n);
+    if (!m->rope_factors)
+        return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+    memcpy(m->rope_factors, t->data, sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        if (!(m->rope_factors[i] > 0.0f) || isinf(m->rope_factors[i]))
+            return cinfer_set_error(CINFER_E_FORMAT,
+                                    "model: rope_freqs.weight[%d] = %g is "
+                                    "not a finite value > 0",
+                                    i, (double)m->rope_factors[i]);
+    return mark_used(lc, t);
+}
 
+static cinfer_status load_all(load_ctx *lc)
+{
+    cinfer_model *m = lc->m;
+    cinfer_model_info *I = &m->info;
     int64_t d = I->n_embd, ff = I->n_ff, V = I->n_vocab;
     int64_t dq = (int64_t)I->n_head * I->head_dim;
     int64_t dkv = (int64_t)I->n_head_kv * I->head_dim;
-    int qwen = strcmp(I->arch, "qwen2") == 0;
+    int bias = m->arch->qkv_bias, qk_norm = m->arch->qk_norm;
+    int64_t hd = I->head_dim;
     cinfer_status st;
+
+    if ((st = load_rope_factors(lc)) != CINFER_OK)
+        return st;
 
     /* Tied output on a rank of several: the LM head is the rank's rows of
      * token_embd, loaded first (keep) since the embeddings read it all. */
     int tied = !cinfer_gguf_find_tensor(m->gguf, "output.weight");
     if (m->tp > 1 && tied &&
-        (st = load_tensor(&lc, &m->output, 1, V, d, 0, BY_OUT, 1,
+        (st = load_tensor(lc, &m->output, 1, V, d, 0, BY_OUT, 1,
                           "token_embd.weight", 0)))
         return st;
-    if ((st = load_tensor(&lc, &m->tok_embd, 1, V, d, 0, WHOLE, 0,
+    if ((st = load_tensor(lc, &m->tok_embd, 1, V, d, 0, WHOLE, 0,
                           "token_embd.weight", 0)) ||
-        (st = load_tensor(&lc, &m->out_norm, 1, 0, d, 1, WHOLE, 0,
+        (st = load_tensor(lc, &m->out_norm, 1, 0, d, 1, WHOLE, 0,
                           "output_norm.weight", 0)) ||
-        (!tied && (st = load_tensor(&lc, &m->output, 1, V, d, 0, BY_OUT, 0,
+        (!tied && (st = load_tensor(lc, &m->output, 1, V, d, 0, BY_OUT, 0,
                                     "output.weight", 0))))
         return st;
 
@@ -537,35 +723,55 @@ static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
         return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
     for (int il = 0; il < I->n_layer; il++) {
         layer *L = &m->layers[il];
-        if ((st = load_tensor(&lc, &L->attn_norm, 1, 0, d, 1, WHOLE, 0,
+        if ((st = load_tensor(lc, &L->attn_norm, 1, 0, d, 1, WHOLE, 0,
                               "blk.%d.attn_norm.weight", il)) ||
-            (st = load_tensor(&lc, &L->wq, 1, dq, d, 0, BY_OUT, 0,
+            (st = load_tensor(lc, &L->wq, 1, dq, d, 0, BY_OUT, 0,
                               "blk.%d.attn_q.weight", il)) ||
-            (st = load_tensor(&lc, &L->wk, 1, dkv, d, 0, BY_OUT, 0,
+            (st = load_tensor(lc, &L->wk, 1, dkv, d, 0, BY_OUT, 0,
                               "blk.%d.attn_k.weight", il)) ||
-            (st = load_tensor(&lc, &L->wv, 1, dkv, d, 0, BY_OUT, 0,
+            (st = load_tensor(lc, &L->wv, 1, dkv, d, 0, BY_OUT, 0,
                               "blk.%d.attn_v.weight", il)) ||
-            (st = load_tensor(&lc, &L->wo, 1, d, dq, 0, BY_IN, 0,
+            (st = load_tensor(lc, &L->wo, 1, d, dq, 0, BY_IN, 0,
                               "blk.%d.attn_output.weight", il)) ||
-            (st = load_tensor(&lc, &L->ffn_norm, 1, 0, d, 1, WHOLE, 0,
+            (st = load_tensor(lc, &L->ffn_norm, 1, 0, d, 1, WHOLE, 0,
                               "blk.%d.ffn_norm.weight", il)) ||
-            (st = load_tensor(&lc, &L->w_gate, 1, ff, d, 0, BY_OUT, 0,
+            (st = load_tensor(lc, &L->w_gate, 1, ff, d, 0, BY_OUT, 0,
                               "blk.%d.ffn_gate.weight", il)) ||
-            (st = load_tensor(&lc, &L->w_up, 1, ff, d, 0, BY_OUT, 0,
+            (st = load_tensor(lc, &L->w_up, 1, ff, d, 0, BY_OUT, 0,
                               "blk.%d.ffn_up.weight", il)) ||
-            (st = load_tensor(&lc, &L->w_down, 1, d, ff, 0, BY_IN, 0,
+            (st = load_tensor(lc, &L->w_down, 1, d, ff, 0, BY_IN, 0,
                               "blk.%d.ffn_down.weight", il)))
             return st;
-        if ((st = load_tensor(&lc, &L->bq, qwen, 0, dq, 1, BY_OUT, 0,
-                              "blk.%d.attn_q.bias", il)) ||
-            (st = load_tensor(&lc, &L->bk, qwen, 0, dkv, 1, BY_OUT, 0,
-                              "blk.%d.attn_k.bias", il)) ||
-            (st = load_tensor(&lc, &L->bv, qwen, 0, dkv, 1, BY_OUT, 0,
-                              "blk.%d.attn_v.bias", il)))
+        if (bias &&
+            ((st = load_tensor(lc, &L->bq, 1, 0, dq, 1, BY_OUT, 0,
+                               "blk.%d.attn_q.bias", il)) ||
+             (st = load_tensor(lc, &L->bk, 1, 0, dkv, 1, BY_OUT, 0,
+                               "blk.%d.attn_k.bias", il)) ||
+             (st = load_tensor(lc, &L->bv, 1, 0, dkv, 1, BY_OUT, 0,
+                               "blk.%d.attn_v.bias", il))))
+            return st;
+        /* per-head norms: one [head_dim] weight for every head, whole on
+         * every rank */
+        if (qk_norm &&
+            ((st = load_tensor(lc, &L->q_norm, 1, 0, hd, 1, WHOLE, 0,
+                               "blk.%d.attn_q_norm.weight", il)) ||
+             (st = load_tensor(lc, &L->k_norm, 1, 0, hd, 1, WHOLE, 0,
+                               "blk.%d.attn_k_norm.weight", il))))
             return st;
     }
-
     return CINFER_OK;
+}
+
+static cinfer_status load_weights(cinfer_model *m, const cinfer_model_params *p)
+{
+    load_ctx lc = {.m = m, .p = *p};
+    for (uint64_t i = 0; i < cinfer_gguf_n_tensors(m->gguf); i++)
+        lc.bytes_total += cinfer_gguf_tensor_at(m->gguf, i)->n_bytes;
+    cinfer_status st = load_all(&lc);
+    if (st == CINFER_OK)
+        st = check_all_used(&lc);
+    free(lc.used);
+    return st;
 }
 
 /* The activation buffers, max_rows rows each: their widths, for
@@ -1021,6 +1227,7 @@ void cinfer_model_destroy(cinfer_model *m)
                 cinfer_tensor *ts[] = {L->attn_norm, L->ffn_norm, L->wq,
                                        L->wk,        L->wv,       L->wo,
                                        L->bq,        L->bk,       L->bv,
+                                       L->q_norm,    L->k_norm,
                                        L->w_gate,    L->w_up,     L->w_down,
                                        L->k_cache,   L->v_cache};
                 for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
@@ -1034,6 +1241,7 @@ void cinfer_model_destroy(cinfer_model *m)
         slice_free(m->slices[i]);
     free(m->slices);
     free(m->layers);
+    free(m->rope_factors);
     free(m->single_tables);
     free(m->stage);
     cinfer_tokenizer_destroy(m->tok);
@@ -1199,6 +1407,10 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
     TRY(set_rows(m, n_out, outs, 3));
 
     float scale = 1.0f / sqrtf((float)I->head_dim);
+    const cinfer_rope_params rope = {.theta = I->rope_theta,
+                                     .freq_scale = m->rope_freq_scale,
+                                     .freq_factors = m->rope_factors,
+                                     .mode = m->rope_mode};
     TRY(cinfer_backend_embed(be, m->tok_embd, m->x));
     for (int il = 0; il <= last; il++) {
         layer *L = &m->layers[il];
@@ -1211,10 +1423,14 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
             TRY(cinfer_backend_add_bias(be, m->k, L->bk));
             TRY(cinfer_backend_add_bias(be, m->v, L->bv));
         }
-        TRY(cinfer_backend_rope(be, m->q, m->n_head_r, I->head_dim, m->rot_dim,
-                      I->rope_theta, m->rope_mode));
-        TRY(cinfer_backend_rope(be, m->k, m->n_kv_r, I->head_dim, m->rot_dim,
-                      I->rope_theta, m->rope_mode));
+        if (L->q_norm) { /* per head: the weights are [head_dim] */
+            TRY(cinfer_backend_rms_norm(be, m->q, L->q_norm, I->norm_eps, m->q));
+            TRY(cinfer_backend_rms_norm(be, m->k, L->k_norm, I->norm_eps, m->k));
+        }
+        TRY(cinfer_backend_rope_ext(be, m->q, m->n_head_r, I->head_dim,
+                                    m->rot_dim, &rope));
+        TRY(cinfer_backend_rope_ext(be, m->k, m->n_kv_r, I->head_dim,
+                                    m->rot_dim, &rope));
         TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
         TRY(cinfer_backend_attention(be, m->q, L->k_cache, L->v_cache,
                            m->n_head_r, m->n_kv_r, I->head_dim, scale, m->att));

@@ -6,9 +6,15 @@
  * with per-sequence KV block tables, so the scheduler on top decides which
  * sequences run together and where their KV lives; the model only computes.
  *
- * Supported: architecture `llama` (and `qwen2`: Q/K/V bias, NEOX rope),
- * weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (the
- * K-quants on the CPU backend); tied or separate output.
+ * Supported: architectures `llama` (Llama 2 and 3, Mistral; Llama 3's
+ * rope frequency factors, rope_freqs.weight), `qwen2` (Q/K/V bias, NEOX
+ * rope) and `qwen3` (per-head RMSNorm of Q and K before rope, NEOX rope);
+ * linear rope scaling; a head size from attention.key_length that differs
+ * from embedding_length / head_count; weight types F32, F16, BF16, Q8_0,
+ * Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (the K-quants on the CPU backend); tied or
+ * separate output. Refused at load, with a message naming what: any other
+ * architecture, YaRN and LongRoPE scaling, mixtures of experts, and a file
+ * with a tensor the architecture does not use.
  * Weights are read into memory in huge pages, or mapped (use_mmap); the
  * CPU backend computes from that memory in place where it can and packs
  * the int8-block types for its AVX-512 kernels, and a device backend copies
@@ -158,13 +164,14 @@ typedef struct {
 cinfer_model_params cinfer_model_default_params(void);
 
 typedef struct {
-    char arch[32];          /* "llama", "qwen2" */
+    char arch[32];          /* "llama", "qwen2", "qwen3" */
     char name[128];         /* general.name, or "" */
     int n_layer;
     int n_embd;
     int n_head;
     int n_head_kv;
-    int head_dim;
+    int head_dim;           /* attention.key_length, else n_embd /
+                               n_head */
     int n_ff;
     int n_vocab;
     int n_ctx_train;        /* context length the model was trained for */

@@ -1,5 +1,6 @@
 /*
- * tinymodel.c - tiny random llama/qwen2 GGUF models with real tokenizers.
+ * tinymodel.c - tiny random llama/qwen2/qwen3 GGUF models with real
+ * tokenizers.
  *
  * Three parts: the vocabulary (BPE merges learned on a built-in text, then
  * synthetic merges once the text runs out of repeated pairs), the metadata
@@ -774,6 +775,45 @@ out:
 /* the model                                                               */
 /* ====================================================================== */
 
+static uint32_t head_size(const cinfer_tinymodel_params *p);
+static float llama3_low(const cinfer_tinymodel_params *p);
+static float llama3_high(const cinfer_tinymodel_params *p);
+
+/* Llama 3's rope_freqs.weight, as convert_hf_to_gguf.py computes it from a
+ * config's rope_scaling (rope_type llama3): pair i's frequency
+ * base^(-2i/dim) (float32), its wavelength 2 pi / freq; short wavelengths
+ * (< orig / high) keep factor 1, long ones (> orig / low) get `factor`,
+ * those between a smooth blend. */
+static cinfer_status add_llama3_factors(cinfer_gguf_writer *w,
+                                        const cinfer_tinymodel_params *p)
+{
+    int dim = (int)head_size(p), n = dim / 2;
+    float *f = malloc(sizeof(float) * (size_t)n);
+    if (!f)
+        return nomem();
+    double factor = p->rope_factor, low = llama3_low(p), high = llama3_high(p);
+    double orig = p->rope_orig_ctx ? p->rope_orig_ctx : 8192;
+    double low_wavelen = orig / low, high_wavelen = orig / high;
+    for (int i = 0; i < n; i++) {
+        float freq = 1.0f / powf(p->rope_theta, (float)(2 * i) / (float)dim);
+        double wavelen = 2.0 * M_PI / freq;
+        if (wavelen < high_wavelen) {
+            f[i] = 1.0f;
+        } else if (wavelen > low_wavelen) {
+            f[i] = (float)factor;
+        } else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            f[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+    int64_t ne[1] = {n};
+    cinfer_status st = cinfer_gguf_writer_add_tensor(
+        w, "rope_freqs.weight", CINFER_DTYPE_F32, 1, ne, f,
+        sizeof(float) * (size_t)n);
+    free(f);
+    return st;
+}
+
 cinfer_tinymodel_params cinfer_tinymodel_default_params(void)
 {
     cinfer_tinymodel_params p;
@@ -833,6 +873,21 @@ static uint32_t file_type(cinfer_dtype t)
     }
 }
 
+static uint32_t head_size(const cinfer_tinymodel_params *p)
+{
+    return p->head_dim ? p->head_dim : p->n_embd / p->n_head;
+}
+
+static float llama3_low(const cinfer_tinymodel_params *p)
+{
+    return p->rope_low_freq > 0.0f ? p->rope_low_freq : 1.0f;
+}
+
+static float llama3_high(const cinfer_tinymodel_params *p)
+{
+    return p->rope_high_freq > 0.0f ? p->rope_high_freq : 4.0f;
+}
+
 static cinfer_status bad(const char *field, const char *why, long long v)
 {
     return cinfer_set_error(CINFER_E_INVALID_ARG, "tinymodel: %s = %lld %s",
@@ -842,10 +897,11 @@ static cinfer_status bad(const char *field, const char *why, long long v)
 static cinfer_status validate(const cinfer_tinymodel_params *p,
                               const char *arch, const char *tok)
 {
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2") != 0)
+    if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2") != 0 &&
+        strcmp(arch, "qwen3") != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "tinymodel: arch '%s' (expected llama or "
-                                "qwen2)",
+                                "tinymodel: arch '%s' (expected llama, qwen2 "
+                                "or qwen3)",
                                 arch);
     int spm = strcmp(tok, "llama") == 0;
     if (!spm && strcmp(tok, "gpt2") != 0)
@@ -857,12 +913,16 @@ static cinfer_status validate(const cinfer_tinymodel_params *p,
         return bad("n_layer", "(must be 1..1024)", p->n_layer);
     if (p->n_head < 1)
         return bad("n_head", "(must be >= 1)", p->n_head);
-    if (p->n_embd < 1 || p->n_embd > 65536 || p->n_embd % p->n_head != 0)
+    if (p->n_embd < 1 || p->n_embd > 65536 ||
+        (!p->head_dim && p->n_embd % p->n_head != 0))
         return bad("n_embd", "(must be 1..65536 and a multiple of n_head)",
                    p->n_embd);
-    if ((p->n_embd / p->n_head) % 2 != 0)
+    if (p->head_dim > 1024 || p->head_dim % 2 != 0)
+        return bad("head_dim", "(must be 0, or even and <= 1024)",
+                   p->head_dim);
+    if ((head_size(p)) % 2 != 0 || head_size(p) < 2)
         return bad("n_embd / n_head", "(head size must be even for RoPE)",
-                   p->n_embd / p->n_head);
+                   head_size(p));
     if (p->n_head_kv < 1 || p->n_head % p->n_head_kv != 0)
         return bad("n_head_kv", "(must be >= 1 and divide n_head)",
                    p->n_head_kv);
@@ -902,6 +962,33 @@ static cinfer_status validate(const cinfer_tinymodel_params *p,
         return bad("n_ff", "(must be a multiple of 32 for quantized types, "
                            "256 for K-quants)",
                    p->n_ff);
+    if (((int64_t)p->n_head * head_size(p)) % wq != 0)
+        return bad("n_head * head_dim", "(must be a multiple of 32 for "
+                                        "quantized types, 256 for K-quants)",
+                   (long long)p->n_head * head_size(p));
+    const char *rs = p->rope_scaling;
+    if (rs && strcmp(rs, "none") != 0 && strcmp(rs, "linear") != 0 &&
+        strcmp(rs, "llama3") != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tinymodel: rope_scaling '%s' (expected none, "
+                                "linear or llama3)",
+                                rs);
+    if (rs && strcmp(rs, "none") != 0 &&
+        (!(p->rope_factor > 0.0f) || !isfinite(p->rope_factor)))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tinymodel: rope_factor = %g (must be > 0 "
+                                "with rope_scaling %s)",
+                                (double)p->rope_factor, rs);
+    if (!(p->rope_low_freq >= 0.0f) || !(p->rope_high_freq >= 0.0f) ||
+        !isfinite(p->rope_low_freq) || !isfinite(p->rope_high_freq))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tinymodel: rope_low_freq / rope_high_freq "
+                                "must be finite and >= 0");
+    if (rs && strcmp(rs, "llama3") == 0 &&
+        llama3_low(p) == llama3_high(p))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "tinymodel: rope_low_freq and rope_high_freq "
+                                "must differ");
     if (p->alignment != 0 && (p->alignment & (p->alignment - 1)) != 0)
         return bad("alignment", "(must be 0 or a power of two)", p->alignment);
     return CINFER_OK;
@@ -942,7 +1029,19 @@ static cinfer_status write_metadata(cinfer_gguf_writer *w,
                                    file_type(p->weight_dtype)));
     TRY(cinfer_gguf_writer_set_u32(w, AKEY("vocab_size"), p->n_vocab));
     TRY(cinfer_gguf_writer_set_u32(w, AKEY("rope.dimension_count"),
-                                   p->n_embd / p->n_head));
+                                   head_size(p)));
+    if (p->head_dim) {
+        TRY(cinfer_gguf_writer_set_u32(w, AKEY("attention.key_length"),
+                                       p->head_dim));
+        TRY(cinfer_gguf_writer_set_u32(w, AKEY("attention.value_length"),
+                                       p->head_dim));
+    }
+    if (p->rope_scaling && strcmp(p->rope_scaling, "linear") == 0) {
+        TRY(cinfer_gguf_writer_set_str(w, AKEY("rope.scaling.type"),
+                                       "linear"));
+        TRY(cinfer_gguf_writer_set_f32(w, AKEY("rope.scaling.factor"),
+                                       p->rope_factor));
+    }
     if (quant)
         TRY(cinfer_gguf_writer_set_u32(w, "general.quantization_version", 2));
 #undef AKEY
@@ -1003,35 +1102,48 @@ static cinfer_status write_tensors(cinfer_gguf_writer *w,
     cinfer_status st;
     char name[64];
     int64_t d = p->n_embd;
-    int64_t d_kv = (int64_t)(p->n_embd / p->n_head) * p->n_head_kv;
+    int64_t hd = head_size(p);
+    int64_t d_q = hd * p->n_head;
+    int64_t d_kv = hd * p->n_head_kv;
     int64_t ff = p->n_ff;
     cinfer_dtype wt = p->weight_dtype;
     uint64_t seed = p->seed;
     float embd_std = 2.0f / sqrtf((float)d); /* logits of std ~2 */
     int bias = strcmp(arch, "qwen2") == 0;
+    int qk_norm = strcmp(arch, "qwen3") == 0;
 
     TRY(add_random(w, "token_embd.weight", p->embd_dtype, d, p->n_vocab, 0.0f,
                    embd_std, seed));
+    if (p->rope_scaling && strcmp(p->rope_scaling, "llama3") == 0)
+        TRY(add_llama3_factors(w, p));
     for (uint32_t l = 0; l < p->n_layer; l++) {
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u.%s", l, suffix), name)
         TRY(add_random(w, BLK("attn_norm.weight"), CINFER_DTYPE_F32, d, 0,
                        1.0f, 0.05f, seed));
-        TRY(add_random(w, BLK("attn_q.weight"), wt, d, d, 0.0f,
+        TRY(add_random(w, BLK("attn_q.weight"), wt, d, d_q, 0.0f,
                        1.0f / sqrtf((float)d), seed));
         TRY(add_random(w, BLK("attn_k.weight"), wt, d, d_kv, 0.0f,
                        1.0f / sqrtf((float)d), seed));
         TRY(add_random(w, BLK("attn_v.weight"), wt, d, d_kv, 0.0f,
                        1.0f / sqrtf((float)d), seed));
         if (bias) {
-            TRY(add_random(w, BLK("attn_q.bias"), CINFER_DTYPE_F32, d, 0,
+            TRY(add_random(w, BLK("attn_q.bias"), CINFER_DTYPE_F32, d_q, 0,
                            0.0f, 0.05f, seed));
             TRY(add_random(w, BLK("attn_k.bias"), CINFER_DTYPE_F32, d_kv, 0,
                            0.0f, 0.05f, seed));
             TRY(add_random(w, BLK("attn_v.bias"), CINFER_DTYPE_F32, d_kv, 0,
                            0.0f, 0.05f, seed));
         }
-        TRY(add_random(w, BLK("attn_output.weight"), wt, d, d, 0.0f,
-                       1.0f / sqrtf((float)d), seed));
+        if (qk_norm) {
+            /* spread wider than the layer norms, so that each head's
+             * weights matter */
+            TRY(add_random(w, BLK("attn_q_norm.weight"), CINFER_DTYPE_F32,
+                           hd, 0, 1.0f, 0.3f, seed));
+            TRY(add_random(w, BLK("attn_k_norm.weight"), CINFER_DTYPE_F32,
+                           hd, 0, 1.0f, 0.3f, seed));
+        }
+        TRY(add_random(w, BLK("attn_output.weight"), wt, d_q, d, 0.0f,
+                       1.0f / sqrtf((float)d_q), seed));
         TRY(add_random(w, BLK("ffn_norm.weight"), CINFER_DTYPE_F32, d, 0,
                        1.0f, 0.05f, seed));
         TRY(add_random(w, BLK("ffn_gate.weight"), wt, d, ff, 0.0f,

@@ -4,9 +4,10 @@
  * Tests need models that load in milliseconds, cover every weight type and
  * both tokenizer kinds, and can also be opened by llama.cpp for parity
  * checks. This module writes such files with the project's GGUF writer:
- * tensor names, shapes and metadata keys follow llama.cpp's `llama` and
- * `qwen2` files exactly (token_embd.weight, blk.N.attn_q.weight, ...,
- * llama.block_count, tokenizer.ggml.tokens, ...), and the weights are
+ * tensor names, shapes and metadata keys follow llama.cpp's `llama`,
+ * `qwen2` and `qwen3` files exactly (token_embd.weight,
+ * blk.N.attn_q.weight, ..., llama.block_count, tokenizer.ggml.tokens, ...),
+ * and the weights are
  * random with scales that keep activations near unit size (projections
  * uniform with std 1/sqrt(fan_in), norms near 1, logits of std about 2).
  *
@@ -27,7 +28,12 @@
  * seed; the weights depend on the seed and each tensor's name.
  *
  * RoPE: `llama` files are read by llama.cpp with normal (adjacent-pair)
- * rotation, `qwen2` with NEOX (half-split) rotation, as for real files.
+ * rotation, `qwen2` and `qwen3` with NEOX (half-split) rotation, as for
+ * real files. Rope scaling is written as llama.cpp's converter writes it:
+ * linear as rope.scaling.type / rope.scaling.factor, Llama 3's as the
+ * rope_freqs.weight tensor of per-pair frequency factors, computed from
+ * the factor, low/high frequency factors and original context as
+ * convert_hf_to_gguf.py computes them from a config's rope_scaling.
  *
  *     cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
  *     p.weight_dtype = CINFER_DTYPE_Q4_1;
@@ -50,13 +56,20 @@ extern "C" {
 #endif
 
 typedef struct {
-    const char *arch;          /* "llama" or "qwen2" (adds Q/K/V biases);
+    const char *arch;          /* "llama", "qwen2" (adds Q/K/V biases) or
+                                  "qwen3" (adds per-head Q/K norms);
                                   NULL = "llama" */
     uint32_t n_layer;          /* transformer blocks, >= 1 */
-    uint32_t n_embd;           /* model width; a multiple of n_head, and of
-                                  32 when a weight type is quantized */
+    uint32_t n_embd;           /* model width; a multiple of n_head (unless
+                                  head_dim is given), and of 32 when a
+                                  weight type is quantized */
     uint32_t n_head;           /* query heads; head size n_embd/n_head must
                                   be even */
+    uint32_t head_dim;         /* head size written as attention.key_length
+                                  and value_length (Qwen3, Mistral Nemo:
+                                  not n_embd / n_head), even; n_head *
+                                  head_dim a multiple of 32 when quantized;
+                                  0 = n_embd / n_head, keys not written */
     uint32_t n_head_kv;        /* key/value heads, divides n_head */
     uint32_t n_ff;             /* feed-forward width; a multiple of 32 when
                                   weight_dtype is quantized (256 for the
@@ -65,6 +78,16 @@ typedef struct {
                                   (llama: specials, bytes, >= 1 char) */
     uint32_t n_ctx;            /* trained context length written to the file */
     float rope_theta;          /* RoPE base frequency, > 0 */
+    const char *rope_scaling;  /* NULL or "none" = nothing written;
+                                  "linear" = rope.scaling.type linear and
+                                  rope.scaling.factor rope_factor;
+                                  "llama3" = rope_freqs.weight from the
+                                  four fields below */
+    float rope_factor;         /* linear, llama3: the factor, > 0 */
+    float rope_low_freq;       /* llama3: low_freq_factor; 0 = 1 */
+    float rope_high_freq;      /* llama3: high_freq_factor; 0 = 4 */
+    uint32_t rope_orig_ctx;    /* llama3: original_max_position_embeddings;
+                                  0 = 8192 */
     float norm_eps;            /* RMSNorm epsilon, > 0 */
     cinfer_dtype weight_dtype; /* 2-D projection weights (attn_q/k/v/output,
                                   ffn_gate/up/down, output): F32, F16, BF16,

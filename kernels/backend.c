@@ -678,7 +678,11 @@ cinfer_status cinfer_backend_rms_norm(cinfer_backend *be, const cinfer_tensor *x
 {
     const char *op = "rms_norm";
     TRY(need_f32_matrix(op, "x", x, -1, -1));
-    TRY(need_f32_vector(op, "w", w, t_cols(x)));
+    TRY(need_tensor(op, "w", w));
+    /* w covers the row, or a group of elements that divides it */
+    int64_t g = w->desc.n_dims == 1 ? w->desc.shape[0] : 0;
+    TRY(need_f32_vector(op, "w", w,
+                        g >= 1 && t_cols(x) % g == 0 ? g : t_cols(x)));
     TRY(need_same_shape(op, "out", out, "x", x));
     TRY(need_writable(op, "out", out));
     if (!(eps >= 0.0f) || isinf(eps))
@@ -779,9 +783,20 @@ cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
                               int n_heads, int head_dim, int rot_dim,
                               float theta, cinfer_rope_mode mode)
 {
+    cinfer_rope_params p = {.theta = theta, .freq_scale = 1.0f,
+                            .freq_factors = NULL, .mode = mode};
+    return cinfer_backend_rope_ext(be, x, n_heads, head_dim, rot_dim, &p);
+}
+
+cinfer_status cinfer_backend_rope_ext(cinfer_backend *be, cinfer_tensor *x,
+                                      int n_heads, int head_dim, int rot_dim,
+                                      const cinfer_rope_params *p)
+{
     const cinfer_backend *cb = be;
     const char *op = "rope";
     TRY(need_step(op, cb));
+    if (!p)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "rope: params is NULL");
     if (n_heads < 1)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "rope: n_heads %d is not >= 1", n_heads);
@@ -793,19 +808,30 @@ cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
                                 "rope: rot_dim %d must be even and in "
                                 "2..head_dim (%d)",
                                 rot_dim, head_dim);
-    if (!(theta > 0.0f) || isinf(theta))
+    if (!(p->theta > 0.0f) || isinf(p->theta))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "rope: theta %g is not a finite value > 0",
-                                (double)theta);
-    if (mode != CINFER_ROPE_NORM && mode != CINFER_ROPE_NEOX)
+                                (double)p->theta);
+    if (!(p->freq_scale > 0.0f) || isinf(p->freq_scale))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope: freq_scale %g is not a finite value "
+                                "> 0",
+                                (double)p->freq_scale);
+    for (int i = 0; p->freq_factors && i < rot_dim / 2; i++)
+        if (!(p->freq_factors[i] > 0.0f) || isinf(p->freq_factors[i]))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "rope: freq_factors[%d] = %g is not a "
+                                    "finite value > 0",
+                                    i, (double)p->freq_factors[i]);
+    if (p->mode != CINFER_ROPE_NORM && p->mode != CINFER_ROPE_NEOX)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "rope: mode %d is neither NORM (0) nor NEOX "
                                 "(2)",
-                                (int)mode);
+                                (int)p->mode);
     TRY(need_f32_matrix(op, "x", x, cb->step.n_rows,
                         (int64_t)n_heads * head_dim));
     TRY(need_writable(op, "x", x));
-    return be->ops->rope(be, x, n_heads, head_dim, rot_dim, theta, mode);
+    return be->ops->rope(be, x, n_heads, head_dim, rot_dim, p);
 }
 
 cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k,

@@ -101,6 +101,21 @@ typedef enum {
     CINFER_ROPE_NEOX = 2, /* rotate halves (x[i], x[i + d/2]): qwen2, neox */
 } cinfer_rope_mode;
 
+/* How rope turns a position into angles (llama.cpp's ggml_rope_ext with
+ * ext_factor 0 and attn_factor 1): pair i of a row at position p turns by
+ *     freq_scale * (p * theta^(-2i/rot_dim) / freq_factors[i]).
+ * Linear scaling ("rope.scaling.type" linear) is freq_scale = 1 / factor;
+ * Llama 3's frequency factors are the file's rope_freqs.weight. */
+typedef struct {
+    float theta;               /* base frequency, finite and > 0 */
+    float freq_scale;          /* every angle times this, finite and > 0;
+                                  1 = unscaled */
+    const float *freq_factors; /* [rot_dim / 2] host memory, each finite
+                                  and > 0, read during the call only;
+                                  NULL = all 1 */
+    cinfer_rope_mode mode;
+} cinfer_rope_params;
+
 /*
  * The ops. Every op returns CINFER_OK or an error status with
  * cinfer_set_error() filled; an op that fails changes none of its outputs'
@@ -179,7 +194,9 @@ cinfer_status cinfer_backend_embed(cinfer_backend *be,
                                    cinfer_tensor *out);
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w.  x, out: [n, d];
- * w: [d] F32. out may alias x. */
+ * w: [d] F32, or [g] F32 with g dividing d: then each run of g elements of
+ * a row is normalised on its own (a per-head norm, Qwen3's Q and K norms,
+ * with g = head_dim). out may alias x. */
 cinfer_status cinfer_backend_rms_norm(cinfer_backend *be,
                                       const cinfer_tensor *x,
                                       const cinfer_tensor *w, float eps,
@@ -211,6 +228,11 @@ cinfer_status cinfer_backend_add(cinfer_backend *be, const cinfer_tensor *a,
 cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
                                   int n_heads, int head_dim, int rot_dim,
                                   float theta, cinfer_rope_mode mode);
+/* The same with the angles of cinfer_rope_params (p is read during the
+ * call only). */
+cinfer_status cinfer_backend_rope_ext(cinfer_backend *be, cinfer_tensor *x,
+                                      int n_heads, int head_dim, int rot_dim,
+                                      const cinfer_rope_params *p);
 
 /* Writes each row's K and V into the cache at its step slot.
  * k, v: [n, n_kv_heads * head_dim]; k_cache, v_cache:

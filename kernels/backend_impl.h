@@ -129,8 +129,8 @@ struct cinfer_backend_ops {
     cinfer_status (*add)(cinfer_backend *be, const cinfer_tensor *a,
                          const cinfer_tensor *b, cinfer_tensor *out);
     cinfer_status (*rope)(cinfer_backend *be, cinfer_tensor *x, int n_heads,
-                          int head_dim, int rot_dim, float theta,
-                          cinfer_rope_mode mode);
+                          int head_dim, int rot_dim,
+                          const cinfer_rope_params *p);
     cinfer_status (*kv_store)(cinfer_backend *be, const cinfer_tensor *k,
                               const cinfer_tensor *v, cinfer_tensor *k_cache,
                               cinfer_tensor *v_cache);

@@ -109,6 +109,7 @@ static void cpu_destroy(cinfer_backend *be)
     cinfer_cpu_buf_free(&cb->thread_buf);
     cinfer_cpu_buf_free(&cb->bounds_buf);
     cinfer_cpu_buf_free(&cb->rope_buf);
+    cinfer_cpu_buf_free(&cb->rope_ff);
     while (cb->slabs) {
         cinfer_cpu_slab *s = cb->slabs;
         cb->slabs = s->next;
@@ -327,8 +328,11 @@ static cinfer_status cpu_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
                                   const cinfer_tensor *w, float eps,
                                   cinfer_tensor *out)
 {
+    /* w of g elements: each row is cols / g rows of g */
+    int64_t g = w->desc.shape[0];
     cinfer_cpu_op_rms_norm(cpu(be), x->data, w->data, eps, out->data,
-                           cinfer_tensor_rows(x), cinfer_tensor_cols(x));
+                           cinfer_tensor_rows(x) * (cinfer_tensor_cols(x) / g),
+                           g);
     return CINFER_OK;
 }
 
@@ -363,11 +367,10 @@ static cinfer_status cpu_add(cinfer_backend *be, const cinfer_tensor *a,
 
 static cinfer_status cpu_rope(cinfer_backend *be, cinfer_tensor *x,
                               int n_heads, int head_dim, int rot_dim,
-                              float theta, cinfer_rope_mode mode)
+                              const cinfer_rope_params *p)
 {
     return cinfer_cpu_op_rope(cpu(be), x->data, be->step.positions,
-                              be->step.n_rows, n_heads, head_dim, rot_dim,
-                              theta, mode);
+                              be->step.n_rows, n_heads, head_dim, rot_dim, p);
 }
 
 static cinfer_status cpu_kv_store(cinfer_backend *be, const cinfer_tensor *k,

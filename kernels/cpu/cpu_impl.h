@@ -154,7 +154,10 @@ typedef struct {
     cinfer_cpu_buf rope_buf;
     int rope_valid;
     float rope_theta;
+    float rope_scale;
     int rope_dim;
+    int rope_has_ff;            /* the table was built with factors: */
+    cinfer_cpu_buf rope_ff;     /* a copy of them ([rot_dim / 2]) */
 
     /* Scratch, grown on demand and reused. */
     cinfer_cpu_buf act[4];       /* prepared matmul activations */
@@ -188,7 +191,7 @@ void cinfer_cpu_op_gather_rows(cinfer_cpu_backend *cb, const float *x,
 cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
                                  const int32_t *positions, int64_t n,
                                  int n_heads, int head_dim, int rot_dim,
-                                 float theta, cinfer_rope_mode mode);
+                                 const cinfer_rope_params *p);
 /* Row r of k and v (width floats) goes to cache row slots[r]. */
 void cinfer_cpu_op_kv_store(cinfer_cpu_backend *cb, const float *k,
                             const float *v, const int32_t *slots, int64_t n,

@@ -12,7 +12,8 @@
  * machine, so that logits agree with llama.cpp's bit for bit:
  *   rms_norm  sum of squares in double, in element order; scale in float.
  *   rope      theta_i = pos * base^(-2i/rot_dim) by repeated float products,
- *             cosf / sinf (one table per step, shared by every layer);
+ *             the angle freq_scale * (theta_i / freq_factor_i), cosf / sinf
+ *             (one table per step, shared by every layer);
  *             x0 cos - x1 sin as fma(x0, cos, -(x1 sin)) and x0 sin + x1 cos
  *             as fma(x0, sin, x1 cos), the contraction GGML's build makes.
  *   silu      x / (1 + ggml_v_expf(-x)).
@@ -259,6 +260,8 @@ typedef struct {
     const int32_t *positions;
     int n_heads, head_dim, rot_dim;
     float theta_scale;
+    float freq_scale;
+    const float *ff; /* [rot_dim / 2] or NULL */
     cinfer_rope_mode mode;
     int fill; /* build the table rows first */
 } rope_ctx;
@@ -276,8 +279,12 @@ static void rope_rows(void *p, int64_t r0, int64_t r1, int thread)
         if (c->fill) {
             float theta = (float)c->positions[r];
             for (int i = 0; i < n_pairs; i++) {
-                cs[2 * i] = cosf(theta);
-                cs[2 * i + 1] = sinf(theta);
+                /* GGML's rope_yarn at ext_factor 0: the factor divides,
+                 * then freq_scale multiplies (both exact when 1) */
+                const float ff = c->ff ? c->ff[i] : 1.0f;
+                const float a = c->freq_scale * (theta / ff);
+                cs[2 * i] = cosf(a);
+                cs[2 * i + 1] = sinf(a);
                 theta *= c->theta_scale;
             }
         }
@@ -295,27 +302,56 @@ static void rope_rows(void *p, int64_t r0, int64_t r1, int thread)
     }
 }
 
+/* 1 if the step's table was built for these angles. */
+static int rope_table_fits(const cinfer_cpu_backend *cb, int rot_dim,
+                           const cinfer_rope_params *p)
+{
+    if (!cb->rope_valid || cb->rope_theta != p->theta ||
+        cb->rope_scale != p->freq_scale || cb->rope_dim != rot_dim ||
+        cb->rope_has_ff != (p->freq_factors != NULL))
+        return 0;
+    return !p->freq_factors ||
+           memcmp(cb->rope_ff.p, p->freq_factors,
+                  sizeof(float) * (size_t)(rot_dim / 2)) == 0;
+}
+
 cinfer_status cinfer_cpu_op_rope(cinfer_cpu_backend *cb, float *x,
                                  const int32_t *positions, int64_t n,
                                  int n_heads, int head_dim, int rot_dim,
-                                 float theta, cinfer_rope_mode mode)
+                                 const cinfer_rope_params *p)
 {
-    int fill = !cb->rope_valid || cb->rope_theta != theta ||
-               cb->rope_dim != rot_dim;
+    int fill = !rope_table_fits(cb, rot_dim, p);
     if (fill) {
         cb->rope_valid = 0;
         if (cinfer_cpu_buf_reserve(&cb->rope_buf, sizeof(float) * (size_t)n *
-                                                      (size_t)rot_dim) != 0)
+                                                      (size_t)rot_dim) != 0 ||
+            (p->freq_factors &&
+             cinfer_cpu_buf_reserve(&cb->rope_ff, sizeof(float) *
+                                                      (size_t)(rot_dim / 2)) !=
+                 0))
             return cinfer_set_error(CINFER_E_NOMEM,
                                     "rope: no memory for the cos/sin table");
+        if (p->freq_factors)
+            memcpy(cb->rope_ff.p, p->freq_factors,
+                   sizeof(float) * (size_t)(rot_dim / 2));
     }
-    rope_ctx c = {x,       cb->rope_buf.p, positions,
-                  n_heads, head_dim,       rot_dim,
-                  powf(theta, -2.0f / (float)rot_dim), mode, fill};
+    rope_ctx c = {x,
+                  cb->rope_buf.p,
+                  positions,
+                  n_heads,
+                  head_dim,
+                  rot_dim,
+                  powf(p->theta, -2.0f / (float)rot_dim),
+                  p->freq_scale,
+                  p->freq_factors,
+                  p->mode,
+                  fill};
     run(cb, n, n * (int64_t)n_heads * rot_dim * (fill ? 2 : 1), rope_rows, &c);
     cb->rope_valid = 1;
-    cb->rope_theta = theta;
+    cb->rope_theta = p->theta;
+    cb->rope_scale = p->freq_scale;
     cb->rope_dim = rot_dim;
+    cb->rope_has_ff = p->freq_factors != NULL;
     return CINFER_OK;
 }
 

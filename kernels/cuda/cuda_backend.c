@@ -439,9 +439,13 @@ static cinfer_status cuda_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
                                    cinfer_tensor *out)
 {
     cuda_backend *cb = cu(be);
+    /* w of g elements: each row is cols / g rows of g (a per-head norm) */
+    int64_t g = w->desc.shape[0];
     return seen(cb, cinfer_cuda_rms_norm(cb->stream, x->data, w->data, eps,
-                                         out->data, cinfer_tensor_rows(x),
-                                         cinfer_tensor_cols(x)));
+                                         out->data,
+                                         cinfer_tensor_rows(x) *
+                                             (cinfer_tensor_cols(x) / g),
+                                         g));
 }
 
 static cinfer_status cuda_matmul(cinfer_backend *be, int n_w,
@@ -486,12 +490,13 @@ static cinfer_status cuda_add(cinfer_backend *be, const cinfer_tensor *a,
 
 static cinfer_status cuda_rope(cinfer_backend *be, cinfer_tensor *x,
                                int n_heads, int head_dim, int rot_dim,
-                               float theta, cinfer_rope_mode mode)
+                               const cinfer_rope_params *p)
 {
     cuda_backend *cb = cu(be);
     return seen(cb, cinfer_cuda_rope(cb->stream, x->data, cb->d_positions,
                                      be->step.n_rows, n_heads, head_dim,
-                                     rot_dim, theta, (int)mode));
+                                     rot_dim, p->theta, p->freq_scale,
+                                     p->freq_factors, (int)p->mode));
 }
 
 static cinfer_status cuda_kv_store(cinfer_backend *be, const cinfer_tensor *k,

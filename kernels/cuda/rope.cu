@@ -4,10 +4,10 @@
  * One block per row. The row's rot_dim / 2 cos/sin pairs depend only on its
  * position, so the block computes them once into shared memory and every
  * head of the row reuses them; then its threads walk the row's
- * (head, pair) items. The frequencies theta^(-2i/rot_dim) are computed on
- * the host in double and passed by value in the launch parameters (2 KiB
- * at most), which keeps the launch graph-capturable and needs no device
- * table.
+ * (head, pair) items. The frequencies freq_scale * theta^(-2i/rot_dim) /
+ * freq_factors[i] are computed on the host in double and passed by value
+ * in the launch parameters (2 KiB at most), which keeps the launch
+ * graph-capturable and needs no device table.
  */
 #include <limits.h>
 #include <math.h>
@@ -20,7 +20,8 @@
 #define MAX_PAIRS (CINFER_CUDA_ROPE_MAX_DIM / 2)
 #define MAX_THREADS 256
 
-/* theta^(-2i / rot_dim) for i < rot_dim / 2. */
+/* freq_scale * theta^(-2i / rot_dim) / freq_factors[i] for i <
+ * rot_dim / 2. */
 struct rope_freqs {
     double inv_freq[MAX_PAIRS];
 };
@@ -66,7 +67,9 @@ __global__ void rope_kernel(float *__restrict__ x,                 // [n, n_head
 extern "C" cinfer_status cinfer_cuda_rope(cudaStream_t stream, float *x,
                                           const int32_t *positions, int32_t n,
                                           int n_heads, int head_dim,
-                                          int rot_dim, float theta, int mode)
+                                          int rot_dim, float theta,
+                                          float freq_scale,
+                                          const float *freq_factors, int mode)
 {
     if (n < 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -95,6 +98,17 @@ extern "C" cinfer_status cinfer_cuda_rope(cudaStream_t stream, float *x,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda rope: theta %g is not a finite value > 0",
                                 (double)theta);
+    if (!(freq_scale > 0.0f) || isinf(freq_scale))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda rope: freq_scale %g is not a finite "
+                                "value > 0",
+                                (double)freq_scale);
+    for (int i = 0; freq_factors && i < rot_dim / 2; i++)
+        if (!(freq_factors[i] > 0.0f) || isinf(freq_factors[i]))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda rope: freq_factors[%d] = %g is not "
+                                    "a finite value > 0",
+                                    i, (double)freq_factors[i]);
     if (mode != CINFER_CUDA_ROPE_NORM && mode != CINFER_CUDA_ROPE_NEOX)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda rope: mode %d is neither NORM (0) nor "
@@ -110,7 +124,10 @@ extern "C" cinfer_status cinfer_cuda_rope(cudaStream_t stream, float *x,
     rope_freqs f;
     for (int i = 0; i < MAX_PAIRS; i++)
         f.inv_freq[i] =
-            i < n_pairs ? pow((double)theta, -2.0 * i / rot_dim) : 0.0;
+            i < n_pairs ? (double)freq_scale *
+                              pow((double)theta, -2.0 * i / rot_dim) /
+                              (freq_factors ? (double)freq_factors[i] : 1.0)
+                        : 0.0;
     int64_t threads = ((int64_t)n_heads * n_pairs + 31) / 32 * 32;
     if (threads > MAX_THREADS)
         threads = MAX_THREADS;

@@ -3,7 +3,9 @@
  * in place to the query and key rows of a Llama-family attention layer.
  *
  * For each row r at position p = positions[r], each head, and each pair
- * i < rot_dim / 2 with angle a = p * theta^(-2i / rot_dim):
+ * i < rot_dim / 2 with angle a = freq_scale * p * theta^(-2i / rot_dim) /
+ * freq_factors[i] (linear scaling and Llama 3's frequency factors;
+ * freq_scale 1 and no factors for plain rope):
  *   NORM (llama):        (x[2i], x[2i+1])           rotated by a
  *   NEOX (qwen2, neox):  (x[i], x[i + rot_dim/2])    rotated by a
  * as x0' = x0 cos a - x1 sin a, x1' = x0 sin a + x1 cos a; dimensions at
@@ -21,7 +23,7 @@
  *
  *     cinfer_status s = cinfer_cuda_rope(stream, q, positions, n_rows,
  *                                        n_heads, 128, 128, 500000.0f,
- *                                        CINFER_CUDA_ROPE_NORM);
+ *                                        1.0f, NULL, CINFER_CUDA_ROPE_NORM);
  */
 #ifndef CINFER_CUDA_ROPE_CUH
 #define CINFER_CUDA_ROPE_CUH
@@ -45,11 +47,15 @@ extern "C" {
 
 /* Rotates x in place.  x: [n, n_heads * head_dim]; positions: [n].
  * n_heads >= 1, head_dim >= 2, rot_dim even in 2..head_dim (and <=
- * CINFER_CUDA_ROPE_MAX_DIM), theta finite and > 0, mode NORM or NEOX. */
+ * CINFER_CUDA_ROPE_MAX_DIM), theta and freq_scale finite and > 0,
+ * freq_factors NULL or [rot_dim / 2] finite values > 0 in host memory
+ * (read before the call returns: they travel in the launch's parameters),
+ * mode NORM or NEOX. */
 cinfer_status cinfer_cuda_rope(cudaStream_t stream, float *x,
                                const int32_t *positions, int32_t n,
                                int n_heads, int head_dim, int rot_dim,
-                               float theta, int mode);
+                               float theta, float freq_scale,
+                               const float *freq_factors, int mode);
 
 #ifdef __cplusplus
 }

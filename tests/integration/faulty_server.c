@@ -219,11 +219,11 @@ static cinfer_status f_add(cinfer_backend *be, const cinfer_tensor *a,
 }
 
 static cinfer_status f_rope(cinfer_backend *be, cinfer_tensor *x, int n_heads,
-                            int head_dim, int rot_dim, float theta,
-                            cinfer_rope_mode mode)
+                            int head_dim, int rot_dim,
+                            const cinfer_rope_params *p)
 {
-    return cinfer_backend_rope(INNER(be), x, n_heads, head_dim, rot_dim, theta,
-                               mode);
+    return cinfer_backend_rope_ext(INNER(be), x, n_heads, head_dim, rot_dim,
+                                   p);
 }
 
 static cinfer_status f_kv_store(cinfer_backend *be, const cinfer_tensor *k,

@@ -1,0 +1,156 @@
+/*
+ * arch_golden_models.h - the tiny models of tests/data/arch_golden.txt:
+ * one per architecture feature that llama.cpp's goldens check, written
+ * by the project's GGUF writer (engine/tinymodel.h). Shared by the
+ * golden maker (scripts/goldens/arch_goldens.c, run with llama.cpp) and
+ * the test that replays them (tests/unit/test_model_golden_arch.c), so
+ * both use the same files: the goldens carry each file's FNV-1a hash,
+ * and the test refuses to compare against a file the writer no longer
+ * produces.
+ *
+ *   llama3      llama, Llama 3 rope scaling (rope_freqs.weight from factor
+ *               8, low 1, high 4, original context 64, theta 500000: pairs
+ *               in all three of the converter's bands), GQA 4/1 (Llama 3
+ *               8B's ratio), Q8_0
+ *   linear      llama, rope.scaling.type linear, factor 4, Q4_1
+ *   mistral     llama as Mistral's files are: SentencePiece vocabulary,
+ *               theta 1e6, GQA 8/2 (Mistral 7B's ratio 4), the head size
+ *               from attention.key_length as in Mistral Nemo's files (64,
+ *               where n_embd 96 / 8 heads would be 12), Q8_0
+ *   qwen3       qwen3: per-head Q/K RMSNorm, no biases, head size 64 from
+ *               key_length (64 / 4 = 16), GQA 4/2, tied output, Q8_0
+ *   qwen3_3l    qwen3, 3 layers, GQA 6/2, head size 64, Q4_1
+ * Every model but qwen3 has a separate output (a tied one makes a random
+ * model repeat its input token). The head sizes are 64, as real models'
+ * are (64..256). The weight types are ones whose llama.cpp kernels cinfer
+ * reproduces bit for bit here (llama.cpp's F16 and F32 prefill goes
+ * through its tiled GEMM and repacks Q4_0, in other summation orders:
+ * 1e-4 apart, which would blur what these check).
+ *
+ *     arch_golden_model ms[ARCH_GOLDEN_MAX];
+ *     int n = arch_golden_models(ms);
+ *     cinfer_tinymodel_write(&ms[0].p, path);
+ */
+#ifndef CINFER_ARCH_GOLDEN_MODELS_H
+#define CINFER_ARCH_GOLDEN_MODELS_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "engine/tinymodel.h"
+
+#define ARCH_GOLDEN_MAX 8
+#define ARCH_GOLDEN_PROMPT 24 /* prompt tokens, logits at every position */
+#define ARCH_GOLDEN_GREEDY 64 /* greedy tokens decoded one at a time */
+
+typedef struct {
+    const char *name;
+    cinfer_tinymodel_params p;
+} arch_golden_model;
+
+static inline int arch_golden_models(arch_golden_model *ms)
+{
+    cinfer_tinymodel_params d = cinfer_tinymodel_default_params();
+    d.n_vocab = 320;
+    d.n_ctx = 256;
+    d.chat_template = 0;
+    int n = 0;
+
+    cinfer_tinymodel_params p = d;
+    p.arch = "llama";
+    p.n_embd = 256;
+    p.n_head = 4;
+    p.n_head_kv = 1;
+    p.n_ff = 256;
+    p.rope_theta = 500000.0f;
+    p.rope_scaling = "llama3";
+    p.rope_factor = 8.0f;
+    p.rope_low_freq = 1.0f;
+    p.rope_high_freq = 4.0f;
+    p.rope_orig_ctx = 64;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
+    p.seed = 31;
+    ms[n++] = (arch_golden_model){"llama3", p};
+
+    p = d;
+    p.arch = "llama";
+    p.n_embd = 128;
+    p.n_head = 2;
+    p.n_head_kv = 2;
+    p.n_ff = 160;
+    p.rope_scaling = "linear";
+    p.rope_factor = 4.0f;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q4_1;
+    p.seed = 32;
+    ms[n++] = (arch_golden_model){"linear", p};
+
+    p = d;
+    p.arch = "llama";
+    p.tokenizer = "llama";
+    p.n_embd = 96;
+    p.n_head = 8;
+    p.n_head_kv = 2;
+    p.head_dim = 64;
+    p.n_ff = 192;
+    p.rope_theta = 1000000.0f;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
+    p.seed = 33;
+    ms[n++] = (arch_golden_model){"mistral", p};
+
+    p = d;
+    p.arch = "qwen3";
+    p.pre = "qwen2";
+    p.n_embd = 64;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = 64;
+    p.n_ff = 192;
+    p.rope_theta = 1000000.0f;
+    p.norm_eps = 1e-6f;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
+    p.seed = 34;
+    ms[n++] = (arch_golden_model){"qwen3", p};
+
+    p = d;
+    p.arch = "qwen3";
+    p.pre = "qwen2";
+    p.n_layer = 3;
+    p.n_embd = 96;
+    p.n_head = 6;
+    p.n_head_kv = 2;
+    p.head_dim = 64;
+    p.n_ff = 128;
+    p.rope_theta = 1000000.0f;
+    p.norm_eps = 1e-6f;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q4_1;
+    p.seed = 35;
+    ms[n++] = (arch_golden_model){"qwen3_3l", p};
+    return n;
+}
+
+/* The prompt of model k: ids spread over the vocabulary, short of its
+ * last 3 (the gpt2 vocabulary's control tokens). */
+static inline void arch_golden_prompt(int k, int n_vocab, int32_t *toks)
+{
+    for (int i = 0; i < ARCH_GOLDEN_PROMPT; i++)
+        toks[i] = (int32_t)(((int64_t)i * 7919 + 13 + 101 * k) %
+                            (n_vocab - 3));
+}
+
+/* FNV-1a 64 of a file's bytes. */
+static inline uint64_t arch_golden_fnv(const void *data, size_t n)
+{
+    const unsigned char *b = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+#endif /* CINFER_ARCH_GOLDEN_MODELS_H */
