@@ -23,6 +23,10 @@ int cinfer_dtype_valid(uint32_t id)
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
     case CINFER_DTYPE_Q8_K:
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_IQ4_NL:
+    case CINFER_DTYPE_IQ4_XS:
         return 1;
     default:
         return 0;
@@ -60,6 +64,10 @@ const char *cinfer_dtype_name(cinfer_dtype t)
     case CINFER_DTYPE_Q5_K: return "Q5_K";
     case CINFER_DTYPE_Q6_K: return "Q6_K";
     case CINFER_DTYPE_Q8_K: return "Q8_K";
+    case CINFER_DTYPE_Q2_K: return "Q2_K";
+    case CINFER_DTYPE_Q3_K: return "Q3_K";
+    case CINFER_DTYPE_IQ4_NL: return "IQ4_NL";
+    case CINFER_DTYPE_IQ4_XS: return "IQ4_XS";
     }
     return "?";
 }
@@ -71,7 +79,11 @@ int cinfer_dtype_block_elems(cinfer_dtype t)
     case CINFER_DTYPE_Q4_1:
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q8_1:
+    case CINFER_DTYPE_IQ4_NL:
         return CINFER_QK;
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_IQ4_XS:
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
@@ -97,6 +109,10 @@ size_t cinfer_dtype_block_bytes(cinfer_dtype t)
     case CINFER_DTYPE_Q5_K: return sizeof(cinfer_block_q5_k);
     case CINFER_DTYPE_Q6_K: return sizeof(cinfer_block_q6_k);
     case CINFER_DTYPE_Q8_K: return sizeof(cinfer_block_q8_k);
+    case CINFER_DTYPE_Q2_K: return sizeof(cinfer_block_q2_k);
+    case CINFER_DTYPE_Q3_K: return sizeof(cinfer_block_q3_k);
+    case CINFER_DTYPE_IQ4_NL: return sizeof(cinfer_block_iq4_nl);
+    case CINFER_DTYPE_IQ4_XS: return sizeof(cinfer_block_iq4_xs);
     }
     return 0;
 }
@@ -349,6 +365,222 @@ static void quant_q6_k(const float *x, cinfer_block_q6_k *y)
     }
 }
 
+/* Q2_K: per sub-block of 16 the range [min(0, lo), hi] in 3 steps, 4-bit
+ * scales and mins against the super-block's d and dmin; q to nearest. */
+static void quant_q2_k(const float *x, cinfer_block_q2_k *y)
+{
+    float sc[16], mn[16], max_sc = 0.0f, max_mn = 0.0f;
+    for (int k = 0; k < 16; k++) {
+        float lo = x[16 * k], hi = x[16 * k];
+        for (int j = 1; j < 16; j++) {
+            lo = x[16 * k + j] < lo ? x[16 * k + j] : lo;
+            hi = x[16 * k + j] > hi ? x[16 * k + j] : hi;
+        }
+        lo = lo < 0.0f ? lo : 0.0f;
+        sc[k] = (hi - lo) / 3.0f;
+        mn[k] = -lo;
+        max_sc = sc[k] > max_sc ? sc[k] : max_sc;
+        max_mn = mn[k] > max_mn ? mn[k] : max_mn;
+    }
+    y->d = cinfer_fp32_to_fp16(max_sc / 15.0f);
+    y->dmin = cinfer_fp32_to_fp16(max_mn / 15.0f);
+    float d = cinfer_fp16_to_fp32(y->d), dmin = cinfer_fp16_to_fp32(y->dmin);
+    uint8_t q[CINFER_QK_K];
+    for (int k = 0; k < 16; k++) {
+        int ls = d > 0.0f ? clampi((int)nearbyintf(sc[k] / d), 0, 15) : 0;
+        int lm = dmin > 0.0f ? clampi((int)nearbyintf(mn[k] / dmin), 0, 15) : 0;
+        y->scales[k] = (uint8_t)(ls | (lm << 4));
+        float step = d * (float)ls, off = dmin * (float)lm;
+        for (int j = 0; j < 16; j++) {
+            int v = step > 0.0f ? (int)nearbyintf((x[16 * k + j] + off) / step) : 0;
+            q[16 * k + j] = (uint8_t)clampi(v, 0, 3);
+        }
+    }
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++)
+            y->qs[32 * h + l] =
+                (uint8_t)(q[128 * h + l] | (q[128 * h + 32 + l] << 2) |
+                          (q[128 * h + 64 + l] << 4) | (q[128 * h + 96 + l] << 6));
+}
+
+/* The signed scale of a group whose extreme value max maps to level
+ * -nmax: max / -nmax (0 for an all-zero group). */
+static float signed_scale(const float *x, int n, float nmax)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max / -nmax;
+}
+
+/* Signed per-group scales sc[0..n) as 6-bit multiples ls - 32 (ls in
+ * 0..63) of one fp16 d, the largest in magnitude at -32. */
+static uint16_t quant_scales6(const float *sc, int n, uint8_t *ls)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int k = 0; k < n; k++) {
+        if (fabsf(sc[k]) > amax) {
+            amax = fabsf(sc[k]);
+            max = sc[k];
+        }
+    }
+    uint16_t dh = cinfer_fp32_to_fp16(max / -32.0f);
+    float d = cinfer_fp16_to_fp32(dh);
+    for (int k = 0; k < n; k++)
+        ls[k] = (uint8_t)(d != 0.0f ? clampi((int)nearbyintf(sc[k] / d), -32, 31) + 32
+                                    : 32);
+    return dh;
+}
+
+/* Q3_K: per sub-block of 16 a signed scale with the extreme at -4, as a
+ * 6-bit multiple of the super-block's d; q - 4 to nearest in -4..3. */
+static void quant_q3_k(const float *x, cinfer_block_q3_k *y)
+{
+    float sc[16];
+    uint8_t ls[16];
+    for (int k = 0; k < 16; k++)
+        sc[k] = signed_scale(x + 16 * k, 16, 4.0f);
+    y->d = quant_scales6(sc, 16, ls);
+    float d = cinfer_fp16_to_fp32(y->d);
+    uint8_t q[CINFER_QK_K];
+    for (int k = 0; k < 16; k++) {
+        float step = d * (float)(ls[k] - 32);
+        for (int j = 0; j < 16; j++) {
+            int v = step != 0.0f ? (int)nearbyintf(x[16 * k + j] / step) : 0;
+            q[16 * k + j] = (uint8_t)(clampi(v, -4, 3) + 4);
+        }
+    }
+    memset(y->scales, 0, sizeof y->scales);
+    for (int j = 0; j < 16; j++) {
+        y->scales[j % 8] |= (uint8_t)((ls[j] & 15) << (4 * (j / 8)));
+        y->scales[8 + j % 4] |= (uint8_t)((ls[j] >> 4) << (2 * (j / 4)));
+    }
+    memset(y->hmask, 0, sizeof y->hmask);
+    for (int e = 0; e < CINFER_QK_K; e++)
+        y->hmask[e % 32] |= (uint8_t)((q[e] >> 2) << (e / 32));
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++)
+            y->qs[32 * h + l] = (uint8_t)((q[128 * h + l] & 3) |
+                                          ((q[128 * h + 32 + l] & 3) << 2) |
+                                          ((q[128 * h + 64 + l] & 3) << 4) |
+                                          ((q[128 * h + 96 + l] & 3) << 6));
+}
+
+const int8_t cinfer_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
+
+/* The level of cinfer_iq4nl_values nearest v (the lower one on a tie). */
+static int iq4_nearest(float v)
+{
+    int best = 0;
+    float err = fabsf(v - (float)cinfer_iq4nl_values[0]);
+    for (int i = 1; i < 16; i++) {
+        float e = fabsf(v - (float)cinfer_iq4nl_values[i]);
+        if (e < err) {
+            err = e;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* 32 values as IQ4 nibbles of step `step` (Q4_0's nibble order). */
+static void quant_iq4_32(const float *x, float step, uint8_t *qs)
+{
+    for (int j = 0; j < 16; j++) {
+        int lo = step != 0.0f ? iq4_nearest(x[j] / step) : 8;
+        int hi = step != 0.0f ? iq4_nearest(x[j + 16] / step) : 8;
+        qs[j] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+/* IQ4_NL: d with the block's extreme value at level -127. */
+static void quant_iq4_nl(const float *x, cinfer_block_iq4_nl *y)
+{
+    y->d = cinfer_fp32_to_fp16(signed_scale(x, 32, 127.0f));
+    quant_iq4_32(x, cinfer_fp16_to_fp32(y->d), y->qs);
+}
+
+/* IQ4_XS: per sub-block of 32 a signed scale with the extreme at -127, as
+ * a 6-bit multiple of the super-block's d. */
+static void quant_iq4_xs(const float *x, cinfer_block_iq4_xs *y)
+{
+    float sc[8];
+    uint8_t ls[8];
+    for (int k = 0; k < 8; k++)
+        sc[k] = signed_scale(x + 32 * k, 32, 127.0f);
+    y->d = quant_scales6(sc, 8, ls);
+    float d = cinfer_fp16_to_fp32(y->d);
+    y->scales_h = 0;
+    memset(y->scales_l, 0, sizeof y->scales_l);
+    for (int k = 0; k < 8; k++) {
+        y->scales_l[k / 2] |= (uint8_t)((ls[k] & 15) << (4 * (k % 2)));
+        y->scales_h |= (uint16_t)((ls[k] >> 4) << (2 * k));
+        quant_iq4_32(x + 32 * k, d * (float)(ls[k] - 32), y->qs + 16 * k);
+    }
+}
+
+void cinfer_dtype_q3k_scales(const uint8_t *scales, uint8_t out[16])
+{
+    for (int j = 0; j < 16; j++)
+        out[j] = (uint8_t)(((scales[j % 8] >> (4 * (j / 8))) & 15) |
+                           (((scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4));
+}
+
+/* The dequantizers below compute GGML's dequantize_row_* expressions in
+ * GGML's order (scale products first), so their bits are GGML's. */
+static void dequant_k2(const cinfer_block_q2_k *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d), min = cinfer_fp16_to_fp32(b->dmin);
+    for (int e = 0; e < CINFER_QK_K; e++) {
+        int sc = b->scales[e / 16];
+        float dl = d * (float)(sc & 15), ml = min * (float)(sc >> 4);
+        int q = (b->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+        y[e] = dl * (float)q - ml;
+    }
+}
+
+static void dequant_k3(const cinfer_block_q3_k *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d);
+    uint8_t s[16];
+    cinfer_dtype_q3k_scales(b->scales, s);
+    for (int e = 0; e < CINFER_QK_K; e++) {
+        float dl = d * (float)(s[e / 16] - 32);
+        int q = (b->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+        int h = (b->hmask[e % 32] >> (e / 32)) & 1;
+        y[e] = dl * (float)(q - (h ? 0 : 4));
+    }
+}
+
+static void dequant_iq4_nl(const cinfer_block_iq4_nl *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)cinfer_iq4nl_values[b->qs[j] & 15];
+        y[j + 16] = d * (float)cinfer_iq4nl_values[b->qs[j] >> 4];
+    }
+}
+
+static void dequant_iq4_xs(const cinfer_block_iq4_xs *b, float *y)
+{
+    float d = cinfer_fp16_to_fp32(b->d);
+    for (int k = 0; k < 8; k++) {
+        int ls = ((b->scales_l[k / 2] >> (4 * (k % 2))) & 15) |
+                 (((b->scales_h >> (2 * k)) & 3) << 4);
+        float dl = d * (float)(ls - 32);
+        const uint8_t *qs = b->qs + 16 * k;
+        for (int j = 0; j < 16; j++) {
+            y[32 * k + j] = dl * (float)cinfer_iq4nl_values[qs[j] & 15];
+            y[32 * k + j + 16] = dl * (float)cinfer_iq4nl_values[qs[j] >> 4];
+        }
+    }
+}
+
 static void dequant_k4(const cinfer_block_q4_k *b, float *y)
 {
     float d = cinfer_fp16_to_fp32(b->d), min = cinfer_fp16_to_fp32(b->dmin);
@@ -501,6 +733,22 @@ void cinfer_quantize_row(cinfer_dtype t, const float *src, void *dst,
         for (int64_t i = 0; i < nbk; i++)
             quant_q8_k(src + i * CINFER_QK_K, (cinfer_block_q8_k *)dst + i);
         return;
+    case CINFER_DTYPE_Q2_K:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_q2_k(src + i * CINFER_QK_K, (cinfer_block_q2_k *)dst + i);
+        return;
+    case CINFER_DTYPE_Q3_K:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_q3_k(src + i * CINFER_QK_K, (cinfer_block_q3_k *)dst + i);
+        return;
+    case CINFER_DTYPE_IQ4_NL:
+        for (int64_t i = 0; i < nb; i++)
+            quant_iq4_nl(src + i * CINFER_QK, (cinfer_block_iq4_nl *)dst + i);
+        return;
+    case CINFER_DTYPE_IQ4_XS:
+        for (int64_t i = 0; i < nbk; i++)
+            quant_iq4_xs(src + i * CINFER_QK_K, (cinfer_block_iq4_xs *)dst + i);
+        return;
     case CINFER_DTYPE_I32:
         return;
     }
@@ -587,6 +835,22 @@ void cinfer_dequantize_row(cinfer_dtype t, const void *src, float *dst,
                 dst[i * CINFER_QK_K + j] = b[i].d * (float)b[i].qs[j];
         return;
     }
+    case CINFER_DTYPE_Q2_K:
+        for (int64_t i = 0; i < nbk; i++)
+            dequant_k2((const cinfer_block_q2_k *)src + i, dst + i * CINFER_QK_K);
+        return;
+    case CINFER_DTYPE_Q3_K:
+        for (int64_t i = 0; i < nbk; i++)
+            dequant_k3((const cinfer_block_q3_k *)src + i, dst + i * CINFER_QK_K);
+        return;
+    case CINFER_DTYPE_IQ4_NL:
+        for (int64_t i = 0; i < nb; i++)
+            dequant_iq4_nl((const cinfer_block_iq4_nl *)src + i, dst + i * CINFER_QK);
+        return;
+    case CINFER_DTYPE_IQ4_XS:
+        for (int64_t i = 0; i < nbk; i++)
+            dequant_iq4_xs((const cinfer_block_iq4_xs *)src + i, dst + i * CINFER_QK_K);
+        return;
     case CINFER_DTYPE_I32:
         return;
     }

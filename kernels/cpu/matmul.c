@@ -10,10 +10,11 @@
  * fmaf(), which rounds once as the SIMD instructions do.
  *
  * Weight / activation pairs (as GGML pairs them): Q4_1 x Q8_1, Q8_0 x Q8_0,
- * Q4_0 x Q8_0, Q4_K / Q5_K / Q6_K x Q8_K, F16 x F16, BF16 x BF16, F32 x F32.
- * Q8_K activations are quantized by the scalar code on every ISA (GGML's
- * x86 build does the same); the K-quant products live in
- * matmul_kquant*.c, whose AVX2 code AVX-512 processors run as well.
+ * Q4_0 x Q8_0, IQ4_NL x Q8_0, Q2_K .. Q6_K / IQ4_XS x Q8_K, F16 x F16,
+ * BF16 x BF16, F32 x F32. Q8_K activations are quantized by the scalar
+ * code on every ISA (GGML's x86 build does the same); the K-quant and IQ4
+ * products live in matmul_kquant*.c, whose AVX2 code AVX-512 processors
+ * run as well.
  */
 #include "matmul.h"
 
@@ -38,16 +39,31 @@ int cinfer_cpu_matmul_supported(cinfer_dtype wt)
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_IQ4_NL:
+    case CINFER_DTYPE_IQ4_XS:
         return 1;
     default:
         return 0;
     }
 }
 
+/* The types whose products live in matmul_kquant*.c. */
 static int is_kquant(cinfer_dtype wt)
 {
-    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K ||
-           wt == CINFER_DTYPE_Q6_K;
+    switch (wt) {
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
+    case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_IQ4_NL:
+    case CINFER_DTYPE_IQ4_XS:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 cinfer_dtype cinfer_cpu_matmul_act_type(cinfer_dtype wt)
@@ -58,9 +74,13 @@ cinfer_dtype cinfer_cpu_matmul_act_type(cinfer_dtype wt)
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_IQ4_XS:
         return CINFER_DTYPE_Q8_K;
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q4_0:
+    case CINFER_DTYPE_IQ4_NL:
         return CINFER_DTYPE_Q8_0;
     case CINFER_DTYPE_F16:
         return CINFER_DTYPE_F16;

@@ -7,7 +7,8 @@
  *
  *   1. prepare: each input row is converted once to the activation format
  *      paired with the weight type (as GGML pairs them: Q4_1 -> Q8_1,
- *      Q8_0/Q4_0 -> Q8_0, F16 -> F16, BF16 -> BF16, F32 -> F32);
+ *      Q8_0/Q4_0/IQ4_NL -> Q8_0, the K-quants and IQ4_XS -> Q8_K, F16 ->
+ *      F16, BF16 -> BF16, F32 -> F32);
  *   2. compute: a thread computes all rows for its range of output columns
  *      [o0, o1).
  *

@@ -34,8 +34,8 @@
  *   Float 16-lane reduction tree: h8[i] = l[i] + l[i + 8]; h4[i] = h8[i] +
  *   h8[i + 4]; h2[i] = h4[i] + h4[i + 2]; out = h2[0] + h2[1].
  *
- *   K-quants (Q4_K, Q5_K, Q6_K x Q8_K): the order written out in
- *   matmul_kquant.c.
+ *   K-quants (Q2_K .. Q6_K x Q8_K), IQ4_XS x Q8_K and IQ4_NL x Q8_0: the
+ *   orders written out in matmul_kquant.c.
  *
  * Every code path (one row or a tile of rows, a full column tile or a tail)
  * performs exactly these per-element operations; tiling only changes which
@@ -71,7 +71,7 @@ void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
                                         int64_t out_stride, int64_t o0,
                                         int64_t o1);
 
-/* K-quant weights x Q8_K activations (matmul_kquant.c). */
+/* K-quant and IQ4 weights x Q8_K / Q8_0 activations (matmul_kquant.c). */
 void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
                                                size_t w_row_bytes,
                                                const void *act, int64_t n,

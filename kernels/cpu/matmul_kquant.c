@@ -1,10 +1,11 @@
 /*
- * matmul_kquant.c - portable C products of the K-quant weights (Q4_K, Q6_K)
- * with Q8_K activations.
+ * matmul_kquant.c - portable C products of the K-quant weights (Q2_K, Q3_K,
+ * Q4_K, Q5_K, Q6_K) and IQ4_XS with Q8_K activations, and of IQ4_NL with
+ * Q8_0 activations.
  *
  * The reduction order, which every ISA follows (it is the order of GGML's
- * AVX2 ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K, so results match
- * llama.cpp's CPU backend where it takes those paths). For a super-block b
+ * AVX2 ggml_vec_dot_<type>_q8_K / ggml_vec_dot_iq4_nl_q8_0, so results
+ * match llama.cpp's CPU backend where it takes those paths). For a super-block b
  * of 256 elements with activation scale da (fp32) and weight scale dw:
  *
  *   Q4_K: d = da * f(dw); dmin = -da * f(dmin_w)
@@ -32,6 +33,35 @@
  *     acc[l]  = fma(d, (float)isum[l], acc[l])
  *   out = hsum8(acc)
  *
+ *   Q2_K: d = da * f(dw); dmin = -da * f(dmin_w); sc = scales & 15,
+ *     m = scales >> 4; one accumulator for both terms, mins first:
+ *     msum[l] = m[2l] * bs[2l] + m[2l + 1] * bs[2l + 1]
+ *     acc[l]  = fma(dmin, (float)msum[l], acc[l])
+ *     isum[l] = sum over the eight 32-element parts p (elements 32p ..)
+ *         sc[2p + (l >= 4)] * sum_{t<4} q[32p + 4l + t] * a[32p + 4l + t]
+ *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *   out = hsum8(acc)
+ *
+ *   Q3_K: d = da * f(dw); q - 4 in -4..3, s - 32 the signed scales
+ *     isum[l] = as Q2_K's with (s - 32) for sc and (q - 4) for q
+ *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *   out = hsum8(acc)
+ *
+ *   IQ4_XS: d = f(dw) * da; v = kvalues_iq4nl[q], ls - 32 the scales
+ *     isum[l] = sum over sub-blocks j of
+ *         (ls[j] - 32) * sum_{t<4} v[32j + 4l + t] * a[32j + 4l + t]
+ *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *   out = hsum8(acc)
+ *
+ *   IQ4_NL x Q8_0 (blocks of 32): two accumulators, even blocks into acc1
+ *     and odd ones into acc2 while a pair remains; d = f(da) * f(dw)
+ *     (exact)
+ *     isum[l] = sum_{t<4} v[4l + t] * a[4l + t]
+ *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *     out = hsum8(acc1 + acc2, lane by lane); for an odd count the last
+ *     block adds out = fma(d, (float)sum_{e<32} v[e] * a[e], out)
+ *     (GGML's scalar tail, fused as GCC compiles it)
+ *
  * with bs the activation's bsums, f() fp16 -> fp32, and hsum8 the tree of
  * matmul_impl.h. The integer sums are exact, so only the float steps fix
  * the bits; every path performs exactly these.
@@ -48,9 +78,10 @@ static float hsum8(const float *l)
     return (a0 + a2) + (a1 + a3);
 }
 
-static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
-                      int64_t nb)
+static float dot_q4_k(const void *vx, const void *vy, int64_t nb)
 {
+    const cinfer_block_q4_k *x = vx;
+    const cinfer_block_q8_k *y = vy;
     float acc[8] = {0}, accm[4] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
@@ -84,9 +115,10 @@ static float dot_q4_k(const cinfer_block_q4_k *x, const cinfer_block_q8_k *y,
     return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
 }
 
-static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
-                      int64_t nb)
+static float dot_q5_k(const void *vx, const void *vy, int64_t nb)
 {
+    const cinfer_block_q5_k *x = vx;
+    const cinfer_block_q8_k *y = vy;
     float acc[8] = {0}, summs = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
@@ -121,9 +153,10 @@ static float dot_q5_k(const cinfer_block_q5_k *x, const cinfer_block_q8_k *y,
     return hsum8(acc) + summs;
 }
 
-static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
-                      int64_t nb)
+static float dot_q6_k(const void *vx, const void *vy, int64_t nb)
 {
+    const cinfer_block_q6_k *x = vx;
+    const cinfer_block_q8_k *y = vy;
     float acc[8] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
@@ -152,6 +185,148 @@ static float dot_q6_k(const cinfer_block_q6_k *x, const cinfer_block_q8_k *y,
     return hsum8(acc);
 }
 
+/* Q2_K and Q3_K: 2-bit quant e of a super-block's 64 qs bytes. */
+static inline int q2_bits(const uint8_t *qs, int e)
+{
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+static float dot_q2_k(const void *vx, const void *vy, int64_t nb)
+{
+    const cinfer_block_q2_k *x = vx;
+    const cinfer_block_q8_k *y = vy;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
+        const float dmin = -y[b].d * cinfer_fp16_to_fp32(x[b].dmin);
+        const uint8_t *sc = x[b].scales;
+        const int16_t *bs = y[b].bsums;
+        for (int l = 0; l < 8; l++) {
+            int ms = (sc[2 * l] >> 4) * bs[2 * l] + (sc[2 * l + 1] >> 4) * bs[2 * l + 1];
+            acc[l] = fmaf(dmin, (float)ms, acc[l]);
+        }
+        const int8_t *a = y[b].qs;
+        int32_t isum[8] = {0};
+        for (int p = 0; p < 8; p++) {
+            for (int l = 0; l < 8; l++) {
+                int s = 0;
+                for (int t = 0; t < 4; t++) {
+                    int e = 32 * p + 4 * l + t;
+                    s += q2_bits(x[b].qs, e) * a[e];
+                }
+                isum[l] += (sc[2 * p + (l >= 4)] & 15) * s;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+    }
+    return hsum8(acc);
+}
+
+static float dot_q3_k(const void *vx, const void *vy, int64_t nb)
+{
+    const cinfer_block_q3_k *x = vx;
+    const cinfer_block_q8_k *y = vy;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
+        uint8_t sc[16];
+        cinfer_dtype_q3k_scales(x[b].scales, sc);
+        const int8_t *a = y[b].qs;
+        int32_t isum[8] = {0};
+        for (int p = 0; p < 8; p++) {
+            for (int l = 0; l < 8; l++) {
+                int s = 0;
+                for (int t = 0; t < 4; t++) {
+                    int e = 32 * p + 4 * l + t;
+                    int q = q2_bits(x[b].qs, e) | (((x[b].hmask[e % 32] >> (e / 32)) & 1) << 2);
+                    s += (q - 4) * a[e];
+                }
+                isum[l] += (sc[2 * p + (l >= 4)] - 32) * s;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+    }
+    return hsum8(acc);
+}
+
+/* IQ4 level of element e (0..31) of 16 nibble bytes (Q4_0's order). */
+static inline int iq4_value(const uint8_t *qs, int e)
+{
+    return cinfer_iq4nl_values[e < 16 ? qs[e] & 15 : qs[e - 16] >> 4];
+}
+
+static float dot_iq4_xs(const void *vx, const void *vy, int64_t nb)
+{
+    const cinfer_block_iq4_xs *x = vx;
+    const cinfer_block_q8_k *y = vy;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = cinfer_fp16_to_fp32(x[b].d) * y[b].d;
+        int32_t isum[8] = {0};
+        for (int j = 0; j < 8; j++) {
+            const int ls = ((x[b].scales_l[j / 2] >> (4 * (j % 2))) & 15) |
+                           (((x[b].scales_h >> (2 * j)) & 3) << 4);
+            const int8_t *a = y[b].qs + 32 * j;
+            for (int l = 0; l < 8; l++) {
+                int s = 0;
+                for (int t = 0; t < 4; t++)
+                    s += iq4_value(x[b].qs + 16 * j, 4 * l + t) * a[4 * l + t];
+                isum[l] += (ls - 32) * s;
+            }
+        }
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+    }
+    return hsum8(acc);
+}
+
+static float dot_iq4_nl(const void *vx, const void *vy, int64_t nb)
+{
+    const cinfer_block_iq4_nl *x = vx;
+    const cinfer_block_q8_0 *y = vy;
+    float acc[2][8] = {{0}};
+    const int64_t pairs = nb / 2 * 2;
+    int64_t b = 0;
+    for (; b < pairs; b++) {
+        const float d = cinfer_fp16_to_fp32(y[b].d) * cinfer_fp16_to_fp32(x[b].d);
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int t = 0; t < 4; t++)
+                s += iq4_value(x[b].qs, 4 * l + t) * y[b].qs[4 * l + t];
+            acc[b & 1][l] = fmaf(d, (float)s, acc[b & 1][l]);
+        }
+    }
+    float sum[8];
+    for (int l = 0; l < 8; l++)
+        sum[l] = acc[0][l] + acc[1][l];
+    float out = hsum8(sum);
+    for (; b < nb; b++) {
+        const float d = cinfer_fp16_to_fp32(y[b].d) * cinfer_fp16_to_fp32(x[b].d);
+        int s = 0;
+        for (int e = 0; e < 32; e++)
+            s += iq4_value(x[b].qs, e) * y[b].qs[e];
+        out = fmaf(d, (float)s, out);
+    }
+    return out;
+}
+
+typedef float (*dot_fn)(const void *x, const void *y, int64_t nb);
+
+static dot_fn pick(cinfer_dtype wt)
+{
+    switch (wt) {
+    case CINFER_DTYPE_Q2_K: return dot_q2_k;
+    case CINFER_DTYPE_Q3_K: return dot_q3_k;
+    case CINFER_DTYPE_Q4_K: return dot_q4_k;
+    case CINFER_DTYPE_Q5_K: return dot_q5_k;
+    case CINFER_DTYPE_IQ4_XS: return dot_iq4_xs;
+    case CINFER_DTYPE_IQ4_NL: return dot_iq4_nl;
+    default: return dot_q6_k;
+    }
+}
+
 void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
                                                size_t w_row_bytes,
                                                const void *act, int64_t n,
@@ -159,17 +334,12 @@ void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
                                                int64_t out_stride, int64_t o0,
                                                int64_t o1)
 {
-    const size_t arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_K, n_in);
-    const int64_t nb = n_in / CINFER_QK_K;
+    const size_t arb = cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), n_in);
+    const int64_t nb = n_in / cinfer_dtype_block_elems(wt);
+    const dot_fn dot = pick(wt);
     for (int64_t o = o0; o < o1; o++) {
         const void *wrow = (const uint8_t *)w + (size_t)o * w_row_bytes;
-        for (int64_t r = 0; r < n; r++) {
-            const cinfer_block_q8_k *arow =
-                (const cinfer_block_q8_k *)((const uint8_t *)act + (size_t)r * arb);
-            out[r * out_stride + o] =
-                wt == CINFER_DTYPE_Q4_K   ? dot_q4_k(wrow, arow, nb)
-                : wt == CINFER_DTYPE_Q5_K ? dot_q5_k(wrow, arow, nb)
-                                          : dot_q6_k(wrow, arow, nb);
-        }
+        for (int64_t r = 0; r < n; r++)
+            out[r * out_stride + o] = dot(wrow, (const uint8_t *)act + (size_t)r * arb, nb);
     }
 }

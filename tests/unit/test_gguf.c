@@ -430,7 +430,7 @@ static void test_tensor_dtypes(void)
     int64_t ne0[2] = {0, 3};
     CHECK_EQ_INT(cinfer_gguf_writer_add_tensor(w, "bad.zero", CINFER_DTYPE_F32, 2, ne0, junk, 0),
                  CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(cinfer_gguf_writer_add_tensor(w, "bad.type", (cinfer_dtype)10, 1, ne, junk, 256),
+    CHECK_EQ_INT(cinfer_gguf_writer_add_tensor(w, "bad.type", (cinfer_dtype)16, 1, ne, junk, 256),
                  CINFER_E_INVALID_ARG);
     CHECK_EQ_INT(cinfer_gguf_writer_add_tensor(w, "t.F32.0", CINFER_DTYPE_F32, 2, ne, junk, 512),
                  CINFER_E_INVALID_ARG);
@@ -1106,8 +1106,8 @@ static void test_bad_types(void)
     EXPECT_FAIL(b.p, b.n, CINFER_E_FORMAT, "unknown array element type");
     free(b.p);
 
-    /* Unknown tensor types: Q2_K (10), a gap id (4), junk. */
-    const uint32_t tt[] = {10, 4, 29, 31, 0x7fffffffu};
+    /* Unknown tensor types: IQ2_XXS (16), a gap id (4), junk. */
+    const uint32_t tt[] = {16, 4, 29, 31, 0x7fffffffu};
     for (int k = 0; k < 5; k++) {
         uint64_t ne[1] = {256};
         b = (bytes){0};
@@ -1119,7 +1119,7 @@ static void test_bad_types(void)
         EXPECT_FAIL(b.p, b.n, CINFER_E_UNSUPPORTED, "'w'");
         /* a type GGML defines is refused by its name */
         EXPECT_FAIL(b.p, b.n, CINFER_E_UNSUPPORTED,
-                    k == 0 ? "(Q2_K)" : k == 2 ? "(IQ1_M)" : "type");
+                    k == 0 ? "(IQ2_XXS)" : k == 2 ? "(IQ1_M)" : "type");
         free(b.p);
     }
 

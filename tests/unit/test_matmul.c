@@ -13,8 +13,9 @@
  *     inside the full batch; columns outside [o0, o1) are left untouched;
  *   - every ISA produces the same bits as the portable reference order.
  * Sizes are awkward on purpose (n_in 769 and 5125 for float types, 800 and
- * 2560 for block types, 768 and 2816 for the K-quants; n_out 1, 7, 769,
- * 5125; n 1, 3, 13, 64).
+ * 2560 for block types (odd block counts too: IQ4_NL pairs its blocks),
+ * 768 and 2816 for the K-quants and IQ4_XS; n_out 1, 7, 769, 5125; n 1,
+ * 3, 13, 64).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,8 @@ static const cinfer_dtype k_wtypes[] = {
     CINFER_DTYPE_F32,  CINFER_DTYPE_F16,  CINFER_DTYPE_BF16,
     CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_1,
     CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K,
+    CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS,
+    CINFER_DTYPE_IQ4_NL,
 };
 #define N_WTYPES (int)(sizeof(k_wtypes) / sizeof(k_wtypes[0]))
 
@@ -39,10 +42,32 @@ static const cinfer_cpu_isa k_isas[] = {
 static int is_block(cinfer_dtype t) { return cinfer_dtype_block_elems(t) > 1; }
 static int is_k(cinfer_dtype t) { return cinfer_dtype_block_elems(t) == CINFER_QK_K; }
 
+/* GGML's kvalues_iq4nl, written out here. */
+static const int k_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                              1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Q2_K / Q3_K: the 2 low bits of quant e. */
+static int low2(const uint8_t *qs, int e)
+{
+    int h = e / 128, i = e % 128;
+    return (qs[32 * h + i % 32] >> (2 * (i / 32))) & 3;
+}
+
 /* Quant e (0..255) of a K-quant super-block, as the format defines it
  * (dtype.h), written out independently of the library's decoders. */
 static int k_quant(cinfer_dtype wt, const void *blk, int e)
 {
+    if (wt == CINFER_DTYPE_Q2_K)
+        return low2(((const cinfer_block_q2_k *)blk)->qs, e);
+    if (wt == CINFER_DTYPE_Q3_K) {
+        const cinfer_block_q3_k *b = blk;
+        return low2(b->qs, e) | (((b->hmask[e % 32] >> (e / 32)) & 1) << 2);
+    }
+    if (wt == CINFER_DTYPE_IQ4_XS) {
+        const cinfer_block_iq4_xs *b = blk;
+        int byte = b->qs[16 * (e / 32) + e % 16];
+        return e % 32 < 16 ? byte & 15 : byte >> 4;
+    }
     if (wt == CINFER_DTYPE_Q4_K) {
         const cinfer_block_q4_k *b = blk;
         int byte = b->qs[32 * (e / 64) + e % 32];
@@ -74,7 +99,30 @@ static void ref_dot_k(cinfer_dtype wt, const void *wrow, const void *arow,
         for (int e = 0; e < CINFER_QK_K; e++) {
             double a = (double)ab[b].d * ab[b].qs[e];
             int q = k_quant(wt, wb, e);
-            if (wt != CINFER_DTYPE_Q6_K) {
+            if (wt == CINFER_DTYPE_Q2_K) {
+                const cinfer_block_q2_k *k2 = wb;
+                int sc = k2->scales[e / 16];
+                double p = cinfer_fp16_to_fp32(k2->d) * (sc & 15) * q * a;
+                double pm = cinfer_fp16_to_fp32(k2->dmin) * (sc >> 4) * a;
+                s += p - pm;
+                m += fabs(p) + fabs(pm);
+            } else if (wt == CINFER_DTYPE_Q3_K) {
+                const cinfer_block_q3_k *k3 = wb;
+                int j = e / 16;
+                int sc = ((k3->scales[j % 8] >> (4 * (j / 8))) & 15) |
+                         (((k3->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+                double p = cinfer_fp16_to_fp32(k3->d) * (sc - 32) * (q - 4) * a;
+                s += p;
+                m += fabs(p);
+            } else if (wt == CINFER_DTYPE_IQ4_XS) {
+                const cinfer_block_iq4_xs *x4 = wb;
+                int j = e / 32;
+                int ls = ((x4->scales_l[j / 2] >> (4 * (j % 2))) & 15) |
+                         (((x4->scales_h >> (2 * j)) & 3) << 4);
+                double p = cinfer_fp16_to_fp32(x4->d) * (ls - 32) * k_iq4[q] * a;
+                s += p;
+                m += fabs(p);
+            } else if (wt != CINFER_DTYPE_Q6_K) {
                 /* Q4_K and Q5_K share the header layout */
                 const cinfer_block_q4_k *k4 = wb;
                 uint8_t sc, mn;
@@ -191,6 +239,14 @@ static void ref_dot(cinfer_dtype wt, const void *wrow, const void *arow,
                     for (int j = 0; j < 16; j++) {
                         qw[j] = (wb->qs[j] & 15) - 8;
                         qw[j + 16] = (wb->qs[j] >> 4) - 8;
+                    }
+                } else if (wt == CINFER_DTYPE_IQ4_NL) {
+                    const cinfer_block_iq4_nl *wb =
+                        (const cinfer_block_iq4_nl *)wrow + b;
+                    dw = cinfer_fp16_to_fp32(wb->d);
+                    for (int j = 0; j < 16; j++) {
+                        qw[j] = k_iq4[wb->qs[j] & 15];
+                        qw[j + 16] = k_iq4[wb->qs[j] >> 4];
                     }
                 } else {
                     const cinfer_block_q8_0 *wb =
@@ -408,6 +464,11 @@ static void test_supported_and_pairs(void)
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q6_K), CINFER_DTYPE_Q8_K);
     CHECK(!cinfer_cpu_matmul_supported(CINFER_DTYPE_Q8_K));
     CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q5_K), CINFER_DTYPE_Q8_K);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q2_K), CINFER_DTYPE_Q8_K);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_Q3_K), CINFER_DTYPE_Q8_K);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_IQ4_XS), CINFER_DTYPE_Q8_K);
+    CHECK_EQ_INT(cinfer_cpu_matmul_act_type(CINFER_DTYPE_IQ4_NL), CINFER_DTYPE_Q8_0);
+    CHECK(!cinfer_cpu_matmul_supported((cinfer_dtype)16)); /* IQ2_XXS */
     for (int ii = 0; ii < N_ISAS; ii++)
         fprintf(stderr, "     isa %-8s %s\n", cinfer_cpu_isa_name(k_isas[ii]),
                 cinfer_cpu_isa_supported(k_isas[ii]) ? "supported" : "absent");
@@ -433,6 +494,10 @@ static void test_q4_1(void) { run_type(CINFER_DTYPE_Q4_1); }
 static void test_q4_k(void) { run_type(CINFER_DTYPE_Q4_K); }
 static void test_q5_k(void) { run_type(CINFER_DTYPE_Q5_K); }
 static void test_q6_k(void) { run_type(CINFER_DTYPE_Q6_K); }
+static void test_q2_k(void) { run_type(CINFER_DTYPE_Q2_K); }
+static void test_q3_k(void) { run_type(CINFER_DTYPE_Q3_K); }
+static void test_iq4_xs(void) { run_type(CINFER_DTYPE_IQ4_XS); }
+static void test_iq4_nl(void) { run_type(CINFER_DTYPE_IQ4_NL); }
 
 /* Activation quantization corner cases: all-zero blocks, exact .5 ties
  * (round half to even), a block whose maximum is negative, huge and tiny
@@ -727,6 +792,10 @@ int main(void)
     RUN(test_q4_k);
     RUN(test_q5_k);
     RUN(test_q6_k);
+    RUN(test_q2_k);
+    RUN(test_q3_k);
+    RUN(test_iq4_xs);
+    RUN(test_iq4_nl);
     RUN(test_batched_rows);
     return harness_done();
 }
