@@ -2,7 +2,8 @@
 # Builds scripts/goldens/kquant_check.c against llama.cpp's ggml (from
 # build-llama-cpp.sh) and cinfer's kernels library and runs it (its exit
 # status is this script's), then kquant_e2e.c against libllama and
-# cinfer's engine (a report only). Usage:
+# cinfer's engine (a report only: lines with extra_bufts, or "not run" for
+# a type the model writer or loader refuses). Usage:
 #   scripts/goldens/kquant-check.sh [CINFER_BUILD_DIR] [LLAMA_BIN_DIR]
 # (defaults: build/release and what build-llama-cpp.sh prints).
 set -eu
@@ -22,6 +23,6 @@ cc -O2 -I"$ROOT" -I"$LL/include" -I"$LL/ggml/include" "$ROOT/scripts/goldens/kqu
   "$B/engine/libcinfer_engine.a" "$B/kernels/libcinfer_kernels.a" "$B/common/libcinfer_common.a" \
   -L"$BIN" -lllama -lggml -lggml-cpu -lggml-base -Wl,-rpath,"$BIN" \
   $(pkg-config --libs libpcre2-8 2>/dev/null) -lm -lpthread -o "$OUT/kquant_e2e"
-"$OUT/kquant_e2e" 2>&1 | grep 'extra_bufts' || true
+"$OUT/kquant_e2e" 2>&1 | grep -E 'extra_bufts|not run' || true
 rm -rf "$OUT"
 exit $rc

@@ -1,17 +1,22 @@
 /*
- * kquant_check.c - cinfer's K-quant kernels against llama.cpp's ggml, bit
- * for bit (built and run by kquant-check.sh; not part of the build).
+ * kquant_check.c - cinfer's K-quant and IQ4 kernels against llama.cpp's
+ * ggml, bit for bit (built and run by kquant-check.sh; not part of the
+ * build).
  *
- * 1. Through ggml's CPU type traits: dequantization of Q4_K / Q5_K / Q6_K
- *    rows (ggml's own quantizer's blocks and cinfer's), Q8_K activation
- *    quantization, and ggml_vec_dot_q{4,5,6}_K_q8_K against
- *    cinfer_cpu_matmul_compute on every ISA this processor has. Any
- *    difference fails.
+ * 1. Through ggml's CPU type traits, for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ *    IQ4_NL and IQ4_XS: dequantization of rows (ggml's own quantizer's
+ *    blocks and cinfer's), the activation quantization of the type's
+ *    vec_dot_type (Q8_K; Q8_0 for IQ4_NL), and ggml_vec_dot_<type>_<act>
+ *    against cinfer_cpu_matmul_compute on every ISA this processor has.
+ *    Any difference fails.
  * 2. Through a ggml graph (mul_mat on the CPU backend): the plain buffer
- *    (the vec_dot path) and, for Q4_K, the CPU_REPACK buffer that llama.cpp
- *    puts weights in by default on AVX2 processors (q4_K_8x8 gemv/gemm, a
- *    different float order). Differences are reported, not failed: cinfer
- *    follows the vec_dot order.
+ *    (the vec_dot path; for IQ4_NL at 2 rows or more llamafile's tinyBLAS,
+ *    which sums all blocks in one accumulator, unlike vec_dot's two) and,
+ *    where ggml repacks the type on this
+ *    processor (Q4_K and IQ4_NL on AVX2, Q2_K on AVX-512), the CPU_REPACK
+ *    buffer that llama.cpp puts weights in by default (a different float
+ *    order). Differences are reported, not failed: cinfer follows the
+ *    vec_dot order.
  */
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -66,12 +71,15 @@ static void ggml_mm(ggml_backend_t be, ggml_backend_buffer_type_t buft, int t, c
 
 static int check_kernels(void)
 {
-    const int types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K};
-    const int ns[] = {256, 768, 2816, 4096};
+    const int types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K,  GGML_TYPE_Q5_K,  GGML_TYPE_Q2_K,
+                         GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS, GGML_TYPE_IQ4_NL};
+    /* IQ4_NL (blocks of 32) also at odd block counts: its pairs and tail */
+    const int ns[] = {256, 768, 2816, 4096, 32, 96, 800};
     int fails = 0, checks = 0;
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
         int t = types[ti];
-        for (int ni = 0; ni < 4; ni++) {
+        const int at = ggml_get_type_traits_cpu(t)->vec_dot_type;
+        for (int ni = 0; ni < (t == GGML_TYPE_IQ4_NL ? 7 : 4); ni++) {
             int n = ns[ni];
             int rows = 9;
             float *w = malloc(sizeof(float) * n * rows), *x = malloc(sizeof(float) * n * 3);
@@ -93,27 +101,31 @@ static int check_kernels(void)
                 checks++;
                 if (memcmp(d1, d2, sizeof(float) * n)) {
                     fails++;
-                    printf("dequant differs t %d n %d r %d\n", t, n, r);
+                    printf("dequant differs %s n %d r %d\n", ggml_type_name(t), n, r);
                 }
                 ggml_get_type_traits(t)->to_float(wq2 + r * wrb, d1, n);
                 cinfer_dequantize_row((cinfer_dtype)t, wq2 + r * wrb, d2, n);
                 checks++;
                 if (memcmp(d1, d2, sizeof(float) * n)) {
                     fails++;
-                    printf("dequant(cinfer blocks) differs t %d n %d r %d\n", t, n, r);
+                    printf("dequant(cinfer blocks) differs %s n %d r %d\n", ggml_type_name(t), n, r);
                 }
             }
-            /* Q8_K */
-            size_t arb = ggml_row_size(GGML_TYPE_Q8_K, n);
+            /* the activation type (Q8_K or Q8_0) */
+            if ((int)cinfer_cpu_matmul_act_type((cinfer_dtype)t) != at) {
+                fails++;
+                printf("activation type differs t %d: ggml %d\n", t, at);
+            }
+            size_t arb = ggml_row_size(at, n);
             uint8_t *a1 = malloc(arb * 3), *a2 = malloc(arb * 3);
             for (int r = 0; r < 3; r++) {
-                ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float(x + r * n, a1 + r * arb, n);
-                cinfer_quantize_row(CINFER_DTYPE_Q8_K, x + r * n, a2 + r * arb, n);
+                ggml_get_type_traits_cpu(at)->from_float(x + r * n, a1 + r * arb, n);
+                cinfer_quantize_row((cinfer_dtype)at, x + r * n, a2 + r * arb, n);
             }
             checks++;
             if (memcmp(a1, a2, arb * 3)) {
                 fails++;
-                printf("q8_K differs n %d\n", n);
+                printf("%s differs n %d\n", ggml_type_name(at), n);
             }
             /* dots */
             for (int pass = 0; pass < 2; pass++) {
@@ -131,7 +143,7 @@ static int check_kernels(void)
                     checks++;
                     if (memcmp(ref, got, sizeof ref)) {
                         fails++;
-                        printf("dot differs t %d n %d pass %d isa %s: %.9g vs %.9g\n", t, n, pass,
+                        printf("dot differs %s n %d pass %d isa %s: %.9g vs %.9g\n", ggml_type_name(t), n, pass,
                                cinfer_cpu_isa_name((cinfer_cpu_isa)isa), ref[0], got[0]);
                     }
                 }
@@ -160,29 +172,34 @@ static void check_graph(void)
         (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
             reg, "ggml_backend_dev_get_extra_bufts");
     ggml_backend_buffer_type_t *extra = get ? get(dev) : NULL;
-    const int types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    const int types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,  GGML_TYPE_Q2_K,
+                         GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS, GGML_TYPE_IQ4_NL};
     const int n_in = 768, n_out = 16, ns[] = {1, 5};
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
         int t = types[ti];
+        const cinfer_dtype at = cinfer_cpu_matmul_act_type((cinfer_dtype)t);
         float *w = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * 5);
         for (int i = 0; i < n_in * n_out; i++)
             w[i] = rf();
         for (int i = 0; i < n_in * 5; i++)
             x[i] = rf() * (i % 37 == 0 ? 20 : 1);
-        size_t wrb = ggml_row_size(t, n_in), arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_K, n_in);
+        size_t wrb = ggml_row_size(t, n_in), arb = cinfer_dtype_row_bytes(at, n_in);
         uint8_t *wq = malloc(wrb * n_out), *act = malloc(arb * 5);
         ggml_quantize_chunk(t, w, wq, 0, n_out, n_in, NULL);
         for (int ni = 0; ni < 2; ni++) {
             int n = ns[ni];
             float plain[80], rep[80], ours[80];
             ggml_mm(be, NULL, t, wq, n_in, n_out, x, n, plain);
-            /* x86 repacks only Q4_K (q4_K_8x8, rows % 8 == 0) */
-            int repacked = extra && extra[0] && t == GGML_TYPE_Q4_K;
+            /* x86 repacks Q4_K (q4_K_8x8) and IQ4_NL (iq4_nl_8x8) on AVX2,
+             * Q2_K (q2_K_8x8) on AVX-512; rows % 8 == 0 */
+            int repacked = extra && extra[0] &&
+                           (((t == GGML_TYPE_Q4_K || t == GGML_TYPE_IQ4_NL) && ggml_cpu_has_avx2()) ||
+                            (t == GGML_TYPE_Q2_K && ggml_cpu_has_avx512()));
             if (repacked)
                 ggml_mm(be, extra[0], t, wq, n_in, n_out, x, n, rep);
             else
                 memcpy(rep, plain, sizeof rep);
-            cinfer_cpu_matmul_prepare(CINFER_CPU_ISA_AVX2, CINFER_DTYPE_Q8_K, x, n_in, 0, n, act);
+            cinfer_cpu_matmul_prepare(CINFER_CPU_ISA_AVX2, at, x, n_in, 0, n, act);
             cinfer_cpu_matmul_compute(CINFER_CPU_ISA_AVX2, (cinfer_dtype)t, wq, wrb, act, n, n_in,
                                       ours, n_out, 0, n_out);
             int dp = 0, dr = 0;
@@ -190,7 +207,7 @@ static void check_graph(void)
                 dp += plain[i] != ours[i];
                 dr += rep[i] != ours[i];
             }
-            printf("graph %s n=%d: vs ggml_vec_dot path %d/%d differ", ggml_type_name(t), n, dp,
+            printf("graph %s n=%d: vs the plain-buffer path %d/%d differ", ggml_type_name(t), n, dp,
                    n * n_out);
             if (repacked)
                 printf("; vs the repacked (CPU_REPACK) path %d/%d differ", dr, n * n_out);
