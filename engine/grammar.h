@@ -77,6 +77,17 @@ void cinfer_grammar_destroy(cinfer_grammar *g);
 cinfer_status cinfer_grammar_compile_regex(const char *re, size_t len,
                                            cinfer_grammar **out);
 
+/* The same pattern as a GBNF expression, "( ... )", to embed in a rule
+ * (the JSON-schema compiler's `pattern`); *out is malloc'd, the caller
+ * frees it. json_string = 1: the expression matches the text inside a
+ * JSON string whose value fullmatches the pattern: literal characters
+ * that JSON escapes (", \, control characters) are written as their
+ * escapes, and classes and `.` leave those characters out (a class with
+ * nothing else is refused), so every output is a valid string whose
+ * value the pattern matches. */
+cinfer_status cinfer_grammar_regex_to_gbnf(const char *re, size_t len,
+                                           int json_string, char **out);
+
 /* Rules, counting the ones the compiler made for groups and repetitions. */
 int cinfer_grammar_n_rules(const cinfer_grammar *g);
 

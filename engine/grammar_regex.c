@@ -28,7 +28,13 @@ typedef struct {
     cinfer_status st;
     char err[200];
     int depth;
+    int json; /* the output is the inside of a JSON string (see
+                 cinfer_grammar_regex_to_gbnf) */
 } rx;
+
+/* What a JSON string cannot hold unescaped, as GBNF class members. */
+#define JSON_EXCLUDED "\"\\\\\\x00-\\x1F"
+
 
 #define RX_MAX_DEPTH 200
 
@@ -81,6 +87,58 @@ static int put_cp(rx *r, uint32_t cp)
     else
         snprintf(b, sizeof b, "\\U%08X", (unsigned)cp);
     return puts_(r, b);
+}
+
+/* A literal code point. Inside a JSON string the characters JSON escapes
+ * are written as their escapes (the string's value is still cp). */
+static int put_lit(rx *r, uint32_t cp)
+{
+    if (!r->json || (cp >= 0x20 && cp != '"' && cp != '\\'))
+        return puts_(r, "\"") && put_cp(r, cp) && puts_(r, "\"");
+    char esc[8];
+    switch (cp) {
+    case '"': snprintf(esc, sizeof esc, "\\\""); break;
+    case '\\': snprintf(esc, sizeof esc, "\\\\"); break;
+    case '\n': snprintf(esc, sizeof esc, "\\n"); break;
+    case '\t': snprintf(esc, sizeof esc, "\\t"); break;
+    case '\r': snprintf(esc, sizeof esc, "\\r"); break;
+    case '\b': snprintf(esc, sizeof esc, "\\b"); break;
+    case '\f': snprintf(esc, sizeof esc, "\\f"); break;
+    default: snprintf(esc, sizeof esc, "\\u%04x", (unsigned)cp); break;
+    }
+    if (!puts_(r, "\""))
+        return 0;
+    for (const char *e = esc; *e; e++) {
+        int ok = *e == '\\' ? puts_(r, "\\\\")
+                 : *e == '"' ? puts_(r, "\\\"")
+                             : put(r, e, 1);
+        if (!ok)
+            return 0;
+    }
+    return puts_(r, "\"");
+}
+
+/* The class member lo-hi. Inside a JSON string a positive class keeps
+ * only the characters a string holds unescaped; *kept counts the pieces
+ * written. */
+static int put_member(rx *r, uint32_t lo, uint32_t hi, int negated,
+                      int *kept)
+{
+    static const uint32_t ok[3][2] = {
+        {0x20, 0x21}, {0x23, 0x5b}, {0x5d, 0x10ffff}};
+    for (int k = 0; k < (r->json && !negated ? 3 : 1); k++) {
+        uint32_t a = lo, b = hi;
+        if (r->json && !negated) {
+            a = lo > ok[k][0] ? lo : ok[k][0];
+            b = hi < ok[k][1] ? hi : ok[k][1];
+            if (a > b)
+                continue;
+        }
+        if (!put_cp(r, a) || (b != a && (!puts_(r, "-") || !put_cp(r, b))))
+            return 0;
+        (*kept)++;
+    }
+    return 1;
 }
 
 static int peek(const rx *r) { return r->i < r->n ? (unsigned char)r->re[r->i] : -1; }
@@ -185,7 +243,7 @@ static int parse_class(rx *r)
         r->i++;
     if (!puts_(r, negated ? "[^" : "["))
         return 0;
-    int first = 1, any = 0;
+    int first = 1, kept = 0;
     while (r->st == CINFER_OK) {
         int c = peek(r);
         if (c < 0)
@@ -205,9 +263,11 @@ static int parse_class(rx *r)
                     return rx_fail(r, CINFER_E_INVALID_ARG,
                                    "\\%c inside a class is not supported",
                                    cls);
-                if (!puts_(r, shorthand(cls)))
+                /* inside a JSON string \s keeps only the space */
+                int only_space = cls == 's' && r->json && !negated;
+                if (!puts_(r, only_space ? " " : shorthand(cls)))
                     return 0;
-                any = 1;
+                kept++;
                 continue;
             }
         } else if (c == '[' && r->i + 1 < r->n && r->re[r->i + 1] == ':') {
@@ -216,12 +276,9 @@ static int parse_class(rx *r)
         } else if (!next_cp(r, &lo)) {
             return 0;
         }
-        if (!put_cp(r, lo))
-            return 0;
-        any = 1;
+        uint32_t hi = lo;
         if (peek(r) == '-' && r->i + 1 < r->n && r->re[r->i + 1] != ']') {
             r->i++;
-            uint32_t hi;
             if (peek(r) == '\\') {
                 r->i++;
                 if (!parse_escape(r, &hi, &cls))
@@ -235,13 +292,18 @@ static int parse_class(rx *r)
             if (hi < lo)
                 return rx_fail(r, CINFER_E_INVALID_ARG,
                                "a range runs backwards");
-            if (!puts_(r, "-") || !put_cp(r, hi))
-                return 0;
         }
+        if (!put_member(r, lo, hi, negated, &kept))
+            return 0;
     }
     r->i++; /* ] */
-    if (!any)
-        return rx_fail(r, CINFER_E_INVALID_ARG, "an empty class");
+    if (!kept)
+        return rx_fail(r, CINFER_E_INVALID_ARG,
+                       r->json ? "a class of only characters a JSON string "
+                                 "must escape"
+                               : "an empty class");
+    if (negated && r->json && !puts_(r, JSON_EXCLUDED))
+        return 0;
     return puts_(r, "]");
 }
 
@@ -348,7 +410,7 @@ static int parse_seq(rx *r)
                 return 0;
         } else if (c == '.') {
             r->i++;
-            if (!puts_(r, "[^\\n]"))
+            if (!puts_(r, r->json ? "[^" JSON_EXCLUDED "]" : "[^\\n]"))
                 return 0;
         } else if (c == '^' || c == '$') {
             int at_start = c == '^' && r->i == 0;
@@ -372,16 +434,17 @@ static int parse_seq(rx *r)
                 return 0;
             if (cls) {
                 int neg = cls == 'D' || cls == 'W' || cls == 'S';
-                if (!puts_(r, neg ? "[^" : "[") || !puts_(r, shorthand(cls)) ||
+                const char *m = cls == 's' && r->json ? " " : shorthand(cls);
+                if (!puts_(r, neg ? "[^" : "[") || !puts_(r, m) ||
+                    (neg && r->json && !puts_(r, JSON_EXCLUDED)) ||
                     !puts_(r, "]"))
                     return 0;
-            } else if (!puts_(r, "\"") || !put_cp(r, cp) || !puts_(r, "\"")) {
+            } else if (!put_lit(r, cp)) {
                 return 0;
             }
         } else {
             uint32_t cp;
-            if (!next_cp(r, &cp) || !puts_(r, "\"") || !put_cp(r, cp) ||
-                !puts_(r, "\""))
+            if (!next_cp(r, &cp) || !put_lit(r, cp))
                 return 0;
         }
         if (!parse_quant(r))
@@ -402,6 +465,38 @@ static int parse_alt(rx *r)
     return 1;
 }
 
+/* The pattern as GBNF: "( alternatives )" in *out (malloc'd). */
+static cinfer_status translate(const char *re, size_t len, int json,
+                               char **out)
+{
+    rx r;
+    memset(&r, 0, sizeof r);
+    r.re = re ? re : "";
+    r.n = len;
+    r.json = json;
+    if (puts_(&r, "( ") && parse_alt(&r) && r.i < r.n)
+        rx_fail(&r, CINFER_E_INVALID_ARG, "an unmatched )");
+    if (r.st == CINFER_OK)
+        puts_(&r, " )");
+    if (r.st != CINFER_OK) {
+        free(r.out);
+        return cinfer_set_error(r.st, "%s", r.err);
+    }
+    *out = r.out;
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_grammar_regex_to_gbnf(const char *re, size_t len,
+                                           int json_string, char **out)
+{
+    if (!out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "regex: out is NULL");
+    *out = NULL;
+    if (!re && len)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "regex: no pattern");
+    return translate(re, len, json_string, out);
+}
+
 cinfer_status cinfer_grammar_compile_regex(const char *re, size_t len,
                                            cinfer_grammar **out)
 {
@@ -410,25 +505,25 @@ cinfer_status cinfer_grammar_compile_regex(const char *re, size_t len,
     *out = NULL;
     if (!re && len)
         return cinfer_set_error(CINFER_E_INVALID_ARG, "regex: no pattern");
-    rx r;
-    memset(&r, 0, sizeof r);
-    r.re = re ? re : "";
-    r.n = len;
-    if (puts_(&r, "root ::= ( ") && parse_alt(&r) && r.i < r.n)
-        rx_fail(&r, CINFER_E_INVALID_ARG, "an unmatched )");
-    if (r.st == CINFER_OK)
-        puts_(&r, " )\n");
-    if (r.st != CINFER_OK) {
-        free(r.out);
-        return cinfer_set_error(r.st, "%s", r.err);
+    char *expr = NULL;
+    cinfer_status st = translate(re, len, 0, &expr);
+    if (st != CINFER_OK)
+        return st;
+    size_t n = strlen(expr) + 16;
+    char *src = malloc(n);
+    if (!src) {
+        free(expr);
+        return cinfer_set_error(CINFER_E_NOMEM, "regex: out of memory");
     }
-    cinfer_status st = cinfer_grammar_compile(r.out, r.len, "root", out);
+    snprintf(src, n, "root ::= %s\n", expr);
+    free(expr);
+    st = cinfer_grammar_compile(src, strlen(src), "root", out);
     if (st != CINFER_OK) {
         /* what the translation made refused: name the pattern's side */
         char msg[300];
         snprintf(msg, sizeof msg, "%s", cinfer_last_error());
         st = cinfer_set_error(st, "regex: %s", msg);
     }
-    free(r.out);
+    free(src);
     return st;
 }
