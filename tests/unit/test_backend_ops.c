@@ -33,8 +33,11 @@
  *   - embed for F32, F16, BF16 (widths 769, 5125) and Q8_0, Q4_0, Q4_1
  *     tables (800, 5152: whole blocks), the reference decoding the blocks;
  *   - rms_norm, add, add_bias, silu_mul, gather_rows at widths 769 and 5125,
- *     silu over the whole float range, rope (NORM and NEOX, full and
- *     partial rotation, positions to 4095), kv_store into F16 and F32 caches
+ *     rms_norm per group (a weight of 128 or 37 over rows of 5 groups: the
+ *     per-head Q/K norm), silu over the whole float range, rope (NORM and
+ *     NEOX, full and partial rotation, positions to 4095, with linear
+ *     scaling and per-pair frequency factors, the CPU's cached table
+ *     rebuilt when they change), kv_store into F16 and F32 caches
  *     (widths 60 and 769), and the step ops on a batch of 67 rows;
  *   - matmul for every weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_1) at
  *     n = 1, 7, 8, 9, 64 rows (decode kernels and tiled ones), several
@@ -1019,6 +1022,70 @@ static void rowwise_case(int64_t d)
     free(want_gather);
 }
 
+/* rms_norm with a weight of g elements over rows of 5 * g: each group of
+ * g normalised on its own (the per-head Q/K norm of qwen3). */
+static void rms_groups_case(int64_t g)
+{
+    const int64_t n = 7, groups = 5, d = groups * g, nd = n * d;
+    uint64_t seed = seed_for(71 + (uint64_t)g);
+    float *x = randv(nd, &seed, 3.0f);
+    float *w = randv(g, &seed, 1.5f);
+    float *got = malloc(sizeof(float) * (size_t)nd);
+    double *want = malloc(sizeof(double) * (size_t)nd);
+    for (int64_t r = 0; r < n * groups; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < g; i++)
+            ss += (double)x[r * g + i] * x[r * g + i];
+        double sc = 1.0 / sqrt(ss / (double)g + 1e-6);
+        for (int64_t i = 0; i < g; i++)
+            want[r * g + i] = x[r * g + i] * sc * w[i];
+    }
+    char what[2][40];
+    snprintf(what[0], sizeof what[0], "rms_norm groups of %lld", (long long)g);
+    snprintf(what[1], sizeof what[1], "rms_norm groups of %lld in place",
+             (long long)g);
+    cpu_keep k = {{0}};
+    for (int fi = 0; fi < g_n_factories; fi++) {
+        const factory *f = &g_factories[fi];
+        cinfer_backend *be = make_backend(f);
+        cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
+        cinfer_tensor *to = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
+        cinfer_tensor *tw = wnew(be, CINFER_DTYPE_F32, 1, g, 0, w);
+        put(be, tx, x);
+        poison(be, to);
+        CHECK_OK(cinfer_backend_rms_norm(be, tx, tw, 1e-6f, to));
+        get(be, to, got);
+        check_out(what[0], f, got, want, keep(&k, fi, 0, got, nd), nd,
+                  2e-6 * 8, NMSE_EXACT);
+        CHECK_OK(cinfer_backend_rms_norm(be, tx, tw, 1e-6f, tx));
+        get(be, tx, got);
+        check_out(what[1], f, got, want, keep(&k, fi, 1, got, nd), nd,
+                  2e-6 * 8, NMSE_EXACT);
+        /* a weight whose length does not divide the row is refused */
+        float w3[3] = {1, 1, 1};
+        cinfer_tensor *t3 = wnew(be, CINFER_DTYPE_F32, 1, 3, 0, w3);
+        CHECK_EQ_INT(cinfer_backend_rms_norm(be, tx, t3, 1e-6f, to),
+                     CINFER_E_INVALID_ARG);
+        CHECK(strstr(cinfer_last_error(), "rms_norm") != NULL);
+        cinfer_backend_tensor_destroy(be, t3);
+        cinfer_backend_tensor_destroy(be, tx);
+        cinfer_backend_tensor_destroy(be, to);
+        cinfer_backend_tensor_destroy(be, tw);
+        cinfer_backend_destroy(be);
+    }
+    keep_free(&k);
+    free(x);
+    free(w);
+    free(got);
+    free(want);
+}
+
+static void test_rms_norm_groups(void)
+{
+    rms_groups_case(128);
+    rms_groups_case(37);
+}
+
 static void test_rowwise(void)
 {
     rowwise_case(769);
@@ -1302,20 +1369,35 @@ static void test_rope(void)
         int head_dim, rot_dim;
         cinfer_rope_mode mode;
         float theta;
+        float freq_scale; /* 1: plain rope through cinfer_backend_rope */
+        int factors;      /* per-pair frequency factors (Llama 3's) */
     } cases[] = {
-        {64, 64, CINFER_ROPE_NORM, 10000.0f},
-        {64, 64, CINFER_ROPE_NEOX, 1000000.0f},
-        {40, 24, CINFER_ROPE_NORM, 10000.0f},
-        {40, 24, CINFER_ROPE_NEOX, 500000.0f},
+        {64, 64, CINFER_ROPE_NORM, 10000.0f, 1.0f, 0},
+        {64, 64, CINFER_ROPE_NEOX, 1000000.0f, 1.0f, 0},
+        {40, 24, CINFER_ROPE_NORM, 10000.0f, 1.0f, 0},
+        {40, 24, CINFER_ROPE_NEOX, 500000.0f, 1.0f, 0},
+        {64, 64, CINFER_ROPE_NORM, 500000.0f, 1.0f, 1},
+        {40, 24, CINFER_ROPE_NEOX, 10000.0f, 0.25f, 0},
+        {64, 64, CINFER_ROPE_NEOX, 1000000.0f, 0.125f, 1},
     };
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    float ff[32];
+    for (int i = 0; i < 32; i++) /* factors 1 .. 8, in no order */
+        ff[i] = 1.0f + (float)((i * 3) % 5) * 1.75f;
     step_buf *sb = step_new();
     step_init(sb, 1, 512);
     for (int b = 0; b < 9; b++)
         sb->tables[b] = b;
     for (int r = 0; r < n; r++)
         step_row(sb, 0, pos[r], 0);
-    for (int kc = 0; kc < 4; kc++) {
+    for (int kc = 0; kc < n_cases; kc++) {
         int hd = cases[kc].head_dim, rd = cases[kc].rot_dim;
+        const int scaled = cases[kc].freq_scale != 1.0f || cases[kc].factors;
+        const cinfer_rope_params rp = {
+            .theta = cases[kc].theta,
+            .freq_scale = cases[kc].freq_scale,
+            .freq_factors = cases[kc].factors ? ff : NULL,
+            .mode = cases[kc].mode};
         int64_t width = (int64_t)n_heads * hd;
         uint64_t seed = seed_for(31 + (uint64_t)kc);
         float *x = randv(n * width, &seed, 1.0f);
@@ -1329,8 +1411,9 @@ static void test_rope(void)
                 for (int i = 0; i < hd; i++)
                     o[i] = xs[i];
                 for (int i = 0; i < rd / 2; i++) {
-                    double th = pos[r] * pow((double)cases[kc].theta,
-                                             -2.0 * i / rd);
+                    double th = cases[kc].freq_scale * pos[r] *
+                                pow((double)cases[kc].theta, -2.0 * i / rd) /
+                                (cases[kc].factors ? ff[i] : 1.0);
                     int i0 = cases[kc].mode == CINFER_ROPE_NORM ? 2 * i : i;
                     int i1 = cases[kc].mode == CINFER_ROPE_NORM ? 2 * i + 1
                                                                 : i + rd / 2;
@@ -1345,15 +1428,20 @@ static void test_rope(void)
             cinfer_backend *be = make_backend(c);
             CHECK_OK(cinfer_backend_set_step(be, &sb->s));
             cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, n, width, 0, 0);
+            if (scaled) {
+                /* an unscaled rope first in the step: the scaled one must
+                 * not reuse its angles */
+                put(be, tx, x);
+                CHECK_OK(cinfer_backend_rope(be, tx, n_heads, hd, rd,
+                                             cases[kc].theta, cases[kc].mode));
+            }
             put(be, tx, x);
-            CHECK_OK(cinfer_backend_rope(be, tx, n_heads, hd, rd,
-                                         cases[kc].theta, cases[kc].mode));
+            CHECK_OK(cinfer_backend_rope_ext(be, tx, n_heads, hd, rd, &rp));
             get(be, tx, got);
             /* a second rope in the step (a CPU reuses its cos/sin table)
              * gives the same bits */
             put(be, tx, x);
-            CHECK_OK(cinfer_backend_rope(be, tx, n_heads, hd, rd,
-                                         cases[kc].theta, cases[kc].mode));
+            CHECK_OK(cinfer_backend_rope_ext(be, tx, n_heads, hd, rd, &rp));
             get(be, tx, again);
             CHECK(memcmp(again, got, sizeof(float) * (size_t)(n * width)) == 0);
             char what[48];
@@ -2487,6 +2575,21 @@ static void validation_on(const factory *f)
     CHECK_BAD(cinfer_backend_rope(be, x, 3, 32, 32, 1e4f, CINFER_ROPE_NORM), "rope");
     CHECK_BAD(cinfer_backend_rope(be, x, 2, 32, 32, 1e4f, (cinfer_rope_mode)1), "rope");
     CHECK_BAD(cinfer_backend_rope(be, x, 2, 32, 32, 0.0f, CINFER_ROPE_NEOX), "rope");
+    {
+        float bad_ff[16];
+        for (int i = 0; i < 16; i++)
+            bad_ff[i] = 1.0f;
+        bad_ff[9] = 0.0f;
+        cinfer_rope_params rp = {.theta = 1e4f, .freq_scale = 0.0f,
+                                 .freq_factors = NULL,
+                                 .mode = CINFER_ROPE_NORM};
+        CHECK_BAD(cinfer_backend_rope_ext(be, x, 2, 32, 32, &rp), "freq_scale");
+        rp.freq_scale = 1.0f;
+        rp.freq_factors = bad_ff;
+        CHECK_BAD(cinfer_backend_rope_ext(be, x, 2, 32, 32, &rp),
+                  "freq_factors[9]");
+        CHECK_BAD(cinfer_backend_rope_ext(be, x, 2, 32, 32, NULL), "rope");
+    }
     CHECK_OK(cinfer_backend_rope(be, x, 2, 32, 32, 1e4f, CINFER_ROPE_NEOX));
 
     /* kv_store and attention */
@@ -2553,6 +2656,7 @@ int main(void)
     RUN(test_tensors);
     RUN(test_embed);
     RUN(test_rowwise);
+    RUN(test_rms_norm_groups);
     RUN(test_rowwise_large);
     RUN(test_silu_range);
     RUN(test_step_ops_large);
