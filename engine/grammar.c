@@ -752,6 +752,14 @@ void cinfer_grammar_destroy(cinfer_grammar *g)
 
 int cinfer_grammar_n_rules(const cinfer_grammar *g) { return g->n_rules; }
 
+size_t cinfer_grammar_bytes(const cinfer_grammar *g)
+{
+    size_t n_alts = g->rule_alt[g->n_rules];
+    return sizeof *g + (g->n_e + 1) * sizeof *g->e +
+           (n_alts + 1) * sizeof *g->alt +
+           ((size_t)g->n_rules + 1) * sizeof *g->rule_alt;
+}
+
 /* ---------------------------------------------------------------------- */
 /* stack sets                                                              */
 /* ---------------------------------------------------------------------- */
