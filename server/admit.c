@@ -11,7 +11,9 @@
  * (cinfer_request_map_refusal). Every refusal carries its reason, which
  * the front end counts once when it answers.
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -49,7 +51,7 @@ int cinfer_server_admit(cinfer_server *s, const cinfer_admit_in *in,
      * request to its first token can not be met even idle. */
     if (in->deadline_ns) {
         int64_t min_ns = cinfer_service_time_min(
-            s, s->params.prefix_cache ? 1 : (int64_t)in->n_prompt);
+            s->svc, s->params.prefix_cache ? 1 : (int64_t)in->n_prompt);
         if (min_ns > 0 && cinfer_ns_add_sat(now, min_ns) > in->deadline_ns) {
             refuse(out, CINFER_E_TIMEOUT, CINFER_REJECT_SHED_DEADLINE, 0);
             snprintf(out->message, sizeof out->message,
@@ -183,7 +185,7 @@ void cinfer_gen_track_tokens(cinfer_server *s, cinfer_gen_track *t,
         for (size_t i = 0; i < ev->n_ids; i++)
             cinfer_metrics_observe(s->metrics, CINFER_HIST_ITL, gap);
         if (ev->n_ids == 1)
-            cinfer_service_time_record(s, 1, now - t->last_token_ns);
+            cinfer_service_time_record(s->svc, 1, now - t->last_token_ns);
         if (t->admitted)
             cinfer_admission_observe_token_time(
                 s->adm, (now - t->last_token_ns) / (int64_t)ev->n_ids);
@@ -227,10 +229,10 @@ int cinfer_gen_track_finish(cinfer_server *s, cinfer_gen_track *t,
     int fault = ev->finish == CINFER_FINISH_ERROR &&
                 ev->status == CINFER_E_DEVICE;
     int ok = ev->completion_tokens > 0 && ev->finish != CINFER_FINISH_ERROR;
-    cinfer_watchdog_note_outcome(s, fault, ok);
+    cinfer_watchdog_note_outcome(s->wd, fault, ok);
     if (ok && ev->ttft_ns > ev->queue_ns) {
         int64_t uncached = (int64_t)ev->prompt_tokens - ev->cached_tokens;
-        cinfer_service_time_record(s, uncached > 0 ? uncached : 1,
+        cinfer_service_time_record(s->svc, uncached > 0 ? uncached : 1,
                                    ev->ttft_ns - ev->queue_ns);
     }
     if (++t->n_finished < t->n_samples)
@@ -256,4 +258,67 @@ void cinfer_gen_track_drop(cinfer_server *s, cinfer_gen_track *t)
     cinfer_admission_finish(s->adm, &t->ticket, CINFER_OUTCOME_IGNORED,
                             cinfer_server_now_ns());
     t->admitted = 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The idle service-time bound                                            */
+/* ---------------------------------------------------------------------- */
+
+/* min_first_ns[k] is the fastest submit-to-first-token minus queue time
+ * seen for a request with 2^k .. 2^(k+1)-1 uncached prompt tokens (0 =
+ * none seen). */
+struct cinfer_service_times {
+    pthread_mutex_t mu;
+    int64_t min_first_ns[32];
+};
+
+cinfer_status cinfer_service_times_create(cinfer_service_times **out)
+{
+    cinfer_service_times *t = calloc(1, sizeof *t);
+    if (!t)
+        return cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
+    pthread_mutex_init(&t->mu, NULL);
+    *out = t;
+    return CINFER_OK;
+}
+
+void cinfer_service_times_destroy(cinfer_service_times *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+static int size_class(int64_t tokens)
+{
+    int k = 0;
+    while (k < 31 && tokens >= ((int64_t)2 << k))
+        k++;
+    return k;
+}
+
+void cinfer_service_time_record(cinfer_service_times *t, int64_t tokens,
+                                int64_t first_ns)
+{
+    if (tokens < 1 || first_ns <= 0)
+        return;
+    int k = size_class(tokens);
+    pthread_mutex_lock(&t->mu);
+    if (!t->min_first_ns[k] || first_ns < t->min_first_ns[k])
+        t->min_first_ns[k] = first_ns;
+    pthread_mutex_unlock(&t->mu);
+}
+
+int64_t cinfer_service_time_min(cinfer_service_times *t, int64_t tokens)
+{
+    /* More prompt tokens never take less time: every class whose largest
+     * size is <= tokens bounds it from below. */
+    int64_t best = 0;
+    pthread_mutex_lock(&t->mu);
+    for (int k = 0; k < 31 && ((int64_t)2 << k) - 1 <= tokens; k++)
+        if (t->min_first_ns[k] > best)
+            best = t->min_first_ns[k];
+    pthread_mutex_unlock(&t->mu);
+    return best;
 }

@@ -935,43 +935,6 @@ void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns)
         free(ids);
 }
 
-/* ---------------------------------------------------------------------- */
-/* Service-time bound                                                     */
-/* ---------------------------------------------------------------------- */
-
-static int size_class(int64_t tokens)
-{
-    int k = 0;
-    while (k < 31 && tokens >= ((int64_t)2 << k))
-        k++;
-    return k;
-}
-
-void cinfer_service_time_record(cinfer_server *s, int64_t tokens,
-                                int64_t first_ns)
-{
-    if (tokens < 1 || first_ns <= 0)
-        return;
-    int k = size_class(tokens);
-    pthread_mutex_lock(&s->prefill_mu);
-    if (!s->min_first_ns[k] || first_ns < s->min_first_ns[k])
-        s->min_first_ns[k] = first_ns;
-    pthread_mutex_unlock(&s->prefill_mu);
-}
-
-int64_t cinfer_service_time_min(cinfer_server *s, int64_t tokens)
-{
-    /* More prompt tokens never take less time: every class whose largest
-     * size is <= tokens bounds it from below. */
-    int64_t best = 0;
-    pthread_mutex_lock(&s->prefill_mu);
-    for (int k = 0; k < 31 && ((int64_t)2 << k) - 1 <= tokens; k++)
-        if (s->min_first_ns[k] > best)
-            best = s->min_first_ns[k];
-    pthread_mutex_unlock(&s->prefill_mu);
-    return best;
-}
-
 const rpc_method cinfer_rpc_generate = {
     .path = "/cinfer.v1.Inference/Generate",
     .kind = RPC_GENERATE,

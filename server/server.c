@@ -1156,8 +1156,34 @@ int cinfer_server_healthy(const cinfer_server *s)
 {
     cinfer_server *m = (cinfer_server *)s;
     return atomic_load(&m->state) == SERVER_SERVING &&
-           !atomic_load(&m->stuck) && !atomic_load(&m->faulted) &&
-           !atomic_load(&m->device_lost) && !atomic_load(&m->listener_dead);
+           cinfer_watchdog_healthy(m->wd);
+}
+
+static void check_queued_hook(void *user, int64_t now_ns)
+{
+    cinfer_generate_check_queued(user, now_ns);
+}
+
+static void expire_receives_hook(void *user, int64_t now_ns)
+{
+    cinfer_server_expire_receives(user, now_ns);
+}
+
+/* Last of the watchdog's hooks: a change of health is told to the
+ * Health.Watch streams. */
+static void health_hook(void *user, int64_t now_ns)
+{
+    (void)now_ns;
+    cinfer_server *s = user;
+    int healthy = cinfer_server_healthy(s);
+    if (healthy == s->health_reported)
+        return;
+    s->health_reported = healthy;
+    /* Outside SERVING, attach and drain tell the streams. */
+    if (atomic_load(&s->state) == SERVER_SERVING) {
+        cinfer_watchdog_log_health(s->wd, healthy);
+        cinfer_health_notify(s);
+    }
 }
 
 /* The metrics collector: gauges read at scrape time (HTTP thread). */
@@ -1249,19 +1275,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&s->prefill_mu, NULL);
     pthread_mutex_init(&s->keys_mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->wd_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    atomic_init(&s->stuck, 0);
-    atomic_init(&s->faulted, 0);
-    atomic_init(&s->device_lost, 0);
-    atomic_init(&s->fault_run, 0);
-    atomic_init(&s->listener_dead, 0);
-    atomic_init(&s->probe_ok, 0);
-    s->health_reported = 1;
     s->metrics = sp.metrics;
     cinfer_chat_template_detect(&s->chat, NULL, 0);
     cinfer_status st = CINFER_OK;
@@ -1269,6 +1283,11 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
         st = cinfer_set_error(CINFER_E_NOMEM, "server: no memory");
         goto fail_alloc;
     }
+    st = cinfer_watchdog_create(s, &s->wd);
+    if (st == CINFER_OK)
+        st = cinfer_service_times_create(&s->svc);
+    if (st != CINFER_OK)
+        goto fail_alloc;
 
     if (sp.api_keys_path && sp.api_keys_path[0]) {
         st = cinfer_api_keys_load(sp.api_keys_path, NULL, &s->keys);
@@ -1427,9 +1446,9 @@ fail_alloc:
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     cinfer_api_keys_unref(s->keys);
+    cinfer_watchdog_destroy(s->wd);
+    cinfer_service_times_destroy(s->svc);
     pthread_mutex_destroy(&s->keys_mu);
-    pthread_mutex_destroy(&s->prefill_mu);
-    pthread_cond_destroy(&s->wd_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->listen);
@@ -1497,8 +1516,16 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
                                 : "none");
         cinfer_log_end(&l);
     }
-    /* The watchdog reads s->engine: start it once that is set. */
-    st = cinfer_watchdog_start(s);
+    /* The watchdog reads s->engine: start it once that is set, with the
+     * periodic work of the calls' files as its hooks. */
+    st = cinfer_watchdog_add_hook(s->wd, check_queued_hook, s);
+    if (st == CINFER_OK)
+        st = cinfer_watchdog_add_hook(s->wd, expire_receives_hook, s);
+    if (st == CINFER_OK)
+        st = cinfer_watchdog_add_hook(s->wd, health_hook, s);
+    s->health_reported = 1; /* SERVING comes next and tells */
+    if (st == CINFER_OK)
+        st = cinfer_watchdog_start(s->wd);
     if (st != CINFER_OK)
         return st;
     /* Publishes model/engine/limits to the worker threads: they read them
@@ -1578,7 +1605,7 @@ void cinfer_server_destroy(cinfer_server *s)
     atomic_store(&s->state, SERVER_STOPPING);
     /* The watchdog stops first: it holds an engine request of its own (the
      * health probe) and walks the Generate list. */
-    cinfer_watchdog_stop(s);
+    cinfer_watchdog_stop(s->wd);
     /* The out-of-band reports stop; their streams end with the other
      * calls below (the statuses sent meanwhile still carry a report: the
      * engine outlives the server). */
@@ -1622,9 +1649,9 @@ void cinfer_server_destroy(cinfer_server *s)
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     cinfer_api_keys_unref(s->keys);
+    cinfer_watchdog_destroy(s->wd);
+    cinfer_service_times_destroy(s->svc);
     pthread_mutex_destroy(&s->keys_mu);
-    pthread_mutex_destroy(&s->prefill_mu);
-    pthread_cond_destroy(&s->wd_cv);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     cinfer_log(CINFER_LOG_INFO, "stopped", NULL);

@@ -89,6 +89,8 @@ enum { OP_STEP = 0, OP_CLOSE = 1, OP_SEND = 2 };
 typedef struct srv_worker srv_worker;
 typedef struct srv_call srv_call;
 typedef struct srv_pool srv_pool;
+typedef struct cinfer_watchdog cinfer_watchdog;
+typedef struct cinfer_service_times cinfer_service_times;
 
 struct srv_worker {
     cinfer_server *srv;
@@ -205,33 +207,12 @@ struct cinfer_server {
     struct cinfer_http *http;    /* the OpenAI-compatible front end
                                     (http.c); NULL = off */
 
-    /* Health beyond the lifecycle state: SERVING needs all three clear. */
-    atomic_int stuck;            /* the engine made no step for watchdog_ms
-                                    while it had work */
-    atomic_int faulted;          /* unhealthy_after_faults device faults in
-                                    a row, no success since */
-    atomic_int device_lost;      /* the backend hit a sticky fault (engine
-                                    stats device_lost); never cleared */
-    atomic_int fault_run;        /* device faults in a row */
-    atomic_int listener_dead;    /* the gRPC port stopped accepting
-                                    connections (the watchdog's probe) */
-    int health_reported;         /* last health notified (watchdog thread) */
-
-    /* Watchdog thread (watchdog.c), from attach to destroy. */
-    pthread_t watchdog;
-    pthread_cond_t wd_cv;        /* wakes the watchdog to stop (mu) */
-    int watchdog_started;
-    int watchdog_stop;           /* under mu */
-    int probe_inflight;          /* a health probe runs in the engine (mu) */
-    uint64_t probe_id;           /* its engine id (mu) */
-    atomic_int probe_ok;         /* the last probe produced a token */
-
-    /* Lower bounds of the service time to a first token, by prompt size:
-     * min_first_ns[k] is the fastest submit-to-first-token minus queue time
-     * seen for a request with 2^k .. 2^(k+1)-1 uncached prompt tokens
-     * (0 = none seen). Under prefill_mu. */
-    pthread_mutex_t prefill_mu;
-    int64_t min_first_ns[32];
+    /* Each owned by the file that defines it. */
+    cinfer_watchdog *wd;         /* the timer thread and the health it
+                                    watches (watchdog.c) */
+    cinfer_service_times *svc;   /* the idle service-time bound (admit.c) */
+    int health_reported;         /* last health notified (the watchdog's
+                                    thread, in health_hook) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;           /* counters below changed */
@@ -490,21 +471,38 @@ int cinfer_server_healthy(const cinfer_server *s);
  * server.c). */
 void cinfer_server_expire_receives(cinfer_server *s, int64_t now_ns);
 
-/* Watchdog (watchdog.c): started by attach, stopped by destroy before the
- * server lets the engine go. */
-cinfer_status cinfer_watchdog_start(cinfer_server *s);
-void cinfer_watchdog_stop(cinfer_server *s);
+/* Watchdog (watchdog.c): a timer thread, created with the server,
+ * started by attach (after the hooks are added), stopped by destroy before
+ * the server lets the engine go. Each tick it watches the engine (stuck,
+ * device faults, a lost device, the listener) and runs the hooks. */
+typedef void (*cinfer_watchdog_hook)(void *user, int64_t now_ns);
+cinfer_status cinfer_watchdog_create(cinfer_server *s, cinfer_watchdog **out);
+cinfer_status cinfer_watchdog_add_hook(cinfer_watchdog *w,
+                                       cinfer_watchdog_hook fn, void *user);
+cinfer_status cinfer_watchdog_start(cinfer_watchdog *w);
+void cinfer_watchdog_stop(cinfer_watchdog *w);
+/* Stops it if it runs. NULL is fine. */
+void cinfer_watchdog_destroy(cinfer_watchdog *w);
+/* 1 when none of stuck, faulted, device lost, listener dead holds. */
+int cinfer_watchdog_healthy(const cinfer_watchdog *w);
+/* Logs a change of health with what the watchdog sees. */
+void cinfer_watchdog_log_health(const cinfer_watchdog *w, int healthy);
 
-/* A Generate request ended: feeds the device-fault run that health
- * watches (watchdog.c). fault = a device error; ok = the engine produced
- * output normally. */
-void cinfer_watchdog_note_outcome(cinfer_server *s, int fault, int ok);
+/* A generation request ended: feeds the device-fault run that health
+ * watches. fault = a device error; ok = the engine produced output
+ * normally. */
+void cinfer_watchdog_note_outcome(cinfer_watchdog *w, int fault, int ok);
+
+/* The idle service-time bound (admit.c): lower bounds of the service time
+ * to a first token, by prompt size. */
+cinfer_status cinfer_service_times_create(cinfer_service_times **out);
+void cinfer_service_times_destroy(cinfer_service_times *t);
 
 /* Records the service time to the first token of a request with `tokens`
  * uncached prompt tokens, and bounds from below the one of a new request
- * with `tokens` prompt tokens (0 = nothing known). generate.c. */
-void cinfer_service_time_record(cinfer_server *s, int64_t tokens,
+ * with `tokens` prompt tokens (0 = nothing known). admit.c. */
+void cinfer_service_time_record(cinfer_service_times *t, int64_t tokens,
                                 int64_t first_ns);
-int64_t cinfer_service_time_min(cinfer_server *s, int64_t tokens);
+int64_t cinfer_service_time_min(cinfer_service_times *t, int64_t tokens);
 
 #endif /* CINFER_SERVER_IMPL_H */

@@ -23,13 +23,14 @@
  *     unusable), health is NOT_SERVING for good and no probes are sent;
  *     the process keeps running and answering, so the orchestrator sees
  *     the state and replaces the replica;
- *   - queued Generate calls are re-checked against the shedder (their
- *     deadline, CoDel), which may shed them (generate.c);
- *   - calls still waiting for their request message after the receive
- *     timeout (half-open streams) are ended (server.c);
+ *   - the hooks the server registered run (cinfer_watchdog_add_hook):
+ *     queued Generate calls re-checked against the shedder, calls still
+ *     waiting for their request message ended; the watchdog knows
+ *     neither;
  *   - the gRPC port is probed (plaintext): a port that stops accepting
  *     connections makes health NOT_SERVING until it accepts again;
- *   - a change of health is told to Health.Watch streams.
+ *   - (the server's last hook tells Health.Watch streams of a change of
+ *     health.)
  *
  * The thread owns the probe's engine request: stop cancels it and waits
  * for its FINISH, so the engine never calls back into a freed server.
@@ -39,6 +40,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -56,15 +58,91 @@
 #define LISTENER_PROBE_MS 1000
 #define LISTENER_MISSES 2
 
+#define MAX_HOOKS 4
+
+/* The watchdog's own state: its thread, the health it watches, the probe
+ * it owns, and the hooks other files registered for each tick. */
+struct cinfer_watchdog {
+    cinfer_server *srv;
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* wakes the thread to stop; the probe's
+                                    end (mu) */
+    int stop;                    /* under mu */
+    int probe_inflight;          /* a health probe runs in the engine (mu) */
+    uint64_t probe_id;           /* its engine id (mu) */
+    atomic_int probe_ok;         /* the last probe produced a token */
+    atomic_int stuck;            /* the engine made no step for watchdog_ms
+                                    while it had work */
+    atomic_int faulted;          /* unhealthy_after_faults device faults in
+                                    a row, no success since */
+    atomic_int device_lost;      /* the backend hit a sticky fault; never
+                                    cleared */
+    atomic_int fault_run;        /* device faults in a row */
+    atomic_int listener_dead;    /* the gRPC port stopped accepting */
+    cinfer_watchdog_hook hooks[MAX_HOOKS];
+    void *hook_user[MAX_HOOKS];
+    int n_hooks;
+};
+
+cinfer_status cinfer_watchdog_create(cinfer_server *s, cinfer_watchdog **out)
+{
+    cinfer_watchdog *w = calloc(1, sizeof *w);
+    if (!w)
+        return cinfer_set_error(CINFER_E_NOMEM, "watchdog: no memory");
+    w->srv = s;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = w;
+    return CINFER_OK;
+}
+
+void cinfer_watchdog_destroy(cinfer_watchdog *w)
+{
+    if (!w)
+        return;
+    cinfer_watchdog_stop(w);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+cinfer_status cinfer_watchdog_add_hook(cinfer_watchdog *w,
+                                       cinfer_watchdog_hook fn, void *user)
+{
+    if (w->started || w->n_hooks == MAX_HOOKS)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "watchdog: a hook is added before start, at "
+                                "most %d",
+                                MAX_HOOKS);
+    w->hooks[w->n_hooks] = fn;
+    w->hook_user[w->n_hooks] = user;
+    w->n_hooks++;
+    return CINFER_OK;
+}
+
+int cinfer_watchdog_healthy(const cinfer_watchdog *w)
+{
+    cinfer_watchdog *m = (cinfer_watchdog *)w;
+    return !atomic_load(&m->stuck) && !atomic_load(&m->faulted) &&
+           !atomic_load(&m->device_lost) && !atomic_load(&m->listener_dead);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Faults                                                                 */
 /* ---------------------------------------------------------------------- */
 
-void cinfer_watchdog_note_outcome(cinfer_server *s, int fault, int ok)
+void cinfer_watchdog_note_outcome(cinfer_watchdog *w, int fault, int ok)
 {
+    cinfer_watchdog *s = w;
     if (fault) {
         int run = atomic_fetch_add(&s->fault_run, 1) + 1;
-        int limit = s->params.unhealthy_after_faults;
+        int limit = w->srv->params.unhealthy_after_faults;
         if (limit > 0 && run >= limit)
             atomic_store(&s->faulted, 1);
     } else if (ok) {
@@ -76,23 +154,24 @@ void cinfer_watchdog_note_outcome(cinfer_server *s, int fault, int ok)
 /* Engine thread: the probe's events. */
 static void on_probe_event(void *user, const cinfer_engine_event *ev)
 {
-    cinfer_server *s = user;
+    cinfer_watchdog *w = user;
     if (ev->kind != CINFER_EVENT_FINISH)
         return;
     int fault = ev->finish == CINFER_FINISH_ERROR &&
                 ev->status == CINFER_E_DEVICE;
     int ok = ev->completion_tokens > 0 && ev->finish != CINFER_FINISH_ERROR;
-    cinfer_watchdog_note_outcome(s, fault, ok);
-    atomic_store(&s->probe_ok, ok);
-    pthread_mutex_lock(&s->mu);
-    s->probe_inflight = 0;
-    pthread_cond_broadcast(&s->wd_cv);
-    pthread_mutex_unlock(&s->mu);
+    cinfer_watchdog_note_outcome(w, fault, ok);
+    atomic_store(&w->probe_ok, ok);
+    pthread_mutex_lock(&w->mu);
+    w->probe_inflight = 0;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 /* Submits a one-token greedy request from BOS. Watchdog thread. */
-static void send_probe(cinfer_server *s)
+static void send_probe(cinfer_watchdog *w)
 {
+    cinfer_server *s = w->srv;
     int32_t tok = cinfer_tokenizer_bos(s->tk);
     if (tok < 0 || tok >= s->limits.n_vocab)
         tok = 0;
@@ -108,20 +187,20 @@ static void send_probe(cinfer_server *s)
     rp.deadline_ns = cinfer_server_now_ns() +
                      (int64_t)PROBE_INTERVAL_MS * 10 * 1000000;
     rp.on_event = on_probe_event;
-    rp.user = s;
-    pthread_mutex_lock(&s->mu);
-    s->probe_inflight = 1;
-    pthread_mutex_unlock(&s->mu);
+    rp.user = w;
+    pthread_mutex_lock(&w->mu);
+    w->probe_inflight = 1;
+    pthread_mutex_unlock(&w->mu);
     uint64_t id = 0;
     if (cinfer_engine_submit(s->engine, &rp, &id) != CINFER_OK) {
-        pthread_mutex_lock(&s->mu);
-        s->probe_inflight = 0;
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&w->mu);
+        w->probe_inflight = 0;
+        pthread_mutex_unlock(&w->mu);
         return;
     }
-    pthread_mutex_lock(&s->mu);
-    s->probe_id = id;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&w->mu);
+    w->probe_id = id;
+    pthread_mutex_unlock(&w->mu);
     cinfer_log(CINFER_LOG_INFO, "health probe sent", NULL);
 }
 
@@ -129,8 +208,9 @@ static void send_probe(cinfer_server *s)
 /* The thread                                                             */
 /* ---------------------------------------------------------------------- */
 
-static void log_health_change(cinfer_server *s, int healthy)
+void cinfer_watchdog_log_health(const cinfer_watchdog *w, int healthy)
 {
+    cinfer_watchdog *s = (cinfer_watchdog *)w;
     cinfer_log_line l;
     if (!cinfer_log_begin(&l, healthy ? CINFER_LOG_INFO : CINFER_LOG_WARN,
                           healthy ? "engine healthy" : "engine unhealthy",
@@ -217,7 +297,7 @@ static void probe_close(listener_probe *p)
     p->sent = 0;
 }
 
-static void probe_verdict(cinfer_server *s, listener_probe *p, int ok,
+static void probe_verdict(cinfer_watchdog *s, listener_probe *p, int ok,
                           int64_t now)
 {
     probe_close(p);
@@ -234,7 +314,7 @@ static void probe_verdict(cinfer_server *s, listener_probe *p, int ok,
     }
 }
 
-static void probe_step(cinfer_server *s, listener_probe *p, int64_t now)
+static void probe_step(cinfer_watchdog *s, listener_probe *p, int64_t now)
 {
     static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
                                   "\0\0\0\4\0\0\0\0\0"; /* SETTINGS */
@@ -282,17 +362,62 @@ static void probe_step(cinfer_server *s, listener_probe *p, int64_t now)
         probe_verdict(s, p, 0, now);
 }
 
+/* One tick's look at the engine: KV usage and queue to admission, stuck,
+ * lost device, the probe. */
+static void watch_engine(cinfer_watchdog *w, int64_t now, int probing,
+                         uint64_t *last_steps, int64_t *last_progress,
+                         int64_t *last_probe)
+{
+    cinfer_server *s = w->srv;
+    cinfer_engine_stats es;
+    cinfer_engine_get_stats(s->engine, &es);
+    if (s->adm && es.kv_blocks_total > 0)
+        cinfer_admission_set_kv_usage(
+            s->adm, (uint32_t)((int64_t)es.kv_blocks_used * 1000 /
+                               es.kv_blocks_total));
+    if (s->adm)
+        cinfer_admission_set_engine_waiting(s->adm, es.waiting);
+
+    /* Stuck: work and no step. */
+    if (es.running + es.waiting > 0 && es.steps == *last_steps) {
+        if (s->params.watchdog_ms > 0 &&
+            now - *last_progress >= cinfer_ms_to_ns(s->params.watchdog_ms))
+            atomic_store(&w->stuck, 1);
+    } else {
+        *last_steps = es.steps;
+        *last_progress = now;
+        atomic_store(&w->stuck, 0);
+    }
+
+    if (es.device_lost && !atomic_load(&w->device_lost)) {
+        atomic_store(&w->device_lost, 1);
+        cinfer_log(CINFER_LOG_ERROR,
+                   "device lost: the backend reported a sticky fault; "
+                   "health stays NOT_SERVING",
+                   NULL);
+    }
+
+    /* Faulted: probe the engine now and then (a lost device does not come
+     * back, so it is not probed). */
+    if (atomic_load(&w->faulted) && !atomic_load(&w->device_lost) &&
+        !probing && now - *last_probe >= cinfer_ms_to_ns(PROBE_INTERVAL_MS)) {
+        *last_probe = now;
+        send_probe(w);
+    }
+}
+
 static void *watchdog_main(void *arg)
 {
-    cinfer_server *s = arg;
+    cinfer_watchdog *w = arg;
+    cinfer_server *s = w->srv;
     uint64_t last_steps = 0;
     int64_t last_progress = cinfer_server_now_ns();
     int64_t last_probe = 0;
     listener_probe lp;
     probe_init(&lp, s);
     for (;;) {
-        pthread_mutex_lock(&s->mu);
-        if (!s->watchdog_stop) {
+        pthread_mutex_lock(&w->mu);
+        if (!w->stop) {
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
             ts.tv_nsec += WATCHDOG_TICK_MS * 1000000L;
@@ -300,104 +425,57 @@ static void *watchdog_main(void *arg)
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000L;
             }
-            while (!s->watchdog_stop &&
-                   pthread_cond_timedwait(&s->wd_cv, &s->mu, &ts) !=
-                       ETIMEDOUT) {
+            while (!w->stop &&
+                   pthread_cond_timedwait(&w->cv, &w->mu, &ts) != ETIMEDOUT) {
             }
         }
-        int stop = s->watchdog_stop;
-        int probing = s->probe_inflight;
-        pthread_mutex_unlock(&s->mu);
+        int stop = w->stop;
+        int probing = w->probe_inflight;
+        pthread_mutex_unlock(&w->mu);
         if (stop) {
             probe_close(&lp);
             break;
         }
 
         int64_t now = cinfer_server_now_ns();
-        cinfer_engine_stats es;
-        cinfer_engine_get_stats(s->engine, &es);
-        if (s->adm && es.kv_blocks_total > 0)
-            cinfer_admission_set_kv_usage(
-                s->adm, (uint32_t)((int64_t)es.kv_blocks_used * 1000 /
-                                   es.kv_blocks_total));
-        if (s->adm)
-            cinfer_admission_set_engine_waiting(s->adm, es.waiting);
-
-        /* Stuck: work and no step. */
-        if (es.running + es.waiting > 0 && es.steps == last_steps) {
-            if (s->params.watchdog_ms > 0 &&
-                now - last_progress >= cinfer_ms_to_ns(s->params.watchdog_ms))
-                atomic_store(&s->stuck, 1);
-        } else {
-            last_steps = es.steps;
-            last_progress = now;
-            atomic_store(&s->stuck, 0);
-        }
-
-        if (es.device_lost && !atomic_load(&s->device_lost)) {
-            atomic_store(&s->device_lost, 1);
-            cinfer_log(CINFER_LOG_ERROR,
-                       "device lost: the backend reported a sticky fault; "
-                       "health stays NOT_SERVING",
-                       NULL);
-        }
-
-        /* Faulted: probe the engine now and then (a lost device does not
-         * come back, so it is not probed). */
-        if (atomic_load(&s->faulted) && !atomic_load(&s->device_lost) &&
-            !probing &&
-            now - last_probe >= cinfer_ms_to_ns(PROBE_INTERVAL_MS)) {
-            last_probe = now;
-            send_probe(s);
-        }
-
-        cinfer_generate_check_queued(s, now);
-        cinfer_server_expire_receives(s, now);
-        probe_step(s, &lp, now);
-
-        int healthy = cinfer_server_healthy(s);
-        if (healthy != s->health_reported) {
-            s->health_reported = healthy;
-            /* Outside SERVING, attach and drain tell the streams. */
-            if (atomic_load(&s->state) == SERVER_SERVING) {
-                log_health_change(s, healthy);
-                cinfer_health_notify(s);
-            }
-        }
+        watch_engine(w, now, probing, &last_steps, &last_progress,
+                     &last_probe);
+        for (int i = 0; i < w->n_hooks; i++)
+            w->hooks[i](w->hook_user[i], now);
+        probe_step(w, &lp, now);
     }
     return NULL;
 }
 
-cinfer_status cinfer_watchdog_start(cinfer_server *s)
+cinfer_status cinfer_watchdog_start(cinfer_watchdog *w)
 {
-    s->health_reported = 1; /* attach sets SERVING next and tells */
-    if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0)
+    if (pthread_create(&w->thread, NULL, watchdog_main, w) != 0)
         return cinfer_set_error(CINFER_E_INTERNAL,
                                 "cannot start the watchdog thread");
-    s->watchdog_started = 1;
+    w->started = 1;
     return CINFER_OK;
 }
 
-void cinfer_watchdog_stop(cinfer_server *s)
+void cinfer_watchdog_stop(cinfer_watchdog *w)
 {
-    if (!s->watchdog_started)
+    if (!w || !w->started)
         return;
-    pthread_mutex_lock(&s->mu);
-    s->watchdog_stop = 1;
-    pthread_cond_broadcast(&s->wd_cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->watchdog, NULL);
-    s->watchdog_started = 0;
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    w->started = 0;
 
     /* The probe's FINISH must come before the server goes. */
-    pthread_mutex_lock(&s->mu);
-    int probing = s->probe_inflight;
-    uint64_t id = s->probe_id;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&w->mu);
+    int probing = w->probe_inflight;
+    uint64_t id = w->probe_id;
+    pthread_mutex_unlock(&w->mu);
     if (probing)
-        cinfer_engine_cancel(s->engine, id);
-    pthread_mutex_lock(&s->mu);
-    while (s->probe_inflight)
-        pthread_cond_wait(&s->wd_cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+        cinfer_engine_cancel(w->srv->engine, id);
+    pthread_mutex_lock(&w->mu);
+    while (w->probe_inflight)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
 }
