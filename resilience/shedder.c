@@ -18,7 +18,8 @@
  * rate is the engine's service rate, and idle time, which says nothing
  * about capacity, is left out. Samples of rate_sample_ms of backlog are
  * averaged with an EWMA; a sample with no departure (a stuck engine) pulls
- * the rate towards 0, so predictions grow and deadlines shed.
+ * a known rate towards 0, so predictions grow and deadlines shed. The first
+ * sample waits for a first departure, however long that takes.
  *
  * Continuous batching takes many requests off the queue at once, and a
  * sample closes at the first of them: the later departures of that batch
@@ -254,11 +255,16 @@ static uint64_t rate_of(uint64_t tokens, int64_t backlog_ns)
     return r > UINT64_MAX ? UINT64_MAX : (uint64_t)r;
 }
 
-/* Closes a rate sample once it holds rate_sample_ms of backlog. */
+/* Closes a rate sample once it holds rate_sample_ms of backlog. Until a
+ * first departure the rate stays unknown: a first prompt that takes longer
+ * than a sample to its first token (a long one on a CPU) says how long
+ * that prompt is, not that the engine is stuck, and a rate of 0 from it
+ * would shed every deadline for rate_stale_ms. The sample grows until
+ * something leaves; a stuck engine is then the watchdog's and CoDel's. */
 static void sample(cinfer_shedder *s)
 {
     int64_t need = cinfer_ms_to_ns(s->p.rate_sample_ms);
-    if (s->backlog_ns < need)
+    if (s->backlog_ns < need || (!s->rate_known && !s->departed_tokens))
         return;
     uint64_t x = rate_of(s->departed_tokens, s->backlog_ns);
     s->closed_ns = s->last_ns;

@@ -5,7 +5,7 @@
  * deadline is an infinite one; only work of a priority >= the request's is
  * ahead of it), the measured service rate (backlog-only samples, EWMA, a
  * stuck queue, a batch leaving together measured whole, a stale estimate
- * recovering), the request's own stream time in the deadline check,
+ * recovering, a first sample that waits for a first departure), the request's own stream time in the deadline check,
  * re-checks of queued requests, KV pressure, CoDel at
  * admission, while waiting and at dequeue, pushback clamping, the clock
  * going backwards and overflow.
@@ -318,37 +318,42 @@ static void test_stale_estimate_recovers(void)
     p.rate_ewma_pct = 25;
     cinfer_shedder s = make(&p);
     CHECK_EQ_INT(s.p.rate_stale_ms, 8000); /* 8 x rate_sample_ms */
-    /* a stuck engine: a second of backlog with no departure, rate 0 */
+    /* a known rate (the last departure at 1 s), then a stuck engine: a
+     * second of backlog with no departure pulls the rate down, and after
+     * many such seconds it is as good as 0 */
+    int64_t t0 = set_rate(&s, 1000, 0);
     cinfer_shed_entry stuck;
-    CHECK_EQ_INT(admit(&s, 10, 0, 0, 0, &stuck), CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, S), INT64_MAX);
-    CHECK_EQ_INT(s.rate_known, 1);
-    CHECK_EQ_INT(s.rate_mtps, 0);
+    CHECK_EQ_INT(admit(&s, 10, 0, 0, t0, &stuck), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, t0 + S),
+                 10 * MS * 4 / 3);
+    CHECK_EQ_INT(s.rate_mtps, 750 * 1000);
+    s.rate_mtps = 0;
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, t0 + S), INT64_MAX);
     /* while fresh, everything behind it with a deadline is shed */
     int64_t pb = 0;
     cinfer_shed_request rq = {.tokens = 1, .deadline_ns = 3600 * S};
     cinfer_shed_entry e;
-    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, 8 * S, &e, &pb),
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t0 + 8 * S, &e, &pb),
                  CINFER_REJECT_SHED_DEADLINE);
     CHECK_EQ_INT(pb, 30000 * MS);
     /* 8 s without a departure and one ns more: stale, so the estimate
      * that sheds everything no longer does (nothing leaves to correct it) */
-    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, 8 * S + 1), -1);
-    rq.deadline_ns = 8 * S + 2 * S;
-    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, 8 * S + 1, &e, &pb),
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, t0 + 8 * S + 1), -1);
+    rq.deadline_ns = t0 + 8 * S + 2 * S;
+    CHECK_EQ_INT(cinfer_shedder_admit(&s, &rq, t0 + 8 * S + 1, &e, &pb),
                  CINFER_REJECT_NONE);
     CHECK_EQ_INT(pb, 0);
     /* a queued request is not shed on a stale prediction either */
-    CHECK_EQ_INT(cinfer_shedder_check(&s, &e, 9 * S, NULL),
+    CHECK_EQ_INT(cinfer_shedder_check(&s, &e, t0 + 9 * S, NULL),
                  CINFER_REJECT_NONE);
     /* the engine moves again: departures measure the rate and it climbs
      * back (EWMA) from 0 */
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &stuck, 9 * S, -1, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &stuck, t0 + 9 * S, -1, NULL),
                  CINFER_REJECT_NONE);
-    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, 9 * S, -1, NULL),
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t0 + 9 * S, -1, NULL),
                  CINFER_REJECT_NONE);
     CHECK(s.rate_mtps > 0);
-    int64_t t = 10 * S;
+    int64_t t = t0 + 10 * S;
     for (int i = 0; i < 20; i++, t += S) {
         CHECK_EQ_INT(admit(&s, 1000, 0, 0, t, &e), CINFER_REJECT_NONE);
         CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, t + S, -1, NULL),
@@ -359,6 +364,31 @@ static void test_stale_estimate_recovers(void)
     CHECK_EQ_INT(admit(&s, 500, 0, 0, t, &e), CINFER_REJECT_NONE);
     int64_t w = cinfer_shedder_predicted_wait_ns(&s, 0, t);
     CHECK(w >= 500 * MS && w < 506 * MS);
+}
+
+/* A first prompt slower to its first token than a sample (a long prompt on
+ * a CPU) is not a stuck engine: the rate stays unknown, nothing is shed on
+ * prediction, and the first departure measures the rate over the whole
+ * backlog. */
+static void test_first_sample_waits_for_a_departure(void)
+{
+    cinfer_shedder_params p = base_params();
+    p.rate_sample_ms = 1000;
+    cinfer_shedder s = make(&p);
+    cinfer_shed_entry first;
+    CHECK_EQ_INT(admit(&s, 4000, 0, 0, 0, &first), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_predicted_wait_ns(&s, 0, 5 * S), -1);
+    CHECK_EQ_INT(s.rate_known, 0);
+    /* a newcomer with a deadline is admitted, not shed on a rate of 0 */
+    cinfer_shed_entry e;
+    CHECK_EQ_INT(admit(&s, 10, 0, 60 * S, 5 * S, &e), CINFER_REJECT_NONE);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &first, 10 * S, -1, NULL),
+                 CINFER_REJECT_NONE);
+    /* 4000 tokens over 10 s of backlog */
+    CHECK_EQ_INT(s.rate_known, 1);
+    CHECK_EQ_INT(s.rate_mtps, 400 * 1000);
+    CHECK_EQ_INT(cinfer_shedder_dequeue(&s, &e, 10 * S, -1, NULL),
+                 CINFER_REJECT_NONE);
 }
 
 static void test_stream_time_counted_in_deadline_check(void)
@@ -691,6 +721,7 @@ int main(void)
     RUN(test_service_rate_measured_over_backlog);
     RUN(test_batch_dequeue_measures_the_full_rate);
     RUN(test_stale_estimate_recovers);
+    RUN(test_first_sample_waits_for_a_departure);
     RUN(test_stream_time_counted_in_deadline_check);
     RUN(test_queued_request_rechecked);
     RUN(test_kv_pressure);
