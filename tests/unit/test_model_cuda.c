@@ -16,8 +16,10 @@
  * of 20 tokens is prefilled on both (logits of every prompt row compared),
  * then each backend decodes 32 greedy tokens, feeding back its own argmax:
  * the logits are compared at every step and the token streams must be
- * equal. Covered: GQA ratios 1, 2, 3 and 4 (4/4, 4/2, 6/2, 8/2), both rope
- * modes (llama = NORM; qwen2 = NEOX with Q/K/V biases), every weight type
+ * equal. Covered: GQA ratios 1, 2, 3 and 4 (4/4, 4/2, 6/2, 8/2, 4/1), both
+ * rope modes (llama = NORM; qwen2 = NEOX with Q/K/V biases), Llama 3's rope
+ * frequency factors and linear rope scaling, qwen3's per-head Q/K norms
+ * with a head size from attention.key_length, every weight type
  * (F32, F16, BF16, Q8_0, Q4_0, Q4_1, embeddings of the same type, tied and
  * separate output), head_dim 64 and the odd widths 40 and 20 (the attention
  * kernels take multiples of 4 up to 256), F16 and F32 KV caches. Prefill
@@ -167,6 +169,9 @@ typedef struct {
     cinfer_dtype wt;
     int tied;
     int kv_f32;
+    int head_dim;             /* 0 = n_embd / n_head, else key_length */
+    const char *rope_scaling; /* NULL, "linear" (factor 4) or "llama3"
+                                 (factor 8, original context 64) */
 } shape;
 
 typedef struct {
@@ -243,6 +248,13 @@ static int write_tiny(const shape *s, const char *path)
     tp.weight_dtype = s->wt;
     tp.embd_dtype = s->wt;
     tp.tied_output = s->tied;
+    tp.head_dim = (uint32_t)s->head_dim;
+    if (s->rope_scaling) {
+        tp.rope_scaling = s->rope_scaling;
+        tp.rope_theta = 500000.0f;
+        tp.rope_factor = strcmp(s->rope_scaling, "linear") == 0 ? 4.0f : 8.0f;
+        tp.rope_orig_ctx = 64;
+    }
     /* SentencePiece needs no regex library, so the GPU-check build
      * (CINFER_GPU_CHECK, no PCRE2) loads these files too. */
     tp.tokenizer = "llama";
@@ -458,11 +470,14 @@ static void check_shape(const shape *s)
         run_result r;
         compare_run(&p, prompt, PROMPT_LEN, GREEDY_STEPS, &r);
         fprintf(stderr,
-                "  %s L%d D%d H%d/%d hd%d F%d V%d %s%s kv %s: rel L2 "
+                "  %s%s%s L%d D%d H%d/%d hd%d F%d V%d %s%s kv %s: rel L2 "
                 "prefill %.2e decode %.2e (bound %.1e), %d/%d greedy "
                 "tokens equal; cuda %.0f ms prefill, %.0f ms/step\n",
-                s->arch, s->n_layer, s->n_embd, s->n_head, s->n_head_kv,
-                s->n_embd / s->n_head, s->n_ff, s->n_vocab,
+                s->arch, s->rope_scaling ? " rope " : "",
+                s->rope_scaling ? s->rope_scaling : "", s->n_layer,
+                s->n_embd, s->n_head, s->n_head_kv,
+                s->head_dim ? s->head_dim : s->n_embd / s->n_head, s->n_ff,
+                s->n_vocab,
                 cinfer_dtype_name(s->wt), s->tied ? " tied" : "",
                 s->kv_f32 ? "f32" : "f16", r.worst_prefill, r.worst_decode,
                 bound, r.steps_equal, GREEDY_STEPS,
@@ -479,14 +494,21 @@ static void test_tiny_models_match_cpu(void)
 {
     static const shape shapes[] = {
         /* arch     L  D    H  KV  F    V    type              tied kv32 */
-        {"llama", 2, 256, 4, 4, 192, 384, CINFER_DTYPE_F32, 1, 0},  /* MHA, hd 64 */
-        {"llama", 2, 256, 4, 2, 256, 512, CINFER_DTYPE_F16, 0, 0},  /* GQA 2 */
-        {"qwen2", 2, 320, 8, 2, 256, 448, CINFER_DTYPE_BF16, 1, 0}, /* GQA 4, hd 40, NEOX+bias */
-        {"llama", 2, 384, 6, 2, 256, 512, CINFER_DTYPE_Q8_0, 0, 0}, /* GQA 3, hd 64 */
-        {"qwen2", 2, 256, 4, 2, 192, 384, CINFER_DTYPE_Q4_0, 0, 1}, /* NEOX+bias, F32 KV */
-        {"llama", 2, 160, 8, 2, 224, 320, CINFER_DTYPE_Q4_1, 1, 0}, /* GQA 4, hd 20 */
-        {"qwen2", 1, 256, 4, 4, 192, 384, CINFER_DTYPE_Q4_1, 1, 0}, /* NEOX MHA, Q4_1 */
-        {"llama", 1, 256, 4, 2, 192, 384, CINFER_DTYPE_F32, 0, 1},  /* NORM, F32 KV */
+        {"llama", 2, 256, 4, 4, 192, 384, CINFER_DTYPE_F32, 1, 0, 0, NULL},  /* MHA, hd 64 */
+        {"llama", 2, 256, 4, 2, 256, 512, CINFER_DTYPE_F16, 0, 0, 0, NULL},  /* GQA 2 */
+        {"qwen2", 2, 320, 8, 2, 256, 448, CINFER_DTYPE_BF16, 1, 0, 0, NULL}, /* GQA 4, hd 40, NEOX+bias */
+        {"llama", 2, 384, 6, 2, 256, 512, CINFER_DTYPE_Q8_0, 0, 0, 0, NULL}, /* GQA 3, hd 64 */
+        {"qwen2", 2, 256, 4, 2, 192, 384, CINFER_DTYPE_Q4_0, 0, 1, 0, NULL}, /* NEOX+bias, F32 KV */
+        {"llama", 2, 160, 8, 2, 224, 320, CINFER_DTYPE_Q4_1, 1, 0, 0, NULL}, /* GQA 4, hd 20 */
+        {"qwen2", 1, 256, 4, 4, 192, 384, CINFER_DTYPE_Q4_1, 1, 0, 0, NULL}, /* NEOX MHA, Q4_1 */
+        {"llama", 1, 256, 4, 2, 192, 384, CINFER_DTYPE_F32, 0, 1, 0, NULL},  /* NORM, F32 KV */
+        /* Llama 3 rope factors, MQA, F32 all through (the tight bound) */
+        {"llama", 2, 256, 4, 1, 192, 384, CINFER_DTYPE_F32, 0, 1, 0, "llama3"},
+        /* qwen3: per-head Q/K norms, head 64 from key_length (128 / 4 =
+         * 32), F32 all through */
+        {"qwen3", 2, 128, 4, 2, 192, 384, CINFER_DTYPE_F32, 1, 1, 64, NULL},
+        /* qwen3, linear rope scaling, head 48, GQA 4, Q8_0 */
+        {"qwen3", 2, 256, 8, 2, 256, 448, CINFER_DTYPE_Q8_0, 0, 0, 48, "linear"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_shape(&shapes[i]);
@@ -571,7 +593,7 @@ static void test_default_model_matches_cpu(void)
 
 #ifdef CINFER_TEST_CUDASIM
 static const shape fault_shape = {"llama", 1, 128, 4, 2, 128, 300,
-                                  CINFER_DTYPE_Q4_1, 0, 0};
+                                  CINFER_DTYPE_Q4_1, 0, 0, 0, NULL};
 
 /* One CUDA model of fault_shape with a 6-token prompt prefilled. */
 static cinfer_model *fault_model(const char *path, cinfer_backend **be,
