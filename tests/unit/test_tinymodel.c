@@ -82,28 +82,37 @@ static void check_layout(const cinfer_gguf *g, const cinfer_tinymodel_params *p)
 {
     const char *arch = p->arch ? p->arch : "llama";
     int bias = strcmp(arch, "qwen2") == 0;
-    int64_t d = p->n_embd, d_kv = (int64_t)(p->n_embd / p->n_head) * p->n_head_kv;
+    int qk_norm = strcmp(arch, "qwen3") == 0;
+    int64_t hd = p->head_dim ? p->head_dim : p->n_embd / p->n_head;
+    int64_t d = p->n_embd, d_q = hd * p->n_head, d_kv = hd * p->n_head_kv;
     int64_t ff = p->n_ff;
+    const char *rs = p->rope_scaling ? p->rope_scaling : "none";
     cinfer_dtype wt = p->weight_dtype;
     char name[64];
     check_tensor(g, "token_embd.weight", p->embd_dtype, 2, d, p->n_vocab);
     for (uint32_t l = 0; l < p->n_layer; l++) {
 #define N(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
         check_tensor(g, N("attn_norm.weight"), CINFER_DTYPE_F32, 1, d, 1);
-        check_tensor(g, N("attn_q.weight"), wt, 2, d, d);
+        check_tensor(g, N("attn_q.weight"), wt, 2, d, d_q);
         check_tensor(g, N("attn_k.weight"), wt, 2, d, d_kv);
         check_tensor(g, N("attn_v.weight"), wt, 2, d, d_kv);
-        check_tensor(g, N("attn_output.weight"), wt, 2, d, d);
+        check_tensor(g, N("attn_output.weight"), wt, 2, d_q, d);
         check_tensor(g, N("ffn_norm.weight"), CINFER_DTYPE_F32, 1, d, 1);
         check_tensor(g, N("ffn_gate.weight"), wt, 2, d, ff);
         check_tensor(g, N("ffn_up.weight"), wt, 2, d, ff);
         check_tensor(g, N("ffn_down.weight"), wt, 2, ff, d);
         if (bias) {
-            check_tensor(g, N("attn_q.bias"), CINFER_DTYPE_F32, 1, d, 1);
+            check_tensor(g, N("attn_q.bias"), CINFER_DTYPE_F32, 1, d_q, 1);
             check_tensor(g, N("attn_k.bias"), CINFER_DTYPE_F32, 1, d_kv, 1);
             check_tensor(g, N("attn_v.bias"), CINFER_DTYPE_F32, 1, d_kv, 1);
         } else {
             CHECK(cinfer_gguf_find_tensor(g, N("attn_q.bias")) == NULL);
+        }
+        if (qk_norm) {
+            check_tensor(g, N("attn_q_norm.weight"), CINFER_DTYPE_F32, 1, hd, 1);
+            check_tensor(g, N("attn_k_norm.weight"), CINFER_DTYPE_F32, 1, hd, 1);
+        } else {
+            CHECK(cinfer_gguf_find_tensor(g, N("attn_q_norm.weight")) == NULL);
         }
 #undef N
     }
@@ -112,8 +121,14 @@ static void check_layout(const cinfer_gguf *g, const cinfer_tinymodel_params *p)
         CHECK(cinfer_gguf_find_tensor(g, "output.weight") == NULL);
     else
         check_tensor(g, "output.weight", wt, 2, d, p->n_vocab);
-    uint64_t want = 1 + (uint64_t)p->n_layer * (9 + (bias ? 3 : 0)) + 1 +
-                    (p->tied_output ? 0 : 1);
+    int llama3 = strcmp(rs, "llama3") == 0;
+    if (llama3)
+        check_tensor(g, "rope_freqs.weight", CINFER_DTYPE_F32, 1, hd / 2, 1);
+    else
+        CHECK(cinfer_gguf_find_tensor(g, "rope_freqs.weight") == NULL);
+    uint64_t want = 1 + (uint64_t)p->n_layer *
+                            (9 + (bias ? 3 : 0) + (qk_norm ? 2 : 0)) +
+                    1 + (p->tied_output ? 0 : 1) + (llama3 ? 1 : 0);
     CHECK_EQ_INT(cinfer_gguf_n_tensors(g), want);
 
     char key[96];
@@ -125,7 +140,21 @@ static void check_layout(const cinfer_gguf *g, const cinfer_tinymodel_params *p)
     CHECK_EQ_INT(get_u32(g, K("attention.head_count")), p->n_head);
     CHECK_EQ_INT(get_u32(g, K("attention.head_count_kv")), p->n_head_kv);
     CHECK_EQ_INT(get_u32(g, K("context_length")), p->n_ctx);
-    CHECK_EQ_INT(get_u32(g, K("rope.dimension_count")), p->n_embd / p->n_head);
+    CHECK_EQ_INT(get_u32(g, K("rope.dimension_count")), hd);
+    CHECK_EQ_INT(cinfer_gguf_find_key(g, K("attention.key_length")) >= 0,
+                 p->head_dim != 0);
+    if (p->head_dim) {
+        CHECK_EQ_INT(get_u32(g, K("attention.key_length")), p->head_dim);
+        CHECK_EQ_INT(get_u32(g, K("attention.value_length")), p->head_dim);
+    }
+    int linear = strcmp(rs, "linear") == 0;
+    CHECK_EQ_INT(cinfer_gguf_find_key(g, K("rope.scaling.type")) >= 0, linear);
+    if (linear) {
+        check_str(g, K("rope.scaling.type"), "linear");
+        float fac = 0;
+        CHECK_OK(cinfer_gguf_get_f32(g, K("rope.scaling.factor"), &fac));
+        CHECK(fac == p->rope_factor);
+    }
     CHECK_EQ_INT(get_u32(g, K("vocab_size")), p->n_vocab);
     float f = 0;
     CHECK_OK(cinfer_gguf_get_f32(g, K("rope.freq_base"), &f));
@@ -374,6 +403,8 @@ static void test_shapes(void)
         {"llama", 2, 256, 4, 2, 512, 300, CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K, 0, "gpt2", 15},
         {"qwen2", 1, 256, 2, 1, 256, 400, CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q4_K, 1, "llama", 18},
         {"llama", 1, 256, 4, 4, 256, 300, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q5_K, 1, "gpt2", 17},
+        {"qwen3", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q8_0, 1, "gpt2", 7},
+        {"qwen3", 1, 96, 6, 3, 64, 320, CINFER_DTYPE_F16, CINFER_DTYPE_F32, 0, "llama", 1},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
@@ -392,6 +423,12 @@ static void test_shapes(void)
         p.rope_theta = 1000000.0f;
         p.norm_eps = 1e-6f;
         p.chat_template = (int)(k % 2);
+        /* the qwen3 cases with a key_length head; every rope scaling */
+        if (k + 2 >= sizeof cases / sizeof cases[0])
+            p.head_dim = 32;
+        static const char *const scalings[3] = {"llama3", "linear", NULL};
+        p.rope_scaling = scalings[k % 3];
+        p.rope_factor = 8.0f;
         void *buf;
         size_t size;
         cinfer_gguf *g = open_model(&p, &buf, &size);
@@ -620,6 +657,11 @@ static void test_invalid_params(void)
         {"k_embd", "256 for K-quants"},
         {"k_weight", "weight_dtype = 15"},
         {"alignment", "alignment"},
+        {"head_dim", "head_dim = 33"},
+        {"q_heads", "n_head * head_dim"},
+        {"rope_scaling", "rope_scaling 'yarn'"},
+        {"rope_factor", "rope_factor"},
+        {"rope_freq", "must differ"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
@@ -644,6 +686,15 @@ static void test_invalid_params(void)
         else if (!strcmp(f, "k_embd")) { p.n_embd = 128; p.weight_dtype = CINFER_DTYPE_Q6_K; }
         else if (!strcmp(f, "k_weight")) p.weight_dtype = CINFER_DTYPE_Q8_K;
         else if (!strcmp(f, "alignment")) p.alignment = 48;
+        else if (!strcmp(f, "head_dim")) p.head_dim = 33;
+        else if (!strcmp(f, "q_heads")) { p.head_dim = 12; p.weight_dtype = CINFER_DTYPE_Q8_0; }
+        else if (!strcmp(f, "rope_scaling")) p.rope_scaling = "yarn";
+        else if (!strcmp(f, "rope_factor")) p.rope_scaling = "linear";
+        else if (!strcmp(f, "rope_freq")) {
+            p.rope_scaling = "llama3";
+            p.rope_factor = 8.0f;
+            p.rope_low_freq = p.rope_high_freq = 2.0f;
+        }
         void *buf = NULL;
         size_t size = 0;
         cinfer_status st = cinfer_tinymodel_write_mem(&p, &buf, &size);
