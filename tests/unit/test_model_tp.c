@@ -204,6 +204,32 @@ static void test_tiny_f32(void)
     unlink(path);
 }
 
+/* qwen3's per-head Q/K norms (whole on every rank) with a key_length head
+ * (32, where 192 / 12 is 16), and Llama 3's rope frequency factors. */
+static void test_tiny_qwen3_llama3(void)
+{
+    cinfer_tinymodel_params tp = tiny(6);
+    tp.arch = "qwen3";
+    tp.head_dim = 32;
+    tp.weight_dtype = CINFER_DTYPE_Q8_0;
+    tp.embd_dtype = CINFER_DTYPE_Q8_0;
+    const char *path = tmp_path("qwen3");
+    CHECK_OK(cinfer_tinymodel_write(&tp, path));
+    compare_tp(path, "tiny 12/6 qwen3 hd32 Q8_0", 3, tiny_prompt,
+               N_TINY_PROMPT, TINY_BOUND);
+    unlink(path);
+    tp = tiny(6);
+    tp.rope_scaling = "llama3";
+    tp.rope_factor = 8.0f;
+    tp.rope_orig_ctx = 64;
+    tp.rope_theta = 500000.0f;
+    path = tmp_path("llama3");
+    CHECK_OK(cinfer_tinymodel_write(&tp, path));
+    compare_tp(path, "tiny 12/6 llama3 rope F32", 2, tiny_prompt,
+               N_TINY_PROMPT, TINY_BOUND);
+    unlink(path);
+}
+
 /* Refusals at create, with the counts in the message. */
 static void test_refusals(void)
 {
@@ -388,6 +414,7 @@ int main(void)
     RUN(test_tiny_kv6_q8_0_tied);
     RUN(test_tiny_kv12_q4_1_qwen2);
     RUN(test_tiny_f32);
+    RUN(test_tiny_qwen3_llama3);
     RUN(test_refusals);
     RUN(test_failed_step_breaks_group);
     RUN(test_batch_invariance_tp3);
