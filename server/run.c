@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,223 +125,309 @@ typedef struct {
     long api_keys_all_methods;
 } config;
 
-/* One row per flag: its name, environment variable, argument and help. */
+/* How a flag's value is parsed, and into what. */
+typedef enum {
+    ARG_STR,      /* any string, kept (const char *) */
+    ARG_NONEMPTY, /* a non-empty string */
+    ARG_LONG,     /* an integer in [lo, hi] (long) */
+    ARG_LLONG,    /* (long long) */
+    ARG_INT,      /* (int) */
+    ARG_I64,      /* (int64_t) */
+    ARG_DOUBLE,   /* a number in [lo, hi] (double) */
+    ARG_ONOFF,    /* on, off, 1 or 0 (int) */
+    ARG_SPECIAL,  /* apply_special knows it */
+} arg_kind;
+
+/* One row per flag: its name, environment variable, argument and help,
+ * and how its value is parsed. The one table drives the parsing of flags
+ * and environment, and --help. */
 typedef struct {
     const char *name;
     const char *env;
     const char *arg;
     const char *help;
+    arg_kind kind;
+    size_t off;       /* its field in config */
+    double lo, hi;    /* the range of a number */
+    const char *hint; /* added to the bad-value message; NULL = none */
 } flag_doc;
+
+#define OFF(field) offsetof(config, field)
 
 static const flag_doc flags[] = {
     {"listen", "CINFER_LISTEN", "HOST:PORT",
      "address to serve on (default 127.0.0.1:50051; 0.0.0.0:PORT in "
-     "containers; port 0 picks a free one)"},
-    {"model", "CINFER_MODEL", "PATH", "GGUF model (default: %s)"},
+     "containers; port 0 picks a free one)",
+     ARG_NONEMPTY, OFF(listen), 0, 0, NULL},
+    {"model", "CINFER_MODEL", "PATH", "GGUF model (default: %s)",
+     ARG_STR, OFF(model), 0, 0, NULL},
     {"device", "CINFER_DEVICE", "auto|cpu|cuda[:N]",
      "where the model runs: cuda:N = CUDA device N (cuda = cuda:0), cpu = "
      "the CPU (see --threads), auto = cuda:0 when a CUDA device is present, "
      "else the CPU. A CUDA device that cannot be opened (none, or a build "
-     "without the CUDA backend) is an error at start (default auto)"},
+     "without the CUDA backend) is an error at start (default auto)",
+     ARG_SPECIAL, 0, 0, 0, " (auto, cpu, cuda or cuda:N)"},
     {"gpu-memory-fraction", "CINFER_GPU_MEMORY_FRACTION", "F",
      "share of the CUDA device's memory the server may hold, in (0, 1]: "
      "weights, activations and scratch first, then the KV cache takes what "
-     "is left; a model that does not fit is refused at start (default 0.9)"},
+     "is left; a model that does not fit is refused at start (default 0.9)",
+     ARG_SPECIAL, 0, 0, 0, " (a share in (0, 1])"},
     {"threads", "CINFER_THREADS", "N",
-     "CPU threads for the model on the CPU backend (default: all cores)"},
+     "CPU threads for the model on the CPU backend (default: all cores)",
+     ARG_LONG, OFF(threads), 0, 1024, NULL},
     {"tensor-parallel", "CINFER_TENSOR_PARALLEL", "N",
      "split the model over N ranks, Megatron-style: on --device cuda one "
      "CUDA device per rank from --device's ordinal up, over NCCL (auto: "
      "CUDA when there are devices enough); on the CPU rank threads with a "
      "shared-memory all-reduce, sharing --threads out. The model's head "
-     "counts must divide by N (default 1)"},
+     "counts must divide by N (default 1)",
+     ARG_LONG, OFF(tensor_parallel), 1, 256, NULL},
     {"nnodes", "CINFER_NNODES", "N",
      "processes (hosts) the --tensor-parallel CUDA ranks span, each with "
-     "N / nnodes of them, NCCL between them (default 1)"},
+     "N / nnodes of them, NCCL between them (default 1)",
+     ARG_LONG, OFF(nnodes), 1, 256, NULL},
     {"node-rank", "CINFER_NODE_RANK", "K",
      "this process among --nnodes, 0..nnodes-1: node 0 serves; the others "
      "load their ranks, compute node 0's steps and serve nothing, ending "
-     "when node 0 does (default 0)"},
+     "when node 0 does (default 0)",
+     ARG_LONG, OFF(node_rank), 0, 255, NULL},
     {"dist-init-addr", "CINFER_DIST_INIT_ADDR", "HOST:PORT",
      "where node 0 meets the other nodes (NCCL's id, then the steps); "
-     "needed with --nnodes above 1"},
+     "needed with --nnodes above 1",
+     ARG_SPECIAL, 0, 0, 0, NULL},
     {"dist-timeout-ms", "CINFER_DIST_TIMEOUT_MS", "MS",
      "bound on each wait for another node: meeting, its model load, a step "
-     "(default 60000)"},
+     "(default 60000)",
+     ARG_LONG, OFF(dist_timeout_ms), 1, (1L << 30), NULL},
     {"compute-priority", "CINFER_COMPUTE_PRIORITY", "normal|low|idle",
      "scheduling class of the compute threads (engine and CPU workers), so "
      "that the network threads answer and refuse calls at once while a "
      "batch keeps the cores busy: idle = SCHED_IDLE, for a server with its "
      "cores (its container) to itself; low = nice +10, where other busy "
      "processes share the cores; normal = as the network threads (default "
-     "idle)"},
+     "idle)",
+     ARG_SPECIAL, 0, 0, 0, NULL},
     {"grpc-threads", "CINFER_GRPC_THREADS", "N",
-     "completion-queue threads (default 2)"},
+     "completion-queue threads (default 2)",
+     ARG_LONG, OFF(grpc_threads), 1, 256, NULL},
     {"request-threads", "CINFER_REQUEST_THREADS", "N",
      "threads that read, decode, tokenize and submit requests at nice +10, "
      "off the completion-queue threads, so that health checks, reflection "
      "and rejections answer at once whatever the requests are (default 2; "
-     "0 = the completion-queue threads do it)"},
+     "0 = the completion-queue threads do it)",
+     ARG_LONG, OFF(request_threads), 0, 256, NULL},
     {"max-seqs", "CINFER_MAX_SEQS", "N",
-     "sequences decoded together (default 64)"},
+     "sequences decoded together (default 64)",
+     ARG_LONG, OFF(max_seqs), 1, 4096, NULL},
     {"max-batched-tokens", "CINFER_MAX_BATCHED_TOKENS", "N",
      "tokens per engine step, decodes and prefill chunks together "
      "(default 64: on a CPU a step of 64 rows keeps inter-token gaps near "
-     "those of a decode-only step; larger favours time to first token)"},
+     "those of a decode-only step; larger favours time to first token)",
+     ARG_LONG, OFF(max_batched_tokens), 1, (1 << 20), NULL},
     {"min-prefill-tokens", "CINFER_MIN_PREFILL_TOKENS", "N",
      "prefill rows a step may carry beyond --max-batched-tokens when the "
      "running streams' decodes leave fewer, so that new prompts are not "
-     "starved (default 32, 0 = none)"},
+     "starved (default 32, 0 = none)",
+     ARG_LONG, OFF(min_prefill_tokens), 0, (1 << 20), NULL},
     {"max-queued", "CINFER_MAX_QUEUED", "N",
      "waiting requests before new ones get RESOURCE_EXHAUSTED (default 0 = "
-     "no limit)"},
+     "no limit)",
+     ARG_LONG, OFF(max_queued), 0, (1 << 24), NULL},
     {"ctx-size", "CINFER_CTX_SIZE", "N",
-     "tokens per sequence (default: the model's, at most 8192)"},
+     "tokens per sequence (default: the model's, at most 8192)",
+     ARG_LONG, OFF(ctx_size), 0, (1 << 20), NULL},
     {"kv-cache-mem", "CINFER_KV_CACHE_MEM", "BYTES",
      "KV cache size, with K/M/G suffix (default 512M on the CPU; on CUDA "
      "the cache takes what --gpu-memory-fraction leaves unless this is "
-     "given)"},
+     "given)",
+     ARG_SPECIAL, 0, 0, 0, NULL},
     {"default-max-tokens", "CINFER_DEFAULT_MAX_TOKENS", "N",
-     "max_tokens of requests that leave it unset (default 256)"},
+     "max_tokens of requests that leave it unset (default 256)",
+     ARG_LONG, OFF(default_max_tokens), 1, (1 << 20), NULL},
     {"drain-timeout", "CINFER_DRAIN_TIMEOUT", "SECONDS",
-     "on SIGTERM, how long running streams may take to finish (default 30)"},
+     "on SIGTERM, how long running streams may take to finish (default 30)",
+     ARG_DOUBLE, OFF(drain_timeout_s), 0, 9999999.0, NULL},
     {"max-receive-message-bytes", "CINFER_MAX_RECEIVE_MESSAGE_BYTES", "N",
-     "largest request message (default 4194304)"},
+     "largest request message (default 4194304)",
+     ARG_LONG, OFF(max_receive_message_bytes), 1024, (1L << 30), NULL},
     {"mmap", "CINFER_MMAP", "0|1",
      "1 = use the weights from a mapping of the file (shared with other "
      "processes, evictable); 0 = read them into memory in huge pages, "
-     "which decodes faster (default 0)"},
+     "which decodes faster (default 0)",
+     ARG_LONG, OFF(use_mmap), 0, 1, NULL},
     {"prefix-cache", "CINFER_PREFIX_CACHE", "0|1",
-     "reuse the KV cache of shared prompt prefixes (default 1)"},
+     "reuse the KV cache of shared prompt prefixes (default 1)",
+     ARG_LONG, OFF(prefix_cache), 0, 1, NULL},
     {"log-level", "CINFER_LOG_LEVEL", "LEVEL",
-     "debug, info, warn, error or off (default info)"},
+     "debug, info, warn, error or off (default info)",
+     ARG_SPECIAL, 0, 0, 0, NULL},
     {"metrics-listen", "CINFER_METRICS_LISTEN", "HOST:PORT",
      "Prometheus /metrics address (default 127.0.0.1:9090; \"\" or off = "
-     "none)"},
+     "none)",
+     ARG_SPECIAL, 0, 0, 0, NULL},
     {"http-listen", "CINFER_HTTP_LISTEN", "HOST:PORT",
      "OpenAI-compatible HTTP API address (/v1/completions, "
-     "/v1/chat/completions, /v1/models, /health); default off"},
+     "/v1/chat/completions, /v1/models, /health); default off",
+     ARG_STR, OFF(http_listen), 0, 0, NULL},
     {"resilience", "CINFER_RESILIENCE", "on|off",
      "admission control of Generate: rate limits, circuit breaker, load "
      "shedding, and the engine holding back requests that would make "
      "running ones miss their deadlines (default on; off = every valid "
-     "request goes to the engine and runs as soon as a slot is free)"},
+     "request goes to the engine and runs as soon as a slot is free)",
+     ARG_ONOFF, OFF(resilience), 0, 0, NULL},
     {"rate-limit-qps", "CINFER_RATE_LIMIT_QPS", "RATE",
      "requests per second the server admits, a token bucket "
-     "(RESOURCE_EXHAUSTED beyond; default 0 = no limit)"},
+     "(RESOURCE_EXHAUSTED beyond; default 0 = no limit)",
+     ARG_DOUBLE, OFF(rate_limit_qps), 0, 1e12, NULL},
     {"rate-limit-burst", "CINFER_RATE_LIMIT_BURST", "N",
-     "the bucket's size (default 0 = one second's worth)"},
+     "the bucket's size (default 0 = one second's worth)",
+     ARG_LONG, OFF(rate_limit_burst), 0, (1L << 40), NULL},
     {"client-rate-limit-qps", "CINFER_CLIENT_RATE_LIMIT_QPS", "RATE",
      "requests per second per client (x-client-id metadata, else the peer "
-     "address; default 0 = no limit)"},
+     "address; default 0 = no limit)",
+     ARG_DOUBLE, OFF(client_rate_limit_qps), 0, 1e12, NULL},
     {"client-rate-limit-burst", "CINFER_CLIENT_RATE_LIMIT_BURST", "N",
-     "each client's bucket size (default 0 = one second's worth)"},
+     "each client's bucket size (default 0 = one second's worth)",
+     ARG_LONG, OFF(client_rate_limit_burst), 0, (1L << 40), NULL},
     {"max-clients", "CINFER_MAX_CLIENTS", "N",
      "clients tracked for the per-client limit, least recently seen "
-     "forgotten beyond (default 10000)"},
+     "forgotten beyond (default 10000)",
+     ARG_LONG, OFF(max_clients), 1, (1 << 24), NULL},
     {"rate-limit-tokens", "CINFER_RATE_LIMIT_TOKENS", "0|1",
      "1 = a request costs its prompt plus max_tokens in the buckets, so the "
-     "rates and bursts count tokens (default 0 = one per request)"},
+     "rates and bursts count tokens (default 0 = one per request)",
+     ARG_LONG, OFF(rate_limit_tokens), 0, 1, NULL},
     {"max-queued-requests", "CINFER_MAX_QUEUED_REQUESTS", "N",
      "requests waiting for their first token before new ones are shed "
-     "(UNAVAILABLE; default 1024, 0 = no bound)"},
+     "(UNAVAILABLE; default 1024, 0 = no bound)",
+     ARG_LONG, OFF(max_queued_requests), 0, (1L << 30), NULL},
     {"max-queued-tokens", "CINFER_MAX_QUEUED_TOKENS", "N",
-     "their prompt plus max_tokens, summed (default 0 = no bound)"},
+     "their prompt plus max_tokens, summed (default 0 = no bound)",
+     ARG_LLONG, OFF(max_queued_tokens), 0, (1L << 50), NULL},
     {"kv-shed-percent", "CINFER_KV_SHED_PERCENT", "PCT",
      "KV-cache usage at which newcomers are shed while requests wait "
-     "(default 99, 0 = off)"},
+     "(default 99, 0 = off)",
+     ARG_LONG, OFF(kv_shed_percent), 0, 100, NULL},
     {"low-priority-spread", "CINFER_LOW_PRIORITY_SPREAD", "PCT",
      "share of the queue bounds taken from priority -100 (linearly less up "
-     "to priority 0), so lower priorities are shed first (default 50)"},
+     "to priority 0), so lower priorities are shed first (default 50)",
+     ARG_LONG, OFF(low_priority_spread), 0, 100, NULL},
     {"breaker-failure-rate", "CINFER_BREAKER_FAILURE_RATE", "PCT",
      "server-fault rate that opens the circuit breaker (UNAVAILABLE while "
-     "open; default 50, 0 = no breaker)"},
+     "open; default 50, 0 = no breaker)",
+     ARG_LONG, OFF(breaker_failure_rate), 0, 100, NULL},
     {"breaker-min-calls", "CINFER_BREAKER_MIN_CALLS", "N",
-     "outcomes in the window before the rate is judged (default 20)"},
+     "outcomes in the window before the rate is judged (default 20)",
+     ARG_LONG, OFF(breaker_min_calls), 1, (1L << 30), NULL},
     {"breaker-window-ms", "CINFER_BREAKER_WINDOW_MS", "MS",
-     "sliding window of outcomes (default 10000)"},
+     "sliding window of outcomes (default 10000)",
+     ARG_LONG, OFF(breaker_window_ms), 1, (1L << 40), NULL},
     {"breaker-wait-ms", "CINFER_BREAKER_WAIT_MS", "MS",
      "time open after a trip, doubling with each trip in a row (default "
-     "5000)"},
+     "5000)",
+     ARG_LONG, OFF(breaker_wait_ms), 1, (1L << 40), NULL},
     {"breaker-max-wait-ms", "CINFER_BREAKER_MAX_WAIT_MS", "MS",
-     "cap of the growing open time (default 60000)"},
+     "cap of the growing open time (default 60000)",
+     ARG_LONG, OFF(breaker_max_wait_ms), 1, (1L << 40), NULL},
     {"breaker-half-open-probes", "CINFER_BREAKER_HALF_OPEN_PROBES", "N",
      "requests let through after the wait; all must succeed to close "
-     "(default 3)"},
+     "(default 3)",
+     ARG_LONG, OFF(breaker_half_open_probes), 1, (1 << 20), NULL},
     {"codel-target-ms", "CINFER_CODEL_TARGET_MS", "MS",
      "CoDel on the time to first token: when even the fastest request "
      "waited longer than this for an interval, requests waiting over twice "
-     "it are shed (default 500, 0 = off)"},
+     "it are shed (default 500, 0 = off)",
+     ARG_LONG, OFF(codel_target_ms), 0, (1L << 40), NULL},
     {"codel-interval-ms", "CINFER_CODEL_INTERVAL_MS", "MS",
-     "CoDel's judging interval (default 5000)"},
+     "CoDel's judging interval (default 5000)",
+     ARG_LONG, OFF(codel_interval_ms), 1, (1L << 40), NULL},
     {"max-queue-wait-ms", "CINFER_MAX_QUEUE_WAIT_MS", "MS",
      "a request with a deadline that the engine predicts would wait longer "
      "than this for its turn is refused at once with UNAVAILABLE and a "
-     "pushback, rather than queued (default 0 = no bound)"},
+     "pushback, rather than queued (default 0 = no bound)",
+     ARG_LONG, OFF(max_queue_wait_ms), 0, (1L << 40), NULL},
     {"max-ttft-ms", "CINFER_MAX_TTFT_MS", "MS",
      "a request with a deadline whose first token the engine predicts "
      "later than this (its wait, then its prompt's steps beside the running "
      "batch) is refused at once with UNAVAILABLE and a pushback, unless it "
      "would take as long on an idle engine; this bounds how large the "
      "running batch grows under overload (default 0 = no bound; "
-     "bench/overload.py runs with 400)"},
+     "bench/overload.py runs with 400)",
+     ARG_LONG, OFF(max_ttft_ms), 0, (1L << 40), NULL},
     {"max-request-time", "CINFER_MAX_REQUEST_TIME", "SECONDS",
      "cap on every Generate call's deadline; past it the call ends with "
-     "DEADLINE_EXCEEDED (default 0 = none)"},
+     "DEADLINE_EXCEEDED (default 0 = none)",
+     ARG_DOUBLE, OFF(max_request_time_s), 0, 1e9, NULL},
     {"watchdog-timeout", "CINFER_WATCHDOG_TIMEOUT", "SECONDS",
      "health NOT_SERVING while the engine has work and completes no step "
-     "for this long (default 30, 0 = off)"},
+     "for this long (default 30, 0 = off)",
+     ARG_DOUBLE, OFF(watchdog_timeout_s), 0, 1e9, NULL},
     {"unhealthy-after-faults", "CINFER_UNHEALTHY_AFTER_FAULTS", "N",
      "health NOT_SERVING after N device faults in a row, until the engine "
-     "serves again (default 5, 0 = off)"},
+     "serves again (default 5, 0 = off)",
+     ARG_LONG, OFF(unhealthy_after_faults), 0, (1L << 30), NULL},
     {"tls-cert", "CINFER_TLS_CERT", "PEM",
      "TLS on the gRPC port with this certificate chain (and --tls-key); "
      "re-read on SIGHUP: new connections get the new one, running streams "
-     "go on (default: plaintext)"},
-    {"tls-key", "CINFER_TLS_KEY", "PEM", "the certificate's private key"},
+     "go on (default: plaintext)",
+     ARG_STR, OFF(tls_cert), 0, 0, NULL},
+    {"tls-key", "CINFER_TLS_KEY", "PEM", "the certificate's private key",
+     ARG_STR, OFF(tls_key), 0, 0, NULL},
     {"tls-client-ca", "CINFER_TLS_CLIENT_CA", "PEM",
      "mTLS: clients must present a certificate that chains to these CAs "
-     "(a handshake without one fails); re-read on SIGHUP"},
+     "(a handshake without one fails); re-read on SIGHUP",
+     ARG_STR, OFF(tls_client_ca), 0, 0, NULL},
     {"api-keys", "CINFER_API_KEYS", "FILE",
      "API keys: one line per key, its SHA-256 in hex, a name, and optional "
      "qps=R burst=N max_priority=P; calls then need authorization: Bearer "
      "KEY (or x-api-key: KEY), else UNAUTHENTICATED; a key with qps= has "
      "its own rate limit instead of the per-client one; re-read on SIGHUP "
-     "(default: no keys)"},
+     "(default: no keys)",
+     ARG_STR, OFF(api_keys), 0, 0, NULL},
     {"api-keys-all-methods", "CINFER_API_KEYS_ALL_METHODS", "0|1",
      "1 = health, reflection and the ORCA stream need a key too (default "
-     "0)"},
+     "0)",
+     ARG_LONG, OFF(api_keys_all_methods), 0, 1, NULL},
     {"max-concurrent-streams", "CINFER_MAX_CONCURRENT_STREAMS", "N",
      "streams per connection, advertised in SETTINGS; more are refused "
-     "(default 100, 0 = no limit)"},
+     "(default 100, 0 = no limit)",
+     ARG_INT, OFF(conn.max_concurrent_streams), 0, INT32_MAX, NULL},
     {"max-connection-idle-ms", "CINFER_MAX_CONNECTION_IDLE_MS", "MS",
      "a connection without calls (one that only sent its HTTP/2 preface "
-     "too) is sent GOAWAY after this long (default 300000, 0 = never)"},
+     "too) is sent GOAWAY after this long (default 300000, 0 = never)",
+     ARG_I64, OFF(conn.max_connection_idle_ms), 0, INT32_MAX, NULL},
     {"max-connection-age-ms", "CINFER_MAX_CONNECTION_AGE_MS", "MS",
      "a connection this old is sent GOAWAY, so that a mesh or load "
-     "balancer can rebalance (default 0 = no limit)"},
+     "balancer can rebalance (default 0 = no limit)",
+     ARG_I64, OFF(conn.max_connection_age_ms), 0, INT32_MAX, NULL},
     {"max-connection-age-grace-ms", "CINFER_MAX_CONNECTION_AGE_GRACE_MS",
      "MS",
      "then its running calls get this long before it is closed (default "
-     "30000, 0 = as long as they take)"},
+     "30000, 0 = as long as they take)",
+     ARG_I64, OFF(conn.max_connection_age_grace_ms), 0, INT32_MAX, NULL},
     {"keepalive-min-ping-interval-ms",
      "CINFER_KEEPALIVE_MIN_PING_INTERVAL_MS", "MS",
      "client pings closer together than this, with no data between, are "
-     "strikes (default 10000, 0 = any interval)"},
+     "strikes (default 10000, 0 = any interval)",
+     ARG_I64, OFF(conn.min_ping_interval_ms), 0, INT32_MAX, NULL},
     {"keepalive-max-ping-strikes", "CINFER_KEEPALIVE_MAX_PING_STRIKES", "N",
      "strikes before the connection gets GOAWAY ENHANCE_YOUR_CALM (default "
-     "2, 0 = never)"},
+     "2, 0 = never)",
+     ARG_INT, OFF(conn.max_ping_strikes), 0, INT32_MAX, NULL},
     {"max-header-list-bytes", "CINFER_MAX_HEADER_LIST_BYTES", "N",
      "request metadata per call; a larger header list is refused (default "
-     "16384, 0 = gRPC's)"},
+     "16384, 0 = gRPC's)",
+     ARG_INT, OFF(conn.max_header_list_bytes), 0, INT32_MAX, NULL},
     {"handshake-timeout-ms", "CINFER_HANDSHAKE_TIMEOUT_MS", "MS",
      "from accept to the client's HTTP/2 SETTINGS (the TLS handshake "
      "included); slower connections are closed (default 10000, 0 = "
-     "gRPC's)"},
+     "gRPC's)",
+     ARG_I64, OFF(conn.handshake_timeout_ms), 0, INT32_MAX, NULL},
     {"receive-timeout-ms", "CINFER_RECEIVE_TIMEOUT_MS", "MS",
      "from a call's headers to its request message (a half-open stream); "
      "past it the call ends with DEADLINE_EXCEEDED (default 30000, 0 = "
-     "none)"},
+     "none)",
+     ARG_I64, OFF(conn.receive_timeout_ms), 0, INT32_MAX, NULL},
 };
 #define N_FLAGS (int)(sizeof flags / sizeof flags[0])
 
@@ -442,191 +529,95 @@ static int parse_device(const char *s, device_kind *kind, int *ordinal)
     return 1;
 }
 
-/* The connection limit flags: their field in cinfer_server_conn_limits. */
-static int apply_conn_limit(cinfer_server_conn_limits *l, const char *name,
-                            const char *v)
+/* The flags whose parsing is more than a type and a range. */
+static int apply_special(config *cfg, const char *name, const char *v)
 {
-    long n;
-    if (!parse_long(v, 0, INT32_MAX, &n))
-        return 0;
-    if (strcmp(name, "max-concurrent-streams") == 0)
-        l->max_concurrent_streams = (int)n;
-    else if (strcmp(name, "max-connection-idle-ms") == 0)
-        l->max_connection_idle_ms = n;
-    else if (strcmp(name, "max-connection-age-ms") == 0)
-        l->max_connection_age_ms = n;
-    else if (strcmp(name, "max-connection-age-grace-ms") == 0)
-        l->max_connection_age_grace_ms = n;
-    else if (strcmp(name, "keepalive-min-ping-interval-ms") == 0)
-        l->min_ping_interval_ms = n;
-    else if (strcmp(name, "keepalive-max-ping-strikes") == 0)
-        l->max_ping_strikes = (int)n;
-    else if (strcmp(name, "max-header-list-bytes") == 0)
-        l->max_header_list_bytes = (int)n;
-    else if (strcmp(name, "handshake-timeout-ms") == 0)
-        l->handshake_timeout_ms = n;
-    else if (strcmp(name, "receive-timeout-ms") == 0)
-        l->receive_timeout_ms = n;
-    else
-        return 0;
-    return 1;
-}
-
-/* Applies one option value (from a flag or the environment) to cfg.
- * Returns 0 and prints the problem if the value is bad. */
-static int apply(config *cfg, int i, const char *v, const char *from)
-{
-    const char *name = flags[i].name;
-    int ok = 1;
-    if (strcmp(name, "listen") == 0) {
-        cfg->listen = v;
-        ok = v[0] != '\0';
-    } else if (strcmp(name, "model") == 0) {
-        cfg->model = v;
-    } else if (strcmp(name, "compute-priority") == 0) {
-        ok = 0;
+    if (strcmp(name, "compute-priority") == 0) {
         for (int k = CINFER_THREAD_PRIO_NORMAL; k <= CINFER_THREAD_PRIO_IDLE;
              k++) {
             if (strcmp(v, cinfer_thread_prio_name((cinfer_thread_prio)k)) ==
                 0) {
                 cfg->compute_prio = k;
-                ok = 1;
+                return 1;
             }
         }
-    } else if (strcmp(name, "device") == 0) {
-        ok = parse_device(v, &cfg->device, &cfg->cuda_device);
-    } else if (strcmp(name, "gpu-memory-fraction") == 0) {
+        return 0;
+    }
+    if (strcmp(name, "device") == 0)
+        return parse_device(v, &cfg->device, &cfg->cuda_device);
+    if (strcmp(name, "gpu-memory-fraction") == 0)
         /* parse_double's range is closed; 0 is not a share */
-        ok = parse_double(v, 0, 1, &cfg->gpu_memory_fraction) &&
-             cfg->gpu_memory_fraction > 0;
-    } else if (strcmp(name, "threads") == 0) {
-        ok = parse_long(v, 0, 1024, &cfg->threads);
-    } else if (strcmp(name, "tensor-parallel") == 0) {
-        ok = parse_long(v, 1, 256, &cfg->tensor_parallel);
-    } else if (strcmp(name, "nnodes") == 0) {
-        ok = parse_long(v, 1, 256, &cfg->nnodes);
-    } else if (strcmp(name, "node-rank") == 0) {
-        ok = parse_long(v, 0, 255, &cfg->node_rank);
-    } else if (strcmp(name, "dist-init-addr") == 0) {
+        return parse_double(v, 0, 1, &cfg->gpu_memory_fraction) &&
+               cfg->gpu_memory_fraction > 0;
+    if (strcmp(name, "dist-init-addr") == 0) {
         cfg->dist_init_addr = v;
-        ok = v[0] != '\0' && strchr(v, ':') != NULL;
-    } else if (strcmp(name, "dist-timeout-ms") == 0) {
-        ok = parse_long(v, 1, 1L << 30, &cfg->dist_timeout_ms);
-    } else if (strcmp(name, "grpc-threads") == 0) {
-        ok = parse_long(v, 1, 256, &cfg->grpc_threads);
-    } else if (strcmp(name, "request-threads") == 0) {
-        ok = parse_long(v, 0, 256, &cfg->request_threads);
-    } else if (strcmp(name, "max-seqs") == 0) {
-        ok = parse_long(v, 1, 4096, &cfg->max_seqs);
-    } else if (strcmp(name, "max-batched-tokens") == 0) {
-        ok = parse_long(v, 1, 1 << 20, &cfg->max_batched_tokens);
-    } else if (strcmp(name, "min-prefill-tokens") == 0) {
-        ok = parse_long(v, 0, 1 << 20, &cfg->min_prefill_tokens);
-    } else if (strcmp(name, "max-queued") == 0) {
-        ok = parse_long(v, 0, 1 << 24, &cfg->max_queued);
-    } else if (strcmp(name, "ctx-size") == 0) {
-        ok = parse_long(v, 0, 1 << 20, &cfg->ctx_size);
-    } else if (strcmp(name, "kv-cache-mem") == 0) {
-        ok = parse_bytes(v, &cfg->kv_cache_mem);
+        return v[0] != '\0' && strchr(v, ':') != NULL;
+    }
+    if (strcmp(name, "kv-cache-mem") == 0) {
         cfg->kv_cache_mem_given = 1;
-    } else if (strcmp(name, "default-max-tokens") == 0) {
-        ok = parse_long(v, 1, 1 << 20, &cfg->default_max_tokens);
-    } else if (strcmp(name, "drain-timeout") == 0) {
-        char *end;
-        errno = 0;
-        cfg->drain_timeout_s = strtod(v, &end);
-        ok = !errno && end != v && !*end && cfg->drain_timeout_s >= 0 &&
-             cfg->drain_timeout_s < 1e7;
-    } else if (strcmp(name, "max-receive-message-bytes") == 0) {
-        ok = parse_long(v, 1024, 1L << 30, &cfg->max_receive_message_bytes);
-    } else if (strcmp(name, "mmap") == 0) {
-        ok = parse_long(v, 0, 1, &cfg->use_mmap);
-    } else if (strcmp(name, "prefix-cache") == 0) {
-        ok = parse_long(v, 0, 1, &cfg->prefix_cache);
-    } else if (strcmp(name, "log-level") == 0) {
+        return parse_bytes(v, &cfg->kv_cache_mem);
+    }
+    if (strcmp(name, "log-level") == 0) {
         cfg->log_level = v;
-        ok = cinfer_log_level_parse(v) >= 0;
-    } else if (strcmp(name, "metrics-listen") == 0) {
+        return cinfer_log_level_parse(v) >= 0;
+    }
+    if (strcmp(name, "metrics-listen") == 0) {
         cfg->metrics_listen = v;
         cfg->metrics_listen_given = 1;
-    } else if (strcmp(name, "http-listen") == 0) {
-        cfg->http_listen = v;
-    } else if (strcmp(name, "resilience") == 0) {
+        return 1;
+    }
+    return 0;
+}
+
+/* Applies one option value (from a flag or the environment) to cfg, as
+ * its row of the table says. Returns 0 and prints the problem if the
+ * value is bad. */
+static int apply(config *cfg, int i, const char *v, const char *from)
+{
+    const flag_doc *f = &flags[i];
+    char *field = (char *)cfg + f->off;
+    long n = 0;
+    int ok = 1;
+    switch (f->kind) {
+    case ARG_STR:
+        *(const char **)(void *)field = v;
+        break;
+    case ARG_NONEMPTY:
+        *(const char **)(void *)field = v;
+        ok = v[0] != '\0';
+        break;
+    case ARG_LONG:
+        ok = parse_long(v, (long)f->lo, (long)f->hi, (long *)(void *)field);
+        break;
+    case ARG_LLONG:
+    case ARG_INT:
+    case ARG_I64:
+        ok = parse_long(v, (long)f->lo, (long)f->hi, &n);
+        if (ok && f->kind == ARG_LLONG)
+            *(long long *)(void *)field = n;
+        else if (ok && f->kind == ARG_INT)
+            *(int *)(void *)field = (int)n;
+        else if (ok)
+            *(int64_t *)(void *)field = n;
+        break;
+    case ARG_DOUBLE:
+        ok = parse_double(v, f->lo, f->hi, (double *)(void *)field);
+        break;
+    case ARG_ONOFF:
         if (strcasecmp(v, "on") == 0 || strcmp(v, "1") == 0)
-            cfg->resilience = 1;
+            *(int *)(void *)field = 1;
         else if (strcasecmp(v, "off") == 0 || strcmp(v, "0") == 0)
-            cfg->resilience = 0;
+            *(int *)(void *)field = 0;
         else
             ok = 0;
-    } else if (strcmp(name, "rate-limit-qps") == 0) {
-        ok = parse_double(v, 0, 1e12, &cfg->rate_limit_qps);
-    } else if (strcmp(name, "rate-limit-burst") == 0) {
-        ok = parse_long(v, 0, 1L << 40, &cfg->rate_limit_burst);
-    } else if (strcmp(name, "client-rate-limit-qps") == 0) {
-        ok = parse_double(v, 0, 1e12, &cfg->client_rate_limit_qps);
-    } else if (strcmp(name, "client-rate-limit-burst") == 0) {
-        ok = parse_long(v, 0, 1L << 40, &cfg->client_rate_limit_burst);
-    } else if (strcmp(name, "max-clients") == 0) {
-        ok = parse_long(v, 1, 1L << 24, &cfg->max_clients);
-    } else if (strcmp(name, "rate-limit-tokens") == 0) {
-        ok = parse_long(v, 0, 1, &cfg->rate_limit_tokens);
-    } else if (strcmp(name, "max-queued-requests") == 0) {
-        ok = parse_long(v, 0, 1L << 30, &cfg->max_queued_requests);
-    } else if (strcmp(name, "max-queued-tokens") == 0) {
-        long t = 0;
-        ok = parse_long(v, 0, 1L << 50, &t);
-        cfg->max_queued_tokens = t;
-    } else if (strcmp(name, "kv-shed-percent") == 0) {
-        ok = parse_long(v, 0, 100, &cfg->kv_shed_percent);
-    } else if (strcmp(name, "low-priority-spread") == 0) {
-        ok = parse_long(v, 0, 100, &cfg->low_priority_spread);
-    } else if (strcmp(name, "breaker-failure-rate") == 0) {
-        ok = parse_long(v, 0, 100, &cfg->breaker_failure_rate);
-    } else if (strcmp(name, "breaker-min-calls") == 0) {
-        ok = parse_long(v, 1, 1L << 30, &cfg->breaker_min_calls);
-    } else if (strcmp(name, "breaker-window-ms") == 0) {
-        ok = parse_long(v, 1, 1L << 40, &cfg->breaker_window_ms);
-    } else if (strcmp(name, "breaker-wait-ms") == 0) {
-        ok = parse_long(v, 1, 1L << 40, &cfg->breaker_wait_ms);
-    } else if (strcmp(name, "breaker-max-wait-ms") == 0) {
-        ok = parse_long(v, 1, 1L << 40, &cfg->breaker_max_wait_ms);
-    } else if (strcmp(name, "breaker-half-open-probes") == 0) {
-        ok = parse_long(v, 1, 1L << 20, &cfg->breaker_half_open_probes);
-    } else if (strcmp(name, "codel-target-ms") == 0) {
-        ok = parse_long(v, 0, 1L << 40, &cfg->codel_target_ms);
-    } else if (strcmp(name, "codel-interval-ms") == 0) {
-        ok = parse_long(v, 1, 1L << 40, &cfg->codel_interval_ms);
-    } else if (strcmp(name, "max-queue-wait-ms") == 0) {
-        ok = parse_long(v, 0, 1L << 40, &cfg->max_queue_wait_ms);
-    } else if (strcmp(name, "max-ttft-ms") == 0) {
-        ok = parse_long(v, 0, 1L << 40, &cfg->max_ttft_ms);
-    } else if (strcmp(name, "max-request-time") == 0) {
-        ok = parse_double(v, 0, 1e9, &cfg->max_request_time_s);
-    } else if (strcmp(name, "watchdog-timeout") == 0) {
-        ok = parse_double(v, 0, 1e9, &cfg->watchdog_timeout_s);
-    } else if (strcmp(name, "unhealthy-after-faults") == 0) {
-        ok = parse_long(v, 0, 1L << 30, &cfg->unhealthy_after_faults);
-    } else if (strcmp(name, "tls-cert") == 0) {
-        cfg->tls_cert = v;
-    } else if (strcmp(name, "tls-key") == 0) {
-        cfg->tls_key = v;
-    } else if (strcmp(name, "tls-client-ca") == 0) {
-        cfg->tls_client_ca = v;
-    } else if (strcmp(name, "api-keys") == 0) {
-        cfg->api_keys = v;
-    } else if (strcmp(name, "api-keys-all-methods") == 0) {
-        ok = parse_long(v, 0, 1, &cfg->api_keys_all_methods);
-    } else {
-        ok = apply_conn_limit(&cfg->conn, name, v);
+        break;
+    case ARG_SPECIAL:
+        ok = apply_special(cfg, f->name, v);
+        break;
     }
     if (!ok)
         fprintf(stderr, "cinfer-server: bad value '%s' for %s%s%s\n", v, from,
-                from[0] == '-' ? name : "",
-                strcmp(name, "device") == 0
-                    ? " (auto, cpu, cuda or cuda:N)"
-                : strcmp(name, "gpu-memory-fraction") == 0
-                    ? " (a share in (0, 1])"
-                    : "");
+                from[0] == '-' ? f->name : "", f->hint ? f->hint : "");
     return ok;
 }
 
