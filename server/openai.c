@@ -523,10 +523,21 @@ void cinfer_openai_error_param(const char *message, char *out, size_t n)
 char *cinfer_openai_error_json(const char *message, const char *type,
                                const char *param, const char *code)
 {
+    /* A message may quote the client's bytes (the JSON parser's does):
+     * JSON strings are UTF-8, so ill-formed bytes become U+FFFD. */
+    size_t len = strlen(message);
+    char *clean = malloc(3 * len + 1);
+    if (!clean)
+        return NULL;
+    clean[cinfer_utf8_sanitize(message, len, clean)] = '\0';
     json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message",
-                          message, "type", type, "param",
-                          param && *param ? json_string(param) : json_null(),
+                          clean, "type", type, "param",
+                          param && *param &&
+                                  cinfer_utf8_valid(param, strlen(param))
+                              ? json_string(param)
+                              : json_null(),
                           "code", code ? json_string(code) : json_null());
+    free(clean);
     if (!e)
         return NULL;
     char *s = json_dumps(e, JSON_COMPACT);
