@@ -10,7 +10,10 @@
  *   2. finish cancelled requests and those whose deadline passed;
  *   3. schedule one step (scheduler.c) and run the model on it;
  *   4. sample every sequence whose last row came out, check EOS, stop ids,
- *      stop strings, max_tokens and the context end, and emit events;
+ *      stop strings, max_tokens and the context end, and emit events; a
+ *      sequence that carried drafts (speculative decoding, scheduler.c)
+ *      samples its rows in order and takes the drafts the samples agree
+ *      with, then drops the K/V of the rest;
  *   5. publish the stats snapshot.
  *
  * It sleeps on the condition variable only when nothing is queued or
@@ -21,6 +24,8 @@
  * rows of the step), every sample has its own seeded sampler, and a
  * preempted sequence keeps its sampler and text state and recomputes its
  * K/V bit for bit, so batching, chunking and preemption change timing only.
+ * Speculation too: a draft row computes what that position's decode row
+ * would, and the sampler's draws are keyed by (seed, position).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -458,8 +463,8 @@ static int64_t grammar_mask(cinfer_engine *e, eng_seq *s, cinfer_status *st)
 }
 
 /* Samples the next token of s from its logits row and decides whether the
- * sample ends. */
-static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
+ * sample ends. Returns 1 if it ended (s may be freed then), else 0. */
+static int take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
 {
     eng_request *r = s->req;
     cinfer_logprobs lp;
@@ -471,11 +476,11 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
                        "grammar: no token of the vocabulary can continue "
                        "the output",
                        t_ns);
-            return;
+            return 1;
         }
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
         finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
-        return;
+        return 1;
     }
     st = cinfer_sampler_sample(s->sampler, row, &tok,
                                r->logprobs ? &lp : NULL);
@@ -491,7 +496,7 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
         finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
-        return;
+        return 1;
     }
     CINFER_ASSERT(s->n_tokens < s->cap);
     s->tokens[s->n_tokens++] = tok;
@@ -523,7 +528,7 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
         if (st != CINFER_OK) {
             snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
             finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
-            return;
+            return 1;
         }
         if (stopped)
             why = CINFER_FINISH_STOP_SEQUENCE;
@@ -544,9 +549,38 @@ static void take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
     }
     emit_text(s, &tok, 1, text, len, r->logprobs ? &logprob : NULL,
               n_top ? top : NULL, n_top);
-    if (why != CINFER_FINISH_NONE)
-        finish_seq(e, s, why, CINFER_OK, "", t_ns);
+    if (why == CINFER_FINISH_NONE)
+        return 0;
+    finish_seq(e, s, why, CINFER_OK, "", t_ns);
+    return 1;
 }
+
+/* Verifies the drafts of s: row i of its logits (from `rows`) follows the
+ * last token and drafts 0..i-1, so it is sampled exactly as one-by-one
+ * decoding would sample that position once they were taken (the sampler
+ * and the grammar state have advanced over them, and the draw is keyed by
+ * the position). Drafts are taken while they equal the samples; the first
+ * sample that differs, or the one after the last draft, is the next token.
+ * Stop conditions apply token by token, as without drafts. */
+static void take_drafts(cinfer_engine *e, eng_seq *s, float *rows,
+                        int64_t t_ns)
+{
+    int32_t drafts[CINFER_ENGINE_SPEC_MAX_K];
+    const int32_t d = s->n_draft, base = s->n_tokens;
+    memcpy(drafts, s->tokens + base, sizeof *drafts * (size_t)d);
+    s->n_draft = 0;
+    e->st.spec_drafted += (uint64_t)d;
+    e->st.spec_steps++;
+    for (int32_t i = 0; i <= d; i++) {
+        if (take_token(e, s, rows + (size_t)i * (size_t)e->n_vocab, t_ns))
+            return; /* finished: its blocks are gone with it */
+        if (i == d || s->tokens[base + i] != drafts[i])
+            break;
+        e->st.spec_accepted++;
+    }
+    sched_spec_rollback(e, s);
+}
+
 
 /* ---------------------------------------------------------------------- */
 /* the engine thread                                                      */
@@ -666,7 +700,10 @@ static void run_step(cinfer_engine *e)
         eng_seq *s = e->sched[k];
         if (s->step_out >= 0) {
             float *row = e->logits + (size_t)s->step_out * (size_t)e->n_vocab;
-            take_token(e, s, row, t1);
+            if (s->n_draft)
+                take_drafts(e, s, row, t1);
+            else
+                take_token(e, s, row, t1);
         }
     }
     e->n_sched = 0;
@@ -743,6 +780,21 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "engine: max_seqs, max_batched_tokens and "
                                 "max_queued must be >= 0");
+    if (p->spec_ngram_k < 0 || p->spec_ngram_k > CINFER_ENGINE_SPEC_MAX_K)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "engine: spec_ngram_k must be in 0..%d "
+                                "(got %d)",
+                                CINFER_ENGINE_SPEC_MAX_K, p->spec_ngram_k);
+    if (p->spec_ngram_min < 0 || p->spec_ngram_max < 0 ||
+        p->spec_max_seqs < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "engine: spec_ngram_min, spec_ngram_max and "
+                                "spec_max_seqs must be >= 0");
+    if (p->spec_ngram_max && p->spec_ngram_max < p->spec_ngram_min)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "engine: spec_ngram_max (%d) is below "
+                                "spec_ngram_min (%d)",
+                                p->spec_ngram_max, p->spec_ngram_min);
     cinfer_engine *e = calloc(1, sizeof *e);
     if (!e)
         return cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
@@ -772,6 +824,14 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->prefix_cache = p->prefix_cache ? 1 : 0;
     e->now_ns = p->now_ns;
     e->now_user = p->now_user;
+    e->spec_k = p->spec_ngram_k;
+    e->spec_nmin = p->spec_ngram_min                            ? p->spec_ngram_min
+                   : p->spec_ngram_max && p->spec_ngram_max < 2 ? p->spec_ngram_max
+                                                                : 2;
+    e->spec_nmax = p->spec_ngram_max ? p->spec_ngram_max
+                   : e->spec_nmin > 4 ? e->spec_nmin
+                                      : 4;
+    e->spec_max_seqs = p->spec_max_seqs ? p->spec_max_seqs : 4;
     e->block_size = e->info->block_size;
     e->n_vocab = e->info->n_vocab;
     int64_t kv_tokens = (int64_t)e->info->n_kv_blocks * e->block_size;
@@ -797,6 +857,16 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
 
     size_t rows = (size_t)e->max_rows, seqs = (size_t)e->max_seqs;
     e->max_out = e->max_seqs < e->max_batched ? e->max_seqs : e->max_batched;
+    if (e->spec_k) {
+        /* while speculating, each running sequence has 1 + k logits rows */
+        int spec = e->spec_max_seqs < e->max_seqs ? e->spec_max_seqs
+                                                  : e->max_seqs;
+        int64_t out = (int64_t)spec * (e->spec_k + 1);
+        if (out > e->max_rows)
+            out = e->max_rows;
+        if (out > e->max_out)
+            e->max_out = (int)out;
+    }
     e->running = malloc(sizeof *e->running * seqs);
     e->pred_slots = malloc(sizeof *e->pred_slots * seqs);
     e->sched = malloc(sizeof *e->sched * seqs);

@@ -96,7 +96,29 @@ typedef struct {
     /* Clock in ns (monotonic) for deadlines and timings; NULL = CLOCK_MONOTONIC. */
     int64_t (*now_ns)(void *user);
     void *now_user;
+    /* Prompt-lookup (n-gram) speculative decoding, which changes the
+     * speed only: a running sequence whose most recent tokens (an n-gram
+     * of spec_ngram_max down to spec_ngram_min tokens) occurred before in
+     * its prompt or output drafts the tokens that followed there; a step
+     * computes its last token and the drafts as rows of one forward
+     * (every row's bits are those of a one-by-one decode), each position
+     * is sampled exactly as plain decoding would sample it (sampler.h:
+     * draws keyed by seed and position), and drafts are taken while they
+     * agree with the samples. Greedy and seeded outputs, stop conditions,
+     * logprobs, penalties and grammars are those of decoding without it.
+     * Drafts use only the rows a step's budget leaves after decodes,
+     * prefills and admissions, and only while few sequences run. */
+    int spec_ngram_k;         /* draft tokens per sequence and step, in
+                                 0..CINFER_ENGINE_SPEC_MAX_K; 0 = off */
+    int spec_ngram_min;       /* shortest n-gram matched, >= 1; 0 = 2 */
+    int spec_ngram_max;       /* longest n-gram matched, >= spec_ngram_min;
+                                 0 = max(4, spec_ngram_min) */
+    int spec_max_seqs;        /* speculate only while at most this many
+                                 sequences run; 0 = 4 */
 } cinfer_engine_params;
+
+/* Most draft tokens per sequence and step (cinfer_engine_params). */
+#define CINFER_ENGINE_SPEC_MAX_K 32
 
 cinfer_engine_params cinfer_engine_default_params(void);
 
@@ -227,6 +249,10 @@ typedef struct {
                                   reported a fault it cannot recover from
                                   (cinfer_backend_healthy 0: a sticky
                                   device error); it stays 1 */
+    uint64_t spec_drafted;     /* draft tokens verified (spec_ngram_k) */
+    uint64_t spec_accepted;    /* of them, taken: tokens that cost no step
+                                  of their own */
+    uint64_t spec_steps;       /* sequence-steps that carried drafts */
 } cinfer_engine_stats;
 
 /* A consistent snapshot. Thread-safe. */

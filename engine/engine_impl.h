@@ -63,8 +63,12 @@ struct eng_seq {
     int64_t first_token_ns;
 
     /* this step */
+    int32_t n_draft;    /* draft tokens after the last one, in
+                           tokens[n_tokens .. n_tokens + n_draft) and among
+                           the step_rows (speculative decoding) */
     int32_t step_rows;  /* rows scheduled */
-    int32_t step_out;   /* index of its logits row, or -1 */
+    int32_t step_out;   /* index of its first logits row (of 1 + n_draft),
+                           or -1 */
     int step_prefill;   /* 1 if the rows count as prefill */
 };
 
@@ -119,6 +123,9 @@ struct cinfer_engine {
     int thread_prio;
     int64_t (*now_ns)(void *user);
     void *now_user;
+    int spec_k;        /* spec_ngram_k; 0 = off */
+    int spec_nmin, spec_nmax;
+    int spec_max_seqs;
 
     int32_t block_size;
     int32_t ctx_cap;    /* most tokens one sequence may hold */
@@ -232,9 +239,30 @@ int sched_predict_start(const cinfer_engine *e, int64_t now_ns,
  * step_out. */
 void sched_build_step(cinfer_engine *e, cinfer_step *step);
 
-/* After a successful forward: advances n_computed and registers newly full
- * blocks in the prefix cache. */
+/* After a successful forward: advances n_computed over the rows that are
+ * not drafts and registers newly full blocks in the prefix cache. */
 void sched_commit(cinfer_engine *e);
+
+/* Speculative decoding: the drafts of s for this step, after the rows it
+ * has (which end at its last token). Called for each scheduled sequence
+ * once the schedule is otherwise complete; takes rows from *budget and
+ * blocks only where they are free (no preemption, no eviction of other
+ * work). Sets n_draft and grows step_rows. */
+void sched_add_drafts(cinfer_engine *e, eng_seq *s, int *budget);
+
+/* After s's drafts were verified: its tokens end with the accepted drafts
+ * and one sampled token, so n_computed becomes n_tokens - 1 (the K/V of
+ * rejected drafts is dropped), newly full verified blocks are registered,
+ * and blocks past the one the next token needs are released. */
+void sched_spec_rollback(cinfer_engine *e, eng_seq *s);
+
+/* Prompt lookup: the tokens that followed the most recent earlier
+ * occurrence of the last n tokens of t[0..n_tokens) (n from nmax down to
+ * nmin), at most k of them, written to out. Where the occurrence runs
+ * into the suffix itself the continuation repeats (a loop's period).
+ * Returns how many were written. */
+int32_t sched_ngram_draft(const int32_t *t, int32_t n_tokens, int nmin,
+                          int nmax, int32_t k, int32_t *out);
 
 /* ---- engine.c (test hooks) ---------------------------------------------- */
 

@@ -89,7 +89,9 @@ struct cinfer_sampler {
     cinfer_sampler_params p; /* eog_tokens / logit_bias point at our copies */
     int32_t *eog;
     cinfer_logit_bias *bias;
-    uint64_t rng[4];
+    uint64_t key;       /* the draws' key, mixed from params.seed */
+    uint32_t n_draws;   /* draws at the current output position (since the
+                           last accept) */
     int penalties;      /* some penalty is not neutral */
     int32_t n_accepted; /* output tokens accepted */
     const uint8_t *allowed; /* the next call's mask, or NULL */
@@ -113,46 +115,34 @@ struct cinfer_sampler {
 };
 
 /* ---------------------------------------------------------------------- */
-/* PRNG: xoshiro256** seeded through splitmix64                           */
+/* Draws: counter-based, keyed by (seed, position, draw)                  */
 /* ---------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *x)
+/* splitmix64's finalizer: a bijection of 64-bit words with full
+ * avalanche. */
+static uint64_t mix64(uint64_t z)
 {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
-static inline uint64_t rotl64(uint64_t x, int k)
+static uint64_t draw_key(uint64_t seed)
 {
-    return (x << k) | (x >> (64 - k));
+    return mix64(seed + 0x9e3779b97f4a7c15ULL);
 }
 
-static uint64_t xoshiro_next(uint64_t st[4])
+/* Uniform in [0, 1) with 53 random bits: the draw-th draw at output
+ * position pos (tokens accepted before it) of the stream keyed by key. A
+ * pure function, so that a position's draw does not depend on how many
+ * draws other positions took (speculative decoding verifies several
+ * positions in one step). */
+static double draw_uniform(uint64_t key, int32_t pos, uint32_t draw)
 {
-    const uint64_t result = rotl64(st[1] * 5, 7) * 9;
-    const uint64_t t = st[1] << 17;
-    st[2] ^= st[0];
-    st[3] ^= st[1];
-    st[1] ^= st[2];
-    st[0] ^= st[3];
-    st[2] ^= t;
-    st[3] = rotl64(st[3], 45);
-    return result;
-}
-
-static void rng_seed(uint64_t st[4], uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        st[i] = splitmix64(&x);
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t st[4])
-{
-    return (double)(xoshiro_next(st) >> 11) * 0x1.0p-53;
+    uint64_t c = ((uint64_t)(uint32_t)pos << 32) | draw;
+    uint64_t z = mix64(c * 0x9e3779b97f4a7c15ULL + key);
+    z = mix64(z ^ key);
+    return (double)(z >> 11) * 0x1.0p-53;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -555,7 +545,7 @@ cinfer_status cinfer_sampler_create(const cinfer_sampler_params *p,
     s->chunk = malloc((size_t)s->n_chunks * sizeof *s->chunk);
     if (!s->chunk)
         goto fail_alloc;
-    rng_seed(s->rng, p->seed);
+    s->key = draw_key(p->seed);
     *out = s;
     return CINFER_OK;
 
@@ -636,6 +626,7 @@ cinfer_status cinfer_sampler_accept(cinfer_sampler *s, int32_t token)
         history_push(s, token, COUNT_REP | COUNT_FREQ);
     }
     s->n_accepted++;
+    s->n_draws = 0;
     return CINFER_OK;
 }
 
@@ -656,7 +647,8 @@ void cinfer_sampler_reset(cinfer_sampler *s)
     s->ring_count = 0;
     s->n_accepted = 0;
     s->n_undo = 0;
-    rng_seed(s->rng, s->p.seed);
+    s->key = draw_key(s->p.seed);
+    s->n_draws = 0;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1001,7 +993,8 @@ static int32_t draw(cinfer_sampler *s, const float *x, const plan *pl)
 {
     if (pl->kind == PLAN_GREEDY)
         return pl->token;
-    const double target = rng_uniform(s->rng) * pl->z;
+    const double target =
+        draw_uniform(s->key, s->n_accepted, s->n_draws++) * pl->z;
     if (pl->kind == PLAN_CAND) {
         double cum = 0.0;
         for (int32_t i = 0; i < pl->n; i++) {

@@ -1,6 +1,6 @@
 /*
  * sampler.h - next-token choice for one request: penalties, top-k, top-p,
- * min-p, temperature, a seeded PRNG, and logprobs.
+ * min-p, temperature, seeded counter-based draws, and logprobs.
  *
  * The model behind it is vLLM's SamplingParams, with llama.cpp's sampler
  * chain as the second reference. One sampler belongs to one request; the
@@ -26,7 +26,8 @@
  *   7. top_p: keep the smallest most-likely prefix whose mass reaches top_p
  *      (sorted by logit, ties to the lower id);
  *   8. min_p: keep tokens with p >= min_p * p_max;
- *   9. draw one token from what is kept, with the sampler's own PRNG.
+ *   9. draw one token from what is kept, with the sampler's own
+ *      counter-based random stream (see Reproducibility).
  *
  * top_k commutes with temperature, so 5-6 matches vLLM v0 and HF transformers
  * (temperature, top_k, top_p, min_p). llama.cpp's default chain instead runs
@@ -48,13 +49,24 @@
  * nothing. With no penalties the sampler allocates O(n_vocab / 1024) bytes;
  * scratch for kept candidates grows on demand.
  *
- * Reproducibility: each sampler owns a xoshiro256** generator seeded through
- * splitmix64 from params.seed; a non-greedy sample draws exactly one 53-bit
- * uniform, a greedy one draws none. The weights come from the sampler's own
- * exp in plain IEEE single precision (no libm, no fused multiply-add), and
- * every sum runs in a fixed order, so the same seed and the same sequence
- * of logits rows and accepts give the same tokens on every run, machine
- * and libm.
+ * Reproducibility: draws are counter-based. The u in [0, 1) behind a
+ * non-greedy sample is a pure function of (seed, output position, draw
+ * index): the position is the number of tokens accepted so far, the draw
+ * index counts the draws at that position since the last accept (the
+ * engine makes exactly one per position, so its draws are keyed by (seed,
+ * position) alone). The function is two rounds of splitmix64's finalizer
+ * over the key mix64(seed + golden) and the counter (position << 32 |
+ * draw), 53 bits kept. A greedy sample draws nothing. So the token at
+ * position p depends on the seed, the logits row and the accepted history
+ * only, never on how many draws other positions took: speculative decoding
+ * (engine.h, spec_ngram_k) can verify several positions in one step and
+ * sample each one exactly as one-by-one decoding does. (Before this, each
+ * sampler advanced one xoshiro256** stream per draw; the same seed now
+ * draws other tokens than it did then.) The weights come from the
+ * sampler's own exp in plain IEEE single precision (no libm, no fused
+ * multiply-add), and every sum runs in a fixed order, so the same seed and
+ * the same sequence of logits rows and accepts give the same tokens on
+ * every run, machine and libm.
  *
  * Logprobs follow vLLM's default (raw logprobs): the log-softmax of the row
  * as the model produced it, before bias, masks, penalties and temperature.
@@ -137,7 +149,7 @@ typedef struct {
                                  accepted (prompt + output); 0 = all (vLLM) */
     cinfer_penalty_prompt penalty_prompt; /* what prompt tokens count for;
                                  0 = repetition only (vLLM) */
-    uint64_t seed;            /* PRNG seed; every value (0 too) is a seed:
+    uint64_t seed;            /* the draws' key; every value (0 too) is a seed:
                                  the caller draws one when a request has
                                  none */
     int32_t n_logprobs;       /* top entries reported in cinfer_logprobs, in
@@ -214,7 +226,7 @@ void cinfer_sampler_set_allowed(cinfer_sampler *s, const uint8_t *allowed);
  * finite or -INFINITY (NaN or +INFINITY: CINFER_E_RANGE naming the index);
  * if processing leaves every token at -INFINITY (everything banned or
  * masked) the call fails with CINFER_E_RANGE. A failed call changes nothing
- * (the PRNG does not advance). */
+ * (the draw index does not advance). */
 cinfer_status cinfer_sampler_sample(cinfer_sampler *s, float *logits,
                                     int32_t *token, cinfer_logprobs *lp);
 
@@ -239,8 +251,9 @@ cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
                                       const float *logits, int32_t token,
                                       cinfer_logprobs *lp);
 
-/* Back to the state right after create: history and accepted count cleared,
- * PRNG reseeded with params.seed. Keeps the allocations. */
+/* Back to the state right after create: history, accepted count and draw
+ * index cleared (so the draws replay from position 0). Keeps the
+ * allocations. */
 void cinfer_sampler_reset(cinfer_sampler *s);
 
 /* Index of the largest of logits[0..n), the lowest such index on ties

@@ -9,6 +9,13 @@
  *      after preemption): as many rows as the token budget leaves.
  *   3. Admissions from the waiting queue, in order, while the budget, the
  *      sequence cap and free blocks allow; none in a step that preempted.
+ *   4. Drafts (speculative decoding, spec_ngram_k): while at most
+ *      spec_max_seqs sequences run, a sequence whose rows reach its last
+ *      token gets up to k more rows, the tokens that followed the last
+ *      occurrence of its final n-gram earlier in its prompt or output
+ *      (prompt lookup). They take only the budget the other rows left and
+ *      free blocks only, so under load (a full budget, many sequences)
+ *      there are none.
  *
  * Decodes go first so that a long prefill never stalls the streams already
  * producing tokens; prefills then fill the rest of max_batched_tokens, and
@@ -24,6 +31,14 @@
  * the whole cache (the engine caps its length), so the oldest running
  * sequence always progresses. A running prefill whose chunk does not fit
  * takes a shorter chunk before anything is preempted.
+ *
+ * Drafts and the cache: a draft row writes its K/V like any row, but
+ * n_computed advances only over the drafts its samples took
+ * (sched_spec_rollback); the blocks past the next token are released, and
+ * only blocks whose every position is computed and verified are ever
+ * registered in the prefix cache. K/V left at positions >= n_computed is
+ * overwritten before any row reads it (a row reads positions up to its
+ * own, which it writes first).
  *
  * Reuse at admission: with the prefix cache, full blocks whose token prefix
  * is registered are taken from the cache (hash chain lookup); without it,
@@ -409,8 +424,10 @@ int sched_schedule(cinfer_engine *e, int64_t now_ns)
     int preempted = 0;
     int32_t bs = e->block_size;
     e->n_sched = 0;
-    for (int i = 0; i < e->n_running; i++)
+    for (int i = 0; i < e->n_running; i++) {
         e->running[i]->step_rows = 0;
+        e->running[i]->n_draft = 0;
+    }
 
     /* 1-2: running sequences, decodes then prefills */
     for (int pass = 0; pass < 2; pass++) {
@@ -488,10 +505,113 @@ int sched_schedule(cinfer_engine *e, int64_t now_ns)
         budget -= rows;
     }
 
+    /* 4: drafts, in the rows left over, while few sequences run */
+    if (e->spec_k > 0 && e->n_running <= e->spec_max_seqs)
+        for (int i = 0; i < e->n_sched && budget > 0; i++)
+            sched_add_drafts(e, e->sched[i], &budget);
+
     int rows = 0;
     for (int i = 0; i < e->n_sched; i++)
         rows += e->sched[i]->step_rows;
     return rows;
+}
+
+/* ---------------------------------------------------------------------- */
+/* speculative decoding                                                   */
+/* ---------------------------------------------------------------------- */
+
+int32_t sched_ngram_draft(const int32_t *t, int32_t n_tokens, int nmin,
+                          int nmax, int32_t k, int32_t *out)
+{
+    if (k <= 0)
+        return 0;
+    for (int32_t len = nmax < n_tokens - 1 ? nmax : n_tokens - 1;
+         len >= nmin && len >= 1; len--) {
+        const int32_t *suffix = t + n_tokens - len;
+        for (int32_t at = n_tokens - len - 1; at >= 0; at--) {
+            if (t[at + len - 1] != suffix[len - 1] ||
+                memcmp(t + at, suffix, sizeof *t * (size_t)len) != 0)
+                continue;
+            /* Element by element: where the source reaches past n_tokens
+             * it reads drafts written here, so a loop repeats. */
+            const int32_t *src = t + at + len;
+            for (int32_t j = 0; j < k; j++) {
+                int32_t from = at + len + j;
+                out[j] = from < n_tokens ? src[j] : out[from - n_tokens];
+            }
+            return k;
+        }
+    }
+    return 0;
+}
+
+void sched_add_drafts(cinfer_engine *e, eng_seq *s, int *budget)
+{
+    /* only a sequence whose rows reach its last token */
+    if (s->n_computed + s->step_rows != s->n_tokens || s->n_draft)
+        return;
+    int32_t k = e->spec_k;
+    if (k > *budget)
+        k = *budget;
+    /* the accepted drafts plus the token sampled after them must fit the
+     * request's max_tokens and the sequence's room */
+    int32_t left = s->req->max_tokens - s->n_generated - 1;
+    if (k > left)
+        k = left;
+    if (k > s->cap - s->n_tokens - 1)
+        k = s->cap - s->n_tokens - 1;
+    /* blocks on the free list (drafts neither preempt nor evict cached
+     * prefixes) */
+    cinfer_kv_cache_stats ks;
+    cinfer_kv_cache_get_stats(e->kv, &ks);
+    int32_t room = (s->n_blocks + ks.n_free) * e->block_size - s->n_tokens;
+    if (k > room)
+        k = room;
+    if (k <= 0)
+        return;
+    int32_t d = sched_ngram_draft(s->tokens, s->n_tokens, e->spec_nmin,
+                                  e->spec_nmax, k, s->tokens + s->n_tokens);
+    if (d <= 0)
+        return;
+    grow_to(e, s, s->n_tokens + d);
+    s->n_draft = d;
+    s->step_rows += d;
+    *budget -= d;
+}
+
+/* Registers the full blocks of s whose K/V is computed (positions below
+ * n_computed) and not registered yet. */
+static void publish_blocks(cinfer_engine *e, eng_seq *s)
+{
+    if (!e->prefix_cache)
+        return;
+    int32_t bs = e->block_size;
+    int32_t full = s->n_computed / bs;
+    for (int32_t i = s->n_hashed; i < full; i++) {
+        const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
+        uint64_t parent = i ? s->hashes[i - 1] : CINFER_KV_ROOT_HASH;
+        uint64_t h = cinfer_kv_cache_hash(parent, t, bs);
+        s->hashes[i] = h;
+        cinfer_kv_cache_publish(e->kv, s->blocks[i], parent, h, t);
+    }
+    if (full > s->n_hashed)
+        s->n_hashed = full;
+}
+
+void sched_spec_rollback(cinfer_engine *e, eng_seq *s)
+{
+    CINFER_ASSERT(s->n_tokens >= 1 && s->n_tokens - 1 >= s->n_computed);
+    s->n_computed = s->n_tokens - 1;
+    publish_blocks(e, s);
+    /* Blocks past the next token's hold only rejected drafts' K/V. They
+     * were never registered (registration needs computed positions) and
+     * are this sequence's alone (shared blocks are full and computed). */
+    int32_t keep = blocks_for(e, s->n_tokens);
+    while (s->n_blocks > keep) {
+        int32_t b = s->blocks[--s->n_blocks];
+        CINFER_ASSERT(!cinfer_kv_cache_is_registered(e->kv, b));
+        cinfer_kv_cache_release(e->kv, b);
+    }
 }
 
 void sched_build_step(cinfer_engine *e, cinfer_step *step)
@@ -517,9 +637,11 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
             /* generated tokens (also when recomputed after preemption) */
             e->s_gen[n] = pos >= s->req->n_prompt;
         }
-        if (s->n_computed + s->step_rows == s->n_tokens) {
+        if (s->n_computed + s->step_rows == s->n_tokens + s->n_draft) {
+            /* the last token's row and each draft's */
             s->step_out = n_out;
-            e->s_out_rows[n_out++] = n - 1;
+            for (int32_t j = s->n_draft; j >= 0; j--)
+                e->s_out_rows[n_out++] = n - 1 - j;
         } else {
             s->step_out = -1;
         }
@@ -545,23 +667,13 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
 
 void sched_commit(cinfer_engine *e)
 {
-    int32_t bs = e->block_size;
     for (int k = 0; k < e->n_sched; k++) {
         eng_seq *s = e->sched[k];
-        s->n_computed += s->step_rows;
+        /* drafts count once verified (sched_spec_rollback) */
+        int32_t rows = s->step_rows - s->n_draft;
+        s->n_computed += rows;
         if (s->step_prefill)
-            e->st.prompt_tokens += (uint64_t)s->step_rows;
-        if (!e->prefix_cache)
-            continue;
-        int32_t full = s->n_computed / bs;
-        for (int32_t i = s->n_hashed; i < full; i++) {
-            const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
-            uint64_t parent = i ? s->hashes[i - 1] : CINFER_KV_ROOT_HASH;
-            uint64_t h = cinfer_kv_cache_hash(parent, t, bs);
-            s->hashes[i] = h;
-            cinfer_kv_cache_publish(e->kv, s->blocks[i], parent, h, t);
-        }
-        if (full > s->n_hashed)
-            s->n_hashed = full;
+            e->st.prompt_tokens += (uint64_t)rows;
+        publish_blocks(e, s);
     }
 }

@@ -6,8 +6,8 @@
  * checked with a chi-square test over 20000 samples at a fixed seed (so the
  * outcome is deterministic), penalties against hand-computed values that
  * are exact in binary floating point, logprobs against a float64
- * log-softmax. Golden token ids pin the PRNG so a change of generator or
- * draw shows up.
+ * log-softmax. Golden token ids pin the counter-based draws (keyed by seed,
+ * position and draw index) so a change of generator or draw shows up.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -570,26 +570,83 @@ static void test_seed_reproducible(void)
     CHECK(differ > STEPS / 2);
 
     /* Golden ids: on a flat row the draw is floor(u * V), u the top 53 bits
-     * of xoshiro256** seeded by splitmix64. */
-    static const int32_t golden42[10] = {83,  378, 680, 924, 991,
-                                         769, 719, 850, 761, 583};
-    static const int32_t golden0[10] = {601, 747, 103, 416, 732,
-                                        999, 422, 535, 855, 918};
-    for (int g = 0; g < 2; g++) {
+     * of the counter-based draw (sampler.h: two rounds of splitmix64's
+     * finalizer over the key mix64(seed + golden) and the counter
+     * position << 32 | draw). Without accepts the draws stay at position 0
+     * and the draw index counts; with them, each is the first draw of
+     * its position. The values come from an independent Python model of
+     * the function. */
+    static const int32_t golden42[10] = {911, 757, 327, 891, 741,
+                                         148, 526, 424, 559, 890};
+    static const int32_t golden0[10] = {232, 527, 230, 391, 592,
+                                        520, 723, 112, 10,  383};
+    static const int32_t golden42_pos[10] = {911, 930, 714, 236, 525,
+                                             429, 295, 207, 394, 601};
+    for (int g = 0; g < 3; g++) {
         cinfer_sampler_params p = params_v(V);
-        p.seed = g == 0 ? 42 : 0;
+        p.seed = g == 1 ? 0 : 42;
         cinfer_sampler *s = make(&p);
         if (!s)
             return;
+        const int32_t *want = g == 0 ? golden42 : g == 1 ? golden0
+                                                         : golden42_pos;
         for (int i = 0; i < 10; i++) {
             for (int32_t j = 0; j < V; j++)
                 x[j] = 0.5f;
             int32_t t = -1;
             CHECK_OK(cinfer_sampler_sample(s, x, &t, NULL));
-            CHECK_EQ_INT(t, g == 0 ? golden42[i] : golden0[i]);
+            CHECK_EQ_INT(t, want[i]);
+            if (g == 2)
+                CHECK_OK(cinfer_sampler_accept(s, t));
         }
         cinfer_sampler_destroy(s);
     }
+}
+
+/* The draw at an output position depends on the seed and the position
+ * only: extra draws at earlier positions (speculative decoding samples a
+ * position, and the engine may look again) change nothing after the next
+ * accept. */
+static void test_draw_keyed_by_position(void)
+{
+    enum { V = 777, STEPS = 200 };
+    static float x[V];
+    cinfer_sampler_params p = params_v(V);
+    p.seed = 5;
+    p.temperature = 1.2f;
+    p.top_p = 0.97f;
+    p.frequency_penalty = 0.3f;
+    cinfer_sampler *a = make(&p), *b = make(&p);
+    if (!a || !b)
+        goto out;
+    uint64_t rng = 8;
+    int extra = 0;
+    for (int i = 0; i < STEPS; i++) {
+        fill_row(x, V, &rng, 2.0f, 0);
+        /* b draws 0-3 times more at this position first */
+        int n_extra = (int)(harness_rand(&rng) % 4);
+        int32_t tb = -1, ta = -1;
+        for (int k = 0; k < n_extra; k++)
+            CHECK_OK(cinfer_sampler_sample(b, x, &tb, NULL));
+        extra += n_extra;
+        CHECK_OK(cinfer_sampler_sample(a, x, &ta, NULL));
+        CHECK_OK(cinfer_sampler_accept(a, ta));
+        CHECK_OK(cinfer_sampler_accept(b, ta)); /* the same history */
+        /* at the next position both draw the same */
+    }
+    CHECK(extra > STEPS);
+    for (int i = 0; i < 20; i++) {
+        fill_row(x, V, &rng, 2.0f, 0);
+        int32_t ta = -1, tb = -1;
+        CHECK_OK(cinfer_sampler_sample(a, x, &ta, NULL));
+        CHECK_OK(cinfer_sampler_sample(b, x, &tb, NULL));
+        CHECK_EQ_INT(ta, tb);
+        CHECK_OK(cinfer_sampler_accept(a, ta));
+        CHECK_OK(cinfer_sampler_accept(b, tb));
+    }
+out:
+    cinfer_sampler_destroy(a);
+    cinfer_sampler_destroy(b);
 }
 
 /* Pins the draws: token sequences over the real vocabulary size through
@@ -597,7 +654,8 @@ static void test_seed_reproducible(void)
  * They must be the same under every compiler, optimization level and CPU
  * (gcc and clang, -O0 to -O3 -march=native were checked); a change means
  * the same seed now draws other tokens, which is a visible change of
- * behaviour to be made on purpose. */
+ * behaviour to be made on purpose. (Recorded again when the draws became
+ * counter-based, keyed by seed and position, for speculative decoding.) */
 static void test_golden_sequences(void)
 {
     enum { V = 49152, STEPS = 60 };
@@ -607,11 +665,11 @@ static void test_golden_sequences(void)
         int32_t top_k;
         uint64_t hash;
     } cfg[] = {
-        {1.0f, 1.0f, 0.0f, 0, 0xaea712109b0e4a3dULL},    /* whole row */
-        {0.7f, 0.9f, 0.0f, 0, 0xad71f3c26a8e3d32ULL},    /* top_p */
-        {0.8f, 1.0f, 0.05f, 0, 0x1c841ecab0bba66aULL},   /* min_p */
-        {0.9f, 0.95f, 0.02f, 60, 0x1a06cbc62b0bb4c7ULL}, /* all three */
-        {1.3f, 1.0f, 0.0f, 3000, 0xc81058c8af739a9fULL}, /* large top_k */
+        {1.0f, 1.0f, 0.0f, 0, 0x68fb10389324238aULL},    /* whole row */
+        {0.7f, 0.9f, 0.0f, 0, 0x322e2b51185e3332ULL},    /* top_p */
+        {0.8f, 1.0f, 0.05f, 0, 0x996dd5ea8c10e5d1ULL},   /* min_p */
+        {0.9f, 0.95f, 0.02f, 60, 0xcc8fd79c359ca389ULL}, /* all three */
+        {1.3f, 1.0f, 0.0f, 3000, 0xa9e4ae1429019950ULL}, /* large top_k */
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         cinfer_sampler_params p = params_v(V);
@@ -1139,6 +1197,7 @@ int main(void)
     RUN(test_temperature_chi_square);
     RUN(test_draws_match_candidates);
     RUN(test_seed_reproducible);
+    RUN(test_draw_keyed_by_position);
     RUN(test_golden_sequences);
     RUN(test_penalties_exact);
     RUN(test_penalty_history_stress);
