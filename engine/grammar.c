@@ -14,6 +14,7 @@
 #define _GNU_SOURCE /* qsort_r */
 #include "grammar.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,13 @@ struct cinfer_grammar {
                             alt[rule_alt[r] .. rule_alt[r + 1]) */
     int n_rules;
     uint32_t root;
+    /* the fast mask's tables, shared by every state of the grammar (the
+     * one mutable part, behind its own lock) */
+    struct mask_shared *ms;
 };
+
+static struct mask_shared *mask_shared_create(void);
+static void mask_shared_destroy(struct mask_shared *ms);
 
 /* ---------------------------------------------------------------------- */
 /* parsing                                                                 */
@@ -731,6 +738,8 @@ cinfer_status cinfer_grammar_compile(const char *src, size_t len,
     cinfer_status st = g ? layout(&ps, root_id, g)
                          : cinfer_set_error(CINFER_E_NOMEM,
                                             "grammar: out of memory");
+    if (st == CINFER_OK && !(g->ms = mask_shared_create()))
+        st = cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
     parser_free(&ps);
     if (st != CINFER_OK) {
         cinfer_grammar_destroy(g);
@@ -747,6 +756,7 @@ void cinfer_grammar_destroy(cinfer_grammar *g)
     free(g->e);
     free(g->alt);
     free(g->rule_alt);
+    mask_shared_destroy(g->ms);
     free(g);
 }
 
@@ -881,11 +891,11 @@ static int sset_copy(sset *dst, const sset *src)
 /* ---------------------------------------------------------------------- */
 
 #define MEMO_SLOTS 1024 /* a power of two */
-#define MASK_MEMO 16    /* whole masks a state keeps */
-/* Interned levels a state keeps between masks, in bytes; past it they are
- * dropped at the next mask. A walk that interns past the hard bound
+#define MASK_MEMO 64 /* whole masks a grammar keeps */
+/* Interned levels a grammar keeps between masks, in bytes; past it they
+ * are dropped at the next mask. A walk that interns past the hard bound
  * within one mask drops them and finishes on the memoized path. */
-#define INTERN_KEEP_BYTES (8u << 20)
+#define INTERN_KEEP_BYTES (16u << 20)
 #define INTERN_HARD_BYTES (64u << 20)
 #define NEXT_UNKNOWN (-2)
 #define NEXT_DEAD (-1)
@@ -916,29 +926,10 @@ struct cinfer_grammar_state {
         unsigned char byte;
         struct level in, out;
     } *memo;
-    /* fast mask: every level a walk meets, interned (hash-consed) with its
-     * byte transitions, so a step of the walk is a table lookup; like the
-     * memo, they depend on the grammar alone and outlive a mask */
-    struct ilevel {
-        struct level lv;
-        uint64_t key;
-        int32_t *next; /* [256]: NEXT_UNKNOWN, NEXT_DEAD or a level id */
-    } *il;
-    size_t n_il, cap_il, il_bytes;
-    uint32_t *itab; /* open addressing over il: id + 1, 0 = empty */
-    size_t itab_cap;
-    int32_t *lid;   /* [n_lid]: the walk's level ids by prefix length */
+    /* fast mask: the walk's level ids by prefix length, and a level */
+    int32_t *lid; /* [n_lid] */
     size_t n_lid;
     struct level scratch;
-    /* fast mask: whole masks by the interned id of their level 0 */
-    struct mask_memo {
-        int32_t id;     /* -1 = empty */
-        int64_t count;
-        uint64_t used;  /* LRU clock */
-        uint8_t *bits;  /* [n_vocab / 8 rounded up] */
-    } mm[MASK_MEMO];
-    uint64_t mm_vocab, mm_clock; /* the vocabulary's serial the masks are
-                                    of; 0 = none yet */
 };
 
 
@@ -1193,8 +1184,6 @@ cinfer_status cinfer_grammar_state_create(const cinfer_grammar *g,
     if (!s)
         return cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
     s->g = g;
-    for (int i = 0; i < MASK_MEMO; i++)
-        s->mm[i].id = -1;
     int r = 0;
     for (uint32_t a = g->rule_alt[g->root]; !r && a < g->rule_alt[g->root + 1];
          a++) {
@@ -1214,8 +1203,6 @@ cinfer_status cinfer_grammar_state_create(const cinfer_grammar *g,
     return CINFER_OK;
 }
 
-static void intern_reset(cinfer_grammar_state *s);
-
 void cinfer_grammar_state_destroy(cinfer_grammar_state *s)
 {
     if (!s)
@@ -1234,11 +1221,6 @@ void cinfer_grammar_state_destroy(cinfer_grammar_state *s)
         sset_free(&s->memo[i].out.set);
     }
     free(s->memo);
-    intern_reset(s);
-    for (int i = 0; i < MASK_MEMO; i++)
-        free(s->mm[i].bits);
-    free(s->il);
-    free(s->itab);
     free(s->lid);
     sset_free(&s->scratch.set);
     free(s);
@@ -1588,85 +1570,142 @@ static uint64_t level_key(const struct level *lv)
     return key ^ ((uint64_t)lv->n_part << 56);
 }
 
-static void intern_reset(cinfer_grammar_state *s)
+/* The tables behind the fast mask, one per grammar: every level a walk of
+ * any of its states meets, interned (hash-consed) with its byte
+ * transitions, so a step of the walk is a table lookup; and whole masks
+ * by the interned id of their level 0 and the vocabulary. A level is a
+ * set of parse stacks, which name grammar positions only, never the
+ * output's content, so states of different requests in the same place
+ * (every request inside the same property's string) share them. A mask
+ * holds the lock from start to end. */
+struct mask_shared {
+    pthread_mutex_t mu;
+    struct ilevel {
+        struct level lv;
+        uint64_t key;
+        int32_t *next; /* [256]: NEXT_UNKNOWN, NEXT_DEAD or a level id */
+    } *il;
+    size_t n_il, cap_il, bytes;
+    uint32_t *itab; /* open addressing over il: id + 1, 0 = empty */
+    size_t itab_cap;
+    struct mask_memo {
+        int32_t id;      /* -1 = empty */
+        uint64_t vocab;  /* the vocabulary's serial */
+        int32_t n;       /* its tokens */
+        int64_t count;
+        uint64_t used;   /* LRU clock */
+        uint8_t *bits;   /* [(n + 7) / 8] */
+    } mm[MASK_MEMO];
+    uint64_t clock;
+};
+
+static struct mask_shared *mask_shared_create(void)
 {
-    for (size_t i = 0; i < s->n_il; i++) {
-        sset_free(&s->il[i].lv.set);
-        free(s->il[i].next);
+    struct mask_shared *ms = calloc(1, sizeof *ms);
+    if (!ms)
+        return NULL;
+    if (pthread_mutex_init(&ms->mu, NULL) != 0) {
+        free(ms);
+        return NULL;
     }
-    s->n_il = 0;
-    s->il_bytes = 0;
-    if (s->itab)
-        memset(s->itab, 0, s->itab_cap * sizeof *s->itab);
     for (int i = 0; i < MASK_MEMO; i++)
-        s->mm[i].id = -1; /* the ids they were keyed by are gone */
+        ms->mm[i].id = -1;
+    return ms;
 }
 
-static int itab_grow(cinfer_grammar_state *s)
+/* Drops the interned levels and the masks keyed by their ids. */
+static void intern_reset(struct mask_shared *ms)
 {
-    size_t cap = s->itab_cap ? 2 * s->itab_cap : 1024;
+    for (size_t i = 0; i < ms->n_il; i++) {
+        sset_free(&ms->il[i].lv.set);
+        free(ms->il[i].next);
+    }
+    ms->n_il = 0;
+    ms->bytes = 0;
+    if (ms->itab)
+        memset(ms->itab, 0, ms->itab_cap * sizeof *ms->itab);
+    for (int i = 0; i < MASK_MEMO; i++)
+        ms->mm[i].id = -1;
+}
+
+static void mask_shared_destroy(struct mask_shared *ms)
+{
+    if (!ms)
+        return;
+    intern_reset(ms);
+    for (int i = 0; i < MASK_MEMO; i++)
+        free(ms->mm[i].bits);
+    free(ms->il);
+    free(ms->itab);
+    pthread_mutex_destroy(&ms->mu);
+    free(ms);
+}
+
+static int itab_grow(struct mask_shared *ms)
+{
+    size_t cap = ms->itab_cap ? 2 * ms->itab_cap : 1024;
     uint32_t *t = calloc(cap, sizeof *t);
     if (!t)
         return -1;
-    for (size_t id = 0; id < s->n_il; id++) {
-        size_t j = s->il[id].key & (cap - 1);
+    for (size_t id = 0; id < ms->n_il; id++) {
+        size_t j = ms->il[id].key & (cap - 1);
         while (t[j])
             j = (j + 1) & (cap - 1);
         t[j] = (uint32_t)id + 1;
     }
-    free(s->itab);
-    s->itab = t;
-    s->itab_cap = cap;
+    free(ms->itab);
+    ms->itab = t;
+    ms->itab_cap = cap;
     return 0;
 }
 
 /* The id of the level equal to lv, interned if new; -1 no memory. */
-static int32_t intern(cinfer_grammar_state *s, const struct level *lv)
+static int32_t intern(struct mask_shared *ms, const struct level *lv)
 {
-    if (2 * (s->n_il + 1) > s->itab_cap && itab_grow(s))
+    if (2 * (ms->n_il + 1) > ms->itab_cap && itab_grow(ms))
         return -1;
     uint64_t key = level_key(lv);
-    size_t j = key & (s->itab_cap - 1);
-    for (; s->itab[j]; j = (j + 1) & (s->itab_cap - 1)) {
-        struct ilevel *x = &s->il[s->itab[j] - 1];
+    size_t j = key & (ms->itab_cap - 1);
+    for (; ms->itab[j]; j = (j + 1) & (ms->itab_cap - 1)) {
+        struct ilevel *x = &ms->il[ms->itab[j] - 1];
         if (x->key == key && same_level(&x->lv, lv))
-            return (int32_t)(s->itab[j] - 1);
+            return (int32_t)(ms->itab[j] - 1);
     }
-    if (s->n_il == s->cap_il) {
-        size_t cap = s->cap_il ? 2 * s->cap_il : 64;
-        struct ilevel *il = realloc(s->il, cap * sizeof *il);
+    if (ms->n_il == ms->cap_il) {
+        size_t cap = ms->cap_il ? 2 * ms->cap_il : 64;
+        struct ilevel *il = realloc(ms->il, cap * sizeof *il);
         if (!il)
             return -1;
-        s->il = il;
-        s->cap_il = cap;
+        ms->il = il;
+        ms->cap_il = cap;
     }
-    struct ilevel *x = &s->il[s->n_il];
+    struct ilevel *x = &ms->il[ms->n_il];
     memset(x, 0, sizeof *x);
     if (copy_level(&x->lv, lv)) {
         sset_free(&x->lv.set);
         return -1;
     }
     x->key = key;
-    s->il_bytes += sizeof *x + lv->set.used * sizeof(uint32_t) +
-                   lv->set.n * (sizeof(size_t) + 12);
-    s->itab[j] = (uint32_t)s->n_il + 1;
-    return (int32_t)s->n_il++;
+    ms->bytes += sizeof *x + lv->set.used * sizeof(uint32_t) +
+                 lv->set.n * (sizeof(size_t) + 12);
+    ms->itab[j] = (uint32_t)ms->n_il + 1;
+    return (int32_t)ms->n_il++;
 }
 
 /* Level id's successor by one byte into *out: 1 viable, 0 dead, < 0 an
- * error (as level_step). */
-static int transition(cinfer_grammar_state *s, int32_t id, unsigned char byte,
-                      int32_t *out)
+ * error (as level_step). s lends its scratch. */
+static int transition(cinfer_grammar_state *s, struct mask_shared *ms,
+                      int32_t id, unsigned char byte, int32_t *out)
 {
-    int32_t *nx = s->il[id].next;
+    int32_t *nx = ms->il[id].next;
     if (!nx) {
         nx = malloc(256 * sizeof *nx);
         if (!nx)
             return -1;
         for (int i = 0; i < 256; i++)
             nx[i] = NEXT_UNKNOWN;
-        s->il[id].next = nx;
-        s->il_bytes += 256 * sizeof *nx;
+        ms->il[id].next = nx;
+        ms->bytes += 256 * sizeof *nx;
     }
     if (nx[byte] >= 0) {
         *out = nx[byte];
@@ -1674,16 +1713,16 @@ static int transition(cinfer_grammar_state *s, int32_t id, unsigned char byte,
     }
     if (nx[byte] == NEXT_DEAD)
         return 0;
-    int r = level_step(s, &s->il[id].lv, byte, &s->scratch);
+    int r = level_step(s, &ms->il[id].lv, byte, &s->scratch);
     if (r <= 0) {
         if (r == 0)
             nx[byte] = NEXT_DEAD;
         return r;
     }
-    int32_t to = intern(s, &s->scratch); /* s->il may move */
+    int32_t to = intern(ms, &s->scratch); /* ms->il may move */
     if (to < 0)
         return -1;
-    s->il[id].next[byte] = to;
+    ms->il[id].next[byte] = to;
     *out = to;
     return 1;
 }
@@ -1702,7 +1741,7 @@ static void mask_error(int r)
 /* The sorted walk over interned levels from level id0. -3 when the levels
  * interned passed the hard bound (the caller starts again on the memoized
  * walk), other negatives as level_step. */
-static int64_t walk_interned(cinfer_grammar_state *s,
+static int64_t walk_interned(cinfer_grammar_state *s, struct mask_shared *ms,
                              const cinfer_grammar_vocab *v, int32_t id0,
                              uint8_t *allowed)
 {
@@ -1723,7 +1762,7 @@ static int64_t walk_interned(cinfer_grammar_state *s,
         uint32_t d = common < valid ? common : valid;
         int ok = len > 0;
         while (ok && d < len) {
-            int r = transition(s, lid[d], b[d], &lid[d + 1]);
+            int r = transition(s, ms, lid[d], b[d], &lid[d + 1]);
             if (r < 0)
                 return r;
             if (!r) {
@@ -1733,7 +1772,7 @@ static int64_t walk_interned(cinfer_grammar_state *s,
             }
             d++;
         }
-        if (s->il_bytes > INTERN_HARD_BYTES)
+        if (ms->bytes > INTERN_HARD_BYTES)
             return -3;
         valid = d;
         allowed[t] = (uint8_t)ok;
@@ -1742,48 +1781,68 @@ static int64_t walk_interned(cinfer_grammar_state *s,
     return count;
 }
 
-static struct mask_memo *mask_memo_find(cinfer_grammar_state *s, int32_t id)
+static struct mask_memo *mask_memo_find(struct mask_shared *ms,
+                                        const cinfer_grammar_vocab *v,
+                                        int32_t id)
 {
     for (int i = 0; i < MASK_MEMO; i++)
-        if (s->mm[i].id == id)
-            return &s->mm[i];
+        if (ms->mm[i].id == id && ms->mm[i].vocab == v->serial)
+            return &ms->mm[i];
     return NULL;
 }
 
-static void mask_memo_put(cinfer_grammar_state *s,
+static void mask_memo_put(struct mask_shared *ms,
                           const cinfer_grammar_vocab *v, int32_t id,
                           const uint8_t *allowed, int64_t count)
 {
-    struct mask_memo *m = &s->mm[0];
+    struct mask_memo *m = &ms->mm[0];
     for (int i = 1; i < MASK_MEMO && m->id >= 0; i++)
-        if (s->mm[i].id < 0 || s->mm[i].used < m->used)
-            m = &s->mm[i];
-    if (!m->bits) {
-        m->bits = malloc(((size_t)v->n + 7) / 8);
-        if (!m->bits)
+        if (ms->mm[i].id < 0 || ms->mm[i].used < m->used)
+            m = &ms->mm[i];
+    size_t nb = ((size_t)v->n + 7) / 8;
+    if (!m->bits || m->n != v->n) {
+        uint8_t *bits = realloc(m->bits, nb);
+        if (!bits)
             return; /* a memo is an optimisation */
+        m->bits = bits;
+        m->n = v->n;
     }
-    memset(m->bits, 0, ((size_t)v->n + 7) / 8);
+    memset(m->bits, 0, nb);
     for (int32_t t = 0; t < v->n; t++)
         m->bits[t >> 3] |= (uint8_t)(allowed[t] << (t & 7));
     m->id = id;
+    m->vocab = v->serial;
     m->count = count;
-    m->used = ++s->mm_clock;
+    m->used = ++ms->clock;
 }
 
-int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
-                            const cinfer_grammar_vocab *v, uint8_t *allowed)
+/* Each byte of bits as eight 0/1 bytes, made once. */
+static uint8_t spread[256][8];
+static pthread_once_t spread_once = PTHREAD_ONCE_INIT;
+
+static void spread_init(void)
 {
-    if (s->mm_vocab != v->serial) {
-        for (int i = 0; i < MASK_MEMO; i++) {
-            free(s->mm[i].bits);
-            s->mm[i].bits = NULL;
-            s->mm[i].id = -1;
-        }
-        s->mm_vocab = v->serial;
-    }
-    if (s->il_bytes > INTERN_KEEP_BYTES)
-        intern_reset(s);
+    for (int b = 0; b < 256; b++)
+        for (int k = 0; k < 8; k++)
+            spread[b][k] = (uint8_t)((b >> k) & 1);
+}
+
+/* allowed[0..n) from the bits, eight tokens a copy. */
+static void mask_unpack(const uint8_t *bits, int32_t n, uint8_t *allowed)
+{
+    pthread_once(&spread_once, spread_init);
+    int32_t t = 0;
+    for (; t + 8 <= n; t += 8)
+        memcpy(allowed + t, spread[bits[t >> 3]], 8);
+    for (; t < n; t++)
+        allowed[t] = (bits[t >> 3] >> (t & 7)) & 1;
+}
+
+static int64_t mask_locked(cinfer_grammar_state *s, struct mask_shared *ms,
+                           const cinfer_grammar_vocab *v, uint8_t *allowed)
+{
+    if (ms->bytes > INTERN_KEEP_BYTES)
+        intern_reset(ms);
     if (s->n_lid < (size_t)v->max_len + 1) {
         int32_t *lid = realloc(s->lid, ((size_t)v->max_len + 1) * sizeof *lid);
         if (!lid) {
@@ -1799,27 +1858,36 @@ int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
     }
     memcpy(s->scratch.part, s->part, sizeof s->part);
     s->scratch.n_part = s->n_part;
-    int32_t id0 = intern(s, &s->scratch);
+    int32_t id0 = intern(ms, &s->scratch);
     if (id0 < 0) {
         cinfer_set_error(CINFER_E_NOMEM, "grammar: out of memory");
         return -1;
     }
-    struct mask_memo *m = mask_memo_find(s, id0);
+    struct mask_memo *m = mask_memo_find(ms, v, id0);
     if (m) {
-        for (int32_t t = 0; t < v->n; t++)
-            allowed[t] = (m->bits[t >> 3] >> (t & 7)) & 1;
-        m->used = ++s->mm_clock;
+        mask_unpack(m->bits, v->n, allowed);
+        m->used = ++ms->clock;
         return m->count;
     }
-    int64_t n = walk_interned(s, v, id0, allowed);
+    int64_t n = walk_interned(s, ms, v, id0, allowed);
     if (n == -3) {
-        intern_reset(s);
+        intern_reset(ms);
         return mask_memoized(s, v, allowed);
     }
     if (n < 0) {
         mask_error((int)n);
         return -1;
     }
-    mask_memo_put(s, v, id0, allowed, n);
+    mask_memo_put(ms, v, id0, allowed, n);
+    return n;
+}
+
+int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
+                            const cinfer_grammar_vocab *v, uint8_t *allowed)
+{
+    struct mask_shared *ms = s->g->ms;
+    pthread_mutex_lock(&ms->mu);
+    int64_t n = mask_locked(s, ms, v, allowed);
+    pthread_mutex_unlock(&ms->mu);
     return n;
 }

@@ -41,8 +41,9 @@
  *     cinfer_grammar_state_destroy(st);
  *     cinfer_grammar_destroy(g);
  *
- * Thread safety: a compiled grammar is immutable and may be shared by
- * threads; a state is used by one thread at a time.
+ * Thread safety: a compiled grammar may be shared by threads (its only
+ * mutable part, the mask's tables, has its own lock); a state is used by
+ * one thread at a time.
  */
 #ifndef CINFER_GRAMMAR_H
 #define CINFER_GRAMMAR_H
@@ -138,16 +139,19 @@ void cinfer_grammar_vocab_destroy(cinfer_grammar_vocab *v);
  *
  * Cost: the vocabulary is walked in sorted order, so tokens sharing a
  * prefix share its work (a token trie walked once per step), and every
- * position the walk meets is interned in the state with its transitions
- * by byte, computed once: a step of the walk is a table lookup, and
- * inside a string, where almost every byte leads back to the same
- * position, a mask costs about the distinct prefixes the grammar lets
- * through (about 0.3 ms over 49,152 tokens). Whole masks are memoized by
- * the position they start from (the last 16), so a string's next token
- * costs a copy. The interned positions stay with the state up to 8 MiB,
- * then are dropped and made again. The state's memory grows by these
- * caches; they depend on the grammar alone, never change the result, and
- * are freed with the state. */
+ * position the walk meets is interned with its transitions by byte,
+ * computed once: a step of the walk is a table lookup. These tables
+ * belong to the grammar, not the state: positions name places in the
+ * grammar, never the output's content, so every request with the same
+ * compiled grammar (grammar_cache.h) reuses what the others computed.
+ * Whole masks are memoized by the position they start from and the
+ * vocabulary (the last 64), so a mask met before costs a copy. A new
+ * position costs about the distinct prefixes the grammar lets through
+ * (a fraction of a millisecond over 49,152 tokens; bench with
+ * cinfer-maskbench). The tables keep up to 16 MiB, then are dropped and
+ * made again; they never change a result. A mask holds the grammar's
+ * lock from start to end: masks of one grammar from several threads run
+ * one at a time. */
 int64_t cinfer_grammar_mask(cinfer_grammar_state *s,
                             const cinfer_grammar_vocab *v, uint8_t *allowed);
 

@@ -13,8 +13,12 @@
  *     token (so they sit in different places, as a batch's sequences do);
  *     a step masks all 64, and its time is what the engine thread spends
  *     on masks in a decode step of 64 rows.
- * Rounds (--rounds, default 5) repeat both from fresh states and the
- * figures are medians over the rounds: the machine is shared and noisy.
+ * Cold figures compile the grammar afresh for each round (the first
+ * requests with a schema; the grammar's mask tables start empty), warm
+ * ones keep one grammar for all rounds (requests whose schema the
+ * grammar cache holds). Rounds (--rounds, default 5) repeat each from
+ * fresh states and the figures are medians over the rounds: the machine
+ * is shared and noisy.
  *
  *     cinfer-maskbench                       the default model's vocabulary
  *     cinfer-maskbench --model m.gguf --grammar g.gbnf --doc out.json
@@ -184,108 +188,129 @@ int main(int argc, char **argv)
     }
     uint8_t *mask = malloc((size_t)V);
     double *t1 = malloc(n_ids * sizeof *t1);
-    double *r_med = malloc((size_t)rounds * sizeof *r_med);
-    double *r_mean = malloc((size_t)rounds * sizeof *r_mean);
-    double *r_p90 = malloc((size_t)rounds * sizeof *r_p90);
-    double *r_max = malloc((size_t)rounds * sizeof *r_max);
-    double *r_b = malloc((size_t)rounds * sizeof *r_b);
-    double *r_bmax = malloc((size_t)rounds * sizeof *r_bmax);
     double *tb = malloc(n_ids * sizeof *tb);
+    double *fig[2][6]; /* [cold, warm][median, mean, p90, max, batch, bmax] */
+    for (int w = 0; w < 2; w++)
+        for (int k = 0; k < 6; k++)
+            fig[w][k] = malloc((size_t)rounds * sizeof(double));
     cinfer_grammar_state **st = calloc((size_t)batch, sizeof *st);
     size_t *pos = calloc((size_t)batch, sizeof *pos);
     int64_t allowed_sum = 0;
-    for (int r = 0; r < rounds; r++) {
-        /* batch 1 */
-        cinfer_grammar_state *s = NULL;
-        cinfer_grammar_state_create(g, &s);
-        double sum = 0;
-        for (size_t i = 0; i < n_ids; i++) {
-            double a = now_s();
-            int64_t n = cinfer_grammar_mask(s, v, mask);
-            t1[i] = (now_s() - a) * 1e3;
-            sum += t1[i];
-            if (n < 0 || !mask[ids[i]]) {
-                fprintf(stderr, "token %zu (%d) not allowed: %s\n", i, ids[i],
-                        n < 0 ? cinfer_last_error() : "masked");
+    cinfer_grammar *warm_g = NULL;
+    if (cinfer_grammar_compile(gtext, glen, NULL, &warm_g) != CINFER_OK)
+        return 1;
+    /* cold: each round on a grammar just compiled, as the first requests
+     * with a schema meet it; warm: one grammar for every round, as
+     * requests with a cached schema do */
+    for (int w = 0; w < 2; w++)
+        for (int r = -w; r < rounds; r++) { /* warm: one round to warm up */
+            cinfer_grammar *rg = warm_g;
+            if (!w && cinfer_grammar_compile(gtext, glen, NULL, &rg) !=
+                          CINFER_OK)
                 return 1;
-            }
-            allowed_sum += n;
-            const char *b;
-            size_t l;
-            cinfer_tokenizer_token_piece(tk, ids[i], &b, &l);
-            if (cinfer_grammar_accept(s, b, l) != CINFER_OK) {
-                fprintf(stderr, "accept: %s\n", cinfer_last_error());
-                return 1;
-            }
-        }
-        if (!cinfer_grammar_complete(s)) {
-            fprintf(stderr, "the document is not a whole sentence\n");
-            return 1;
-        }
-        cinfer_grammar_state_destroy(s);
-        r_mean[r] = sum / (double)n_ids;
-        r_max[r] = pct(t1, n_ids, 1.0);
-        r_p90[r] = pct(t1, n_ids, 0.9);
-        r_med[r] = pct(t1, n_ids, 0.5);
-        /* batch: each state starts at its own token and wraps around */
-        for (int b = 0; b < batch; b++) {
-            cinfer_grammar_state_create(g, &st[b]);
-            pos[b] = 0;
-            size_t skip = (size_t)b * n_ids / (size_t)batch;
-            for (size_t i = 0; i < skip; i++) {
-                const char *p;
-                size_t l;
-                cinfer_tokenizer_token_piece(tk, ids[i], &p, &l);
-                cinfer_grammar_accept(st[b], p, l);
-                pos[b]++;
-            }
-        }
-        for (size_t i = 0; i < n_ids; i++) {
-            double a = now_s();
-            for (int b = 0; b < batch; b++) {
-                if (pos[b] == n_ids) { /* a new sequence takes the slot */
-                    cinfer_grammar_state_destroy(st[b]);
-                    cinfer_grammar_state_create(g, &st[b]);
-                    pos[b] = 0;
+            /* batch 1 */
+            cinfer_grammar_state *s = NULL;
+            cinfer_grammar_state_create(rg, &s);
+            double sum = 0;
+            for (size_t i = 0; i < n_ids; i++) {
+                double a = now_s();
+                int64_t n = cinfer_grammar_mask(s, v, mask);
+                t1[i] = (now_s() - a) * 1e3;
+                sum += t1[i];
+                if (n < 0 || !mask[ids[i]]) {
+                    fprintf(stderr, "token %zu (%d) not allowed: %s\n", i,
+                            ids[i], n < 0 ? cinfer_last_error() : "masked");
+                    return 1;
                 }
-                cinfer_grammar_mask(st[b], v, mask);
-                const char *p;
+                allowed_sum += n;
+                const char *b;
                 size_t l;
-                cinfer_tokenizer_token_piece(tk, ids[pos[b]], &p, &l);
-                cinfer_grammar_accept(st[b], p, l);
-                pos[b]++;
+                cinfer_tokenizer_token_piece(tk, ids[i], &b, &l);
+                if (cinfer_grammar_accept(s, b, l) != CINFER_OK) {
+                    fprintf(stderr, "accept: %s\n", cinfer_last_error());
+                    return 1;
+                }
             }
-            tb[i] = (now_s() - a) * 1e3;
+            if (!cinfer_grammar_complete(s)) {
+                fprintf(stderr, "the document is not a whole sentence\n");
+                return 1;
+            }
+            cinfer_grammar_state_destroy(s);
+            if (!w) { /* the batch's cold grammar is another new one */
+                cinfer_grammar_destroy(rg);
+                if (cinfer_grammar_compile(gtext, glen, NULL, &rg) !=
+                    CINFER_OK)
+                    return 1;
+            }
+            /* batch: each state starts at its own token, wraps around */
+            for (int b = 0; b < batch; b++) {
+                cinfer_grammar_state_create(rg, &st[b]);
+                pos[b] = 0;
+                size_t skip = (size_t)b * n_ids / (size_t)batch;
+                for (size_t i = 0; i < skip; i++) {
+                    const char *p;
+                    size_t l;
+                    cinfer_tokenizer_token_piece(tk, ids[i], &p, &l);
+                    cinfer_grammar_accept(st[b], p, l);
+                    pos[b]++;
+                }
+            }
+            for (size_t i = 0; i < n_ids; i++) {
+                double a = now_s();
+                for (int b = 0; b < batch; b++) {
+                    if (pos[b] == n_ids) { /* a new sequence in the slot */
+                        cinfer_grammar_state_destroy(st[b]);
+                        cinfer_grammar_state_create(rg, &st[b]);
+                        pos[b] = 0;
+                    }
+                    cinfer_grammar_mask(st[b], v, mask);
+                    const char *p;
+                    size_t l;
+                    cinfer_tokenizer_token_piece(tk, ids[pos[b]], &p, &l);
+                    cinfer_grammar_accept(st[b], p, l);
+                    pos[b]++;
+                }
+                tb[i] = (now_s() - a) * 1e3;
+            }
+            for (int b = 0; b < batch; b++)
+                cinfer_grammar_state_destroy(st[b]);
+            if (!w)
+                cinfer_grammar_destroy(rg);
+            if (r < 0)
+                continue;
+            fig[w][1][r] = sum / (double)n_ids;
+            fig[w][3][r] = pct(t1, n_ids, 1.0);
+            fig[w][2][r] = pct(t1, n_ids, 0.9);
+            fig[w][0][r] = pct(t1, n_ids, 0.5);
+            fig[w][5][r] = pct(tb, n_ids, 1.0);
+            fig[w][4][r] = pct(tb, n_ids, 0.5);
         }
-        for (int b = 0; b < batch; b++)
-            cinfer_grammar_state_destroy(st[b]);
-        r_bmax[r] = pct(tb, n_ids, 1.0);
-        r_b[r] = pct(tb, n_ids, 0.5);
-    }
     printf("vocabulary %d tokens; document %zu bytes, %zu tokens; %lld "
-           "allowed per mask on average; %d rounds (medians)\n",
+           "allowed per mask on average; %d rounds (medians of rounds)\n",
            V, dlen, n_ids,
-           (long long)(allowed_sum / ((int64_t)rounds * (int64_t)n_ids)),
+           (long long)(allowed_sum / ((int64_t)(2 * rounds + 1) *
+                                      (int64_t)n_ids)),
            rounds);
-    printf("batch 1:  mask per token  median %.3f ms  mean %.3f ms  p90 "
-           "%.3f ms  max %.3f ms\n",
-           pct(r_med, (size_t)rounds, 0.5), pct(r_mean, (size_t)rounds, 0.5),
-           pct(r_p90, (size_t)rounds, 0.5), pct(r_max, (size_t)rounds, 0.5));
-    printf("batch %d: masks per step  median %.3f ms  max %.3f ms  (%.3f ms "
-           "per sequence)\n",
-           batch, pct(r_b, (size_t)rounds, 0.5),
-           pct(r_bmax, (size_t)rounds, 0.5),
-           pct(r_b, (size_t)rounds, 0.5) / batch);
+    for (int w = 0; w < 2; w++) {
+        size_t R = (size_t)rounds;
+        printf("%s batch 1:  mask per token  median %.3f ms  mean %.3f ms  "
+               "p90 %.3f ms  max %.3f ms\n",
+               w ? "warm" : "cold", pct(fig[w][0], R, 0.5),
+               pct(fig[w][1], R, 0.5), pct(fig[w][2], R, 0.5),
+               pct(fig[w][3], R, 0.5));
+        printf("%s batch %d: masks per step  median %.3f ms  max %.3f ms  "
+               "(%.3f ms per sequence)\n",
+               w ? "warm" : "cold", batch, pct(fig[w][4], R, 0.5),
+               pct(fig[w][5], R, 0.5), pct(fig[w][4], R, 0.5) / batch);
+    }
+    cinfer_grammar_destroy(warm_g);
+    for (int w = 0; w < 2; w++)
+        for (int k = 0; k < 6; k++)
+            free(fig[w][k]);
     (void)bench_schema;
     free(st);
     free(pos);
     free(tb);
-    free(r_b);
-    free(r_bmax);
-    free(r_med);
-    free(r_mean);
-    free(r_p90);
-    free(r_max);
     free(t1);
     free(mask);
     free(ids);

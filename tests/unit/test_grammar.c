@@ -12,6 +12,7 @@
 #include "engine/tokenizer.h"
 #include "harness.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -479,6 +480,96 @@ static void test_mask_equals_allows_on_random_walks(void)
     free(bytes);
 }
 
+struct mask_worker {
+    const cinfer_grammar *g;
+    const cinfer_grammar_vocab *v;
+    const char *bytes;
+    const uint32_t *off;
+    int n, seed, mismatches, steps;
+};
+
+static void *mask_work(void *arg)
+{
+    struct mask_worker *w = arg;
+    uint8_t *mask = malloc((size_t)w->n);
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(w->seed + 1);
+    for (int walk = 0; mask && walk < 6; walk++) {
+        cinfer_grammar_state *s = NULL;
+        if (cinfer_grammar_state_create(w->g, &s) != CINFER_OK)
+            break;
+        for (int k = 0; k < 30; k++) {
+            int64_t n_ok = cinfer_grammar_mask(s, w->v, mask);
+            if (n_ok <= 0)
+                break;
+            for (int t = 0; t < w->n; t++) {
+                size_t l = w->off[t + 1] - w->off[t];
+                int want = l > 0 && cinfer_grammar_allows(
+                                        s, w->bytes + w->off[t], l);
+                w->mismatches += mask[t] != want;
+            }
+            w->steps++;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            int64_t pick = (int64_t)(x % (uint64_t)n_ok);
+            int t = 0;
+            for (; t < w->n; t++)
+                if (mask[t] && pick-- == 0)
+                    break;
+            cinfer_grammar_accept(s, w->bytes + w->off[t],
+                                  w->off[t + 1] - w->off[t]);
+        }
+        cinfer_grammar_state_destroy(s);
+    }
+    free(mask);
+    return NULL;
+}
+
+/* The mask's tables belong to the grammar and are shared by its states:
+ * four threads masking states of one grammar at once each get what
+ * cinfer_grammar_allows says. */
+static void test_mask_shared_by_threads(void)
+{
+    cinfer_grammar *g = compile(json_gbnf);
+    static const char alpha[] = "{}[]\",: 0123456789-.truefalsn\\a";
+    enum { N = 400 };
+    char *bytes = malloc(N * 4);
+    uint32_t off[N + 1], used = 0;
+    uint64_t x = 4242;
+    for (int t = 0; t < N; t++) {
+        off[t] = used;
+        int l = t < 32 ? 1 : 1 + (int)(x % 3);
+        for (int k = 0; k < l; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bytes[used++] = alpha[(t < 32 ? (uint64_t)t : x) % (sizeof alpha - 1)];
+        }
+    }
+    off[N] = used;
+    cinfer_grammar_vocab *v = NULL;
+    CHECK_OK(cinfer_grammar_vocab_create(bytes, off, N, &v));
+    struct mask_worker w[4];
+    pthread_t th[4];
+    for (int i = 0; g && v && i < 4; i++) {
+        w[i] = (struct mask_worker){g, v, bytes, off, N, i, 0, 0};
+        pthread_create(&th[i], NULL, mask_work, &w[i]);
+    }
+    int mismatches = 0, steps = 0;
+    for (int i = 0; g && v && i < 4; i++) {
+        pthread_join(th[i], NULL);
+        mismatches += w[i].mismatches;
+        steps += w[i].steps;
+    }
+    CHECK_EQ_INT(mismatches, 0);
+    CHECK(steps > 100);
+    fprintf(stderr, "  4 threads, %d masks of one grammar: mask = allows\n",
+            steps);
+    cinfer_grammar_vocab_destroy(v);
+    cinfer_grammar_destroy(g);
+    free(bytes);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -580,6 +671,7 @@ int main(void)
     RUN(test_mutations_never_crash);
     RUN(test_mask_equals_allows);
     RUN(test_mask_equals_allows_on_random_walks);
+    RUN(test_mask_shared_by_threads);
     const char *dm = cinfer_model_default_path();
     if (dm[0] && access(dm, R_OK) == 0) {
         RUN(test_mask_on_the_default_vocabulary);
