@@ -571,13 +571,19 @@ static void take_drafts(cinfer_engine *e, eng_seq *s, float *rows,
     s->n_draft = 0;
     e->st.spec_drafted += (uint64_t)d;
     e->st.spec_steps++;
+    int32_t taken = 0;
     for (int32_t i = 0; i <= d; i++) {
         if (take_token(e, s, rows + (size_t)i * (size_t)e->n_vocab, t_ns))
             return; /* finished: its blocks are gone with it */
         if (i == d || s->tokens[base + i] != drafts[i])
             break;
         e->st.spec_accepted++;
+        taken++;
     }
+    /* Rows of rejected drafts are compute spent for nothing: after a
+     * rejection draft only as far as this step's drafts agreed (plus one),
+     * after a full acceptance twice as far. */
+    s->spec_len = taken < d ? taken + 1 : 2 * d;
     sched_spec_rollback(e, s);
 }
 

@@ -62,6 +62,11 @@ struct eng_seq {
     int64_t first_sched_ns;
     int64_t first_token_ns;
 
+    int32_t spec_len;   /* most drafts for the next step: the drafts
+                           taken + 1 after a rejection, twice the drafts
+                           (up to spec_ngram_k) when all were taken;
+                           0 = spec_ngram_k */
+
     /* this step */
     int32_t n_draft;    /* draft tokens after the last one, in
                            tokens[n_tokens .. n_tokens + n_draft) and among

@@ -550,7 +550,8 @@ void sched_add_drafts(cinfer_engine *e, eng_seq *s, int *budget)
     /* only a sequence whose rows reach its last token */
     if (s->n_computed + s->step_rows != s->n_tokens || s->n_draft)
         return;
-    int32_t k = e->spec_k;
+    int32_t k = s->spec_len > 0 && s->spec_len < e->spec_k ? s->spec_len
+                                                            : e->spec_k;
     if (k > *budget)
         k = *budget;
     /* the accepted drafts plus the token sampled after them must fit the

@@ -4,6 +4,7 @@
  *   cinfer-run [-m MODEL] -p "prompt" [-n 64] [--temperature 0] [--top-k K]
  *              [--top-p P] [--min-p P] [--seed S] [-t THREADS] [--chat]
  *              [--device auto|cpu|cuda[:N]] [--gpu-memory-fraction F]
+ *              [--spec-ngram K [--spec-ngram-range MIN,MAX]] [-r REPS]
  *
  * Streams the generated text to stdout as it is sampled and ends with the
  * prompt and decode speeds on stderr. With no -m it uses the default model.
@@ -12,6 +13,14 @@
  * CUDA the KV cache takes what the budget leaves (engine/model.h).
  * While a model loads, a progress bar is drawn when stderr is a terminal.
  *
+ * With `--spec-ngram K` the generation goes through the serving engine
+ * (engine.h) with prompt-lookup speculative decoding of up to K draft
+ * tokens per step (K = 0: the engine without it, for comparison); the
+ * output is the same either way, and the last stderr line adds the
+ * drafts verified and taken. With -r REPS the request runs REPS times (the
+ * text is printed once) and each run prints a JSON line on stderr with
+ * its prompt and decode tokens/s.
+ *
  * Benchmark mode (`--bench PP,TG [-r REPS]`) evaluates a synthetic prompt of
  * PP tokens, then decodes TG tokens greedily (never stopping), REPS times,
  * and prints one JSON line per repetition with prompt and decode tokens/s:
@@ -19,6 +28,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,8 +101,15 @@ static void usage(FILE *f)
             "      --ctx N             context per sequence (default 4096)\n"
             "      --mmap              use the weights from a mapping of the file\n"
             "                          (default: read into memory, in huge pages)\n"
+            "      --spec-ngram K      generate through the engine with prompt-\n"
+            "                          lookup speculative decoding of up to K\n"
+            "                          draft tokens a step (0 = the engine\n"
+            "                          without drafts); output is unchanged\n"
+            "      --spec-ngram-range MIN,MAX  n-gram sizes matched (default 2,4)\n"
             "      --bench PP,TG       benchmark: PP prompt tokens, TG decoded\n"
-            "  -r, --reps N            benchmark repetitions (default 3)\n"
+            "  -r, --reps N            benchmark repetitions (default 3); with\n"
+            "                          --spec-ngram, runs of the request (default\n"
+            "                          1), one JSON line each on stderr\n"
             "  -h, --help\n",
             cinfer_model_default_path()[0] ? cinfer_model_default_path()
                                            : "(none installed)");
@@ -101,7 +118,8 @@ static void usage(FILE *f)
 enum {
     OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
     OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
-    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION, OPT_TP, OPT_INVARIANT
+    OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION, OPT_TP, OPT_INVARIANT,
+    OPT_SPEC, OPT_SPEC_RANGE
 };
 
 /* --device: "auto", "cpu", "cuda", "cuda:N". *cuda is -1 for the CPU,
@@ -314,6 +332,130 @@ fail:
     return 1;
 }
 
+/* ---- generation through the engine (--spec-ngram) ---------------------- */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int print;      /* stream the text to stdout */
+    int done;
+    int n_ids;
+    double t_first; /* first token's arrival */
+    double t_end;
+    cinfer_finish_reason why;
+    char message[256];
+} run_sink;
+
+static void on_engine_event(void *user, const cinfer_engine_event *ev)
+{
+    run_sink *k = user;
+    double t = now_s();
+    pthread_mutex_lock(&k->mu);
+    if (ev->kind == CINFER_EVENT_TOKENS) {
+        if (ev->n_ids && k->n_ids == 0)
+            k->t_first = t;
+        k->n_ids += (int)ev->n_ids;
+        if (k->print && ev->text_len) {
+            fwrite(ev->text, 1, ev->text_len, stdout);
+            fflush(stdout);
+        }
+    } else {
+        k->done = 1;
+        k->t_end = t;
+        k->why = ev->finish;
+        snprintf(k->message, sizeof k->message, "%s", ev->message);
+        pthread_cond_signal(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
+}
+
+static int run_engine(cinfer_model *m, const int32_t *ids, size_t n_ids,
+                      const cinfer_sampler_params *sp, int n_gen,
+                      int ignore_eos, int spec_k, int spec_min, int spec_max,
+                      int reps, double t_load)
+{
+    cinfer_engine_params ep = cinfer_engine_default_params();
+    ep.model = m;
+    ep.max_seqs = 1;
+    ep.admit_past_deadlines = 1;
+    ep.spec_ngram_k = spec_k;
+    ep.spec_ngram_min = spec_min;
+    ep.spec_ngram_max = spec_max;
+    cinfer_engine *e = NULL;
+    if (cinfer_engine_create(&ep, &e) != CINFER_OK) {
+        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        return 1;
+    }
+    int rc = 0;
+    cinfer_engine_stats before, after;
+    for (int r = 0; r < reps && rc == 0; r++) {
+        run_sink k;
+        memset(&k, 0, sizeof k);
+        pthread_mutex_init(&k.mu, NULL);
+        pthread_cond_init(&k.cv, NULL);
+        k.print = r == 0;
+        cinfer_request_params rp = cinfer_request_default_params();
+        rp.prompt = ids;
+        rp.n_prompt = n_ids;
+        rp.sampling = *sp;
+        rp.max_tokens = n_gen;
+        rp.ignore_eos = ignore_eos;
+        rp.on_event = on_engine_event;
+        rp.user = &k;
+        cinfer_engine_get_stats(e, &before);
+        double t0 = now_s();
+        if (cinfer_engine_submit(e, &rp, NULL) != CINFER_OK) {
+            fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+            rc = 1;
+        } else {
+            pthread_mutex_lock(&k.mu);
+            while (!k.done)
+                pthread_cond_wait(&k.cv, &k.mu);
+            pthread_mutex_unlock(&k.mu);
+            cinfer_engine_get_stats(e, &after);
+            if (k.why == CINFER_FINISH_ERROR) {
+                fprintf(stderr, "\ncinfer-run: %s\n", k.message);
+                rc = 1;
+            }
+            /* the first token comes with the prompt's step; the decode
+             * rate counts the tokens after it */
+            double pp_s = k.n_ids ? k.t_first - t0 : k.t_end - t0;
+            double tg_s = k.t_end - k.t_first;
+            double tg_tps = k.n_ids > 1 && tg_s > 0 ? (k.n_ids - 1) / tg_s
+                                                     : 0.0;
+            unsigned long long drafted = after.spec_drafted -
+                                         before.spec_drafted,
+                               accepted = after.spec_accepted -
+                                          before.spec_accepted;
+            if (r == 0) {
+                printf("\n");
+                fflush(stdout);
+            }
+            if (reps > 1 || r == reps - 1)
+                fprintf(stderr,
+                        "{\"rep\": %d, \"n_prompt\": %zu, \"n_gen\": %d, "
+                        "\"pp_tps\": %.3f, \"tg_tps\": %.3f, "
+                        "\"spec_k\": %d, \"spec_drafted\": %llu, "
+                        "\"spec_accepted\": %llu, \"steps\": %llu}\n",
+                        r, n_ids, k.n_ids, pp_s > 0 ? n_ids / pp_s : 0.0,
+                        tg_tps, spec_k, drafted, accepted,
+                        (unsigned long long)(after.steps - before.steps));
+            if (r == reps - 1)
+                fprintf(stderr,
+                        "load %.2f s | prompt %zu tokens, %.1f tokens/s | "
+                        "decode %d tokens, %.1f tokens/s | spec k %d: "
+                        "drafted %llu, accepted %llu | %s\n",
+                        t_load, n_ids, pp_s > 0 ? n_ids / pp_s : 0.0, k.n_ids,
+                        tg_tps, spec_k, drafted, accepted,
+                        cinfer_backend_device_desc(cinfer_model_backend(m)));
+        }
+        pthread_cond_destroy(&k.cv);
+        pthread_mutex_destroy(&k.mu);
+    }
+    cinfer_engine_destroy(e);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL;
@@ -323,6 +465,9 @@ int main(int argc, char **argv)
     int chat = 0, ignore_eos = 0, parse_special = 1, use_mmap = 0;
     int bench_pp = -1, bench_tg = -1;
     int cuda = -2; /* --device auto */
+    int spec_k = -1, spec_min = 0, spec_max = 0; /* --spec-ngram: -1 = not
+                                                    through the engine */
+    int reps_given = 0;
     double gpu_fraction = 0.9;
     cinfer_cpu_isa isa = CINFER_CPU_ISA_AUTO;
     cinfer_sampler_params sp = cinfer_sampler_default_params();
@@ -354,6 +499,8 @@ int main(int argc, char **argv)
         {"gpu-memory-fraction", required_argument, 0, OPT_GPU_FRACTION},
         {"tensor-parallel", required_argument, 0, OPT_TP},
         {"batch-invariant", no_argument, 0, OPT_INVARIANT},
+        {"spec-ngram", required_argument, 0, OPT_SPEC},
+        {"spec-ngram-range", required_argument, 0, OPT_SPEC_RANGE},
         {0, 0, 0, 0},
     };
     int c;
@@ -370,6 +517,21 @@ int main(int argc, char **argv)
             break;
         case 'r':
             if (parse_int(optarg, "--reps", 1, 1000, &reps)) return 2;
+            reps_given = 1;
+            break;
+        case OPT_SPEC:
+            if (parse_int(optarg, "--spec-ngram", 0, CINFER_ENGINE_SPEC_MAX_K,
+                          &v))
+                return 2;
+            spec_k = (int)v;
+            break;
+        case OPT_SPEC_RANGE:
+            if (sscanf(optarg, "%d,%d", &spec_min, &spec_max) != 2 ||
+                spec_min < 1 || spec_max < spec_min || spec_max > 64) {
+                fprintf(stderr, "cinfer-run: --spec-ngram-range takes MIN,MAX "
+                                "with 1 <= MIN <= MAX <= 64 (e.g. 2,4)\n");
+                return 2;
+            }
             break;
         case 'h': usage(stdout); return 0;
         case OPT_CHAT: chat = 1; break;
@@ -568,6 +730,12 @@ int main(int argc, char **argv)
     if ((long)n_ids + n_gen > I->n_ctx) {
         fprintf(stderr, "cinfer-run: prompt (%zu tokens) + %ld new tokens "
                         "exceed the context of %d\n", n_ids, n_gen, I->n_ctx);
+        goto out;
+    }
+    if (spec_k >= 0) {
+        rc = run_engine(m, ids, n_ids, &sp, (int)n_gen, ignore_eos, spec_k,
+                        spec_min, spec_max, reps_given ? (int)reps : 1,
+                        t_load);
         goto out;
     }
     sp.n_vocab = I->n_vocab;
