@@ -835,8 +835,10 @@ done:
 /* entry points                                                            */
 /* ---------------------------------------------------------------------- */
 
-int cinfer_json_schema_to_gbnf(const char *schema, size_t len,
-                               char **gbnf_out, char *err, size_t errlen)
+/* The GBNF, checked to compile; the compiled grammar in *compiled when it
+ * is not NULL. */
+static int to_gbnf(const char *schema, size_t len, char **gbnf_out,
+                   cinfer_grammar **compiled, char *err, size_t errlen)
 {
     if (errlen)
         err[0] = '\0';
@@ -889,7 +891,10 @@ int cinfer_json_schema_to_gbnf(const char *schema, size_t len,
                          "to a grammar that is refused (%s)",
                          cinfer_last_error());
         }
-        cinfer_grammar_destroy(gr);
+        if (compiled && !c.failed)
+            *compiled = gr;
+        else
+            cinfer_grammar_destroy(gr);
     }
     if (c.failed) {
         free(g.v);
@@ -897,6 +902,27 @@ int cinfer_json_schema_to_gbnf(const char *schema, size_t len,
     }
     *gbnf_out = g.v;
     return 0;
+}
+
+int cinfer_json_schema_to_gbnf(const char *schema, size_t len,
+                               char **gbnf_out, char *err, size_t errlen)
+{
+    return to_gbnf(schema, len, gbnf_out, NULL, err, errlen);
+}
+
+cinfer_status cinfer_json_schema_compile(void *ctx, const char *schema,
+                                         size_t len, cinfer_grammar **out)
+{
+    (void)ctx;
+    if (!out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "json_schema: out is NULL");
+    *out = NULL;
+    char err[320], *gbnf = NULL;
+    if (to_gbnf(schema, len, &gbnf, out, err, sizeof err) != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "%s", err);
+    free(gbnf);
+    return CINFER_OK;
 }
 
 const char *cinfer_json_object_gbnf(void)

@@ -64,6 +64,8 @@
 
 #include <stddef.h>
 
+#include "../engine/grammar.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -80,6 +82,19 @@ extern "C" {
  * before it is returned. */
 int cinfer_json_schema_to_gbnf(const char *schema, size_t len,
                                char **gbnf_out, char *err, size_t errlen);
+
+/* The schema compiled to a grammar in one call, in the shape of
+ * cinfer_grammar_compile_fn (engine/grammar_cache.h; ctx unused), so the
+ * grammar cache can key compiled schemas by their text:
+ *
+ *     cinfer_grammar_cache_get(cache, CINFER_GRAMMAR_KIND_JSON_SCHEMA,
+ *                              schema, len, cinfer_json_schema_compile,
+ *                              NULL, &entry);
+ *
+ * CINFER_E_INVALID_ARG with the message above (cinfer_last_error) when
+ * the schema is refused. */
+cinfer_status cinfer_json_schema_compile(void *ctx, const char *schema,
+                                         size_t len, cinfer_grammar **out);
 
 /* response_format json_object: GBNF for any JSON object (bounded
  * whitespace as above). The string is static: do not free it. */

@@ -22,6 +22,7 @@ int main(void)
 #include <string.h>
 
 #include "engine/grammar.h"
+#include "engine/grammar_cache.h"
 #include "server/json_schema.h"
 
 static cinfer_grammar *schema_grammar(const char *schema)
@@ -372,12 +373,57 @@ static void test_annotations_and_json_object(void)
     }
 }
 
+/* The server's path: schemas compiled through the grammar cache, keyed by
+ * their text; a refused schema is INVALID_ARG with the compiler's
+ * message, and json_object is GBNF of its own. */
+static void test_through_the_cache(void)
+{
+    cinfer_grammar_cache *c = NULL;
+    CHECK_OK(cinfer_grammar_cache_create(NULL, &c));
+    const char *schema = cases[0].schema;
+    cinfer_grammar_entry *a = NULL, *b = NULL, *o = NULL;
+    CHECK_OK(cinfer_grammar_cache_get(c, CINFER_GRAMMAR_KIND_JSON_SCHEMA,
+                                      schema, strlen(schema),
+                                      cinfer_json_schema_compile, NULL, &a));
+    CHECK_OK(cinfer_grammar_cache_get(c, CINFER_GRAMMAR_KIND_JSON_SCHEMA,
+                                      schema, strlen(schema),
+                                      cinfer_json_schema_compile, NULL, &b));
+    CHECK(a && a == b);
+    if (a)
+        CHECK_EQ_INT(judge(cinfer_grammar_entry_grammar(a), cases[0].valid[0]),
+                     1);
+    const char *bad = "{\"type\": \"number\", \"maximum\": 3}";
+    cinfer_grammar_entry *x = NULL;
+    CHECK_EQ_INT(cinfer_grammar_cache_get(c, CINFER_GRAMMAR_KIND_JSON_SCHEMA,
+                                          bad, strlen(bad),
+                                          cinfer_json_schema_compile, NULL,
+                                          &x),
+                 CINFER_E_INVALID_ARG);
+    CHECK(x == NULL);
+    CHECK(strstr(cinfer_last_error(),
+                 "json_schema: #: unsupported keyword 'maximum'") != NULL);
+    const char *jo = cinfer_json_object_gbnf();
+    CHECK_OK(cinfer_grammar_cache_get(c, CINFER_GRAMMAR_KIND_GBNF, jo,
+                                      strlen(jo), NULL, NULL, &o));
+    if (o)
+        CHECK_EQ_INT(judge(cinfer_grammar_entry_grammar(o), "{\"k\": 1}"), 1);
+    cinfer_grammar_cache_stats st;
+    cinfer_grammar_cache_stats_get(c, &st);
+    CHECK_EQ_INT(st.hits, 1);
+    CHECK_EQ_INT(st.entries, 2);
+    cinfer_grammar_entry_release(a);
+    cinfer_grammar_entry_release(b);
+    cinfer_grammar_entry_release(o);
+    cinfer_grammar_cache_destroy(c);
+}
+
 int main(void)
 {
     RUN(test_documents_judged);
     RUN(test_random_outputs_parse);
     RUN(test_errors_name_keyword_and_path);
     RUN(test_annotations_and_json_object);
+    RUN(test_through_the_cache);
     return harness_done();
 }
 #endif
