@@ -105,9 +105,13 @@ typedef struct {
      * is sampled exactly as plain decoding would sample it (sampler.h:
      * draws keyed by seed and position), and drafts are taken while they
      * agree with the samples. Greedy and seeded outputs, stop conditions,
-     * logprobs, penalties and grammars are those of decoding without it.
-     * Drafts use only the rows a step's budget leaves after decodes,
-     * prefills and admissions, and only while few sequences run. */
+     * logprobs, penalties and grammars are those of decoding without it,
+     * on a batch-invariant backend (the CPU; CUDA with batch_invariant),
+     * where batching itself changes no bits either. Drafts use only the
+     * rows a step's budget leaves after decodes, prefills and admissions,
+     * free KV blocks, and only while few sequences run. It pays where a
+     * step of a few rows costs little more than a step of one (decode
+     * bound by reading the weights, as on a GPU). */
     int spec_ngram_k;         /* draft tokens per sequence and step, in
                                  0..CINFER_ENGINE_SPEC_MAX_K; 0 = off */
     int spec_ngram_min;       /* shortest n-gram matched, >= 1; 0 = 2 */
