@@ -28,6 +28,10 @@ typedef struct {
 
 static slot_rec *kvmem; /* [n_blocks * block_size] */
 
+/* Speculative decoding in the fake engines made next: draft tokens per
+ * step (0 = off) and the most running sequences that draft. */
+static int sim_spec_k, sim_spec_max_seqs = 4;
+
 static cinfer_engine *fake_engine(int n_blocks, int bs, int max_seqs,
                                   int max_batched, int prefix, int ctx)
 {
@@ -48,6 +52,10 @@ static cinfer_engine *fake_engine(int n_blocks, int bs, int max_seqs,
     e->pred_slots = calloc((size_t)max_seqs, sizeof *e->pred_slots);
     e->sched = calloc((size_t)max_seqs, sizeof *e->sched);
     e->max_rows = max_batched;
+    e->spec_k = sim_spec_k;
+    e->spec_nmin = 1;
+    e->spec_nmax = 3;
+    e->spec_max_seqs = sim_spec_max_seqs;
     size_t rows = (size_t)max_batched + 16; /* room for a prefill floor */
     e->s_tokens = calloc(rows, sizeof(int32_t));
     e->s_pos = calloc(rows, sizeof(int32_t));
@@ -181,13 +189,52 @@ static int fake_forward(cinfer_engine *e, const cinfer_step *st)
 }
 
 /* Deterministic "sampled" token: a function of the sequence so far, the
- * same however the sequence was scheduled. */
+ * same however the sequence was scheduled. Mostly one of five tokens
+ * chosen by the last two (so outputs fall into loops that n-gram drafts
+ * predict), now and then one of a thousand chosen by the whole history
+ * (so drafts are also rejected). */
 static int32_t next_token(const eng_seq *s)
 {
     uint64_t h = 1469598103934665603ull + (uint64_t)s->index;
     for (int32_t i = 0; i < s->n_tokens; i++)
         h = (h ^ (uint64_t)s->tokens[i]) * 1099511628211ull;
-    return (int32_t)(h % 1000);
+    if (h % 7 == 0 || s->n_tokens < 2)
+        return (int32_t)(h % 1000);
+    uint64_t g = ((uint64_t)s->tokens[s->n_tokens - 1] * 31 +
+                  (uint64_t)s->tokens[s->n_tokens - 2]) *
+                 0x9e3779b97f4a7c15ull;
+    return 100 + (int32_t)((g >> 40) % 5);
+}
+
+/* Takes one "sampled" token; 1 if s finished. */
+static int take(cinfer_engine *e, eng_seq *s)
+{
+    s->tokens[s->n_tokens] = next_token(s);
+    s->n_tokens++;
+    s->n_generated++;
+    if (s->n_generated >= s->req->max_tokens || s->n_tokens >= s->cap) {
+        finish(e, s);
+        return 1;
+    }
+    return 0;
+}
+
+/* The engine's verification (engine.c take_drafts) over next_token. */
+static void take_drafts(cinfer_engine *e, eng_seq *s)
+{
+    int32_t drafts[CINFER_ENGINE_SPEC_MAX_K];
+    const int32_t d = s->n_draft, base = s->n_tokens;
+    memcpy(drafts, s->tokens + base, sizeof *drafts * (size_t)d);
+    s->n_draft = 0;
+    e->st.spec_drafted += (uint64_t)d;
+    for (int32_t i = 0; i <= d; i++) {
+        if (take(e, s))
+            return;
+        if (i == d || s->tokens[base + i] != drafts[i])
+            break;
+        e->st.spec_accepted++;
+    }
+    sched_spec_rollback(e, s);
 }
 
 /* Every reference to a block is held by a running sequence's table, and
@@ -239,11 +286,10 @@ static int iterate(cinfer_engine *e, int *ok)
         eng_seq *s = e->sched[k];
         if (s->step_out < 0)
             continue;
-        s->tokens[s->n_tokens] = next_token(s);
-        s->n_tokens++;
-        s->n_generated++;
-        if (s->n_generated >= s->req->max_tokens || s->n_tokens >= s->cap)
-            finish(e, s);
+        if (s->n_draft)
+            take_drafts(e, s);
+        else
+            take(e, s);
     }
     e->n_sched = 0;
     return rows;
@@ -640,11 +686,17 @@ static void simulate(int n_blocks, int bs, int max_seqs, int budget,
     cinfer_kv_cache_stats ks;
     cinfer_kv_cache_get_stats(e->kv, &ks);
     CHECK_EQ_INT(ks.n_used, 0);
-    fprintf(stderr, "  %4d blocks of %d, %2d seqs, budget %3d, prefix %d: "
-            "%5d steps, %4llu preemptions, %5llu cached tokens\n",
-            n_blocks, bs, max_seqs, budget, prefix, steps,
+    fprintf(stderr, "  %4d blocks of %d, %2d seqs, budget %3d, prefix %d, "
+            "k %d: %5d steps, %4llu preemptions, %5llu cached tokens, "
+            "%llu of %llu drafts taken\n",
+            n_blocks, bs, max_seqs, budget, prefix, e->spec_k, steps,
             (unsigned long long)e->st.preemptions,
-            (unsigned long long)e->st.cached_tokens);
+            (unsigned long long)e->st.cached_tokens,
+            (unsigned long long)e->st.spec_accepted,
+            (unsigned long long)e->st.spec_drafted);
+    if (e->spec_k)
+        CHECK(e->st.spec_accepted > 0 &&
+              e->st.spec_accepted < e->st.spec_drafted);
     if (n_blocks < 40)
         CHECK(e->st.preemptions > 0);
     free(reqs);
@@ -674,6 +726,40 @@ static void test_random_simulation(void)
     free(got);
 }
 
+/* The same workloads with drafts: every row reads exactly its sequence's
+ * tokens (the K/V of rejected drafts is never read, and blocks registered
+ * in the prefix cache hold verified tokens only), references stay
+ * consistent, and the tokens equal the run without drafts. spec_max_seqs
+ * 64: drafts also while many run, where the budget and free blocks run
+ * short. */
+static void test_random_simulation_drafts(void)
+{
+    enum { NREQ = 400 };
+    int32_t *ref = malloc(sizeof(int32_t) * NREQ * 200);
+    int32_t *got = malloc(sizeof(int32_t) * NREQ * 200);
+    int n_ref = 0, n_got = 0;
+    simulate(4096, 4, 64, 512, 0, 1, NREQ, &ref, &n_ref);
+    struct {
+        int n_blocks, bs, max_seqs, budget, prefix, k, spec_seqs;
+    } cfg[] = {
+        {4096, 4, 64, 512, 1, 4, 64}, {30, 4, 16, 64, 0, 4, 64},
+        {30, 4, 16, 64, 1, 8, 64},    {25, 4, 6, 7, 1, 3, 4},
+        {12, 8, 4, 16, 0, 8, 4},      {200, 4, 32, 128, 1, 6, 8},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        sim_spec_k = cfg[c].k;
+        sim_spec_max_seqs = cfg[c].spec_seqs;
+        simulate(cfg[c].n_blocks, cfg[c].bs, cfg[c].max_seqs, cfg[c].budget,
+                 cfg[c].prefix, 20 + c, NREQ, &got, &n_got);
+        CHECK_EQ_INT(n_got, n_ref);
+        CHECK(memcmp(got, ref, sizeof(int32_t) * (size_t)n_ref) == 0);
+    }
+    sim_spec_k = 0;
+    sim_spec_max_seqs = 4;
+    free(ref);
+    free(got);
+}
+
 int main(void)
 {
     RUN(test_decodes_first_and_budget);
@@ -685,5 +771,6 @@ int main(void)
     RUN(test_prefix_reuse);
     RUN(test_samples_share_prompt);
     RUN(test_random_simulation);
+    RUN(test_random_simulation_drafts);
     return harness_done();
 }
