@@ -211,7 +211,7 @@ static int compare(const rec *a, const rec *b, int n, const char *what)
 enum { NP = 24, PLEN = 64 };
 
 typedef struct {
-    int32_t t[PLEN];
+    int32_t t[PLEN * 2]; /* the default model's prompts may be longer */
     int n;
 } prompt;
 
@@ -671,6 +671,78 @@ static void test_off_under_load(void)
     cinfer_model_destroy(m);
 }
 
+/* The default model (skipped when absent), where drafts are real text:
+ * a passage to repeat, code to copy with a change, a list, an open
+ * question; greedy and seeded, k 0 against k 8. */
+static void test_default_model(void)
+{
+    const char *path = getenv("CINFER_MODEL");
+    if (!path || !*path)
+        path = CINFER_DEFAULT_MODEL;
+    if (!path[0] || access(path, R_OK) != 0) {
+        fprintf(stderr, "  (default model absent: skipped)\n");
+        return;
+    }
+    cinfer_model_params mp = cinfer_model_default_params();
+    mp.path = path;
+    mp.n_ctx = 512;
+    mp.max_seqs = 4;
+    mp.max_batch_rows = 128;
+    cinfer_model *m = NULL;
+    CHECK_OK(cinfer_model_create(&mp, &m));
+    if (!m)
+        return;
+    const cinfer_tokenizer *tk = cinfer_model_tokenizer(m);
+    static const char *texts[4] = {
+        "<|im_start|>user\nRepeat this text exactly: The committee met on "
+        "Tuesday to review the budget. The members agreed to repair the "
+        "roof of the town hall before the winter.<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        "<|im_start|>user\nRename total to sum in this code and return "
+        "it:\ndef f(xs):\n    total = 0\n    for x in xs:\n        total "
+        "+= x\n    return total\n<|im_end|>\n<|im_start|>assistant\n",
+        "1, 2, 3, 4, 5, 6, 7,",
+        "Why is the sky blue?",
+    };
+    enum { N = 8 };
+    static prompt ps[N];
+    static rec ref[N], got[N];
+    static cinfer_request_params rps[N];
+    for (int i = 0; i < N; i++) {
+        size_t n = 0;
+        const char *t = texts[i % 4];
+        CHECK_OK(cinfer_tokenizer_encode(tk, t, strlen(t), 1, 1, ps[i].t,
+                                         PLEN * 2, &n));
+        ps[i].n = (int)n;
+        rps[i] = base_params(&ps[i], 40);
+        rps[i].ignore_eos = 0;
+        if (i >= 4) {
+            rps[i].sampling.temperature = 0.8f;
+            rps[i].sampling.top_p = 0.95f;
+            rps[i].sampling.seed = 77 + (uint64_t)i;
+        }
+    }
+    cinfer_engine *e0 = make_engine(m, 0, 4, 0, 0);
+    run_reqs(e0, rps, ref, N, 0);
+    cinfer_engine_destroy(e0);
+    cinfer_engine *e = make_engine(m, 8, 4, 0, 0);
+    run_reqs(e, rps, got, N, 0);
+    compare(ref, got, N, "default model");
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(e, &st);
+    fprintf(stderr, "  default model: %llu of %llu drafts taken, %llu steps "
+            "for %llu tokens\n",
+            (unsigned long long)st.spec_accepted,
+            (unsigned long long)st.spec_drafted,
+            (unsigned long long)st.steps,
+            (unsigned long long)st.generated_tokens);
+    CHECK(st.spec_accepted > 20);
+    fprintf(stderr, "  e.g. %s\n", got[0].text);
+    check_idle(e);
+    cinfer_engine_destroy(e);
+    cinfer_model_destroy(m);
+}
+
 int main(void)
 {
     RUN(test_ngram_lookup);
@@ -681,6 +753,7 @@ int main(void)
     RUN(test_grammar_identical);
     RUN(test_cache_and_preemption);
     RUN(test_off_under_load);
+    RUN(test_default_model);
     unlink(tiny_file());
     return harness_done();
 }
