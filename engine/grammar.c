@@ -762,12 +762,15 @@ void cinfer_grammar_destroy(cinfer_grammar *g)
 
 int cinfer_grammar_n_rules(const cinfer_grammar *g) { return g->n_rules; }
 
+static size_t mask_shared_bytes(struct mask_shared *ms);
+
 size_t cinfer_grammar_bytes(const cinfer_grammar *g)
 {
     size_t n_alts = g->rule_alt[g->n_rules];
     return sizeof *g + (g->n_e + 1) * sizeof *g->e +
            (n_alts + 1) * sizeof *g->alt +
-           ((size_t)g->n_rules + 1) * sizeof *g->rule_alt;
+           ((size_t)g->n_rules + 1) * sizeof *g->rule_alt +
+           mask_shared_bytes(g->ms);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1626,6 +1629,17 @@ static void intern_reset(struct mask_shared *ms)
         memset(ms->itab, 0, ms->itab_cap * sizeof *ms->itab);
     for (int i = 0; i < MASK_MEMO; i++)
         ms->mm[i].id = -1;
+}
+
+static size_t mask_shared_bytes(struct mask_shared *ms)
+{
+    pthread_mutex_lock(&ms->mu);
+    size_t n = sizeof *ms + ms->bytes + ms->cap_il * sizeof *ms->il +
+               ms->itab_cap * sizeof *ms->itab;
+    for (int i = 0; i < MASK_MEMO; i++)
+        n += ms->mm[i].bits ? ((size_t)ms->mm[i].n + 7) / 8 : 0;
+    pthread_mutex_unlock(&ms->mu);
+    return n;
 }
 
 static void mask_shared_destroy(struct mask_shared *ms)

@@ -92,7 +92,9 @@ cinfer_status cinfer_grammar_regex_to_gbnf(const char *re, size_t len,
 /* Rules, counting the ones the compiler made for groups and repetitions. */
 int cinfer_grammar_n_rules(const cinfer_grammar *g);
 
-/* The bytes the compiled grammar holds (its states' memory is theirs). */
+/* The bytes the compiled grammar holds now: its rules and its mask
+ * tables (which grow with the masks made, up to the bound above; its
+ * states' own memory is theirs). */
 size_t cinfer_grammar_bytes(const cinfer_grammar *g);
 
 /* The position before any output. g must outlive the state. */

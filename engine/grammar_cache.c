@@ -175,6 +175,14 @@ cinfer_status cinfer_grammar_cache_get(cinfer_grammar_cache *c, int kind,
         unlink_use(c, e);
         push_front(c, e);
         c->st.hits++;
+        /* its mask tables grew since: count them, and keep the bound */
+        size_t now = sizeof *e + e->len + cinfer_grammar_bytes(e->g);
+        c->st.bytes = c->st.bytes - e->bytes + now;
+        e->bytes = now;
+        while (c->tail != e && c->st.bytes > c->max_bytes) {
+            drop(c, c->tail);
+            c->st.evictions++;
+        }
         pthread_mutex_unlock(&c->mu);
         *out = e;
         return CINFER_OK;

@@ -17,6 +17,11 @@
  *     cinfer_grammar_entry_release(e);
  *     cinfer_grammar_cache_destroy(c);    // held entries stay valid
  *
+ * An entry's bytes are its key and cinfer_grammar_bytes of its grammar,
+ * mask tables included; the tables grow as requests mask, so an entry is
+ * measured again at each hit (and the least recently used others evicted
+ * to keep the bound).
+ *
  * Keys are (kind, text): the same text as GBNF and as a regex are two
  * entries. GBNF and regex texts compile here; other kinds (a JSON schema,
  * which the server compiles with jansson) pass a compile function. A text

@@ -237,11 +237,72 @@ static void test_threads_share_it(void)
     cinfer_grammar_cache_destroy(c);
 }
 
+/* A grammar's mask tables count in its entry: they grow as it masks, and
+ * the next hit measures them and evicts others to keep the bound. */
+static void test_mask_tables_counted(void)
+{
+    const char *g1 = "root ::= \"[\" [a-z]* \"]\"\n";
+    cinfer_grammar_cache *c = NULL;
+    CHECK_OK(cinfer_grammar_cache_create(NULL, &c));
+    cinfer_grammar_entry *e = get(c, CINFER_GRAMMAR_KIND_GBNF, g1);
+    cinfer_grammar_cache_stats st;
+    cinfer_grammar_cache_stats_get(c, &st);
+    size_t before = st.bytes;
+    char bytes[26 * 2];
+    uint32_t off[53];
+    for (int i = 0; i < 26; i++) {
+        bytes[2 * i] = (char)('a' + i);
+        bytes[2 * i + 1] = ']';
+        off[2 * i] = (uint32_t)(2 * i);
+        off[2 * i + 1] = (uint32_t)(2 * i + 1);
+    }
+    off[52] = 52;
+    cinfer_grammar_vocab *v = NULL;
+    CHECK_OK(cinfer_grammar_vocab_create(bytes, off, 52, &v));
+    cinfer_grammar_state *s = NULL;
+    CHECK_OK(cinfer_grammar_state_create(cinfer_grammar_entry_grammar(e), &s));
+    uint8_t mask[52];
+    CHECK_OK(cinfer_grammar_accept(s, "[", 1));
+    CHECK(cinfer_grammar_mask(s, v, mask) > 0);
+    cinfer_grammar_state_destroy(s);
+    cinfer_grammar_entry *again = get(c, CINFER_GRAMMAR_KIND_GBNF, g1);
+    cinfer_grammar_cache_stats_get(c, &st);
+    CHECK(again == e);
+    CHECK(st.bytes > before + 1024); /* a position's transitions at least */
+    fprintf(stderr, "  entry %zu bytes, %zu after one mask\n", before,
+            st.bytes);
+    cinfer_grammar_entry_release(e);
+    cinfer_grammar_entry_release(again);
+    cinfer_grammar_cache_destroy(c);
+
+    /* with room for two fresh entries, the grown one evicts the other */
+    cinfer_grammar_cache_params p = cinfer_grammar_cache_default_params();
+    p.max_bytes = 2 * before + 64;
+    CHECK_OK(cinfer_grammar_cache_create(&p, &c));
+    e = get(c, CINFER_GRAMMAR_KIND_GBNF, g1);
+    cinfer_grammar_entry_release(get(c, CINFER_GRAMMAR_KIND_GBNF,
+                                     "root ::= \"[\" [a-y]* \"]\"\n"));
+    cinfer_grammar_cache_stats_get(c, &st);
+    CHECK_EQ_INT(st.entries, 2);
+    CHECK_OK(cinfer_grammar_state_create(cinfer_grammar_entry_grammar(e), &s));
+    CHECK_OK(cinfer_grammar_accept(s, "[", 1));
+    CHECK(cinfer_grammar_mask(s, v, mask) > 0);
+    cinfer_grammar_state_destroy(s);
+    cinfer_grammar_entry_release(get(c, CINFER_GRAMMAR_KIND_GBNF, g1));
+    cinfer_grammar_cache_stats_get(c, &st);
+    CHECK_EQ_INT(st.entries, 1);
+    CHECK_EQ_INT(st.evictions, 1);
+    cinfer_grammar_entry_release(e);
+    cinfer_grammar_cache_destroy(c);
+    cinfer_grammar_vocab_destroy(v);
+}
+
 int main(void)
 {
     RUN(test_hits_and_keys);
     RUN(test_lru_by_entries_and_bytes);
     RUN(test_compile_function);
     RUN(test_threads_share_it);
+    RUN(test_mask_tables_counted);
     return harness_done();
 }
