@@ -259,6 +259,10 @@ typedef struct {
      * grpc-retry-pushback-ms when it sends one. */
     int max_attempts;          /* 1 = no retries; 2..5 (gRPC's cap) */
     int retry_backoff_ms;      /* >= 1 */
+    /* HTTP only: 1 = an OpenAI-compatible server (cinfer-server's
+     * --http-listen: POST /v1/completions); 0 = llama-server's
+     * /completion. */
+    int openai;
 } cinfer_bench_driver_params;
 
 /* The most attempts gRPC core makes of one call. */

@@ -1,6 +1,16 @@
 /*
  * bench_http.c - cinfer-bench's HTTP driver: streamed completions from
- * llama.cpp's llama-server, so the same workload can drive it.
+ * llama.cpp's llama-server, or from an OpenAI-compatible server
+ * (cinfer-server's --http-listen), so the same workload can drive them.
+ *
+ * OpenAI (--protocol openai): a POST /v1/completions with the model's id
+ * (from GET /v1/models), the prompt, max_tokens, stream with
+ * stream_options.include_usage, ignore_eos, temperature, seed and
+ * logprobs 0, so that each event's logprobs.tokens counts the tokens it
+ * brings (a server may coalesce several into one event); the usage event
+ * gives the prompt's length and `data: [DONE]` ends the stream.
+ *
+ * llama.cpp:
  *
  * Each request is a POST /completion with the prompt as an array of token
  * ids (or the prompt file's text), n_predict, stream, ignore_eos,
@@ -56,6 +66,7 @@ typedef struct http_stream {
     cinfer_bench_buf line;     /* the event line being received */
     cinfer_bench_buf other;    /* the start of non-event text (an error) */
     long predicted;            /* tokens_predicted of the latest event */
+    int openai;                /* the OpenAI API's events */
     int saw_stop;
     int server_error;
     int failed_tokens;         /* recording a token failed (memory) */
@@ -67,6 +78,7 @@ struct http_driver {
     cinfer_bench_driver base;
     cinfer_bench_driver_params p;
     char base_url[256];
+    char model[128];           /* the OpenAI model id (/v1/models) */
     CURLM *multi;
     http_stream *open;
 };
@@ -169,12 +181,78 @@ static int json_long(const char *s, const char *key, long *out)
     return 1;
 }
 
+/* The items of the array at p (after skip_ws), or -1 if p holds none. */
+static long array_items(const char *p)
+{
+    p = skip_ws(p);
+    if (*p != '[')
+        return -1;
+    p = skip_ws(p + 1);
+    if (*p == ']')
+        return 0;
+    long n = 0;
+    while (p && *p) {
+        p = skip_value(p);
+        n++;
+        if (!p)
+            return -1;
+        p = skip_ws(p);
+        if (*p == ']')
+            return n;
+        if (*p != ',')
+            return -1;
+        p = skip_ws(p + 1);
+    }
+    return -1;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Streams                                                                */
 /* ---------------------------------------------------------------------- */
 
+/* An OpenAI completion event: its first choice's logprobs.tokens count the
+ * tokens; the usage event the prompt; [DONE] the end. */
+static void on_openai_event(http_stream *s, const char *json, double t)
+{
+    if (strncmp(json, "[DONE]", 6) == 0) {
+        s->saw_stop = 1;
+        return;
+    }
+    if (json_field(json, "error")) {
+        s->server_error = 1;
+        if (!s->other.len)
+            cinfer_bench_buf_append(&s->other, json, strlen(json));
+        return;
+    }
+    const char *usage = json_field(json, "usage");
+    long prompt;
+    if (usage && *usage == '{' && json_long(usage, "prompt_tokens", &prompt) &&
+        prompt > 0)
+        s->req->input_tokens = (int)prompt;
+    const char *choices = json_field(json, "choices");
+    if (!choices || *skip_ws(choices) != '[')
+        return;
+    const char *c0 = skip_ws(skip_ws(choices) + 1);
+    if (*c0 != '{')
+        return;
+    const char *lp = json_field(c0, "logprobs");
+    const char *toks = lp && *lp == '{' ? json_field(lp, "tokens") : NULL;
+    long n = toks ? array_items(toks) : -1;
+    if (n < 0) {
+        /* No counts: one token per event with text. */
+        const char *text = json_field(c0, "text");
+        n = text && text[0] == '"' && text[1] != '"' ? 1 : 0;
+    }
+    if (n > 0 && cinfer_bench_req_tokens(s->req, (int)n, t) != CINFER_OK)
+        s->failed_tokens = 1;
+}
+
 static void on_event(http_stream *s, const char *json, double t)
 {
+    if (s->openai) {
+        on_openai_event(s, json, t);
+        return;
+    }
     if (json_field(json, "error")) {
         s->server_error = 1;
         if (!s->other.len)
@@ -297,7 +375,18 @@ static cinfer_status build_body(const http_driver *d,
                                 const cinfer_bench_req *r,
                                 cinfer_bench_buf *b)
 {
-    cinfer_status st = cinfer_bench_buf_append(b, "{\"prompt\": ", 11);
+    cinfer_status st = CINFER_OK;
+    if (d->p.openai) {
+        st = cinfer_bench_buf_append(b, "{\"model\": ", 10);
+        if (st == CINFER_OK)
+            st = cinfer_bench_buf_json_string(b, d->model);
+        if (st == CINFER_OK)
+            st = cinfer_bench_buf_append(b, ", ", 2);
+    } else {
+        st = cinfer_bench_buf_append(b, "{", 1);
+    }
+    if (st == CINFER_OK)
+        st = cinfer_bench_buf_append(b, "\"prompt\": ", 10);
     if (st == CINFER_OK && r->item->prompt_ids) {
         st = cinfer_bench_buf_append(b, "[", 1);
         for (int i = 0; st == CINFER_OK && i < r->item->input_len; i++)
@@ -308,6 +397,14 @@ static cinfer_status build_body(const http_driver *d,
     } else if (st == CINFER_OK) {
         st = cinfer_bench_buf_json_string(b, r->item->prompt_text);
     }
+    if (st == CINFER_OK && d->p.openai)
+        return cinfer_bench_buf_printf(
+            b,
+            ", \"max_tokens\": %d, \"stream\": true, \"stream_options\": "
+            "{\"include_usage\": true}, \"logprobs\": 0, \"ignore_eos\": %s, "
+            "\"temperature\": %.9g, \"seed\": %llu}",
+            r->item->output_len, d->p.ignore_eos ? "true" : "false",
+            d->p.temperature, (unsigned long long)(r->seed & 0xffffffffu));
     if (st == CINFER_OK)
         st = cinfer_bench_buf_printf(
             b,
@@ -327,6 +424,7 @@ static cinfer_status http_start(cinfer_bench_driver *base,
         return cinfer_set_error(CINFER_E_NOMEM, "stream: out of memory");
     s->d = d;
     s->req = r;
+    s->openai = d->p.openai;
     s->next = d->open;
     if (d->open)
         d->open->prev = s;
@@ -355,7 +453,8 @@ static cinfer_status http_start(cinfer_bench_driver *base,
     }
     s->headers = h;
     char url[300];
-    snprintf(url, sizeof url, "%s/completion", d->base_url);
+    snprintf(url, sizeof url, "%s%s", d->base_url,
+             d->p.openai ? "/v1/completions" : "/completion");
     curl_easy_setopt(s->easy, CURLOPT_URL, url);
     curl_easy_setopt(s->easy, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(s->easy, CURLOPT_HTTPHEADER, s->headers);
@@ -542,15 +641,23 @@ cinfer_status cinfer_bench_http_model_info(cinfer_bench_driver *base,
         st = cinfer_set_error(CINFER_E_UNAVAILABLE, "GET %s: HTTP %ld", url,
                               code);
     } else {
+        /* llama-server's meta, or cinfer's fields beside OpenAI's */
         out->vocab_size = (int)find_long(body.data, "n_vocab");
+        if (!out->vocab_size)
+            out->vocab_size = (int)find_long(body.data, "vocab_size");
         out->context_length = (int)find_long(body.data, "n_ctx");
+        if (!out->context_length)
+            out->context_length = (int)find_long(body.data, "max_model_len");
         const char *id = strstr(body.data, "\"id\":");
         if (id) {
             id = skip_ws(id + 5);
             const char *end = *id == '"' ? strchr(id + 1, '"') : NULL;
-            if (end)
+            if (end) {
                 snprintf(out->model, sizeof out->model, "%.*s",
                          (int)(end - id - 1), id + 1);
+                snprintf(d->model, sizeof d->model, "%.*s",
+                         (int)(end - id - 1), id + 1);
+            }
         }
     }
     cinfer_bench_buf_free(&body);

@@ -44,7 +44,7 @@
 
 typedef struct {
     const char *server;
-    const char *protocol;      /* "grpc" or "llamacpp" */
+    const char *protocol;      /* "grpc", "openai" or "llamacpp" */
     int concurrency;           /* 0 = no cap */
     double rate;               /* 0 = inf */
     double burstiness;
@@ -78,8 +78,11 @@ static void usage(FILE *f)
         "\n"
         "server:\n"
         "  --server HOST:PORT       server (default $CINFER_SERVER or 127.0.0.1:50051;\n"
-        "                           llamacpp: 127.0.0.1:8080)\n"
-        "  --protocol P             grpc (cinfer-server, default) or llamacpp\n"
+        "                           openai: 127.0.0.1:8000; llamacpp:\n"
+        "                           127.0.0.1:8080)\n"
+        "  --protocol P             grpc (cinfer-server, default), openai (an\n"
+        "                           OpenAI-compatible server: cinfer-server's\n"
+        "                           --http-listen, /v1/completions) or llamacpp\n"
         "                           (llama-server's /completion, streamed)\n"
         "\n"
         "load:\n"
@@ -371,7 +374,9 @@ int main(int argc, char **argv)
         case O_SERVER: o.server = optarg; break;
         case O_PROTOCOL:
             o.protocol = optarg;
-            ok = strcmp(optarg, "grpc") == 0 || strcmp(optarg, "llamacpp") == 0;
+            ok = strcmp(optarg, "grpc") == 0 ||
+                 strcmp(optarg, "openai") == 0 ||
+                 strcmp(optarg, "llamacpp") == 0;
             break;
         case O_CONCURRENCY: ok = inum(optarg, 0, &o.concurrency); break;
         case O_RATE:
@@ -444,16 +449,18 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    int llama = strcmp(o.protocol, "llamacpp") == 0;
+    int openai = strcmp(o.protocol, "openai") == 0;
+    int llama = strcmp(o.protocol, "llamacpp") == 0 || openai;
     if (llama && o.retries > 0) {
         fprintf(stderr, "cinfer-bench: --retries is gRPC's retry policy; "
-                        "--protocol llamacpp has no retries\n");
+                        "--protocol %s has no retries\n", o.protocol);
         return EXIT_USAGE;
     }
     if (!o.server) {
         const char *env = getenv("CINFER_SERVER");
-        o.server = llama ? "127.0.0.1:8080"
-                         : (env && env[0] ? env : "127.0.0.1:50051");
+        o.server = openai  ? "127.0.0.1:8000"
+                   : llama ? "127.0.0.1:8080"
+                           : (env && env[0] ? env : "127.0.0.1:50051");
     }
 
     cinfer_bench_workload_params wp = cinfer_bench_workload_default_params();
@@ -488,6 +495,7 @@ int main(int argc, char **argv)
     dp.timeout_s = o.timeout_s;
     dp.max_attempts = 1 + o.retries;
     dp.retry_backoff_ms = o.retry_backoff_ms;
+    dp.openai = openai;
     cinfer_bench_driver *d = NULL;
     cinfer_status st = llama ? cinfer_bench_http_create(&dp, &d)
                              : cinfer_bench_grpc_create(&dp, &d);
@@ -547,7 +555,7 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "cinfer-bench: %s %s (%s), %d requests, %d+%d tokens, "
                 "concurrency %s, rate %s%s\n",
-                llama ? "llamacpp" : "grpc", o.server, mi.model,
+                o.protocol, o.server, mi.model,
                 o.num_requests, o.input_len, o.output_len, conc, rate,
                 retries);
     }
@@ -614,7 +622,8 @@ int main(int argc, char **argv)
         cinfer_bench_print_report(stdout, &sum, "Serving Benchmark Result");
     if (o.json) {
         cinfer_bench_run_info info = {
-            llama ? "llamacpp" : "cinfer", o.server, mi.model, o.rate,
+            openai ? "cinfer-openai" : llama ? "llamacpp" : "cinfer",
+            o.server, mi.model, o.rate,
             o.burstiness, o.concurrency, o.input_len, o.output_len,
             o.range_ratio, o.seed, o.ignore_eos, o.temperature,
             o.has_slo ? &o.slo : NULL, o.detailed, 1 + o.retries};

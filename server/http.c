@@ -935,10 +935,11 @@ static enum MHD_Result get_models(http_req *r, struct MHD_Connection *c)
     count(s, 200);
     return send_json(
         c, 200,
-        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list",
-                  "data", "id", model_id(s), "object", "model", "created",
-                  (json_int_t)r->created_s, "owned_by", "cinfer",
-                  "max_model_len", (int)s->limits.n_ctx));
+        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:i}]}", "object",
+                  "list", "data", "id", model_id(s), "object", "model",
+                  "created", (json_int_t)r->created_s, "owned_by", "cinfer",
+                  "max_model_len", (int)s->limits.n_ctx, "vocab_size",
+                  (int)s->limits.n_vocab));
 }
 
 static enum MHD_Result route(http_req *r, struct MHD_Connection *c,

@@ -19,6 +19,8 @@ same server.
                cancelled and its KV blocks freed (engine counters in
                /metrics and GetModelInfo)
   curl         the README's curl examples, run as they are written
+  bench        cinfer-bench --protocol openai against the server: every
+               request completes with its tokens counted
 
 Usage: openai.py CASE --server-bin ... --cli-bin ... --run-bin ...
                  --mkmodel-bin ... --model PATH [--tokens N]
@@ -494,6 +496,30 @@ def case_curl():
         log("ok: %d curl examples" % len(CURL_EXAMPLES))
 
 
+def case_bench():
+    model = run.need_model()
+    if not ARGS.bench_bin:
+        raise Skip("cinfer-bench not built (libcurl missing)")
+    with HttpServer(model) as srv:
+        out = os.path.join(ARGS.work, "bench.json")
+        r = subprocess.run([ARGS.bench_bin, "--protocol", "openai",
+                            "--server", "127.0.0.1:%d" % srv.http_port,
+                            "--num-requests", "6", "--input-len", "16",
+                            "--output-len", "8", "--concurrency", "3",
+                            "--ignore-eos", "--json", out],
+                           capture_output=True, text=True, timeout=600)
+        check_eq(r.returncode, 0, "cinfer-bench: %s" % r.stderr[-2000:])
+        with open(out) as f:
+            res = json.load(f)
+        check_eq(res["completed"], 6, "every request completed")
+        check_eq(res["failed"], 0, "none failed")
+        check_eq(res["total_output_tokens"], 48, "8 tokens each, counted "
+                 "from the events' logprobs")
+        check_eq(res["total_input_tokens"], 96, "prompt tokens from usage")
+        check_eq(res["backend"], "cinfer-openai", "backend")
+        log("ok: cinfer-bench --protocol openai: 6 requests, 48 tokens")
+
+
 CASES = {
     "completions": case_completions,
     "chat": case_chat,
@@ -503,6 +529,7 @@ CASES = {
     "errors": case_errors,
     "disconnect": case_disconnect,
     "curl": case_curl,
+    "bench": case_bench,
 }
 
 
@@ -516,6 +543,7 @@ def main():
     ap.add_argument("--mkmodel-bin", required=True)
     ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--bench-bin", default="")
     ap.add_argument("--work", default=None)
     ARGS = ap.parse_args()
     run.ARGS = ARGS
