@@ -63,7 +63,7 @@ typedef struct {
     float *lp;
     cinfer_token_logprob *top; /* [n_ids * n_top] */
     size_t n_ids, cap_ids, sent_ids;
-    int finished, final_sent;
+    int finished, role_sent;
     cinfer_finish_reason finish;
     int32_t completion_tokens;
 } http_sample;
@@ -102,7 +102,7 @@ typedef struct http_req {
     /* streaming */
     char *out;
     size_t n_out, cap_out, off_out;
-    int done_sent, role_sent;
+    int done_sent;
     struct http_req *next, *prev; /* h->live */
 } http_req;
 
@@ -581,8 +581,9 @@ static json_t *chunk_of(http_req *r, int k, json_t *delta_text, json_t *lp,
     json_t *ch;
     if (r->chat) {
         json_t *delta = json_object();
-        if (!r->role_sent)
+        if (!r->samples[k].role_sent)
             json_object_set_new(delta, "role", json_string("assistant"));
+        r->samples[k].role_sent = 1;
         if (delta_text)
             json_object_set_new(delta, "content", delta_text);
         ch = json_pack("{s:i, s:o}", "index", k, "delta", delta);
@@ -612,8 +613,6 @@ static void stream_collect(http_req *r)
                                 lp, NULL));
             sm->sent_text = sm->n_text;
             sm->sent_ids = sm->n_ids;
-            if (k == r->n_samples - 1)
-                r->role_sent = 1;
         }
     }
     if (!r->finished || r->done_sent)
@@ -1109,6 +1108,34 @@ void cinfer_http_abort_all(cinfer_http *h)
         if (r->submitted && !r->finished) {
             r->tr.aborted = 1;
             ids[n++] = r->engine_id;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    for (size_t i = 0; i < n; i++)
+        cinfer_engine_cancel(h->srv->engine, ids[i]);
+}
+
+void cinfer_http_check_queued(cinfer_http *h, int64_t now_ns)
+{
+    if (!h || !h->srv->adm)
+        return;
+    /* Decide under the locks, cancel outside them. */
+    uint64_t ids[256];
+    size_t n = 0;
+    pthread_mutex_lock(&h->mu);
+    for (http_req *r = h->live; r && n < 256; r = r->next) {
+        pthread_mutex_lock(&r->mu);
+        if (r->tr.admitted && r->tr.shed == CINFER_REJECT_NONE &&
+            !r->tr.started && !r->finished) {
+            cinfer_admission_decision d = cinfer_admission_check_queued(
+                h->srv->adm, &r->tr.ticket, now_ns);
+            if (d.reason != CINFER_REJECT_NONE) {
+                r->tr.shed = d.reason;
+                r->tr.shed_retry_ms = d.retry_after_ms;
+                if (r->submitted)
+                    ids[n++] = r->engine_id;
+            }
         }
         pthread_mutex_unlock(&r->mu);
     }

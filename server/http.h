@@ -15,6 +15,8 @@
 #ifndef CINFER_SERVER_HTTP_H
 #define CINFER_SERVER_HTTP_H
 
+#include <stdint.h>
+
 #include "server/server.h"
 
 typedef struct cinfer_http cinfer_http;
@@ -27,6 +29,10 @@ int cinfer_http_port(const cinfer_http *h);
 /* Cancels the engine request of every request in flight (they answer 503
  * or end their stream). Thread-safe. */
 void cinfer_http_abort_all(cinfer_http *h);
+/* Re-checks the queued requests against the shedder (the watchdog's
+ * hook, as for gRPC's Generate); a shed one ends with 503 (or an error
+ * event in its stream). */
+void cinfer_http_check_queued(cinfer_http *h, int64_t now_ns);
 /* Stops the daemon. NULL is fine. */
 void cinfer_http_destroy(cinfer_http *h);
 

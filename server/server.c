@@ -1164,6 +1164,11 @@ static void check_queued_hook(void *user, int64_t now_ns)
     cinfer_generate_check_queued(user, now_ns);
 }
 
+static void http_check_queued_hook(void *user, int64_t now_ns)
+{
+    cinfer_http_check_queued(((cinfer_server *)user)->http, now_ns);
+}
+
 static void expire_receives_hook(void *user, int64_t now_ns)
 {
     cinfer_server_expire_receives(user, now_ns);
@@ -1521,6 +1526,8 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
     st = cinfer_watchdog_add_hook(s->wd, check_queued_hook, s);
     if (st == CINFER_OK)
         st = cinfer_watchdog_add_hook(s->wd, expire_receives_hook, s);
+    if (st == CINFER_OK && s->http)
+        st = cinfer_watchdog_add_hook(s->wd, http_check_queued_hook, s);
     if (st == CINFER_OK)
         st = cinfer_watchdog_add_hook(s->wd, health_hook, s);
     s->health_reported = 1; /* SERVING comes next and tells */
