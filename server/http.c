@@ -629,7 +629,11 @@ static void stream_collect(http_req *r)
             out_add(r, j);
         }
     } else {
-        /* Headers are sent: the error travels as an event. */
+        /* Headers are sent: the error travels as an event. A shed is
+         * counted under its reason here, as the non-streamed answer's. */
+        if (r->tr.shed != CINFER_REJECT_NONE)
+            cinfer_metrics_rejected(r->s->metrics,
+                                    cinfer_reject_name(r->tr.shed));
         const char *type;
         http_status(r->fin_status != CINFER_OK ? r->fin_status
                                                : cinfer_reject_status(r->tr.shed),
