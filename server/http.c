@@ -1,4 +1,3 @@
-#define _GNU_SOURCE /* POLLRDHUP */
 /*
  * http.c - the OpenAI-compatible HTTP front end (--http-listen): POST
  * /v1/completions, POST /v1/chat/completions, GET /v1/models, GET
@@ -28,6 +27,7 @@
  * 429 (rate limits) and 503 (shedding, breaker, drain, loading) with
  * Retry-After, 504 for deadlines, 500 for engine faults.
  */
+#define _GNU_SOURCE /* POLLRDHUP */
 #include <jansson.h>
 #include <microhttpd.h>
 #include <poll.h>
