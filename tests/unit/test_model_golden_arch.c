@@ -18,9 +18,9 @@
  *     default model's goldens (test_model_golden.c);
  *   - the greedy continuation is identical, token for token.
  * The errors measured are printed so the bound can be reviewed. Measured:
- * 0 (bit-identical logits) for every model but linear (F16 weights,
- * 6.1e-8) and qwen3_f32 (F32 weights, 5.4e-8): llama.cpp sums those dot
- * products in another order.
+ * 0, every prefill logit of every model bit-identical to llama.cpp's (the
+ * models' weight types are ones whose llama.cpp kernels the CPU backend
+ * reproduces; arch_golden_models.h).
  *
  * Refusals (a file that differs from a supported one in one key or
  * tensor): an unknown architecture, YaRN rope scaling, a mixture of
