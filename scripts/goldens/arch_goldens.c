@@ -11,6 +11,9 @@
  *                           G greedy ids
  *   arch_golden_logits.f32  per model, [ARCH_GOLDEN_PROMPT, n_vocab] logits,
  *                           float32 little-endian, models in file order
+ * With DUMP=DIR in the environment it also writes each model's logits of
+ * every greedy decode step to DIR/<name>.decode.f32 (a diagnostic, not
+ * committed: cinfer's decode can be compared step by step against them).
  */
 #include <inttypes.h>
 #include <stdio.h>
