@@ -199,6 +199,10 @@ static int weight_dtype_ok(cinfer_dtype t)
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_IQ4_NL:
+    case CINFER_DTYPE_IQ4_XS:
         return 1;
     default:
         return 0;

@@ -11,7 +11,8 @@
  * rope) and `qwen3` (per-head RMSNorm of Q and K before rope, NEOX rope);
  * linear rope scaling; a head size from attention.key_length that differs
  * from embedding_length / head_count; weight types F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (the K-quants on the CPU backend); tied or
+ * Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (the K- and
+ * IQ4 types on the CPU backend); tied or
  * separate output. Refused at load, with a message naming what: any other
  * architecture, YaRN and LongRoPE scaling, mixtures of experts, and a file
  * with a tensor the architecture does not use.

@@ -851,6 +851,10 @@ static int weight_type_ok(cinfer_dtype t)
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
+    case CINFER_DTYPE_IQ4_NL:
+    case CINFER_DTYPE_IQ4_XS:
         return 1;
     default:
         return 0;
@@ -868,6 +872,10 @@ static uint32_t file_type(cinfer_dtype t)
     case CINFER_DTYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
     case CINFER_DTYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
     case CINFER_DTYPE_Q6_K: return 18;
+    case CINFER_DTYPE_Q2_K: return 10;
+    case CINFER_DTYPE_Q3_K: return 12; /* MOSTLY_Q3_K_M */
+    case CINFER_DTYPE_IQ4_NL: return 25;
+    case CINFER_DTYPE_IQ4_XS: return 30;
     case CINFER_DTYPE_BF16: return 32;
     default: return 0;
     }
@@ -946,11 +954,13 @@ static cinfer_status validate(const cinfer_tinymodel_params *p,
                                 (double)p->norm_eps);
     if (!weight_type_ok(p->weight_dtype))
         return bad("weight_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0, "
-                                   "Q4_1, Q4_K, Q5_K or Q6_K)",
+                                   "Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                                   "IQ4_NL or IQ4_XS)",
                    p->weight_dtype);
     if (!weight_type_ok(p->embd_dtype))
         return bad("embd_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0, "
-                                 "Q4_1, Q4_K, Q5_K or Q6_K)",
+                                 "Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                                 "IQ4_NL or IQ4_XS)",
                    p->embd_dtype);
     int wq = cinfer_dtype_block_elems(p->weight_dtype);
     int eq = cinfer_dtype_block_elems(p->embd_dtype);

@@ -339,9 +339,15 @@ static void test_quantized_close_to_float64(void)
         {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_Q4_K, 0},
         {"qwen2", 1, 256, 4, 2, 512, 300, CINFER_DTYPE_Q6_K, 1},
         {"llama", 1, 256, 4, 4, 256, 300, CINFER_DTYPE_Q5_K, 1},
+        {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_Q3_K, 0},
+        {"qwen2", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_IQ4_XS, 1},
+        {"llama", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_IQ4_NL, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_against_reference(&shapes[i], 5e-2);
+    /* Q2_K keeps 2 bits and a 4-bit scale a weight: further off */
+    const shape q2 = {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_Q2_K, 1};
+    check_against_reference(&q2, 1.5e-1);
 }
 
 /* Three sequences interleaved in one step give each its own logits, bit for

@@ -403,6 +403,10 @@ static void test_shapes(void)
         {"llama", 2, 256, 4, 2, 512, 300, CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q6_K, 0, "gpt2", 15},
         {"qwen2", 1, 256, 2, 1, 256, 400, CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q4_K, 1, "llama", 18},
         {"llama", 1, 256, 4, 4, 256, 300, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q5_K, 1, "gpt2", 17},
+        {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K, 0, "gpt2", 10},
+        {"qwen2", 1, 256, 2, 1, 256, 300, CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS, 1, "llama", 12},
+        {"llama", 1, 256, 4, 2, 256, 300, CINFER_DTYPE_IQ4_XS, CINFER_DTYPE_Q8_0, 1, "gpt2", 30},
+        {"llama", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_IQ4_NL, CINFER_DTYPE_IQ4_NL, 0, "llama", 25},
         {"qwen3", 2, 64, 4, 2, 96, 300, CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q8_0, 1, "gpt2", 7},
         {"qwen3", 1, 96, 6, 3, 64, 320, CINFER_DTYPE_F16, CINFER_DTYPE_F32, 0, "llama", 1},
     };
