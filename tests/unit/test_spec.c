@@ -672,8 +672,8 @@ static void test_off_under_load(void)
 }
 
 /* The default model (skipped when absent), where drafts are real text:
- * a passage to repeat, code to copy with a change, a list, an open
- * question; greedy and seeded, k 0 against k 8. */
+ * a passage to repeat and a count (greedy), code to copy with a change
+ * and an open question (seeded); k 0 against k 8. */
 static void test_default_model(void)
 {
     const char *path = getenv("CINFER_MODEL");
@@ -704,19 +704,20 @@ static void test_default_model(void)
         "1, 2, 3, 4, 5, 6, 7,",
         "Why is the sky blue?",
     };
-    enum { N = 8 };
+    /* small: the sanitizer build runs it too */
+    enum { N = 4 };
     static prompt ps[N];
     static rec ref[N], got[N];
     static cinfer_request_params rps[N];
     for (int i = 0; i < N; i++) {
         size_t n = 0;
-        const char *t = texts[i % 4];
+        const char *t = texts[i];
         CHECK_OK(cinfer_tokenizer_encode(tk, t, strlen(t), 1, 1, ps[i].t,
                                          PLEN * 2, &n));
         ps[i].n = (int)n;
-        rps[i] = base_params(&ps[i], 40);
+        rps[i] = base_params(&ps[i], 28);
         rps[i].ignore_eos = 0;
-        if (i >= 4) {
+        if (i % 2) {
             rps[i].sampling.temperature = 0.8f;
             rps[i].sampling.top_p = 0.95f;
             rps[i].sampling.seed = 77 + (uint64_t)i;
@@ -736,7 +737,7 @@ static void test_default_model(void)
             (unsigned long long)st.spec_drafted,
             (unsigned long long)st.steps,
             (unsigned long long)st.generated_tokens);
-    CHECK(st.spec_accepted > 20);
+    CHECK(st.spec_accepted > 10);
     fprintf(stderr, "  e.g. %s\n", got[0].text);
     check_idle(e);
     cinfer_engine_destroy(e);
