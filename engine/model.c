@@ -5,18 +5,23 @@
  * One forward step runs every row of a cinfer_step (any mix of prefill
  * chunks and decodes of any sequences) through the layers:
  *
- *   x = embed(tokens)
+ *   x = embed(tokens)                      (gemma3: * sqrt(n_embd))
  *   for each layer:
  *       h = rms_norm(x) ; q,k,v = h Wq, h Wk, h Wv (+ bias for qwen2)
- *       (qwen3: q, k = per-head rms_norm(q), rms_norm(k))
+ *       (qwen3, gemma3: q, k = per-head rms_norm(q), rms_norm(k))
  *       rope(q), rope(k) at each row's position ; kv_store(k, v)
  *       a = attention(q, paged K/V) ; x += a Wo
+ *                                           (gemma3: x += rms_norm(a Wo))
  *       h = rms_norm(x) ; x += (silu(h Wg) * h Wu) Wd
+ *                      (gemma3: x += rms_norm((gelu(h Wg) * h Wu) Wd))
  *   logits = rms_norm(x[out_rows]) Wout
  *
  * The architectures differ in a few switches (arch_desc below): the rope
  * mode, Q/K/V biases, per-head Q/K norms, Llama 3's rope frequency
- * factors. Rope scaling follows llama.cpp's reading of the metadata:
+ * factors, Gemma 3's extra norms, GeGLU, scaled embeddings and local
+ * layers (sliding-window attention with their own rope base, see
+ * read_gemma). Gemma's RMSNorm multiplies by 1 + w; llama.cpp's converter
+ * stores 1 + w in the file, so its norms are plain rms_norm here. Rope scaling follows llama.cpp's reading of the metadata:
  * "rope.scaling.type" absent or linear with "rope.scaling.factor" f scales
  * every angle by 1/f; none does not scale; YaRN and LongRoPE are refused.
  * A file with a tensor the architecture does not use is refused, as
@@ -59,21 +64,28 @@ typedef struct {
     int qkv_bias;          /* blk.N.attn_{q,k,v}.bias (qwen2) */
     int qk_norm;           /* blk.N.attn_{q,k}_norm.weight, per head (qwen3) */
     int rope_freqs;        /* an optional rope_freqs.weight (llama 3) */
+    int gemma;             /* gemma3: GeGLU, post-attention and post-FFN
+                              norms, embeddings times sqrt(n_embd), local
+                              sliding-window layers between global ones */
 } arch_desc;
 
 static const arch_desc ARCHS[] = {
-    {"llama", CINFER_ROPE_NORM, 0, 0, 1},
-    {"qwen2", CINFER_ROPE_NEOX, 1, 0, 0},
-    {"qwen3", CINFER_ROPE_NEOX, 0, 1, 0},
+    {"llama", CINFER_ROPE_NORM, 0, 0, 1, 0},
+    {"qwen2", CINFER_ROPE_NEOX, 1, 0, 0, 0},
+    {"qwen3", CINFER_ROPE_NEOX, 0, 1, 0, 0},
+    {"gemma3", CINFER_ROPE_NEOX, 0, 1, 0, 1},
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
-#define ARCH_LIST "llama, qwen2, qwen3"
+#define ARCH_LIST "llama, qwen2, qwen3, gemma3"
 
 typedef struct {
     cinfer_tensor *attn_norm, *ffn_norm;
     cinfer_tensor *wq, *wk, *wv, *wo;
     cinfer_tensor *bq, *bk, *bv; /* qwen2 only */
-    cinfer_tensor *q_norm, *k_norm; /* qwen3 only: [head_dim] */
+    cinfer_tensor *q_norm, *k_norm; /* qwen3, gemma3: [head_dim] */
+    cinfer_tensor *attn_post_norm, *ffn_post_norm; /* gemma3 only */
+    int window;             /* gemma3's local layers: positions seen; 0 =
+                               the whole context */
     cinfer_tensor *w_gate, *w_up, *w_down;
     cinfer_tensor *k_cache, *v_cache;
 } layer;
@@ -89,6 +101,11 @@ struct cinfer_model {
     int rot_dim;
     float rope_freq_scale;  /* 1 / rope.scaling.factor (linear); 1 = none */
     float *rope_factors;    /* [rot_dim / 2] rope_freqs.weight, or NULL */
+    float rope_theta_swa;   /* gemma3: local layers' rope base */
+    float attn_scale;       /* scores' scale */
+    float embd_scale;       /* embeddings' scale (gemma3: sqrt(n_embd)) */
+    int gemma_window;       /* gemma3: attention.sliding_window; 0 = none */
+    int gemma_pattern;      /* gemma3: every pattern-th layer is global */
     int max_rows;
 
     cinfer_tensor *tok_embd, *out_norm, *output;
@@ -542,6 +559,56 @@ static cinfer_status refuse_experts(cinfer_model *m)
     return CINFER_OK;
 }
 
+/* Gemma 3 as llama.cpp reads it: "attention.sliding_window" n > 0 makes
+ * every layer local (window n, rope base "rope.freq_base_swa", default
+ * 10000, unscaled) but every "attention.sliding_window_pattern"-th (6),
+ * which is global (rope.freq_base and the file's rope scaling); the
+ * scores' scale is 1/sqrt(key_length), 1/sqrt(n_embd / n_head) for the
+ * 62-layer 27B; a final logit softcap is refused (Gemma 3 has none). */
+static cinfer_status read_gemma(cinfer_model *m)
+{
+    const cinfer_gguf *g = m->gguf;
+    cinfer_model_info *I = &m->info;
+    const char *a = I->arch;
+    char key[128];
+    cinfer_status st;
+    int window = 0, pattern = 6;
+    if ((st = get_u32_arch(g, a, "attention.sliding_window", 0, 0, &window)))
+        return st;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    if (cinfer_gguf_find_key(g, key) >= 0) {
+        uint32_t v;
+        if (cinfer_gguf_get_u32(g, key, &v) != CINFER_OK)
+            return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                    "model: metadata '%s' is not a u32 (a "
+                                    "per-layer array is not supported)",
+                                    key);
+        if (v > (1u << 20))
+            return cinfer_set_error(CINFER_E_FORMAT,
+                                    "model: metadata '%s' = %u is out of "
+                                    "range",
+                                    key, v);
+        pattern = (int)v;
+    }
+    if ((st = get_f32_arch(g, a, "rope.freq_base_swa", 10000.0f,
+                           &m->rope_theta_swa)))
+        return st;
+    float cap = 0.0f;
+    snprintf(key, sizeof key, "%s.final_logit_softcapping", a);
+    if (cinfer_gguf_find_key(g, key) >= 0 &&
+        (cinfer_gguf_get_f32(g, key, &cap) != CINFER_OK || cap != 0.0f))
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model: metadata '%s': final logit "
+                                "softcapping is not supported",
+                                key);
+    m->gemma_window = window;
+    m->gemma_pattern = pattern;
+    m->embd_scale = sqrtf((float)I->n_embd);
+    if (I->n_layer == 62)
+        m->attn_scale = 1.0f / sqrtf((float)(I->n_embd / I->n_head));
+    return CINFER_OK;
+}
+
 static cinfer_status read_hparams(cinfer_model *m)
 {
     const cinfer_gguf *g = m->gguf;
@@ -631,6 +698,10 @@ static cinfer_status read_hparams(cinfer_model *m)
                                 m->rot_dim, I->head_dim);
     if ((st = read_rope_scaling(m)) != CINFER_OK ||
         (st = refuse_experts(m)) != CINFER_OK)
+        return st;
+    m->attn_scale = 1.0f / sqrtf((float)I->head_dim);
+    m->embd_scale = 1.0f;
+    if (m->arch->gemma && (st = read_gemma(m)) != CINFER_OK)
         return st;
     if (I->n_ctx_train < 1)
         I->n_ctx_train = 2048;
@@ -754,6 +825,17 @@ static cinfer_status load_all(load_ctx *lc)
              (st = load_tensor(lc, &L->bv, 1, 0, dkv, 1, BY_OUT, 0,
                                "blk.%d.attn_v.bias", il))))
             return st;
+        if (m->arch->gemma) {
+            if ((st = load_tensor(lc, &L->attn_post_norm, 1, 0, d, 1, WHOLE,
+                                  0, "blk.%d.post_attention_norm.weight",
+                                  il)) ||
+                (st = load_tensor(lc, &L->ffn_post_norm, 1, 0, d, 1, WHOLE, 0,
+                                  "blk.%d.post_ffw_norm.weight", il)))
+                return st;
+            int pat = m->gemma_pattern;
+            int local = pat == 0 || il % pat < pat - 1;
+            L->window = m->gemma_window > 0 && local ? m->gemma_window : 0;
+        }
         /* per-head norms: one [head_dim] weight for every head, whole on
          * every rank */
         if (qk_norm &&
@@ -1169,6 +1251,14 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
             goto fail;
         m->owns_backend = 1;
     }
+    if (m->arch->gemma && !cinfer_backend_has_gemma_ops(m->be)) {
+        st = cinfer_set_error(CINFER_E_UNSUPPORTED,
+                              "model: architecture 'gemma3' needs "
+                              "sliding-window attention, GELU and scale "
+                              "ops, which the %s backend does not implement",
+                              cinfer_backend_name(m->be));
+        goto fail;
+    }
     weight_stats(m);
     mem_plan plan = {0};
     plan.kv_min_blocks = blocks_per_seq;
@@ -1232,6 +1322,7 @@ void cinfer_model_destroy(cinfer_model *m)
                                        L->wk,        L->wv,       L->wo,
                                        L->bq,        L->bk,       L->bv,
                                        L->q_norm,    L->k_norm,
+                                       L->attn_post_norm, L->ffn_post_norm,
                                        L->w_gate,    L->w_up,     L->w_down,
                                        L->k_cache,   L->v_cache};
                 for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
@@ -1410,12 +1501,18 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
     TRY(set_rows(m, n, full, 8));
     TRY(set_rows(m, n_out, outs, 3));
 
-    float scale = 1.0f / sqrtf((float)I->head_dim);
-    const cinfer_rope_params rope = {.theta = I->rope_theta,
-                                     .freq_scale = m->rope_freq_scale,
-                                     .freq_factors = m->rope_factors,
-                                     .mode = m->rope_mode};
+    const float scale = m->attn_scale;
+    const cinfer_rope_params rope_global = {.theta = I->rope_theta,
+                                            .freq_scale = m->rope_freq_scale,
+                                            .freq_factors = m->rope_factors,
+                                            .mode = m->rope_mode};
+    /* gemma3's local layers: their own base, never scaled */
+    const cinfer_rope_params rope_local = {.theta = m->rope_theta_swa,
+                                           .freq_scale = 1.0f,
+                                           .mode = m->rope_mode};
     TRY(cinfer_backend_embed(be, m->tok_embd, m->x));
+    if (m->embd_scale != 1.0f)
+        TRY(cinfer_backend_scale(be, m->x, m->embd_scale));
     for (int il = 0; il <= last; il++) {
         layer *L = &m->layers[il];
         TRY(cinfer_backend_rms_norm(be, m->x, L->attn_norm, I->norm_eps, m->h));
@@ -1431,18 +1528,25 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
             TRY(cinfer_backend_rms_norm(be, m->q, L->q_norm, I->norm_eps, m->q));
             TRY(cinfer_backend_rms_norm(be, m->k, L->k_norm, I->norm_eps, m->k));
         }
+        const cinfer_rope_params *rope = L->window ? &rope_local
+                                                   : &rope_global;
         TRY(cinfer_backend_rope_ext(be, m->q, m->n_head_r, I->head_dim,
-                                    m->rot_dim, &rope));
+                                    m->rot_dim, rope));
         TRY(cinfer_backend_rope_ext(be, m->k, m->n_kv_r, I->head_dim,
-                                    m->rot_dim, &rope));
+                                    m->rot_dim, rope));
         TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
-        TRY(cinfer_backend_attention(be, m->q, L->k_cache, L->v_cache,
-                           m->n_head_r, m->n_kv_r, I->head_dim, scale, m->att));
+        TRY(cinfer_backend_attention_window(be, m->q, L->k_cache, L->v_cache,
+                                            m->n_head_r, m->n_kv_r,
+                                            I->head_dim, scale, L->window,
+                                            m->att));
         const cinfer_tensor *wo[1] = {L->wo};
         cinfer_tensor *oo[1] = {m->h};
         TRY(cinfer_backend_matmul(be, 1, wo, m->att, oo));
         if (tp)
             TRY(cinfer_backend_all_reduce_sum(be, m->h));
+        if (L->attn_post_norm)
+            TRY(cinfer_backend_rms_norm(be, m->h, L->attn_post_norm,
+                                        I->norm_eps, m->h));
 
         /* In the last layer only the wanted rows continue. */
         cinfer_tensor *x = m->x, *h = m->h;
@@ -1459,12 +1563,18 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
         const cinfer_tensor *wgu[2] = {L->w_gate, L->w_up};
         cinfer_tensor *ogu[2] = {m->gate, m->up};
         TRY(cinfer_backend_matmul(be, 2, wgu, h, ogu));
-        TRY(cinfer_backend_silu_mul(be, m->gate, m->up, m->gate));
+        if (m->arch->gemma)
+            TRY(cinfer_backend_gelu_mul(be, m->gate, m->up, m->gate));
+        else
+            TRY(cinfer_backend_silu_mul(be, m->gate, m->up, m->gate));
         const cinfer_tensor *wd[1] = {L->w_down};
         cinfer_tensor *od[1] = {h};
         TRY(cinfer_backend_matmul(be, 1, wd, m->gate, od));
         if (tp)
             TRY(cinfer_backend_all_reduce_sum(be, h));
+        if (L->ffn_post_norm)
+            TRY(cinfer_backend_rms_norm(be, h, L->ffn_post_norm, I->norm_eps,
+                                        h));
         TRY(cinfer_backend_add(be, x, h, x));
     }
     TRY(cinfer_backend_rms_norm(be, m->xo, m->out_norm, I->norm_eps, m->xo));

@@ -906,11 +906,14 @@ static cinfer_status validate(const cinfer_tinymodel_params *p,
                               const char *arch, const char *tok)
 {
     if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen2") != 0 &&
-        strcmp(arch, "qwen3") != 0)
+        strcmp(arch, "qwen3") != 0 && strcmp(arch, "gemma3") != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "tinymodel: arch '%s' (expected llama, qwen2 "
-                                "or qwen3)",
+                                "tinymodel: arch '%s' (expected llama, qwen2, "
+                                "qwen3 or gemma3)",
                                 arch);
+    if (p->sliding_window && strcmp(arch, "gemma3") != 0)
+        return bad("sliding_window", "(only gemma3 has one)",
+                   p->sliding_window);
     int spm = strcmp(tok, "llama") == 0;
     if (!spm && strcmp(tok, "gpt2") != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -1038,6 +1041,9 @@ static cinfer_status write_metadata(cinfer_gguf_writer *w,
     TRY(cinfer_gguf_writer_set_u32(w, "general.file_type",
                                    file_type(p->weight_dtype)));
     TRY(cinfer_gguf_writer_set_u32(w, AKEY("vocab_size"), p->n_vocab));
+    if (p->sliding_window)
+        TRY(cinfer_gguf_writer_set_u32(w, AKEY("attention.sliding_window"),
+                                       p->sliding_window));
     TRY(cinfer_gguf_writer_set_u32(w, AKEY("rope.dimension_count"),
                                    head_size(p)));
     if (p->head_dim) {
@@ -1120,7 +1126,8 @@ static cinfer_status write_tensors(cinfer_gguf_writer *w,
     uint64_t seed = p->seed;
     float embd_std = 2.0f / sqrtf((float)d); /* logits of std ~2 */
     int bias = strcmp(arch, "qwen2") == 0;
-    int qk_norm = strcmp(arch, "qwen3") == 0;
+    int gemma = strcmp(arch, "gemma3") == 0;
+    int qk_norm = strcmp(arch, "qwen3") == 0 || gemma;
 
     TRY(add_random(w, "token_embd.weight", p->embd_dtype, d, p->n_vocab, 0.0f,
                    embd_std, seed));
@@ -1162,6 +1169,13 @@ static cinfer_status write_tensors(cinfer_gguf_writer *w,
                        1.0f / sqrtf((float)d), seed));
         TRY(add_random(w, BLK("ffn_down.weight"), wt, ff, d, 0.0f,
                        1.0f / sqrtf((float)ff), seed));
+        if (gemma) {
+            /* the file holds 1 + w, as llama.cpp's converter writes it */
+            TRY(add_random(w, BLK("post_attention_norm.weight"),
+                           CINFER_DTYPE_F32, d, 0, 1.0f, 0.05f, seed));
+            TRY(add_random(w, BLK("post_ffw_norm.weight"), CINFER_DTYPE_F32,
+                           d, 0, 1.0f, 0.05f, seed));
+        }
 #undef BLK
     }
     TRY(add_random(w, "output_norm.weight", CINFER_DTYPE_F32, d, 0, 1.0f,

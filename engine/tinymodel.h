@@ -56,9 +56,12 @@ extern "C" {
 #endif
 
 typedef struct {
-    const char *arch;          /* "llama", "qwen2" (adds Q/K/V biases) or
-                                  "qwen3" (adds per-head Q/K norms);
-                                  NULL = "llama" */
+    const char *arch;          /* "llama", "qwen2" (adds Q/K/V biases),
+                                  "qwen3" (adds per-head Q/K norms) or
+                                  "gemma3" (Q/K norms, post-attention and
+                                  post-FFN norms); NULL = "llama" */
+    uint32_t sliding_window;   /* gemma3: attention.sliding_window (every
+                                  6th layer global); 0 = not written */
     uint32_t n_layer;          /* transformer blocks, >= 1 */
     uint32_t n_embd;           /* model width; a multiple of n_head (unless
                                   head_dim is given), and of 32 when a

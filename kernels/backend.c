@@ -876,9 +876,30 @@ cinfer_status cinfer_backend_attention(cinfer_backend *be, const cinfer_tensor *
                                    int n_kv_heads, int head_dim, float scale,
                                    cinfer_tensor *out)
 {
+    return cinfer_backend_attention_window(be, q, k_cache, v_cache, n_heads,
+                                           n_kv_heads, head_dim, scale, 0,
+                                           out);
+}
+
+cinfer_status cinfer_backend_attention_window(cinfer_backend *be,
+                                              const cinfer_tensor *q,
+                                              const cinfer_tensor *k_cache,
+                                              const cinfer_tensor *v_cache,
+                                              int n_heads, int n_kv_heads,
+                                              int head_dim, float scale,
+                                              int window, cinfer_tensor *out)
+{
     const cinfer_backend *cb = be;
     const char *op = "attention";
     TRY(need_step(op, cb));
+    if (window < 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "attention: window %d is negative", window);
+    if (window > 0 && !be->ops->attention_window)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "attention: the %s backend has no "
+                                "sliding-window attention",
+                                cinfer_backend_name(be));
     if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "attention: n_heads %d must be a positive "
@@ -928,6 +949,10 @@ cinfer_status cinfer_backend_attention(cinfer_backend *be, const cinfer_tensor *
                                 "outside the cache's %lld blocks",
                                 (int)cb->max_block_seq, (int)cb->max_block_idx,
                                 (int)cb->max_block, (long long)n_blocks);
+    if (window > 0)
+        return be->ops->attention_window(be, q, k_cache, v_cache, n_heads,
+                                         n_kv_heads, head_dim, scale, window,
+                                         out);
     return be->ops->attention(be, q, k_cache, v_cache, n_heads, n_kv_heads,
                               head_dim, scale, out);
 }
@@ -942,6 +967,48 @@ cinfer_status cinfer_backend_silu_mul(cinfer_backend *be,
     TRY(need_same_shape(op, "out", out, "gate", gate));
     TRY(need_writable(op, "out", out));
     return be->ops->silu_mul(be, gate, up, out);
+}
+
+cinfer_status cinfer_backend_gelu_mul(cinfer_backend *be,
+                                      const cinfer_tensor *gate,
+                                      const cinfer_tensor *up,
+                                      cinfer_tensor *out)
+{
+    const char *op = "gelu_mul";
+    TRY(need_f32_matrix(op, "gate", gate, -1, -1));
+    TRY(need_same_shape(op, "up", up, "gate", gate));
+    TRY(need_same_shape(op, "out", out, "gate", gate));
+    TRY(need_writable(op, "out", out));
+    if (!be->ops->gelu_mul)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "gelu_mul: the %s backend has no GELU",
+                                cinfer_backend_name(be));
+    return be->ops->gelu_mul(be, gate, up, out);
+}
+
+cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
+                                   float s)
+{
+    const char *op = "scale";
+    TRY(need_tensor(op, "x", x));
+    TRY(need_writable(op, "x", x));
+    if (x->desc.dtype != CINFER_DTYPE_F32)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "scale: x must be F32, got %s",
+                                cinfer_dtype_name(x->desc.dtype));
+    if (!isfinite(s))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "scale: s is not finite");
+    if (!be->ops->scale)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "scale: the %s backend has no scale op",
+                                cinfer_backend_name(be));
+    return be->ops->scale(be, x, s);
+}
+
+int cinfer_backend_has_gemma_ops(const cinfer_backend *be)
+{
+    return be->ops->attention_window && be->ops->gelu_mul && be->ops->scale;
 }
 
 cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,

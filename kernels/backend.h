@@ -255,11 +255,44 @@ cinfer_status cinfer_backend_attention(cinfer_backend *be,
                                        int head_dim, float scale,
                                        cinfer_tensor *out);
 
+/* The same over a sliding window (Gemma 3's local layers): row r attends
+ * to positions max(0, p - window + 1)..p of its sequence, p =
+ * step.positions[r] (llama.cpp's standard SWA mask: key p0 is hidden from
+ * query p1 when p1 - p0 >= window). window 0 = the whole causal context,
+ * as cinfer_backend_attention. A backend without the optional slot
+ * answers CINFER_E_UNSUPPORTED for window > 0. */
+cinfer_status cinfer_backend_attention_window(cinfer_backend *be,
+                                              const cinfer_tensor *q,
+                                              const cinfer_tensor *k_cache,
+                                              const cinfer_tensor *v_cache,
+                                              int n_heads, int n_kv_heads,
+                                              int head_dim, float scale,
+                                              int window, cinfer_tensor *out);
+
 /* out = silu(gate) * up.  gate, up, out: [n, f]. out may alias gate. */
 cinfer_status cinfer_backend_silu_mul(cinfer_backend *be,
                                       const cinfer_tensor *gate,
                                       const cinfer_tensor *up,
                                       cinfer_tensor *out);
+
+/* out = gelu(gate) * up, GELU's tanh form as GGML's CPU backend computes
+ * it (gate rounded to F16, gelu of that rounded to F16; 0 below -10 and
+ * the identity above 10): Gemma's GeGLU. gate, up, out: [n, f]; out may
+ * alias gate. Optional: CINFER_E_UNSUPPORTED where a backend lacks it. */
+cinfer_status cinfer_backend_gelu_mul(cinfer_backend *be,
+                                      const cinfer_tensor *gate,
+                                      const cinfer_tensor *up,
+                                      cinfer_tensor *out);
+
+/* x *= s, in place (Gemma's embeddings times sqrt(n_embd)). x: F32, any
+ * shape; s finite. Optional: CINFER_E_UNSUPPORTED where a backend lacks
+ * it. */
+cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
+                                   float s);
+
+/* 1 if the backend has the optional slots Gemma 3's graph needs
+ * (attention_window, gelu_mul, scale), so a model can refuse at load. */
+int cinfer_backend_has_gemma_ops(const cinfer_backend *be);
 
 /* out[j] = x[step.out_rows[j]].  x: [n_rows, d]; out: [n_out, d]. */
 cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,

@@ -143,6 +143,20 @@ struct cinfer_backend_ops {
                               const cinfer_tensor *up, cinfer_tensor *out);
     cinfer_status (*gather_rows)(cinfer_backend *be, const cinfer_tensor *x,
                                  cinfer_tensor *out);
+    /* (optional) attention over a window of window >= 1 positions; NULL:
+     * CINFER_E_UNSUPPORTED for a windowed layer. */
+    cinfer_status (*attention_window)(cinfer_backend *be,
+                                      const cinfer_tensor *q,
+                                      const cinfer_tensor *k_cache,
+                                      const cinfer_tensor *v_cache,
+                                      int n_heads, int n_kv_heads,
+                                      int head_dim, float scale, int window,
+                                      cinfer_tensor *out);
+    /* (optional) NULL: CINFER_E_UNSUPPORTED. */
+    cinfer_status (*gelu_mul)(cinfer_backend *be, const cinfer_tensor *gate,
+                              const cinfer_tensor *up, cinfer_tensor *out);
+    /* (optional) NULL: CINFER_E_UNSUPPORTED. */
+    cinfer_status (*scale)(cinfer_backend *be, cinfer_tensor *x, float s);
 
     /* (optional) The collectives over be->comm. all_reduce_sum is called
      * only with more than one rank (backend.c makes it a no-op

@@ -386,11 +386,13 @@ static cinfer_status cpu_kv_store(cinfer_backend *be, const cinfer_tensor *k,
     return CINFER_OK;
 }
 
-static cinfer_status cpu_attention(cinfer_backend *be, const cinfer_tensor *q,
-                                   const cinfer_tensor *k_cache,
-                                   const cinfer_tensor *v_cache, int n_heads,
-                                   int n_kv_heads, int head_dim, float scale,
-                                   cinfer_tensor *out)
+static cinfer_status cpu_attention_window(cinfer_backend *be,
+                                          const cinfer_tensor *q,
+                                          const cinfer_tensor *k_cache,
+                                          const cinfer_tensor *v_cache,
+                                          int n_heads, int n_kv_heads,
+                                          int head_dim, float scale,
+                                          int window, cinfer_tensor *out)
 {
     cinfer_cpu_attn_args a;
     a.q = q->data;
@@ -402,8 +404,35 @@ static cinfer_status cpu_attention(cinfer_backend *be, const cinfer_tensor *q,
     a.n_kv_heads = n_kv_heads;
     a.head_dim = head_dim;
     a.scale = scale;
+    a.window = window;
     a.out = out->data;
     return cinfer_cpu_op_attention(cpu(be), &a);
+}
+
+static cinfer_status cpu_attention(cinfer_backend *be, const cinfer_tensor *q,
+                                   const cinfer_tensor *k_cache,
+                                   const cinfer_tensor *v_cache, int n_heads,
+                                   int n_kv_heads, int head_dim, float scale,
+                                   cinfer_tensor *out)
+{
+    return cpu_attention_window(be, q, k_cache, v_cache, n_heads, n_kv_heads,
+                                head_dim, scale, 0, out);
+}
+
+static cinfer_status cpu_gelu_mul(cinfer_backend *be,
+                                  const cinfer_tensor *gate,
+                                  const cinfer_tensor *up, cinfer_tensor *out)
+{
+    cinfer_cpu_op_gelu_mul(cpu(be), gate->data, up->data, out->data,
+                           cinfer_tensor_desc_nelems(&gate->desc));
+    return CINFER_OK;
+}
+
+static cinfer_status cpu_scale(cinfer_backend *be, cinfer_tensor *x, float s)
+{
+    cinfer_cpu_op_scale(cpu(be), x->data, s,
+                        cinfer_tensor_desc_nelems(&x->desc));
+    return CINFER_OK;
 }
 
 static cinfer_status cpu_silu_mul(cinfer_backend *be,
@@ -464,6 +493,9 @@ static const struct cinfer_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
+    .attention_window = cpu_attention_window,
+    .gelu_mul = cpu_gelu_mul,
+    .scale = cpu_scale,
     .all_reduce_sum = cpu_all_reduce_sum,
     .all_gather = cpu_all_gather,
 };

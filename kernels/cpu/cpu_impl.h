@@ -185,6 +185,11 @@ void cinfer_cpu_op_add_bias(cinfer_cpu_backend *cb, float *x, const float *b,
                             int64_t n, int64_t d);
 void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
                             const float *up, float *out, int64_t n_elems);
+/* out = gelu(gate) * up, GGML's F16-rounded tanh GELU (backend.h). */
+void cinfer_cpu_op_gelu_mul(cinfer_cpu_backend *cb, const float *gate,
+                            const float *up, float *out, int64_t n_elems);
+void cinfer_cpu_op_scale(cinfer_cpu_backend *cb, float *x, float s,
+                         int64_t n_elems);
 void cinfer_cpu_op_gather_rows(cinfer_cpu_backend *cb, const float *x,
                                const int32_t *rows, int64_t n_out, int64_t d,
                                float *out);
@@ -205,6 +210,7 @@ typedef struct {
     cinfer_dtype k_dtype, v_dtype; /* F16 or F32 */
     int n_heads, n_kv_heads, head_dim;
     float scale;
+    int window;          /* positions a row sees (SWA); 0 = all */
     float *out;          /* [n_rows, n_heads * head_dim] */
 } cinfer_cpu_attn_args;
 

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "kernels/dtype.h"
 #include "matmul.h"
 #include "matmul_impl.h"
 
@@ -194,6 +195,59 @@ void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
     silu_ctx c = {cb->vec, gate, up, out, n_elems};
     /* exp makes each element cost like several adds */
     run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems * 4, silu_chunks, &c);
+}
+
+/* GGML's ggml_vec_geglu_f32 with GGML_GELU_FP16: the gate through its F16
+ * table (gelu of the F16 value, rounded to F16), so each element matches
+ * llama.cpp's CPU backend bit for bit. */
+static float gelu_f16(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    const float a = 0.044715f, k = 0.79788456080286535587989211986876f;
+    float h = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(x));
+    float g = 0.5f * h * (1.0f + tanhf(k * h * (1.0f + a * h * h)));
+    return cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(g));
+}
+
+static void gelu_chunks(void *p, int64_t t0, int64_t t1, int thread)
+{
+    const silu_ctx *c = p;
+    (void)thread;
+    int64_t i1 = t1 * CHUNK < c->n ? t1 * CHUNK : c->n;
+    for (int64_t i = t0 * CHUNK; i < i1; i++) {
+        float x = c->gate[i];
+        c->out[i] = x >= 10.0f ? x * c->up[i] : gelu_f16(x) * c->up[i];
+    }
+}
+
+void cinfer_cpu_op_gelu_mul(cinfer_cpu_backend *cb, const float *gate,
+                            const float *up, float *out, int64_t n_elems)
+{
+    silu_ctx c = {cb->vec, gate, up, out, n_elems};
+    run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems * 4, gelu_chunks, &c);
+}
+
+typedef struct {
+    float *x;
+    float s;
+    int64_t n;
+} scale_ctx;
+
+static void scale_chunks(void *p, int64_t t0, int64_t t1, int thread)
+{
+    const scale_ctx *c = p;
+    (void)thread;
+    int64_t i1 = t1 * CHUNK < c->n ? t1 * CHUNK : c->n;
+    for (int64_t i = t0 * CHUNK; i < i1; i++)
+        c->x[i] *= c->s;
+}
+
+void cinfer_cpu_op_scale(cinfer_cpu_backend *cb, float *x, float s,
+                         int64_t n_elems)
+{
+    scale_ctx c = {x, s, n_elems};
+    run(cb, (n_elems + CHUNK - 1) / CHUNK, n_elems, scale_chunks, &c);
 }
 
 typedef struct {
@@ -616,6 +670,7 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
     const cinfer_cpu_vec_kernels *vk = c->cb->vec;
     const int hd = a->head_dim, bs = s->block_size, nq = h1 - h0;
     const int32_t len = s->positions[r] + 1;
+    const int32_t lo = a->window > 0 && len > a->window ? len - a->window : 0;
     const int32_t *bt = s->block_tables + (int64_t)s->row_seq[r] * s->max_blocks;
     const int g = h0 / c->group;
     const int64_t kv_stride = (int64_t)a->n_kv_heads * hd;
@@ -666,8 +721,12 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
                     q, (const float *)a->k_cache + base, kv_stride, n, hd,
                     a->scale, sc + j0);
         }
+        /* a sliding window hides the keys p1 - p0 >= window before the
+         * softmax, as GGML's -INF mask does (their exp is exactly 0) */
+        for (int32_t j = 0; j < lo; j++)
+            sc[j] = -INFINITY;
         float max = -INFINITY;
-        for (int32_t j = 0; j < len; j++)
+        for (int32_t j = lo; j < len; j++)
             max = sc[j] > max ? sc[j] : max;
         double sum = vk->softmax_exp(sc, len, max);
         const float inv = (float)(1.0 / sum);

@@ -20,6 +20,12 @@
  *   qwen3       qwen3: per-head Q/K RMSNorm, no biases, head size 64 from
  *               key_length (64 / 4 = 16), GQA 4/2, tied output, Q8_0
  *   qwen3_3l    qwen3, 3 layers, GQA 6/2, head size 64, Q4_1
+ *   gemma3      gemma3: GeGLU, post-attention and post-FFN norms, Q/K
+ *               norms, embeddings times sqrt(64), sliding window 16 on
+ *               layers 0-4 and 6 (layer 5 global, rope base 1e6; local
+ *               10000), so the 24 + 64 positions cross the window; GQA
+ *               4/1 (Gemma 3 270M's ratio), head size 64, SentencePiece
+ *               vocabulary, Q8_0
  * Every model but qwen3 has a separate output (a tied one makes a random
  * model repeat its input token). The head sizes are 64, as real models'
  * are (64..256). The weight types are ones whose llama.cpp kernels cinfer
@@ -129,6 +135,23 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q4_1;
     p.seed = 35;
     ms[n++] = (arch_golden_model){"qwen3_3l", p};
+
+    p = d;
+    p.arch = "gemma3";
+    p.tokenizer = "llama";
+    p.n_layer = 7;
+    p.n_embd = 64;
+    p.n_head = 4;
+    p.n_head_kv = 1;
+    p.head_dim = 64;
+    p.n_ff = 192;
+    p.rope_theta = 1000000.0f;
+    p.sliding_window = 16;
+    p.norm_eps = 1e-6f;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
+    p.seed = 36;
+    ms[n++] = (arch_golden_model){"gemma3", p};
     return n;
 }
 
