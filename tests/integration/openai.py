@@ -395,12 +395,16 @@ def case_errors():
             raise AssertionError("a request past --max-request-time ended")
         except openai.APIStatusError as e:
             check_eq(e.status_code, 504, "504 past the deadline")
-    with HttpServer(model) as srv:
+    # A drain long enough for the running stream on a slow (sanitizer)
+    # build.
+    with HttpServer(model, extra=["--drain-timeout", "600"],
+                    name="openai-drain") as srv:
         c = srv.client()
         mid = srv.model_id()
         # 503 while draining, with Retry-After; the stream running then
         # finishes.
-        stream = c.completions.create(model=mid, prompt=PROMPT, max_tokens=64,
+        stream = c.completions.create(model=mid, prompt=PROMPT,
+                                      max_tokens=64,
                                       temperature=0, stream=True,
                                       extra_body={"ignore_eos": True})
         it = iter(stream)
