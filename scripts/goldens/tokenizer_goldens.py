@@ -7,6 +7,11 @@ How the goldens were made (re-run to regenerate):
     PYTHONPATH=/tmp/llcpp/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=$BIN \
         python3 scripts/goldens/tokenizer_goldens.py MODEL.gguf tests/data
 
+With a third argument "gemma" (MODEL.gguf = $(scripts/gemma-model.sh))
+it writes tokenizer_golden_gemma.tsv alone: Gemma 3's vocabulary over
+GEMMA_STRINGS (turn markers, specials, whitespace runs) and the strings
+below.
+
 MODEL.gguf is the default model (SmolLM2-135M-Instruct Q4_1, byte-level BPE,
 pre-tokenizer "smollm"). llama.cpp (from the llama-cpp-python 0.3.36 sdist)
 loads it vocab-only and tokenizes a fixed list of strings with
@@ -572,8 +577,36 @@ SPM_STRINGS = [
 ]
 
 
+GEMMA_STRINGS = [
+    "<start_of_turn>user\nHi there!<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><start_of_turn>user\nWhat is 2+2?<end_of_turn>\n",
+    "<start_of_image> <end_of_image> <pad> <eos> <unk> <mask>",
+    "tabs\tand\t\ttabs, newlines\n\n\nand    runs of     spaces",
+    "a" * 40 + " " + "ab" * 30,
+    "\u00a0non-breaking\u2003em space\u3000ideographic",
+    "\U0001F600\U0001F4A9\U0001F9D1\u200d\U0001F4BB",
+    "\x00\x01\x7f control bytes",
+]
+
+
+def gemma_main(model, outdir):
+    """Gemma 3's SentencePiece vocabulary (262,144 tokens, byte fallback, no
+    space prefix): tokenizer_golden_gemma.tsv."""
+    strings = GEMMA_STRINGS + [s for s in all_strings()
+                               if s not in GEMMA_STRINGS]
+    rng = random.Random(262144)
+    vocab_n = Vocab(model).n
+    piece_ids = sorted(set(list(range(0, 300)) +
+                           [rng.randrange(vocab_n) for _ in range(400)]))
+    write_goldens(model, os.path.join(outdir, "tokenizer_golden_gemma.tsv"),
+                  strings, piece_ids, "Gemma 3 270M")
+
+
 def main():
     model, outdir = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 3 and sys.argv[3] == "gemma":
+        gemma_main(model, outdir)
+        return
     strings = all_strings()
     rng = random.Random(99)
     vocab_n = Vocab(model).n

