@@ -1843,6 +1843,7 @@ typedef struct {
     cinfer_dtype kdt, vdt;
     float scale;
     attn_layout layout;
+    int window; /* sliding window (attention_window); 0 = whole context */
 } attn_case;
 
 /* The inputs of one case, the same for every factory. */
@@ -2015,13 +2016,17 @@ static double *attn_reference(const attn_case *ac, const attn_inputs *in)
     double *sc = malloc(sizeof(double) * (size_t)in->max_ctx);
     for (int r = 0; r < n; r++) {
         int s = sb->row_seq[r], len = sb->positions[r] + 1;
+        /* a window hides keys at p1 - p0 >= window */
+        int lo = ac->window && len > ac->window ? len - ac->window : 0;
         const float *ks = in->kh + in->seq_off[s] * kvw;
         const float *vs = in->vh + in->seq_off[s] * kvw;
         for (int h = 0; h < n_heads; h++) {
             int g = h / (n_heads / n_kv);
             const float *qh = in->q + r * qw + h * hd;
             double mx = -INFINITY, sum = 0;
-            for (int p = 0; p < len; p++) {
+            for (int p = 0; p < lo; p++)
+                sc[p] = -INFINITY;
+            for (int p = lo; p < len; p++) {
                 const float *kp = ks + p * kvw + g * hd;
                 double d = 0;
                 /* q meets an F16 cache rounded to F16, as in GGML */
@@ -2090,8 +2095,8 @@ static float *attention_run(const factory *c, const attn_case *ac,
     cinfer_tensor *to = tnew(be, CINFER_DTYPE_F32, 2, n, qw, 0, 0);
     put(be, tq, in->q);
     poison(be, to);
-    CHECK_OK(cinfer_backend_attention(be, tq, kc, vc, n_heads, n_kv, hd,
-                                      ac->scale, to));
+    CHECK_OK(cinfer_backend_attention_window(be, tq, kc, vc, n_heads, n_kv,
+                                             hd, ac->scale, ac->window, to));
     float *got = malloc(sizeof(float) * (size_t)(n * qw));
     get(be, to, got);
 
@@ -2124,20 +2129,26 @@ static float *attention_run(const factory *c, const attn_case *ac,
 static void test_attention(void)
 {
     const attn_case cases[] = {
-        {2, 2, 64, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MIXED},
-        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MIXED},
-        {8, 2, 64, 3, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.125f, LAYOUT_MIXED},
-        {3, 3, 20, 4, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.7f, LAYOUT_MIXED},
-        {9, 3, 20, 5, CINFER_DTYPE_F16, CINFER_DTYPE_F32, 0.3f, LAYOUT_MIXED},
-        {4, 1, 72, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.2f, LAYOUT_MIXED},
-        {3, 1, 136, 2, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.1f, LAYOUT_MIXED},
-        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 2.0f, LAYOUT_MIXED},
-        {4, 1, 40, 16, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 2.0f, LAYOUT_MIXED},
-        {8, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_ONE},
-        {3, 3, 128, 7, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.09f, LAYOUT_ONE},
-        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MANY},
-        {4, 4, 32, 5, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.2f, LAYOUT_MANY},
-        {8, 2, 40, 16, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.15f, LAYOUT_MANY},
+        {2, 2, 64, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MIXED, 0},
+        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MIXED, 0},
+        {8, 2, 64, 3, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.125f, LAYOUT_MIXED, 0},
+        {3, 3, 20, 4, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.7f, LAYOUT_MIXED, 0},
+        {9, 3, 20, 5, CINFER_DTYPE_F16, CINFER_DTYPE_F32, 0.3f, LAYOUT_MIXED, 0},
+        {4, 1, 72, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.2f, LAYOUT_MIXED, 0},
+        {3, 1, 136, 2, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.1f, LAYOUT_MIXED, 0},
+        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 2.0f, LAYOUT_MIXED, 0},
+        {4, 1, 40, 16, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 2.0f, LAYOUT_MIXED, 0},
+        {8, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_ONE, 0},
+        {3, 3, 128, 7, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.09f, LAYOUT_ONE, 0},
+        {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MANY, 0},
+        {4, 4, 32, 5, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.2f, LAYOUT_MANY, 0},
+        {8, 2, 40, 16, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.15f, LAYOUT_MANY, 0},
+        /* sliding windows (Gemma 3's local layers): shorter than some
+         * rows' contexts, not a multiple of the block size */
+        {4, 1, 64, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MIXED, 5},
+        {8, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_ONE, 512},
+        {3, 3, 128, 7, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.09f, LAYOUT_ONE, 21},
+        {4, 4, 32, 5, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.2f, LAYOUT_MANY, 3},
     };
     for (size_t kc = 0; kc < sizeof cases / sizeof cases[0]; kc++) {
         const attn_case *ac = &cases[kc];
@@ -2154,6 +2165,8 @@ static void test_attention(void)
         float *cpu = NULL;
         for (int ci = 0; ci < g_n_factories; ci++) {
             const factory *c = &g_factories[ci];
+            if (ac->window && !is_cpu(c)) /* only the CPU has the slot */
+                continue;
             float *got = attention_run(c, ac, &in);
             /* On the CPU float error is ~1e-7; peaky softmaxes (scale 2)
              * amplify score errors, which keeps this bound meaningful.
@@ -2180,6 +2193,93 @@ static void test_attention(void)
         free(want);
         attn_inputs_free(&in);
     }
+}
+
+/* ---------------------------------------------------------------------- */
+/* gelu_mul, scale (Gemma 3)                                              */
+/* ---------------------------------------------------------------------- */
+
+/* gelu_mul against float64 tanh GELU: the F16 rounding of the gate and of
+ * its GELU (GGML's table) bound the error at about 2^-10 relative, plus
+ * the cut-offs at -10 (0) and 10 (the identity); scale exactly. Backends
+ * without the optional slots answer CINFER_E_UNSUPPORTED. */
+static void test_gelu_scale(void)
+{
+    enum { N = 7, D = 769 };
+    uint64_t seed = seed_for(77);
+    float *g = randv(N * D, &seed, 12.0f), *u = randv(N * D, &seed, 1.0f);
+    const float edges[] = {-10.0f, 10.0f, -10.001f, 9.999f, 0.0f, -0.0f,
+                           1e-8f, -3.0f};
+    for (int i = 0; i < 8; i++)
+        g[i] = edges[i];
+    float *got = malloc(sizeof(float) * N * D);
+    float *first = NULL;
+    for (int ci = 0; ci < g_n_factories; ci++) {
+        const factory *c = &g_factories[ci];
+        cinfer_backend *be = make_backend(c);
+        cinfer_tensor *tg = tnew(be, CINFER_DTYPE_F32, 2, N, D, 0, 0);
+        cinfer_tensor *tu = tnew(be, CINFER_DTYPE_F32, 2, N, D, 0, 0);
+        put(be, tg, g);
+        put(be, tu, u);
+        if (!is_cpu(c)) {
+            CHECK_EQ_INT(cinfer_backend_gelu_mul(be, tg, tu, tg),
+                         CINFER_E_UNSUPPORTED);
+            CHECK_EQ_INT(cinfer_backend_scale(be, tg, 2.0f),
+                         CINFER_E_UNSUPPORTED);
+            CHECK(!cinfer_backend_has_gemma_ops(be));
+        } else {
+            CHECK(cinfer_backend_has_gemma_ops(be));
+            CHECK_OK(cinfer_backend_gelu_mul(be, tg, tu, tg));
+            get(be, tg, got);
+            int bad = 0;
+            for (int i = 0; i < N * D; i++) {
+                double x = g[i], want;
+                if (x <= -10.0)
+                    want = 0.0;
+                else if (x >= 10.0)
+                    want = x * u[i];
+                else
+                    want = 0.5 * x *
+                           (1.0 + tanh(0.7978845608028654 *
+                                       (x + 0.044715 * x * x * x))) *
+                           u[i];
+                double err = fabs(got[i] - want);
+                if (err > 2e-3 * fabs(want) + 2e-3 * fabs(u[i]) * 1e-2 +
+                              1e-6) {
+                    if (bad < 3)
+                        fprintf(stderr, "gelu_mul[%d]: gate %g up %g: %g, "
+                                        "want %g\n",
+                                i, g[i], u[i], got[i], want);
+                    bad++;
+                }
+            }
+            CHECK_EQ_INT(bad, 0);
+            CHECK(got[0] == 0.0f);            /* -10: cut to 0 */
+            CHECK(got[1] == 10.0f * u[1]);    /* 10: the identity */
+            if (!first) {
+                first = malloc(sizeof(float) * N * D);
+                memcpy(first, got, sizeof(float) * N * D);
+            } else {
+                CHECK(memcmp(first, got, sizeof(float) * N * D) == 0);
+            }
+            put(be, tg, g);
+            CHECK_OK(cinfer_backend_scale(be, tg, 25.298221f));
+            get(be, tg, got);
+            bad = 0;
+            for (int i = 0; i < N * D; i++)
+                bad += got[i] != g[i] * 25.298221f;
+            CHECK_EQ_INT(bad, 0);
+            CHECK_EQ_INT(cinfer_backend_scale(be, tg, INFINITY),
+                         CINFER_E_INVALID_ARG);
+        }
+        cinfer_backend_tensor_destroy(be, tg);
+        cinfer_backend_tensor_destroy(be, tu);
+        cinfer_backend_destroy(be);
+    }
+    free(first);
+    free(got);
+    free(g);
+    free(u);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -2664,6 +2764,7 @@ int main(void)
     RUN(test_kv_store);
     RUN(test_matmul);
     RUN(test_attention);
+    RUN(test_gelu_scale);
     RUN(test_validation);
     /* CPU only: the packing and the bit identities are the CPU backend's
      * promises (the cudasim build runs one CPU factory, as a reference). */
