@@ -230,6 +230,8 @@ typedef struct {
     cinfer_model *m;
     uint64_t bytes_done, bytes_total;
     cinfer_model_params p;
+    int conv_kept; /* load_tensor_as: the backend reads the converted
+                      copy in place, so it must live on */
     /* the file's tensors the model has taken, to refuse the others */
     const cinfer_gguf_tensor **used;
     size_t n_used, cap_used;
@@ -368,6 +370,40 @@ static cinfer_status keep_slice(cinfer_model *m, struct slice_buf b)
     return CINFER_OK;
 }
 
+/* A Q5_0 tensor as Q8_0 (cinfer_dtype_q5_0_to_q8_0: the same scales and
+ * integers, so the Q8_0 kernels compute what GGML's Q5_0 ones do): *conv
+ * describes the copy in *buf. */
+static cinfer_status q5_0_as_q8_0(const cinfer_gguf_tensor *t,
+                                  const char *name, cinfer_gguf_tensor *conv,
+                                  struct slice_buf *buf)
+{
+    size_t nb = t->n_bytes / sizeof(cinfer_block_q5_0);
+    size_t n = nb * sizeof(cinfer_block_q8_0);
+    struct slice_buf b = {0};
+    if (n >= CINFER_HUGE_PAGE_BYTES)
+        b.p = cinfer_huge_alloc(n, &b.len);
+    else
+        b.p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!b.p)
+        return cinfer_set_error(CINFER_E_NOMEM,
+                                "model: out of memory for the Q8_0 copy of "
+                                "Q5_0 tensor '%s' (%zu bytes)",
+                                name, n);
+    cinfer_dtype_q5_0_to_q8_0(t->data, b.p, (int64_t)nb);
+    *conv = *t;
+    conv->dtype = CINFER_DTYPE_Q8_0;
+    conv->data = b.p;
+    conv->n_bytes = n;
+    *buf = b;
+    return CINFER_OK;
+}
+
+static cinfer_status load_tensor_as(load_ctx *lc, cinfer_tensor **out,
+                                    const cinfer_gguf_tensor *t,
+                                    int64_t rows, int64_t cols,
+                                    int float_only, split_kind split, int keep,
+                                    const char *name, int converted);
+
 /* Finds tensor `name` (a printf format with the layer), checks its shape
  * ([rows, cols] here, i.e. GGUF ne = {cols, rows}; rows 0 for a 1-D
  * tensor) and creates the backend weight: whole, or on a rank of a
@@ -392,6 +428,40 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
     cinfer_status st = mark_used(lc, t);
     if (st != CINFER_OK)
         return st;
+    /* A Q5_0 weight (Gemma 3's Q4_K_M files hold them) becomes Q8_0 */
+    cinfer_gguf_tensor conv;
+    struct slice_buf cbuf = {0};
+    if (t->dtype != CINFER_DTYPE_Q5_0 || float_only)
+        return load_tensor_as(lc, out, t, rows, cols, float_only, split, keep,
+                              name, 0);
+    if ((st = q5_0_as_q8_0(t, name, &conv, &cbuf)) != CINFER_OK)
+        return st;
+    lc->conv_kept = 0;
+    st = load_tensor_as(lc, out, &conv, rows, cols, float_only, split, keep,
+                        name, 1);
+    /* the file's pages under the Q5_0 data are not read again; the Q8_0
+     * copy lives on while the backend reads it in place */
+    if (!keep)
+        cinfer_pages_release(t->data, t->n_bytes);
+    if (st == CINFER_OK && lc->conv_kept &&
+        (st = keep_slice(lc->m, cbuf)) != CINFER_OK) {
+        cinfer_backend_tensor_destroy(lc->m->be, *out);
+        *out = NULL;
+    }
+    if (st != CINFER_OK || !lc->conv_kept)
+        slice_free(cbuf);
+    return st;
+}
+
+/* The rest of load_tensor for tensor t (the file's, or a converted copy
+ * when `converted`: its memory is the caller's, never released here). */
+static cinfer_status load_tensor_as(load_ctx *lc, cinfer_tensor **out,
+                                    const cinfer_gguf_tensor *t,
+                                    int64_t rows, int64_t cols,
+                                    int float_only, split_kind split, int keep,
+                                    const char *name, int converted)
+{
+    cinfer_status st;
     int want_dims = rows ? 2 : 1;
     int64_t want0 = cols, want1 = rows ? rows : 1;
     if ((int)t->n_dims != want_dims || t->ne[0] != want0 ||
@@ -437,7 +507,7 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
         }
         if (st != CINFER_OK)
             return st;
-        if (!keep)
+        if (!keep && !converted)
             cinfer_pages_release(t->data, t->n_bytes);
         borrowed = 0; /* the file's pages are not read by this weight */
     } else {
@@ -457,8 +527,9 @@ static cinfer_status load_tensor(load_ctx *lc, cinfer_tensor **out,
          * twice; each tensor is loaded once (a kept one's other use comes
          * first), so nothing reads it again. */
         borrowed = cinfer_backend_weight_borrows(be, *out);
-        if (!borrowed && !keep)
+        if (!borrowed && !keep && !converted)
             cinfer_pages_release(t->data, t->n_bytes);
+        lc->conv_kept = converted && borrowed;
     }
     lc->m->held_bytes += cinfer_tensor_desc_nbytes(&d);
 

@@ -848,6 +848,7 @@ static int weight_type_ok(cinfer_dtype t)
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
+    case CINFER_DTYPE_Q5_0:
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
@@ -869,6 +870,7 @@ static uint32_t file_type(cinfer_dtype t)
     case CINFER_DTYPE_Q4_0: return 2;
     case CINFER_DTYPE_Q4_1: return 3;
     case CINFER_DTYPE_Q8_0: return 7;
+    case CINFER_DTYPE_Q5_0: return 8;
     case CINFER_DTYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
     case CINFER_DTYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
     case CINFER_DTYPE_Q6_K: return 18;
@@ -957,12 +959,12 @@ static cinfer_status validate(const cinfer_tinymodel_params *p,
                                 (double)p->norm_eps);
     if (!weight_type_ok(p->weight_dtype))
         return bad("weight_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0, "
-                                   "Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                                   "Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
                                    "IQ4_NL or IQ4_XS)",
                    p->weight_dtype);
     if (!weight_type_ok(p->embd_dtype))
         return bad("embd_dtype", "(must be F32, F16, BF16, Q8_0, Q4_0, "
-                                 "Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+                                 "Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
                                  "IQ4_NL or IQ4_XS)",
                    p->embd_dtype);
     int wq = cinfer_dtype_block_elems(p->weight_dtype);

@@ -94,7 +94,8 @@ typedef struct {
     float norm_eps;            /* RMSNorm epsilon, > 0 */
     cinfer_dtype weight_dtype; /* 2-D projection weights (attn_q/k/v/output,
                                   ffn_gate/up/down, output): F32, F16, BF16,
-                                  Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K,
+                                  Q8_0, Q4_0, Q4_1, Q5_0 (GGML's reference
+                                  quantizer), Q2_K, Q3_K, Q4_K, Q5_K,
                                   Q6_K, IQ4_NL or IQ4_XS (K-quant and IQ4
                                   blocks from cinfer_quantize_row's
                                   round-to-nearest) */

@@ -15,6 +15,7 @@ int cinfer_dtype_valid(uint32_t id)
     case CINFER_DTYPE_F16:
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
+    case CINFER_DTYPE_Q5_0:
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q8_1:
     case CINFER_DTYPE_I32:
@@ -56,6 +57,7 @@ const char *cinfer_dtype_name(cinfer_dtype t)
     case CINFER_DTYPE_F16: return "F16";
     case CINFER_DTYPE_Q4_0: return "Q4_0";
     case CINFER_DTYPE_Q4_1: return "Q4_1";
+    case CINFER_DTYPE_Q5_0: return "Q5_0";
     case CINFER_DTYPE_Q8_0: return "Q8_0";
     case CINFER_DTYPE_Q8_1: return "Q8_1";
     case CINFER_DTYPE_I32: return "I32";
@@ -77,6 +79,7 @@ int cinfer_dtype_block_elems(cinfer_dtype t)
     switch (t) {
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
+    case CINFER_DTYPE_Q5_0:
     case CINFER_DTYPE_Q8_0:
     case CINFER_DTYPE_Q8_1:
     case CINFER_DTYPE_IQ4_NL:
@@ -103,6 +106,7 @@ size_t cinfer_dtype_block_bytes(cinfer_dtype t)
     case CINFER_DTYPE_I32: return 4;
     case CINFER_DTYPE_Q4_0: return sizeof(cinfer_block_q4_0);
     case CINFER_DTYPE_Q4_1: return sizeof(cinfer_block_q4_1);
+    case CINFER_DTYPE_Q5_0: return sizeof(cinfer_block_q5_0);
     case CINFER_DTYPE_Q8_0: return sizeof(cinfer_block_q8_0);
     case CINFER_DTYPE_Q8_1: return sizeof(cinfer_block_q8_1);
     case CINFER_DTYPE_Q4_K: return sizeof(cinfer_block_q4_k);
@@ -628,6 +632,49 @@ static void dequant_k6(const cinfer_block_q6_k *b, float *y)
     }
 }
 
+void cinfer_dtype_q5_0_to_q8_0(const void *src, void *dst, int64_t n_blocks)
+{
+    const cinfer_block_q5_0 *b = src;
+    cinfer_block_q8_0 *o = dst;
+    for (int64_t i = 0; i < n_blocks; i++) {
+        uint32_t qh = (uint32_t)b[i].qh[0] | (uint32_t)b[i].qh[1] << 8 |
+                      (uint32_t)b[i].qh[2] << 16 | (uint32_t)b[i].qh[3] << 24;
+        o[i].d = b[i].d;
+        for (int j = 0; j < CINFER_QK / 2; j++) {
+            int lo = (b[i].qs[j] & 15) | (int)((qh >> j) << 4 & 16);
+            int hi = (b[i].qs[j] >> 4) | (int)((qh >> (j + 12)) & 16);
+            o[i].qs[j] = (int8_t)(lo - 16);
+            o[i].qs[j + 16] = (int8_t)(hi - 16);
+        }
+    }
+}
+
+/* GGML's quantize_row_q5_0_ref: d = the signed extreme / -16. */
+static void quant_q5_0(const float *x, cinfer_block_q5_0 *y)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < CINFER_QK; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y->d = cinfer_fp32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < CINFER_QK / 2; j++) {
+        int a = (int)(int8_t)(x[j] * id + 16.5f);
+        int b = (int)(int8_t)(x[j + 16] * id + 16.5f);
+        a = a > 31 ? 31 : a;
+        b = b > 31 ? 31 : b;
+        y->qs[j] = (uint8_t)((a & 15) | (b & 15) << 4);
+        qh |= (uint32_t)((a & 16) >> 4) << j;
+        qh |= (uint32_t)((b & 16) >> 4) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++)
+        y->qh[k] = (uint8_t)(qh >> (8 * k));
+}
+
 void cinfer_quantize_row(cinfer_dtype t, const float *src, void *dst,
                          int64_t n)
 {
@@ -749,6 +796,10 @@ void cinfer_quantize_row(cinfer_dtype t, const float *src, void *dst,
         for (int64_t i = 0; i < nbk; i++)
             quant_iq4_xs(src + i * CINFER_QK_K, (cinfer_block_iq4_xs *)dst + i);
         return;
+    case CINFER_DTYPE_Q5_0:
+        for (int64_t i = 0; i < nb; i++)
+            quant_q5_0(src + i * CINFER_QK, (cinfer_block_q5_0 *)dst + i);
+        return;
     case CINFER_DTYPE_I32:
         return;
     }
@@ -781,6 +832,17 @@ void cinfer_dequantize_row(cinfer_dtype t, const void *src, float *dst,
             float d = cinfer_fp16_to_fp32(b[i].d);
             for (int j = 0; j < CINFER_QK; j++)
                 dst[i * CINFER_QK + j] = d * (float)b[i].qs[j];
+        }
+        return;
+    }
+    case CINFER_DTYPE_Q5_0: {
+        const cinfer_block_q5_0 *b = src;
+        for (int64_t i = 0; i < nb; i++) {
+            cinfer_block_q8_0 q;
+            cinfer_dtype_q5_0_to_q8_0(&b[i], &q, 1);
+            float d = cinfer_fp16_to_fp32(q.d);
+            for (int j = 0; j < CINFER_QK; j++)
+                dst[i * CINFER_QK + j] = d * (float)q.qs[j];
         }
         return;
     }

@@ -79,6 +79,8 @@ typedef enum {
     CINFER_DTYPE_F16 = 1,
     CINFER_DTYPE_Q4_0 = 2,
     CINFER_DTYPE_Q4_1 = 3,
+    CINFER_DTYPE_Q5_0 = 6, /* storage only: read from files, converted to
+                              Q8_0 at load (lossless); no kernels */
     CINFER_DTYPE_Q8_0 = 8,
     CINFER_DTYPE_Q8_1 = 9,
     CINFER_DTYPE_Q2_K = 10,
@@ -108,6 +110,14 @@ typedef struct {
     uint16_t d;
     uint8_t qs[CINFER_QK / 2];
 } cinfer_block_q4_0;
+
+/* x = d * (q - 16), q's low 4 bits in qs (elements j and j + 16 share
+ * byte j), its fifth in bit j of qh (little-endian u32). */
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[CINFER_QK / 2];
+} cinfer_block_q5_0;
 
 typedef struct {
     uint16_t d;
@@ -197,6 +207,10 @@ size_t cinfer_dtype_block_bytes(cinfer_dtype t);
 /* Bytes of one row of `n` elements; 0 if `n` is not a multiple of the block
  * size. */
 size_t cinfer_dtype_row_bytes(cinfer_dtype t, int64_t n);
+
+/* Q5_0 blocks as Q8_0 blocks: the same scale and integers, so a Q8_0 dot
+ * product computes what GGML's Q5_0 x Q8_0 one does. */
+void cinfer_dtype_q5_0_to_q8_0(const void *src, void *dst, int64_t n_blocks);
 
 float cinfer_fp16_to_fp32(uint16_t h);
 uint16_t cinfer_fp32_to_fp16(float f); /* round to nearest even */

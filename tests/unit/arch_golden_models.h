@@ -26,6 +26,8 @@
  *               10000), so the 24 + 64 positions cross the window; GQA
  *               4/1 (Gemma 3 270M's ratio), head size 64, SentencePiece
  *               vocabulary, Q8_0
+ *   gemma3_q5   gemma3, 2 layers, Q5_0 projections (the real file's
+ *               type for most of them), Q8_0 embeddings
  * Every model but qwen3 has a separate output (a tied one makes a random
  * model repeat its input token). The head sizes are 64, as real models'
  * are (64..256). The weight types are ones whose llama.cpp kernels cinfer
@@ -152,6 +154,12 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 36;
     ms[n++] = (arch_golden_model){"gemma3", p};
+
+    /* Gemma 3's Q4_K_M files hold Q5_0 projections: loaded as Q8_0 */
+    p.weight_dtype = CINFER_DTYPE_Q5_0;
+    p.n_layer = 2;
+    p.seed = 37;
+    ms[n++] = (arch_golden_model){"gemma3_q5", p};
     return n;
 }
 
