@@ -6,6 +6,12 @@ How the goldens were made (re-run to regenerate):
     BIN=$(scripts/goldens/build-llama-cpp.sh)          # llama.cpp 0.3.36 sdist
     PYTHONPATH=/tmp/llcpp/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=$BIN \
         python3 scripts/goldens/model_goldens.py MODEL.gguf tests/data
+        ... model_goldens.py $(scripts/gemma-model.sh) tests/data gemma
+
+With "gemma" the model is Gemma 3 270M and the prompts are PROMPTS_GEMMA
+(Gemma's <bos> and turn markers written out, one prompt longer than the
+512-token sliding window of its local layers); the files are
+model_golden_gemma.txt and model_golden_gemma_last.f16.
 
 llama.cpp runs on the CPU (2 threads, F16 KV cache, flash attention off,
 n_batch 512), the whole prompt in one batch with the logits of every position.
@@ -36,14 +42,31 @@ PROMPTS = [
     "Photosynthesis is the process by which plants",
     "<|im_start|>user\nTranslate to French: I like to read books in the evening.<|im_end|>\n<|im_start|>assistant\n",
 ]
+# Gemma 3: <bos> starts every prompt (the file adds it); the chat turns
+# are <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n.
+_LONG = ("The history of the lighthouse begins with fires lit on hills to "
+         "guide ships home. ") * 40
+PROMPTS_GEMMA = [
+    "<bos>The capital of France is",
+    "<bos><start_of_turn>user\nWhat is the boiling point of water in Celsius?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "<bos>Once upon a time, in a small village by the sea, there lived",
+    "<bos><start_of_turn>user\nWrite a haiku about autumn leaves.<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>1, 2, 3, 5, 8, 13, 21,",
+    "<bos>Überall auf der Welt: 日本語のテキスト, emojis 🎉🚀 and    spaces\n\tend",
+    "<bos>" + _LONG + "Summarise the text above in one sentence:",
+]
 TOPK = 256
 N_GREEDY = 64
 
 
 def main():
     model, outdir = sys.argv[1], sys.argv[2]
+    gemma = len(sys.argv) > 3 and sys.argv[3] == "gemma"
+    prompts = PROMPTS_GEMMA if gemma else PROMPTS
+    stem = "model_golden_gemma" if gemma else "model_golden"
     sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
-    llm = llama_cpp.Llama(model_path=model, n_ctx=1024, n_batch=512,
+    llm = llama_cpp.Llama(model_path=model, n_ctx=1024, n_batch=1024,
                           n_ubatch=512, n_threads=2, logits_all=True,
                           flash_attn=False, verbose=False)
     n_vocab = llm.n_vocab()
@@ -51,10 +74,10 @@ def main():
         "# cinfer model goldens: made by scripts/goldens/model_goldens.py",
         f"# llama.cpp from llama-cpp-python 0.3.36 sdist; model sha256 {sha}",
         "# P <prompt json> / T <ids> / L <pos> <id:logit>... / G <ids>",
-        f"V {n_vocab} {len(PROMPTS)} {TOPK} {N_GREEDY}",
+        f"V {n_vocab} {len(prompts)} {TOPK} {N_GREEDY}",
     ]
     last = []
-    for text in PROMPTS:
+    for text in prompts:
         ids = llm.tokenize(text.encode(), add_bos=False, special=True)
         llm.reset()
         llm.eval(ids)
@@ -75,8 +98,8 @@ def main():
         lines.append("G " + " ".join(map(str, out)))
         print(repr(text[:40]), len(ids), "tokens ->",
               repr(llm.detokenize(out).decode(errors="replace")[:60]))
-    open(f"{outdir}/model_golden.txt", "w").write("\n".join(lines) + "\n")
-    np.stack(last).astype("<f2").tofile(f"{outdir}/model_golden_last.f16")
+    open(f"{outdir}/{stem}.txt", "w").write("\n".join(lines) + "\n")
+    np.stack(last).astype("<f2").tofile(f"{outdir}/{stem}_last.f16")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,28 @@
 #include "engine/model.h"
 #include "harness.h"
 
+/* test_model_golden_gemma.c includes this file with its own model, golden
+ * files and bounds. */
+#ifndef GOLDEN_STEM
+#define GOLDEN_STEM "model_golden"
+#define GOLDEN_WHAT "default model"
+#define GOLDEN_MODEL_PATH() cinfer_model_default_path()
+#define GOLDEN_N_CTX 512
 #define TOP_REL_L2_BOUND 1e-4
 #define FULL_REL_L2_BOUND 1e-3
+#endif
+/* top-10 set mismatches and greedy continuations allowed to differ */
+#ifndef TOP10_MISMATCH_BOUND
+#define TOP10_MISMATCH_BOUND 0
+#endif
+#ifndef GREEDY_DIVERGENT_BOUND
+#define GREEDY_DIVERGENT_BOUND 0
+#endif
 
 #define MAX_PROMPTS 16
+#ifndef MAX_TOKENS
 #define MAX_TOKENS 256
+#endif
 #define TOPK 256
 #define N_GREEDY 64
 
@@ -68,7 +85,22 @@ static char *json_unquote(const char *s)
             case 'u': {
                 unsigned cp = (unsigned)strtoul((char[5]){s[1], s[2], s[3], s[4], 0}, NULL, 16);
                 s += 4;
-                if (cp < 0x80) {
+                /* a surrogate pair (json.dumps writes emoji so) */
+                if (cp >= 0xD800 && cp < 0xDC00 && s[1] == '\\' &&
+                    s[2] == 'u') {
+                    unsigned lo = (unsigned)strtoul(
+                        (char[5]){s[3], s[4], s[5], s[6], 0}, NULL, 16);
+                    if (lo >= 0xDC00 && lo < 0xE000) {
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        s += 6;
+                    }
+                }
+                if (cp >= 0x10000) {
+                    *o++ = (char)(0xF0 | (cp >> 18));
+                    *o++ = (char)(0x80 | ((cp >> 12) & 0x3F));
+                    *o++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+                    *o++ = (char)(0x80 | (cp & 0x3F));
+                } else if (cp < 0x80) {
                     *o++ = (char)cp;
                 } else if (cp < 0x800) {
                     *o++ = (char)(0xC0 | (cp >> 6));
@@ -94,7 +126,7 @@ static char *json_unquote(const char *s)
 static int load_goldens(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/model_golden.txt", CINFER_TEST_DATA);
+    snprintf(path, sizeof path, "%s/" GOLDEN_STEM ".txt", CINFER_TEST_DATA);
     FILE *f = fopen(path, "r");
     if (!f)
         return -1;
@@ -141,7 +173,8 @@ static int load_goldens(void)
     fclose(f);
     n_prompts = cur + 1;
 
-    snprintf(path, sizeof path, "%s/model_golden_last.f16", CINFER_TEST_DATA);
+    snprintf(path, sizeof path, "%s/" GOLDEN_STEM "_last.f16",
+             CINFER_TEST_DATA);
     f = fopen(path, "rb");
     if (!f)
         return -1;
@@ -209,20 +242,33 @@ static void test_logits_match(void)
 {
     int V = cinfer_model_get_info(M)->n_vocab;
     CHECK_EQ_INT(V, n_vocab_golden);
-    float *logits = malloc(sizeof(float) * (size_t)MAX_TOKENS * (size_t)V);
+    /* the prompt in chunks of EVAL_ROWS positions (the cache keeps the
+     * earlier ones), so a long prompt's logits need not all be held */
+#ifndef GOLDEN_EVAL_ROWS
+#define GOLDEN_EVAL_ROWS 32
+#endif
+    enum { EVAL_ROWS = GOLDEN_EVAL_ROWS };
+    float *logits = malloc(sizeof(float) * EVAL_ROWS * (size_t)V);
     double worst_top = 0, worst_full = 0;
     int top10_mismatch = 0, positions = 0;
     for (int p = 0; p < n_prompts; p++) {
         golden_prompt *g = &G[p];
-        CHECK_OK(cinfer_model_eval_single(M, g->tokens, g->n_tokens, 0, 1,
-                                          logits));
+        double worst_p = 0;
+        int mism_p = 0;
         for (int pos = 0; pos < g->n_tokens; pos++) {
-            const float *row = logits + (size_t)pos * V;
+            if (pos % EVAL_ROWS == 0) {
+                int c = g->n_tokens - pos < EVAL_ROWS ? g->n_tokens - pos
+                                                      : EVAL_ROWS;
+                CHECK_OK(cinfer_model_eval_single(M, g->tokens + pos, c, pos,
+                                                  1, logits));
+            }
+            const float *row = logits + (size_t)(pos % EVAL_ROWS) * V;
             int32_t mine[10];
             top_ids(row, V, 10, mine);
             positions++;
             if (!set_equal(mine, g->top_ids[pos], 10)) {
                 top10_mismatch++;
+                mism_p++;
                 fprintf(stderr,
                         "prompt %d pos %d: top-10 differs (ours %d %d %d, "
                         "llama.cpp %d %d %d)\n",
@@ -239,8 +285,14 @@ static void test_logits_match(void)
             double rel = den > 0 ? sqrt(num / den) : sqrt(num);
             if (rel > worst_top)
                 worst_top = rel;
+            if (rel > worst_p)
+                worst_p = rel;
         }
-        const float *row = logits + (size_t)(g->n_tokens - 1) * V;
+        fprintf(stderr, "prompt %d: %d positions, top-10 mismatches %d, max "
+                        "rel L2 (top-256) %.3e\n",
+                p, g->n_tokens, mism_p, worst_p);
+        const float *row =
+            logits + (size_t)((g->n_tokens - 1) % EVAL_ROWS) * V;
         const float *ref = last_logits + (size_t)p * V;
         double num = 0, den = 0;
         for (int i = 0; i < V; i++) {
@@ -256,7 +308,7 @@ static void test_logits_match(void)
             "logits vs llama.cpp: %d positions, top-10 set mismatches %d, "
             "max rel L2 (top-256) %.3e, max rel L2 (full, last pos) %.3e\n",
             positions, top10_mismatch, worst_top, worst_full);
-    CHECK_EQ_INT(top10_mismatch, 0);
+    CHECK(top10_mismatch <= TOP10_MISMATCH_BOUND);
     CHECK(worst_top < TOP_REL_L2_BOUND);
     CHECK(worst_full < FULL_REL_L2_BOUND);
     free(logits);
@@ -298,16 +350,17 @@ static void test_greedy_match(void)
     }
     fprintf(stderr, "greedy: %d of %d continuations identical over %d tokens\n",
             identical, n_prompts, N_GREEDY);
-    CHECK_EQ_INT(identical, n_prompts);
+    CHECK(n_prompts - identical <= GREEDY_DIVERGENT_BOUND);
     free(logits);
 }
 
 int main(void)
 {
-    const char *path = cinfer_model_default_path();
+    const char *path = GOLDEN_MODEL_PATH();
     FILE *f = path && *path ? fopen(path, "rb") : NULL;
     if (!f)
-        return harness_skip("default model not installed");
+        return harness_skip(GOLDEN_WHAT " not installed "
+                            "(scripts/install-deps.sh installs it)");
     fclose(f);
     if (load_goldens() != 0) {
         fprintf(stderr, "cannot read goldens in %s\n", CINFER_TEST_DATA);
@@ -315,7 +368,7 @@ int main(void)
     }
     cinfer_model_params mp = cinfer_model_default_params();
     mp.path = path;
-    mp.n_ctx = 512;
+    mp.n_ctx = GOLDEN_N_CTX;
     if (cinfer_model_create(&mp, &M) != CINFER_OK) {
         fprintf(stderr, "model load failed: %s\n", cinfer_last_error());
         return 1;
