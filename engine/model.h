@@ -8,14 +8,19 @@
  *
  * Supported: architectures `llama` (Llama 2 and 3, Mistral; Llama 3's
  * rope frequency factors, rope_freqs.weight), `qwen2` (Q/K/V bias, NEOX
- * rope) and `qwen3` (per-head RMSNorm of Q and K before rope, NEOX rope);
+ * rope), `qwen3` (per-head RMSNorm of Q and K before rope, NEOX rope)
+ * and `gemma3` (Q/K norms, post-attention and post-FFN norms, GeGLU,
+ * embeddings times sqrt(n_embd), sliding-window local layers with their
+ * own rope base between global ones; on backends with the attention_window,
+ * gelu_mul and scale ops, the CPU today);
  * linear rope scaling; a head size from attention.key_length that differs
  * from embedding_length / head_count; weight types F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (the K- and
- * IQ4 types on the CPU backend); tied or
+ * Q4_0, Q4_1, Q5_0 (converted to Q8_0 at load), Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K, IQ4_NL, IQ4_XS (the K- and IQ4 types on the CPU backend); tied or
  * separate output. Refused at load, with a message naming what: any other
- * architecture, YaRN and LongRoPE scaling, mixtures of experts, and a file
- * with a tensor the architecture does not use.
+ * architecture, YaRN and LongRoPE scaling, mixtures of experts, a final
+ * logit softcap, gemma3 on a backend without its ops, and a file with a
+ * tensor the architecture does not use.
  * Weights are read into memory in huge pages, or mapped (use_mmap); the
  * CPU backend computes from that memory in place where it can and packs
  * the int8-block types for its AVX-512 kernels, and a device backend copies
@@ -165,7 +170,7 @@ typedef struct {
 cinfer_model_params cinfer_model_default_params(void);
 
 typedef struct {
-    char arch[32];          /* "llama", "qwen2", "qwen3" */
+    char arch[32];          /* "llama", "qwen2", "qwen3", "gemma3" */
     char name[128];         /* general.name, or "" */
     int n_layer;
     int n_embd;
