@@ -464,6 +464,57 @@ static void test_rope_scaling_changes_logits(void)
     }
 }
 
+/* gemma3's window: a window of 8 against one past the context (the same
+ * rope bases, every layer local but the 6th): positions 0..7 see the same
+ * keys, so their logits are bit-identical; later ones lose the early keys
+ * in the local layers and move. */
+static void test_gemma_window(void)
+{
+    enum { N = 24, W = 8 };
+    float *out[2] = {NULL, NULL};
+    int V = 0;
+    for (int k = 0; k < 2; k++) {
+        cinfer_tinymodel_params p = cinfer_tinymodel_default_params();
+        p.arch = "gemma3";
+        p.tokenizer = "llama";
+        p.n_layer = 7;
+        p.head_dim = 64;
+        p.sliding_window = k ? W : 1000;
+        p.seed = 91;
+        const char *path = tmp_path("window");
+        CHECK_OK(cinfer_tinymodel_write(&p, path));
+        cinfer_model_params mp = cinfer_model_default_params();
+        mp.path = path;
+        mp.n_ctx = 64;
+        mp.n_threads = 1;
+        cinfer_model *m = NULL;
+        CHECK_OK(cinfer_model_create(&mp, &m));
+        remove(path);
+        if (!m)
+            return;
+        V = cinfer_model_get_info(m)->n_vocab;
+        int32_t toks[N];
+        for (int i = 0; i < N; i++)
+            toks[i] = (int32_t)(i * 37 + 11) % (V - 3);
+        out[k] = malloc(sizeof(float) * (size_t)V * N);
+        CHECK_OK(cinfer_model_eval_single(m, toks, N, 0, 1, out[k]));
+        cinfer_model_destroy(m);
+    }
+    CHECK(memcmp(out[0], out[1], sizeof(float) * (size_t)V * W) == 0);
+    double num = 0, den = 0;
+    for (int i = V * (N - 1); i < V * N; i++) {
+        double d = (double)out[0][i] - out[1][i];
+        num += d * d;
+        den += (double)out[0][i] * out[0][i];
+    }
+    fprintf(stderr, "gemma3 window %d moves position %d's logits by rel L2 "
+                    "%.3g\n",
+            W, N - 1, sqrt(num / den));
+    CHECK(sqrt(num / den) > 1e-3);
+    free(out[0]);
+    free(out[1]);
+}
+
 int main(void)
 {
     if (load_goldens() != 0) {
@@ -473,6 +524,7 @@ int main(void)
     RUN(test_models_match_llama_cpp);
     RUN(test_refusals_name_what_is_missing);
     RUN(test_rope_scaling_changes_logits);
+    RUN(test_gemma_window);
     for (int k = 0; k < n_golden; k++)
         free(G[k].logits);
     return harness_done();
