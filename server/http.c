@@ -18,9 +18,11 @@
  *
  * Lifetime: an http_req has two holders, the connection (until MHD's
  * request-completed notice) and the engine (from submit to the last
- * FINISH); the last to let go frees it. While it holds the engine, the
- * request counts in the server's generate_open, so a drain waits for it
- * as for a gRPC stream, and destroy cancels it (cinfer_http_abort_all).
+ * FINISH); the last to let go frees it. From admission until its answer
+ * is out (the request-completed notice), the request counts in the
+ * server's generate_open, so a drain waits for it, its last events
+ * included, as for a gRPC stream; destroy cancels what the engine still
+ * holds (cinfer_http_abort_all).
  *
  * Errors are OpenAI's JSON: 400 naming the field (param), 401 without a
  * valid key, 404 for another model or path, 413 past the body bound,
@@ -484,7 +486,6 @@ static void unlist(http_req *r)
         r->next->prev = r->prev;
     r->next = r->prev = NULL;
     pthread_mutex_unlock(&h->mu);
-    cinfer_server_stream_end(r->s);
 }
 
 static void on_event(void *user, const cinfer_engine_event *ev)
@@ -864,6 +865,7 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
         return send_error(s, c, CINFER_E_UNAVAILABLE,
                           "the server is shutting down", &pb, r->id);
     }
+    r->listed = 1; /* in generate_open until its connection is done */
     atomic_fetch_add(&r->refs, 1); /* the engine's hold */
     pthread_mutex_lock(&r->h->mu);
     r->next = r->h->live;
@@ -1051,6 +1053,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         cancel_gone(r);
     pthread_mutex_unlock(&r->mu);
+    /* Counted until the answer is out, not only until the engine is done:
+     * a drain then waits for the last events of a stream too. */
+    if (r->listed)
+        cinfer_server_stream_end(r->s);
     req_unref(r); /* the connection's hold */
 }
 
