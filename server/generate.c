@@ -85,8 +85,9 @@ typedef struct {
     int n_top;             /* alternatives per token */
     int64_t call_deadline_ns; /* the call's own deadline; 0 = none */
     int32_t n_prompt;
-    cinfer_grammar *grammar; /* the request's, freed with the state (the
-                                engine borrows it until the last FINISH) */
+    cinfer_grammar_entry *grammar; /* the request's, released with the
+                                      state (the engine borrows it until the
+                                      last FINISH) */
 
     /* Sink, under c->mu. */
     uint64_t engine_id;
@@ -607,7 +608,7 @@ static int decode(srv_call *c, grpc_byte_buffer *msg,
  * fields, the API key's priority bound, the prompt, the grammar. */
 static cinfer_status prepare(srv_call *c, const Cinfer__V1__GenerateRequest *r,
                              const cinfer_gen_desc *d, int32_t **prompt,
-                             size_t *n_prompt, cinfer_grammar **gram)
+                             size_t *n_prompt, cinfer_grammar_entry **gram)
 {
     cinfer_server *s = c->srv;
     const cinfer_request_fields *f = &cinfer_request_fields_grpc;
@@ -631,7 +632,7 @@ static cinfer_status prepare(srv_call *c, const Cinfer__V1__GenerateRequest *r,
     if (st == CINFER_OK)
         st = cinfer_request_check_prompt(d, *n_prompt, &lim, f);
     if (st == CINFER_OK)
-        st = cinfer_request_compile_grammar(d, f, gram);
+        st = cinfer_request_compile_grammar(d, f, s->grammars, gram);
     return st;
 }
 
@@ -693,7 +694,7 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     cinfer_gen_desc_from_proto(r, &d);
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
-    cinfer_grammar *gram = NULL;
+    cinfer_grammar_entry *gram = NULL;
     cinfer_status st = prepare(c, r, &d, &prompt, &n_prompt, &gram);
     gen_state *g = NULL;
     if (st != CINFER_OK)
@@ -702,7 +703,9 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     cinfer_request_limits lim = limits_of(s);
     cinfer_request_params rp;
     cinfer_request_to_engine(&d, &lim, prompt, n_prompt,
-                             cinfer_server_random_seed(), gram, &rp);
+                             cinfer_server_random_seed(),
+                             gram ? cinfer_grammar_entry_grammar(gram) : NULL,
+                             &rp);
     g = calloc(1, sizeof *g);
     if (g)
         g->samples = calloc((size_t)rp.n_samples, sizeof *g->samples);
@@ -786,7 +789,7 @@ out:
 
 fail:
     free(prompt);
-    cinfer_grammar_destroy(gram);
+    cinfer_grammar_entry_release(gram);
     cinfer__v1__generate_request__free_unpacked(r, NULL);
     reject(c, st);
 }
@@ -852,7 +855,7 @@ static void generate_free(srv_call *c)
         free(g->samples[k].top);
     }
     free(g->samples);
-    cinfer_grammar_destroy(g->grammar);
+    cinfer_grammar_entry_release(g->grammar);
     free(g);
     c->rpc = NULL;
 }

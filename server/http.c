@@ -86,7 +86,8 @@ typedef struct http_req {
     int too_large;
     /* the request */
     cinfer_openai_req q;
-    cinfer_grammar *gram;
+    cinfer_grammar_entry *gram; /* released with the request, after the
+                                   engine's last FINISH */
     cinfer_api_keys *key_set;
     int key_index;
     /* the engine's side (mu) */
@@ -136,7 +137,7 @@ static void req_free(http_req *r)
         free(r->samples[k].top);
     }
     free(r->samples);
-    cinfer_grammar_destroy(r->gram);
+    cinfer_grammar_entry_release(r->gram);
     cinfer_openai_req_cleanup(&r->q);
     cinfer_api_keys_unref(r->key_set);
     free(r->body);
@@ -780,7 +781,8 @@ static cinfer_status prepare(http_req *r, int32_t **prompt, size_t *n_prompt)
     if (st == CINFER_OK)
         st = cinfer_request_check_prompt(&r->q.d, *n_prompt, &s->limits, f);
     if (st == CINFER_OK)
-        st = cinfer_request_compile_grammar(&r->q.d, f, &r->gram);
+        st = cinfer_request_compile_grammar(&r->q.d, f, s->grammars,
+                                            &r->gram);
     return st;
 }
 
@@ -809,7 +811,10 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
     }
     cinfer_request_params rp;
     cinfer_request_to_engine(&r->q.d, &s->limits, prompt, n_prompt,
-                             cinfer_server_random_seed(), r->gram, &rp);
+                             cinfer_server_random_seed(),
+                             r->gram ? cinfer_grammar_entry_grammar(r->gram)
+                                     : NULL,
+                             &rp);
     r->n_samples = rp.n_samples;
     r->n_top = r->q.top_logprobs;
     r->samples = calloc((size_t)rp.n_samples, sizeof *r->samples);

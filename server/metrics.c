@@ -559,6 +559,26 @@ static void render_snapshot(sbuf *b, const cinfer_metrics_snapshot *s)
     sb_family(b, "cinfer:num_preemptions_total", "counter",
               "Running requests preempted for lack of KV-cache blocks.");
     sb_sample_u64(b, "cinfer:num_preemptions_total", s->preemptions);
+    sb_family(b, "cinfer:spec_draft_tokens_total", "counter",
+              "Speculative draft tokens verified (--spec-ngram).");
+    sb_sample_u64(b, "cinfer:spec_draft_tokens_total", s->spec_draft_tokens);
+    sb_family(b, "cinfer:spec_accepted_tokens_total", "counter",
+              "Speculative draft tokens accepted.");
+    sb_sample_u64(b, "cinfer:spec_accepted_tokens_total",
+                  s->spec_accepted_tokens);
+    sb_family(b, "cinfer:grammar_cache_hits_total", "counter",
+              "Grammar, regex and JSON-schema lookups found compiled.");
+    sb_sample_u64(b, "cinfer:grammar_cache_hits_total", s->grammar_cache_hits);
+    sb_family(b, "cinfer:grammar_cache_misses_total", "counter",
+              "Grammar, regex and JSON-schema lookups that compiled.");
+    sb_sample_u64(b, "cinfer:grammar_cache_misses_total",
+                  s->grammar_cache_misses);
+    sb_family(b, "cinfer:grammar_cache_bytes", "gauge",
+              "Bytes of compiled grammars kept (--grammar-cache-mb).");
+    sb_sample_u64(b, "cinfer:grammar_cache_bytes", s->grammar_cache_bytes);
+    sb_family(b, "cinfer:grammar_cache_entries", "gauge",
+              "Compiled grammars kept.");
+    sb_sample_u64(b, "cinfer:grammar_cache_entries", s->grammar_cache_entries);
     sb_family(b, "cinfer:breaker_state", "gauge",
               "Circuit breaker state: 0 closed, 1 open, 2 half-open.");
     sb_sample_u64(b, "cinfer:breaker_state",

@@ -109,6 +109,13 @@ typedef struct {
                                       (prompt tokens looked up) */
     uint64_t prefix_cache_hits;    /* cinfer:prefix_cache_hits_total */
     uint64_t preemptions;          /* cinfer:num_preemptions_total */
+    uint64_t spec_draft_tokens;    /* cinfer:spec_draft_tokens_total
+                                      (draft tokens verified) */
+    uint64_t spec_accepted_tokens; /* cinfer:spec_accepted_tokens_total */
+    uint64_t grammar_cache_hits;   /* cinfer:grammar_cache_hits_total */
+    uint64_t grammar_cache_misses; /* cinfer:grammar_cache_misses_total */
+    uint64_t grammar_cache_bytes;  /* cinfer:grammar_cache_bytes */
+    uint64_t grammar_cache_entries; /* cinfer:grammar_cache_entries */
     int breaker_state;             /* cinfer:breaker_state (0 closed,
                                       1 open, 2 half-open) */
     uint64_t breaker_transitions;  /* cinfer:breaker_transitions_total */

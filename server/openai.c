@@ -381,6 +381,66 @@ static cinfer_status decode_stopping(json_t *o, cinfer_openai_req *r)
     return CINFER_OK;
 }
 
+/* response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict"}};
+ * the schema is written out as text (kept in r->owned) for the grammar
+ * cache to key. strict is accepted either way: the output always keeps
+ * to the schema. */
+static cinfer_status decode_response_format(json_t *o, cinfer_openai_req *r)
+{
+    json_t *rf = json_object_get(o, "response_format");
+    if (!rf || json_is_null(rf))
+        return CINFER_OK;
+    if (!json_is_object(rf))
+        return bad("response_format", "must be an object");
+    json_t *t = json_object_get(rf, "type");
+    if (!json_is_string(t))
+        return bad("response_format.type",
+                   "must be \"text\", \"json_object\" or \"json_schema\"");
+    const char *type = json_string_value(t);
+    if (strcmp(type, "text") == 0)
+        return CINFER_OK;
+    if (strcmp(type, "json_object") == 0) {
+        r->d.json_object = 1;
+        return CINFER_OK;
+    }
+    if (strcmp(type, "json_schema") != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "response_format.type must be \"text\", "
+                                "\"json_object\" or \"json_schema\", got "
+                                "\"%.64s\"",
+                                type);
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js))
+        return bad("response_format.json_schema",
+                   "must be an object with a schema");
+    json_t *name = json_object_get(js, "name");
+    if (name && !json_is_null(name) && !json_is_string(name))
+        return bad("response_format.json_schema.name", "must be a string");
+    json_t *strict = json_object_get(js, "strict");
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+        return bad("response_format.json_schema.strict", "must be a boolean");
+    json_t *schema = json_object_get(js, "schema");
+    if (!schema || json_is_null(schema))
+        return bad("response_format.json_schema.schema", "is required");
+    if (!json_is_object(schema) && !json_is_boolean(schema))
+        return bad("response_format.json_schema.schema",
+                   "must be an object");
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER |
+                                        JSON_ENCODE_ANY);
+    char **owned = realloc(r->owned, (r->n_owned + 1) * sizeof *owned);
+    if (!text || !owned) {
+        free(text);
+        if (owned)
+            r->owned = owned;
+        return cinfer_set_error(CINFER_E_NOMEM, "no memory");
+    }
+    r->owned = owned;
+    r->owned[r->n_owned++] = text;
+    r->d.json_schema = text;
+    return CINFER_OK;
+}
+
 static cinfer_status decode_rest(json_t *o, cinfer_openai_req *r)
 {
     int has = 0;
@@ -405,6 +465,8 @@ static cinfer_status decode_rest(json_t *o, cinfer_openai_req *r)
         st = get_str(o, "grammar", &r->d.grammar);
     if (st == CINFER_OK)
         st = get_str(o, "regex", &r->d.regex);
+    if (st == CINFER_OK)
+        st = decode_response_format(o, r);
     if (st != CINFER_OK)
         return st;
     json_t *so = json_object_get(o, "stream_options");

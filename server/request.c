@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/tokenizer.h"
+#include "server/json_schema.h"
 
 const cinfer_request_fields cinfer_request_fields_grpc = {
     .text = "text",
@@ -33,6 +34,7 @@ const cinfer_request_fields cinfer_request_fields_grpc = {
     .priority = "priority",
     .grammar = "grammar",
     .regex = "regex",
+    .json_schema = "json_schema",
 };
 
 const cinfer_request_fields cinfer_request_fields_openai = {
@@ -55,6 +57,7 @@ const cinfer_request_fields cinfer_request_fields_openai = {
     .priority = "priority",
     .grammar = "grammar",
     .regex = "regex",
+    .json_schema = "response_format.json_schema",
 };
 
 cinfer_gen_desc cinfer_gen_desc_init(void)
@@ -134,6 +137,7 @@ void cinfer_gen_desc_from_proto(const Cinfer__V1__GenerateRequest *r,
     d->priority = r->priority;
     d->grammar = r->grammar;
     d->regex = r->regex;
+    d->json_schema = r->json_schema;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -315,10 +319,11 @@ cinfer_status cinfer_request_validate(const cinfer_gen_desc *d,
                                 (int)d->priority);
     int has_g = d->grammar && d->grammar[0];
     int has_r = d->regex && d->regex[0];
-    if (has_g && has_r)
+    int has_j = d->json_schema && d->json_schema[0];
+    if (has_g + has_r + has_j + (d->json_object != 0) > 1)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "%s and %s: set at most one of them",
-                                f->grammar, f->regex);
+                                "%s, %s and %s: set at most one of them",
+                                f->grammar, f->regex, f->json_schema);
     if (has_g && strlen(d->grammar) > CINFER_GRAMMAR_MAX_SOURCE)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "%s is %zu bytes, at most %d", f->grammar,
@@ -327,6 +332,11 @@ cinfer_status cinfer_request_validate(const cinfer_gen_desc *d,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "%s is %zu bytes, at most %d", f->regex,
                                 strlen(d->regex), CINFER_GRAMMAR_MAX_SOURCE);
+    if (has_j && strlen(d->json_schema) > CINFER_GRAMMAR_MAX_SOURCE)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s is %zu bytes, at most %d", f->json_schema,
+                                strlen(d->json_schema),
+                                CINFER_GRAMMAR_MAX_SOURCE);
     return CINFER_OK;
 }
 
@@ -413,19 +423,35 @@ cinfer_status cinfer_request_check_prompt(const cinfer_gen_desc *d,
 
 cinfer_status cinfer_request_compile_grammar(const cinfer_gen_desc *d,
                                              const cinfer_request_fields *f,
-                                             cinfer_grammar **out)
+                                             cinfer_grammar_cache *cache,
+                                             cinfer_grammar_entry **out)
 {
     *out = NULL;
-    const char *field = NULL;
-    cinfer_status st = CINFER_OK;
+    const char *field = NULL, *text = NULL;
+    int kind = 0;
+    cinfer_grammar_compile_fn fn = NULL;
     if (d->grammar && d->grammar[0]) {
         field = f->grammar;
-        st = cinfer_grammar_compile(d->grammar, strlen(d->grammar), "root",
-                                    out);
+        kind = CINFER_GRAMMAR_KIND_GBNF;
+        text = d->grammar;
     } else if (d->regex && d->regex[0]) {
         field = f->regex;
-        st = cinfer_grammar_compile_regex(d->regex, strlen(d->regex), out);
+        kind = CINFER_GRAMMAR_KIND_REGEX;
+        text = d->regex;
+    } else if (d->json_schema && d->json_schema[0]) {
+        field = f->json_schema;
+        kind = CINFER_GRAMMAR_KIND_JSON_SCHEMA;
+        text = d->json_schema;
+        fn = cinfer_json_schema_compile;
+    } else if (d->json_object) {
+        field = f->json_schema;
+        kind = CINFER_GRAMMAR_KIND_GBNF;
+        text = cinfer_json_object_gbnf();
+    } else {
+        return CINFER_OK;
     }
+    cinfer_status st =
+        cinfer_grammar_cache_get(cache, kind, text, strlen(text), fn, NULL, out);
     if (st == CINFER_OK)
         return CINFER_OK;
     *out = NULL;
@@ -433,7 +459,12 @@ cinfer_status cinfer_request_compile_grammar(const cinfer_gen_desc *d,
         return st;
     /* Whatever the compiler refused (syntax, a bound) is the client's. */
     char msg[512];
-    snprintf(msg, sizeof msg, "%s", cinfer_last_error());
+    const char *e = cinfer_last_error();
+    static const char pre[] = "json_schema: ";
+    if (kind == CINFER_GRAMMAR_KIND_JSON_SCHEMA &&
+        strncmp(e, pre, sizeof pre - 1) == 0)
+        e += sizeof pre - 1;
+    snprintf(msg, sizeof msg, "%s", e);
     return cinfer_set_error(CINFER_E_INVALID_ARG, "%s: %s", field, msg);
 }
 

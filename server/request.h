@@ -16,7 +16,7 @@
  *         != CINFER_OK) ...400 with cinfer_last_error()
  *     cinfer_request_encode(tk, &chat, &d, &ids, &n);     // the prompt
  *     cinfer_request_check_prompt(&d, n, &lim, fields);   // fits the context
- *     cinfer_request_compile_grammar(&d, fields, &gram);  // NULL = none
+ *     cinfer_request_compile_grammar(&d, fields, cache, &gram); // NULL = none
  *     cinfer_request_params rp;
  *     cinfer_request_to_engine(&d, &lim, ids, n, seed, gram, &rp);
  *     cinfer_request_deadline dl = cinfer_request_deadline_of(...);
@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "engine/grammar_cache.h"
 #include "resilience/resilience.h"
 #include "server/chat.h"
 #include "server/validate.h"
@@ -55,7 +56,7 @@ typedef struct {
     const char *temperature, *top_k, *top_p, *min_p, *repetition_penalty,
         *presence_penalty, *frequency_penalty;
     const char *max_tokens, *min_tokens, *stop, *stop_token_ids;
-    const char *logprobs, *n, *priority, *grammar, *regex;
+    const char *logprobs, *n, *priority, *grammar, *regex, *json_schema;
 } cinfer_request_fields;
 
 extern const cinfer_request_fields cinfer_request_fields_grpc;
@@ -91,6 +92,9 @@ typedef struct {
     int32_t priority;
     const char *grammar;            /* GBNF; NULL or "" = none */
     const char *regex;              /* NULL or "" = none */
+    const char *json_schema;        /* JSON schema text; NULL or "" = none */
+    int json_object;                /* any JSON object (OpenAI's
+                                       response_format json_object) */
 } cinfer_gen_desc;
 
 cinfer_gen_desc cinfer_gen_desc_init(void);
@@ -130,13 +134,17 @@ cinfer_status cinfer_request_check_prompt(const cinfer_gen_desc *d,
                                           const cinfer_request_limits *lim,
                                           const cinfer_request_fields *f);
 
-/* The desc's grammar or regex compiled (*out NULL when it has none); a
- * source that does not compile is CINFER_E_INVALID_ARG, the message
- * prefixed with the field's name. The caller destroys *out after the
- * engine request finished. */
+/* The desc's grammar, regex, JSON schema or JSON object, compiled through
+ * the cache (engine/grammar_cache.h; one per server, keyed by kind and
+ * text): *out is a reference to the entry, NULL when the desc has none.
+ * A source that does not compile is CINFER_E_INVALID_ARG, the message
+ * prefixed with the field's name (a schema's names the keyword and its
+ * JSON pointer). The caller releases *out
+ * (cinfer_grammar_entry_release) after the engine request finished. */
 cinfer_status cinfer_request_compile_grammar(const cinfer_gen_desc *d,
                                              const cinfer_request_fields *f,
-                                             cinfer_grammar **out);
+                                             cinfer_grammar_cache *cache,
+                                             cinfer_grammar_entry **out);
 
 /* The engine params of a valid request: prompt (borrowed), sampling,
  * stopping, samples, logprobs, priority, grammar (borrowed). seed is used

@@ -87,6 +87,10 @@ typedef struct {
     double drain_timeout_s;
     long max_receive_message_bytes;
     long prefix_cache;
+    long grammar_cache_mb;
+    long spec_ngram;
+    long spec_ngram_min, spec_ngram_max;
+    long spec_max_seqs;
     long use_mmap;
     const char *log_level;
     /* resilience */
@@ -236,6 +240,21 @@ static const flag_doc flags[] = {
     {"ctx-size", "CINFER_CTX_SIZE", "N",
      "tokens per sequence (default: the model's, at most 8192)",
      ARG_LONG, OFF(ctx_size), 0, (1 << 20), NULL},
+    {"grammar-cache-mb", "CINFER_GRAMMAR_CACHE_MB", "N",
+     "MiB of compiled grammars, regexes and JSON schemas kept by their "
+     "text, so repeated ones compile once (default 64)",
+     ARG_LONG, OFF(grammar_cache_mb), 1, (1 << 20), NULL},
+    {"spec-ngram", "CINFER_SPEC_NGRAM", "K",
+     "prompt-lookup speculative decoding: draft tokens per sequence and "
+     "step, found by matching the latest n-gram earlier in the prompt or "
+     "output; changes the speed, never the text (default 0 = off)",
+     ARG_LONG, OFF(spec_ngram), 0, CINFER_ENGINE_SPEC_MAX_K, NULL},
+    {"spec-ngram-range", "CINFER_SPEC_NGRAM_RANGE", "MIN,MAX",
+     "shortest and longest n-gram --spec-ngram matches (default 2,4)",
+     ARG_SPECIAL, 0, 0, 0, NULL},
+    {"spec-max-seqs", "CINFER_SPEC_MAX_SEQS", "N",
+     "speculate only while at most this many sequences run (default 4)",
+     ARG_LONG, OFF(spec_max_seqs), 1, 4096, NULL},
     {"kv-cache-mem", "CINFER_KV_CACHE_MEM", "BYTES",
      "KV cache size, with K/M/G suffix (default 512M on the CPU; on CUDA "
      "the cache takes what --gpu-memory-fraction leaves unless this is "
@@ -553,6 +572,17 @@ static int apply_special(config *cfg, const char *name, const char *v)
         cfg->dist_init_addr = v;
         return v[0] != '\0' && strchr(v, ':') != NULL;
     }
+    if (strcmp(name, "spec-ngram-range") == 0) {
+        const char *comma = strchr(v, ',');
+        char lo[32];
+        if (!comma || (size_t)(comma - v) >= sizeof lo)
+            return 0;
+        memcpy(lo, v, (size_t)(comma - v));
+        lo[comma - v] = '\0';
+        return parse_long(lo, 1, 64, &cfg->spec_ngram_min) &&
+               parse_long(comma + 1, 1, 64, &cfg->spec_ngram_max) &&
+               cfg->spec_ngram_min <= cfg->spec_ngram_max;
+    }
     if (strcmp(name, "kv-cache-mem") == 0) {
         cfg->kv_cache_mem_given = 1;
         return parse_bytes(v, &cfg->kv_cache_mem);
@@ -717,6 +747,7 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
     sp->watchdog_ms = (int64_t)(cfg->watchdog_timeout_s * 1000.0);
     sp->unhealthy_after_faults = (int)cfg->unhealthy_after_faults;
     sp->prefix_cache = (int)cfg->prefix_cache;
+    sp->grammar_cache_bytes = (size_t)cfg->grammar_cache_mb << 20;
     sp->conn = cfg->conn;
     sp->tls_cert_path = cfg->tls_cert;
     sp->tls_key_path = cfg->tls_key;
@@ -997,6 +1028,11 @@ int cinfer_server_main(int argc, char **argv,
         .drain_timeout_s = 30,
         .max_receive_message_bytes = 4 << 20,
         .prefix_cache = 1,
+        .grammar_cache_mb = 64,
+        .spec_ngram = 0,
+        .spec_ngram_min = 2,
+        .spec_ngram_max = 4,
+        .spec_max_seqs = 4,
         .log_level = "info",
         .resilience = 1,
         .max_clients = (long)da->max_clients,
@@ -1211,6 +1247,10 @@ int cinfer_server_main(int argc, char **argv,
     ep.min_prefill_tokens = (int)cfg.min_prefill_tokens;
     ep.max_queued = (int)cfg.max_queued;
     ep.prefix_cache = (int)cfg.prefix_cache;
+    ep.spec_ngram_k = (int)cfg.spec_ngram;
+    ep.spec_ngram_min = (int)cfg.spec_ngram_min;
+    ep.spec_ngram_max = (int)cfg.spec_ngram_max;
+    ep.spec_max_seqs = (int)cfg.spec_max_seqs;
     /* holding requests back for deadlines is load management: off with
      * the rest of it */
     ep.admit_past_deadlines = !cfg.resilience;

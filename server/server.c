@@ -1210,6 +1210,16 @@ static void collect(void *user, cinfer_metrics_snapshot *out)
         out->prefix_cache_queries = es.prompt_tokens + es.cached_tokens;
         out->prefix_cache_hits = es.cached_tokens;
         out->preemptions = es.preemptions;
+        out->spec_draft_tokens = es.spec_drafted;
+        out->spec_accepted_tokens = es.spec_accepted;
+    }
+    if (s->grammars) {
+        cinfer_grammar_cache_stats gs;
+        cinfer_grammar_cache_stats_get(s->grammars, &gs);
+        out->grammar_cache_hits = gs.hits;
+        out->grammar_cache_misses = gs.misses;
+        out->grammar_cache_bytes = gs.bytes;
+        out->grammar_cache_entries = gs.entries;
     }
     if (s->adm) {
         cinfer_admission_stats as;
@@ -1291,6 +1301,12 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     st = cinfer_watchdog_create(s, &s->wd);
     if (st == CINFER_OK)
         st = cinfer_service_times_create(&s->svc);
+    if (st == CINFER_OK) {
+        cinfer_grammar_cache_params gp = cinfer_grammar_cache_default_params();
+        if (sp.grammar_cache_bytes)
+            gp.max_bytes = sp.grammar_cache_bytes;
+        st = cinfer_grammar_cache_create(&gp, &s->grammars);
+    }
     if (st != CINFER_OK)
         goto fail_alloc;
 
@@ -1453,6 +1469,7 @@ fail_alloc:
     cinfer_api_keys_unref(s->keys);
     cinfer_watchdog_destroy(s->wd);
     cinfer_service_times_destroy(s->svc);
+    cinfer_grammar_cache_destroy(s->grammars);
     pthread_mutex_destroy(&s->keys_mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -1658,6 +1675,7 @@ void cinfer_server_destroy(cinfer_server *s)
     cinfer_api_keys_unref(s->keys);
     cinfer_watchdog_destroy(s->wd);
     cinfer_service_times_destroy(s->svc);
+    cinfer_grammar_cache_destroy(s->grammars);
     pthread_mutex_destroy(&s->keys_mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

@@ -143,6 +143,9 @@ typedef struct {
     cinfer_metrics *metrics;        /* borrowed, outlives the server; the
                                        server records into it and installs
                                        its collector; NULL = none */
+    size_t grammar_cache_bytes;     /* compiled grammars, regexes and JSON
+                                       schemas kept by their text
+                                       (engine/grammar_cache.h); 0 = 64 MiB */
 } cinfer_server_params;
 
 cinfer_server_params cinfer_server_default_params(void);

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "engine/grammar_cache.h"
 #include "server/chat.h"
 #include "server/orca.h"
 #include "server/reflection_index.h"
@@ -191,6 +192,7 @@ struct cinfer_server {
     cinfer_engine *engine;
     const cinfer_tokenizer *tk;
     cinfer_request_limits limits;
+    cinfer_grammar_cache *grammars; /* every request's compiled grammar */
     cinfer_chat_template chat;
 
     cinfer_refl_index *refl;

@@ -21,6 +21,17 @@ same server.
   curl         the README's curl examples, run as they are written
   bench        cinfer-bench --protocol openai against the server: every
                request completes with its tokens counted
+  json_schema  structured output: schemas (nested objects with required
+               and optional fields, enum, arrays with minItems/maxItems,
+               anyOf, $defs/$ref, integer/number/boolean) through gRPC's
+               json_schema and the SDK's response_format, greedy and
+               seeded; each output that ends by EOS validates with the
+               jsonschema package; bad schemas are INVALID_ARGUMENT / 400
+               naming json_schema and the keyword; regex output
+               fullmatches; json_object parses; /metrics counts grammar
+               cache hits on a repeat
+  spec_ngram   --spec-ngram 4: the greedy text of a repetitive prompt is
+               the text without it, and the spec counters in /metrics move
 
 Usage: openai.py CASE --server-bin ... --cli-bin ... --run-bin ...
                  --mkmodel-bin ... --model PATH [--tokens N]
@@ -524,6 +535,234 @@ def case_bench():
         log("ok: cinfer-bench --protocol openai: 6 requests, 48 tokens")
 
 
+SCHEMAS = [
+    ("person", {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer"},
+            "address": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 10},
+                               "zip": {"type": "string",
+                                       "pattern": "[0-9]{5}"}},
+                "required": ["city"],
+                "additionalProperties": False},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False}),
+    ("enum", {"type": "object",
+              "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                             "ok": {"type": "boolean"}},
+              "required": ["colour", "ok"]}),
+    ("array", {"type": "array", "items": {"type": "integer"},
+               "minItems": 2, "maxItems": 4}),
+    ("anyof", {"type": "object",
+               "properties": {"v": {"anyOf": [{"type": "number"},
+                                              {"type": "null"},
+                                              {"type": "boolean"}]}},
+               "required": ["v"]}),
+    ("defs", {"$defs": {"pt": {"type": "object",
+                               "properties": {"x": {"type": "number"},
+                                              "y": {"type": "number"}},
+                               "required": ["x", "y"]}},
+              "type": "object",
+              "properties": {"a": {"$ref": "#/$defs/pt"},
+                             "b": {"$ref": "#/$defs/pt"}},
+              "required": ["a", "b"]}),
+    ("scalars", {"type": "object",
+                 "properties": {"i": {"type": "integer"},
+                                "n": {"type": "number"},
+                                "b": {"type": "boolean"}},
+                 "required": ["i", "n", "b"]}),
+]
+
+# Greedy, and one seeded sample.
+SETTINGS = [{"temperature": 0}, {"temperature": 0.8, "seed": 7}]
+
+
+def schema_prompt(name):
+    return [{"role": "user",
+             "content": "Reply with a short JSON value (%s)." % name}]
+
+
+def check_json(text, schema, finished, what):
+    """An output that ended by EOS parses and validates."""
+    import jsonschema
+    if not finished:
+        log("  %s: ended by length, not checked: %r" % (what, text[:80]))
+        return 0
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise AssertionError("%s: not JSON (%s): %r" % (what, e, text))
+    jsonschema.validate(v, schema)
+    return 1
+
+
+def case_json_schema():
+    import openai
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        raise Skip("jsonschema not installed")
+    import grpc
+    model = run.need_model()
+    pb = run.stubs()[0]
+    max_tokens = 96
+    with HttpServer(model) as srv:
+        c = srv.client()
+        mid = srv.model_id()
+        checked = 0
+        for name, schema in SCHEMAS:
+            text = json.dumps(schema)
+            for st in SETTINGS:
+                # gRPC: json_schema, chat input.
+                req = pb.GenerateRequest(
+                    chat=grpc_chat(pb, schema_prompt(name)), json_schema=text)
+                req.sampling.temperature = st["temperature"]
+                if "seed" in st:
+                    req.sampling.seed = st["seed"]
+                req.stopping.max_tokens = max_tokens
+                out, final, _ = run.collect(
+                    srv.stub().Generate(req, timeout=600))
+                checked += check_json(
+                    out, schema,
+                    final.finish_reason != pb.FINISH_REASON_LENGTH,
+                    "grpc %s %s" % (name, st))
+                # The SDK: response_format json_schema.
+                kw = {"temperature": st["temperature"]}
+                if "seed" in st:
+                    kw["seed"] = st["seed"]
+                r = c.chat.completions.create(
+                    model=mid, messages=schema_prompt(name),
+                    max_tokens=max_tokens,
+                    response_format={"type": "json_schema",
+                                     "json_schema": {"name": name,
+                                                     "schema": schema,
+                                                     "strict": True}},
+                    **kw)
+                ch = r.choices[0]
+                checked += check_json(ch.message.content, schema,
+                                      ch.finish_reason == "stop",
+                                      "openai %s %s" % (name, st))
+                if st["temperature"] == 0 and ch.finish_reason == "stop":
+                    # Greedy: both front ends write the same document.
+                    if final.finish_reason != pb.FINISH_REASON_LENGTH:
+                        check_eq(ch.message.content, out,
+                                 "greedy %s: SDK and gRPC agree" % name)
+        log("ok: %d structured outputs validated" % checked)
+        check(checked >= len(SCHEMAS), "too few outputs finished to judge: "
+              "%d" % checked)
+        m = scrape(srv)
+        hits = m.get(("cinfer:grammar_cache_hits_total", ()), 0)
+        # Each schema compiled once: the gRPC text and the SDK's dump are
+        # different texts, and each repeats once per setting.
+        check(hits >= len(SCHEMAS), "grammar cache hits %s" % hits)
+        check(m.get(("cinfer:grammar_cache_bytes", ()), 0) > 0,
+              "grammar cache bytes")
+        misses = m.get(("cinfer:grammar_cache_misses_total", ()), 0)
+        log("ok: grammar cache hits %d misses %d" % (hits, misses))
+
+        # json_object and text.
+        r = c.chat.completions.create(
+            model=mid, messages=schema_prompt("an object"), max_tokens=96,
+            temperature=0, response_format={"type": "json_object"})
+        ch = r.choices[0]
+        if ch.finish_reason == "stop":
+            check(isinstance(json.loads(ch.message.content), dict),
+                  "json_object: an object: %r" % ch.message.content)
+        r = c.chat.completions.create(
+            model=mid, messages=schema_prompt("x"), max_tokens=4,
+            temperature=0, response_format={"type": "text"})
+        check(r.choices[0].message.content is not None, "text")
+
+        # Regex through both.
+        rx = "(yes|no), [0-9]{2}"
+        req = pb.GenerateRequest(text=PROMPT, regex=rx)
+        req.sampling.temperature = 0
+        req.stopping.max_tokens = 32
+        out, final, _ = run.collect(srv.stub().Generate(req, timeout=600))
+        check(final.finish_reason != pb.FINISH_REASON_LENGTH,
+              "regex output ended by length: %r" % out)
+        import re
+        check(re.fullmatch(rx, out), "regex: %r" % out)
+        r = c.completions.create(model=mid, prompt=PROMPT, max_tokens=32,
+                                 temperature=0, extra_body={"regex": rx})
+        check(re.fullmatch(rx, r.choices[0].text),
+              "regex (HTTP): %r" % r.choices[0].text)
+        m2 = scrape(srv)
+        check(m2[("cinfer:grammar_cache_hits_total", ())] > hits,
+              "the repeated regex is a hit")
+
+        # Refusals, naming the field and the keyword.
+        for bad, kw in (({"type": "string", "format": "email"}, "format"),
+                        ({"type": "integer", "minimum": 3}, "minimum")):
+            req = pb.GenerateRequest(text=PROMPT, json_schema=json.dumps(bad))
+            req.stopping.max_tokens = 4
+            try:
+                run.collect(srv.stub().Generate(req, timeout=60))
+                raise AssertionError("bad schema accepted: %s" % bad)
+            except grpc.RpcError as e:
+                check_eq(e.code(), grpc.StatusCode.INVALID_ARGUMENT,
+                         "bad schema status")
+                check(e.details().startswith("json_schema: ") and
+                      kw in e.details(), e.details())
+            try:
+                c.chat.completions.create(
+                    model=mid, messages=schema_prompt("x"), max_tokens=4,
+                    response_format={"type": "json_schema",
+                                     "json_schema": {"name": "b",
+                                                     "schema": bad}})
+                raise AssertionError("bad schema accepted (HTTP)")
+            except openai.BadRequestError as e:
+                check("json_schema" in e.message and kw in e.message,
+                      e.message)
+                check("json_schema" in (e.body.get("param") or ""),
+                      "param %r" % e.body.get("param"))
+        try:
+            c.chat.completions.create(
+                model=mid, messages=schema_prompt("x"), max_tokens=4,
+                response_format={"type": "xml"})
+            raise AssertionError("response_format xml accepted")
+        except openai.BadRequestError as e:
+            check("response_format.type" in e.message, e.message)
+        req = pb.GenerateRequest(text=PROMPT, regex="a+",
+                                 json_schema='{"type":"integer"}')
+        try:
+            run.collect(srv.stub().Generate(req, timeout=60))
+            raise AssertionError("regex and json_schema together accepted")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.INVALID_ARGUMENT, "both")
+            check("regex" in e.details() and "json_schema" in e.details(),
+                  e.details())
+        # Nothing leaked into the engine from the refusals.
+        run.wait_engine_idle(srv, 60)
+    log("ok: json_schema, response_format, regex, refusals, cache metrics")
+
+
+def case_spec_ngram():
+    model = run.need_model()
+    prompt = ("one two three four five six seven eight. " * 4 +
+              "one two three four")
+    n = max(24, ARGS.tokens)
+    with HttpServer(model, name="plain") as srv:
+        base, _ = grpc_text(srv, n, text=prompt)
+    with HttpServer(model, extra=["--spec-ngram", "4",
+                                  "--spec-ngram-range", "2,4",
+                                  "--spec-max-seqs", "4"],
+                    name="spec") as srv:
+        spec, _ = grpc_text(srv, n, text=prompt)
+        m = scrape(srv)
+    check_eq(spec, base, "the greedy text with --spec-ngram 4")
+    drafted = m.get(("cinfer:spec_draft_tokens_total", ()), 0)
+    accepted = m.get(("cinfer:spec_accepted_tokens_total", ()), 0)
+    check(drafted > 0, "spec_draft_tokens_total %s" % drafted)
+    check(accepted > 0, "spec_accepted_tokens_total %s" % accepted)
+    log("ok: --spec-ngram 4 text unchanged; drafted %d accepted %d" %
+        (drafted, accepted))
+
+
 CASES = {
     "completions": case_completions,
     "chat": case_chat,
@@ -534,6 +773,8 @@ CASES = {
     "disconnect": case_disconnect,
     "curl": case_curl,
     "bench": case_bench,
+    "json_schema": case_json_schema,
+    "spec_ngram": case_spec_ngram,
 }
 
 

@@ -108,7 +108,15 @@ static void test_fields_named_per_front_end(void)
     d = text_desc();
     d.grammar = "root ::= \"a\"";
     d.regex = "a+";
-    EXPECT_BAD(d, o, "grammar and regex");
+    EXPECT_BAD(d, o, "grammar, regex and response_format.json_schema");
+    d.regex = NULL;
+    d.json_schema = "{\"type\":\"integer\"}";
+    EXPECT_BAD(d, g, "grammar, regex and json_schema");
+    d.grammar = NULL;
+    d.json_object = 1;
+    EXPECT_BAD(d, o, "grammar, regex and response_format.json_schema");
+    d.json_object = 0;
+    CHECK_OK(cinfer_request_validate(&d, &LIM, g));
 }
 
 static void test_from_proto_and_to_engine(void)
@@ -201,38 +209,86 @@ static void test_prompt_checks(void)
 static void test_grammar(void)
 {
     const cinfer_request_fields *o = &cinfer_request_fields_openai;
+    const cinfer_request_fields *gf = &cinfer_request_fields_grpc;
+    cinfer_grammar_cache_params cp = cinfer_grammar_cache_default_params();
+    cinfer_grammar_cache *cache = NULL;
+    CHECK_OK(cinfer_grammar_cache_create(&cp, &cache));
     cinfer_gen_desc d = text_desc();
-    cinfer_grammar *g = (cinfer_grammar *)1;
-    CHECK_OK(cinfer_request_compile_grammar(&d, o, &g));
-    CHECK(g == NULL);
+    cinfer_grammar_entry *e = (cinfer_grammar_entry *)1;
+    CHECK_OK(cinfer_request_compile_grammar(&d, o, cache, &e));
+    CHECK(e == NULL);
     d.grammar = "root ::= \"yes\" | \"no\"";
-    CHECK_OK(cinfer_request_compile_grammar(&d, o, &g));
-    CHECK(g != NULL);
+    CHECK_OK(cinfer_request_compile_grammar(&d, o, cache, &e));
+    CHECK(e != NULL);
     int32_t p[] = {1};
     cinfer_request_params rp;
-    cinfer_request_to_engine(&d, &LIM, p, 1, 0, g, &rp);
-    CHECK(rp.grammar == g);
-    cinfer_grammar_destroy(g);
+    cinfer_request_to_engine(&d, &LIM, p, 1, 0, cinfer_grammar_entry_grammar(e),
+                             &rp);
+    CHECK(rp.grammar == cinfer_grammar_entry_grammar(e));
+    /* The same text again is the kept grammar. */
+    cinfer_grammar_entry *e2 = NULL;
+    CHECK_OK(cinfer_request_compile_grammar(&d, o, cache, &e2));
+    CHECK(e2 && cinfer_grammar_entry_grammar(e2) ==
+                    cinfer_grammar_entry_grammar(e));
+    cinfer_grammar_entry_release(e2);
+    cinfer_grammar_entry_release(e);
+    cinfer_grammar_cache_stats st;
+    cinfer_grammar_cache_stats_get(cache, &st);
+    CHECK_EQ_INT(st.hits, 1);
+    CHECK_EQ_INT(st.misses, 1);
+    CHECK_EQ_INT(st.entries, 1);
+    CHECK(st.bytes > 0);
 
     d.grammar = "root ::= (";
-    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, &g),
+    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, cache, &e),
                  CINFER_E_INVALID_ARG);
-    CHECK(g == NULL);
+    CHECK(e == NULL);
     CHECK(strncmp(cinfer_last_error(), "grammar: ", 9) == 0);
     d.grammar = "root ::= undefined_rule";
-    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, &g),
+    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, cache, &e),
                  CINFER_E_INVALID_ARG);
     CHECK(strncmp(cinfer_last_error(), "grammar: ", 9) == 0);
 
     d.grammar = NULL;
     d.regex = "[0-9]{3}";
-    CHECK_OK(cinfer_request_compile_grammar(&d, o, &g));
-    CHECK(g != NULL);
-    cinfer_grammar_destroy(g);
+    CHECK_OK(cinfer_request_compile_grammar(&d, o, cache, &e));
+    CHECK(e != NULL);
+    cinfer_grammar_entry_release(e);
     d.regex = "(ab";
-    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, &g),
+    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, cache, &e),
                  CINFER_E_INVALID_ARG);
     CHECK(strncmp(cinfer_last_error(), "regex: ", 7) == 0);
+
+    /* A JSON schema, and its refusals named once with the field. */
+    d.regex = NULL;
+    d.json_schema = "{\"type\":\"object\",\"properties\":{\"a\":"
+                    "{\"type\":\"integer\"}},\"required\":[\"a\"]}";
+    CHECK_OK(cinfer_request_compile_grammar(&d, gf, cache, &e));
+    CHECK(e != NULL);
+    cinfer_grammar_entry_release(e);
+    d.json_schema = "{\"type\":\"string\",\"format\":\"email\"}";
+    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, gf, cache, &e),
+                 CINFER_E_INVALID_ARG);
+    CHECK(e == NULL);
+    CHECK(strncmp(cinfer_last_error(), "json_schema: #", 14) == 0);
+    CHECK(strstr(cinfer_last_error(), "format") != NULL);
+    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, o, cache, &e),
+                 CINFER_E_INVALID_ARG);
+    CHECK(strncmp(cinfer_last_error(), "response_format.json_schema: #",
+                  30) == 0);
+    d.json_schema = "{not json";
+    CHECK_EQ_INT(cinfer_request_compile_grammar(&d, gf, cache, &e),
+                 CINFER_E_INVALID_ARG);
+    CHECK(strncmp(cinfer_last_error(), "json_schema: ", 13) == 0);
+    /* response_format json_object. */
+    d.json_schema = NULL;
+    d.json_object = 1;
+    CHECK_OK(cinfer_request_compile_grammar(&d, o, cache, &e));
+    CHECK(e != NULL);
+    cinfer_grammar_entry_release(e);
+    cinfer_grammar_cache_stats_get(cache, &st);
+    CHECK_EQ_INT(st.entries, 4);
+    cinfer_grammar_cache_destroy(cache);
 }
 
 static void test_deadline(void)
