@@ -52,19 +52,47 @@ extern "C" {
 typedef enum {
     CINFER_CHAT_NONE = 0,   /* no template, or one the server cannot render */
     CINFER_CHAT_CHATML = 1,
+    CINFER_CHAT_LLAMA3 = 2,  /* Meta-Llama-3-*-Instruct */
+    CINFER_CHAT_LLAMA31 = 3, /* Llama 3.1 and 3.3 Instruct */
+    CINFER_CHAT_QWEN3 = 4,
+    CINFER_CHAT_GEMMA3 = 5,
 } cinfer_chat_format;
+
+/* cinfer_chat_template_hash of the official templates (the files under
+ * tests/data/chat/). */
+#define CINFER_CHAT_HASH_LLAMA3 0x768dc1687f9293a8ULL
+#define CINFER_CHAT_HASH_LLAMA31 0xa824c505dbb93d4aULL
+#define CINFER_CHAT_HASH_LLAMA32 0xa1f871fe8f88c2e3ULL
+#define CINFER_CHAT_HASH_QWEN3 0x3dba48630dbcfd76ULL
+#define CINFER_CHAT_HASH_GEMMA3 0x6f26d8c366744563ULL
 
 typedef struct {
     cinfer_chat_format format;
     char *default_system;   /* the system turn's text the template inserts
                                when messages[0] is not a system message
                                (malloc'd); NULL = none */
-    int32_t im_start;       /* "<|im_start|>" token id (ChatML) */
-    int32_t im_end;         /* "<|im_end|>" token id (ChatML) */
+    const char *refused;    /* format NONE: the family recognised and
+                               refused ("Mistral [INST]"), static; NULL =
+                               no template or an unknown one */
+    /* Marker token ids, -1 until init. */
+    int32_t im_start;       /* a turn's opening marker: "<|im_start|>",
+                               "<|start_header_id|>", "<start_of_turn>" */
+    int32_t im_end;         /* its closing one: "<|im_end|>", "<|eot_id|>",
+                               "<end_of_turn>" */
+    int32_t header_end;     /* "<|end_header_id|>" (Llama 3) */
+    int32_t think_open;     /* "<think>", "</think>" (Qwen3); -1 when not */
+    int32_t think_close;    /* single tokens: then encoded as text */
+    int32_t bos;            /* the BOS the template writes (Llama 3,
+                               Gemma 3) */
 } cinfer_chat_template;
 
-/* "chatml", or "" for NONE. */
+/* "chatml", "llama3", "llama3.1", "qwen3", "gemma3", or "" for NONE. */
 const char *cinfer_chat_format_name(cinfer_chat_format f);
+
+/* The hash detect matches known templates by: FNV-1a 64 over the text
+ * with comments and the whitespace outside string literals removed, and
+ * the escapes in literals decoded. Pure. */
+uint64_t cinfer_chat_template_hash(const char *tmpl, size_t len);
 
 /* Recognises the template text tmpl[0..len) (NULL = no template) without a
  * tokenizer: sets format and default_system; the token ids stay -1. Pure.
@@ -88,6 +116,14 @@ cinfer_status cinfer_chat_encode(const cinfer_chat_template *t,
                                  const cinfer_tokenizer *tk,
                                  const Cinfer__V1__Chat *chat, int32_t **ids,
                                  size_t *n_ids);
+
+/* The prompt as text, markers (and BOS) written as their strings, as the
+ * Jinja template renders it: for the llama3, llama3.1, qwen3 and gemma3
+ * formats (detect is enough, no tokenizer). Same validation as encode.
+ * *text is malloc'd and NUL-terminated; the caller frees it. */
+cinfer_status cinfer_chat_render_text(const cinfer_chat_template *t,
+                                      const Cinfer__V1__Chat *chat,
+                                      char **text, size_t *len);
 
 #ifdef __cplusplus
 }
