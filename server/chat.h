@@ -19,6 +19,32 @@
  * builds its system turn from an expression (tools, dates) is not
  * recognised: rendering it without that turn would be a guess.
  *
+ * Also recognised, by the text of the official template (a hash of it
+ * with comments and the whitespace outside string literals removed, so a
+ * reindented copy matches and any edit does not; the files are under
+ * tests/data/chat/):
+ *
+ *   llama3    Meta-Llama-3-*-Instruct: BOS, then per message
+ *             <|start_header_id|>ROLE<|end_header_id|>\n\nTEXT<|eot_id|>
+ *             (TEXT trimmed); generation prompt the assistant header.
+ *   llama3.1  Llama 3.1 and 3.3 Instruct: as llama3, after a system turn
+ *             "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul
+ *             2024\n\n" + messages[0]'s text when it is a system one (no
+ *             tools, the default date_string). Tool roles are refused.
+ *   qwen3     ChatML, no default system turn; an assistant message's
+ *             <think>...</think> part is dropped, except on assistant turns
+ *             after the last user message, where it is kept re-wrapped as
+ *             "<think>\nR\n</think>\n\n" (also empty on the last one).
+ *             enable_thinking left undefined: nothing after the prompt.
+ *   gemma3    <bos>, <start_of_turn>ROLE\nTEXT<end_of_turn>\n with
+ *             assistant written "model", TEXT trimmed, a system message
+ *             (untrimmed) + "\n\n" put before the first turn's text; roles
+ *             must alternate user/assistant; prompt <start_of_turn>model\n.
+ *
+ * Refused by name (t->refused): Mistral [INST] templates, Llama 3.2's
+ * (its system turn holds today's date), any other Llama 3 or Gemma
+ * template, and ChatML templates with <think> or tool logic.
+ *
  * Encoding keeps the structure out of the user's hands: the markers are
  * emitted as their special token ids and every text piece (role, content,
  * newlines) is tokenized without special-token parsing, so a message that
@@ -28,7 +54,7 @@
  *
  *     cinfer_chat_template ct;
  *     cinfer_chat_template_init(&ct, tmpl, tmpl_len, tokenizer);
- *     if (ct.format == CINFER_CHAT_CHATML)
+ *     if (ct.format != CINFER_CHAT_NONE)
  *         cinfer_chat_encode(&ct, tokenizer, chat, &ids, &n_ids);  free(ids)
  *     cinfer_chat_template_cleanup(&ct);
  *
