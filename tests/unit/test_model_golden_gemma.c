@@ -49,4 +49,5 @@ static const char *gemma_path(void)
 #define FULL_REL_L2_BOUND 0.1
 #define TOP10_MISMATCH_BOUND 400
 #define GREEDY_DIVERGENT_BOUND 4
+#define GOLDEN_SANITIZED_PROMPTS 2 /* ASan + UBSan: prompts 0 and 1 */
 #include "test_model_golden.c"
