@@ -610,13 +610,15 @@ def case_json_schema():
     model = run.need_model()
     pb = run.stubs()[0]
     max_tokens = 96
+    # A sanitizer build (--tokens 8) is about 10x slower: greedy only.
+    settings = SETTINGS if ARGS.tokens >= 16 else SETTINGS[:1]
     with HttpServer(model) as srv:
         c = srv.client()
         mid = srv.model_id()
         checked = 0
         for name, schema in SCHEMAS:
             text = json.dumps(schema)
-            for st in SETTINGS:
+            for st in settings:
                 # gRPC: json_schema, chat input.
                 req = pb.GenerateRequest(
                     chat=grpc_chat(pb, schema_prompt(name)), json_schema=text)
@@ -657,8 +659,10 @@ def case_json_schema():
         m = scrape(srv)
         hits = m.get(("cinfer:grammar_cache_hits_total", ()), 0)
         # Each schema compiled once: the gRPC text and the SDK's dump are
-        # different texts, and each repeats once per setting.
-        check(hits >= len(SCHEMAS), "grammar cache hits %s" % hits)
+        # different texts, and each repeats once per setting (greedy
+        # only: the repeated regex below is the hit).
+        if len(settings) > 1:
+            check(hits >= len(SCHEMAS), "grammar cache hits %s" % hits)
         check(m.get(("cinfer:grammar_cache_bytes", ()), 0) > 0,
               "grammar cache bytes")
         misses = m.get(("cinfer:grammar_cache_misses_total", ()), 0)
