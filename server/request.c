@@ -274,7 +274,7 @@ static cinfer_status check_input(const cinfer_gen_desc *d,
             return cinfer_set_error(
                 CINFER_E_INVALID_ARG,
                 "%s: the model has no chat template the server recognises "
-                "(ChatML is supported)",
+                "(supported: ChatML, Llama 3, Llama 3.1/3.3, Qwen3, Gemma 3)",
                 f->chat);
         if (!d->chat || d->chat->n_messages == 0)
             return cinfer_set_error(CINFER_E_INVALID_ARG,

@@ -123,7 +123,8 @@ static cinfer_status check_chat(const Cinfer__V1__Chat *chat,
         return cinfer_set_error(
             CINFER_E_INVALID_ARG,
             "%s: the model has no chat template the server recognises "
-            "(ChatML is supported); send text or token_ids",
+            "(supported: ChatML, Llama 3, Llama 3.1/3.3, Qwen3, Gemma 3); "
+            "send text or token_ids",
             field);
     if (chat->n_messages == 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
