@@ -471,29 +471,40 @@ def case_disconnect():
                                         before.generated_tokens))
 
 
-# The README's examples, with the address and model filled in.
-CURL_EXAMPLES = [
-    """curl -s http://ADDR/v1/completions -H 'Content-Type: application/json' \
-  -d '{"model": "MODEL", "prompt": "Once upon a time", "max_tokens": 16, \
-"temperature": 0}'""",
-    """curl -s http://ADDR/v1/chat/completions \
-  -H 'Content-Type: application/json' \
-  -d '{"model": "MODEL", "messages": [{"role": "user", "content": "Hi!"}], \
-"max_tokens": 16}'""",
-    """curl -sN http://ADDR/v1/chat/completions \
-  -H 'Content-Type: application/json' \
-  -d '{"model": "MODEL", "messages": [{"role": "user", "content": "Hi!"}], \
-"max_tokens": 16, "stream": true}'""",
-    """curl -s http://ADDR/v1/models""",
-]
+def readme_curl_examples():
+    """The curl commands of the README's "The OpenAI-compatible API"
+    section, continuation lines joined, as they are written there (the
+    address 127.0.0.1:8000 and MODEL are filled in by the caller)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "README.md")
+    with open(path) as f:
+        text = f.read()
+    start = text.index("## The OpenAI-compatible API")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end >= 0 else len(text)]
+    out, cur = [], None
+    for line in section.splitlines():
+        if cur is None and line.startswith("curl "):
+            cur = line
+        elif cur is not None:
+            cur += "\n" + line
+        else:
+            continue
+        if not cur.endswith("\\"):
+            out.append(cur)
+            cur = None
+    check(len(out) >= 4, "the README's API section has its curl examples: %r"
+          % out)
+    return out
 
 
 def case_curl():
     model = run.need_model()
     with HttpServer(model) as srv:
         mid = srv.model_id()
-        for ex in CURL_EXAMPLES:
-            cmd = ex.replace("ADDR", "127.0.0.1:%d" % srv.http_port).replace(
+        examples = readme_curl_examples()
+        for ex in examples:
+            cmd = ex.replace("127.0.0.1:8000",
+                             "127.0.0.1:%d" % srv.http_port).replace(
                 "MODEL", mid)
             r = subprocess.run(["sh", "-c", cmd], capture_output=True,
                                text=True, timeout=120)
@@ -508,7 +519,7 @@ def case_curl():
             else:
                 j = json.loads(out)
                 check("error" not in j, "curl answer: %r" % j)
-        log("ok: %d curl examples" % len(CURL_EXAMPLES))
+        log("ok: %d curl examples" % len(examples))
 
 
 def case_bench():
