@@ -148,11 +148,12 @@ cinfer_status cinfer_server_submit(cinfer_server *s,
 /* A generation call's engine events                                      */
 /* ---------------------------------------------------------------------- */
 
-void cinfer_gen_track_init(cinfer_gen_track *t, int64_t start_ns,
-                           int n_samples)
+void cinfer_gen_track_init(cinfer_gen_track *t, cinfer_frontend fe,
+                           int64_t start_ns, int n_samples)
 {
     memset(t, 0, sizeof *t);
     t->start_ns = start_ns;
+    t->frontend = fe;
     t->n_samples = n_samples > 0 ? n_samples : 1;
     t->shed = CINFER_REJECT_NONE;
     t->outcome = CINFER_OUTCOME_IGNORED;
@@ -177,13 +178,14 @@ void cinfer_gen_track_tokens(cinfer_server *s, cinfer_gen_track *t,
                 return;
             }
         }
-        cinfer_metrics_observe(s->metrics, CINFER_HIST_TTFT,
+        cinfer_metrics_observe(s->metrics, t->frontend, CINFER_HIST_TTFT,
                                (double)(now - t->start_ns) * 1e-9);
     } else {
         double gap = (double)(now - t->last_token_ns) * 1e-9 /
                      (double)ev->n_ids;
         for (size_t i = 0; i < ev->n_ids; i++)
-            cinfer_metrics_observe(s->metrics, CINFER_HIST_ITL, gap);
+            cinfer_metrics_observe(s->metrics, t->frontend, CINFER_HIST_ITL,
+                                   gap);
         if (ev->n_ids == 1)
             cinfer_service_time_record(s->svc, 1, now - t->last_token_ns);
         if (t->admitted)
@@ -221,7 +223,7 @@ int cinfer_gen_track_finish(cinfer_server *s, cinfer_gen_track *t,
         (o == CINFER_OUTCOME_SUCCESS && t->outcome == CINFER_OUTCOME_IGNORED))
         t->outcome = o;
     cinfer_metrics_add_tokens(
-        s->metrics,
+        s->metrics, t->frontend,
         (uint64_t)(t->n_finished == 0 && ev->prompt_tokens > 0
                        ? ev->prompt_tokens
                        : 0),
@@ -242,10 +244,10 @@ int cinfer_gen_track_finish(cinfer_server *s, cinfer_gen_track *t,
         t->admitted = 0;
     }
     if (t->shed == CINFER_REJECT_NONE) {
-        cinfer_metrics_observe(s->metrics, CINFER_HIST_E2E,
+        cinfer_metrics_observe(s->metrics, t->frontend, CINFER_HIST_E2E,
                                (double)(now - t->start_ns) * 1e-9);
         if (t->started)
-            cinfer_metrics_observe(s->metrics, CINFER_HIST_QUEUE,
+            cinfer_metrics_observe(s->metrics, t->frontend, CINFER_HIST_QUEUE,
                                    (double)ev->queue_ns * 1e-9);
     }
     return 1;

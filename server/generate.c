@@ -388,6 +388,7 @@ static void log_done(srv_call *c, gen_state *g)
     if (!cinfer_log_begin(&l, CINFER_LOG_INFO, "generate done",
                           c->request_id))
         return;
+    cinfer_log_str(&l, "frontend", "grpc");
     cinfer_log_str(&l, "finish", cinfer_finish_reason_name(g->finish));
     cinfer_log_int(&l, "prompt_tokens", g->prompt_tokens);
     cinfer_log_int(&l, "completion_tokens", g->completion_tokens);
@@ -669,6 +670,7 @@ static void log_start(srv_call *c, const cinfer_request_params *rp,
     cinfer_log_line l;
     if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "generate start",
                          c->request_id)) {
+        cinfer_log_str(&l, "frontend", "grpc");
         cinfer_log_int(&l, "prompt_tokens", (int64_t)rp->n_prompt);
         cinfer_log_int(&l, "max_tokens", rp->max_tokens);
         if (rp->n_samples > 1)
@@ -722,7 +724,8 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     g->n_prompt = (int32_t)n_prompt;
     g->want_logprobs = d.has_logprobs;
     g->n_top = d.has_logprobs ? d.logprobs : 0;
-    cinfer_gen_track_init(&g->tr, c->start_ns, rp.n_samples);
+    cinfer_gen_track_init(&g->tr, CINFER_FRONTEND_GRPC, c->start_ns,
+                          rp.n_samples);
 
     int64_t now = cinfer_server_now_ns();
     g->call_deadline_ns = call_deadline_ns(c);

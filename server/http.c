@@ -24,6 +24,13 @@
  * included, as for a gRPC stream; destroy cancels what the engine still
  * holds (cinfer_http_abort_all).
  *
+ * Metrics: each answer of an API path counts once in
+ * cinfer:request_total{frontend="openai"} under its path, with the gRPC
+ * code of its status (count_answer): a non-streamed one when it is
+ * queued, a stream when its last event is (or CANCELLED when the client
+ * left first); /health probes and unknown paths are not counted, as gRPC's
+ * health and reflection calls are not.
+ *
  * Errors are OpenAI's JSON: 400 naming the field (param), 401 without a
  * valid key, 404 for another model or path, 413 past the body bound,
  * 429 (rate limits) and 503 (shedding, breaker, drain, loading) with
@@ -79,6 +86,10 @@ typedef struct http_req {
     int fd;
     char id[48];
     int64_t created_s;
+    int64_t start_ns;  /* arrival (the rejection latency's start) */
+    const char *path;  /* the API path (a static string): the metrics'
+                          method; NULL = not counted */
+    atomic_int counted; /* the answer is in the metrics */
     int chat;
     /* body */
     char *body;
@@ -190,7 +201,12 @@ static void cancel_gone(http_req *r)
     uint64_t id = r->engine_id;
     pthread_mutex_unlock(&r->mu);
     if (cancel) {
-        cinfer_log(CINFER_LOG_INFO, "client gone; cancelling", r->id);
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_INFO, "client gone; cancelling",
+                             r->id)) {
+            cinfer_log_str(&l, "frontend", "openai");
+            cinfer_log_end(&l);
+        }
         cinfer_engine_cancel(r->s->engine, id);
     }
     pthread_mutex_lock(&r->mu);
@@ -270,22 +286,37 @@ static unsigned http_status(cinfer_status st, const char **type)
     }
 }
 
-static void count(cinfer_server *s, unsigned status)
+/* Counts the request's answer, once: cinfer:request_total under its path
+ * with the gRPC code of st, and a refusal under its reason with the time
+ * the server took to answer it. */
+static void count_answer(http_req *r, cinfer_status st,
+                         const cinfer_pushback *pb)
 {
-    cinfer_metrics_frontend_request(s->metrics, "openai", (int)status);
+    if (!r->path || atomic_exchange(&r->counted, 1))
+        return;
+    cinfer_metrics *m = r->s->metrics;
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_OPENAI, r->path,
+                                (int)cinfer_server_grpc_status(st));
+    if (pb && pb->reason != CINFER_REJECT_NONE) {
+        cinfer_metrics_rejected(m, CINFER_FRONTEND_OPENAI,
+                                cinfer_reject_name(pb->reason));
+        cinfer_metrics_observe(
+            m, CINFER_FRONTEND_OPENAI, CINFER_HIST_REJECT,
+            (double)(cinfer_server_now_ns() - r->start_ns) * 1e-9);
+    }
 }
 
-static enum MHD_Result send_error(cinfer_server *s, struct MHD_Connection *c,
+static enum MHD_Result send_error(http_req *r, struct MHD_Connection *c,
                                   cinfer_status st, const char *message,
-                                  const cinfer_pushback *pb, const char *rid)
+                                  const cinfer_pushback *pb)
 {
+    const char *rid = r->id;
     const char *type;
     unsigned code = http_status(st, &type);
     char param[64] = "";
     if (code == 400)
         cinfer_openai_error_param(message, param, sizeof param);
     if (pb && pb->reason != CINFER_REJECT_NONE) {
-        cinfer_metrics_rejected(s->metrics, cinfer_reject_name(pb->reason));
         cinfer_log_line l;
         if (cinfer_log_begin(&l, CINFER_LOG_INFO, "call rejected", rid)) {
             cinfer_log_str(&l, "frontend", "openai");
@@ -303,7 +334,7 @@ static enum MHD_Result send_error(cinfer_server *s, struct MHD_Connection *c,
             cinfer_log_end(&l);
         }
     }
-    count(s, code);
+    count_answer(r, st, pb);
     int64_t retry = 0;
     if (pb && (code == 429 || code == 503))
         retry = pb->retry_after_ms > 0 ? pb->retry_after_ms : 1;
@@ -620,6 +651,7 @@ static void stream_collect(http_req *r)
     if (!r->finished || r->done_sent)
         return;
     if (r->fin_status == CINFER_OK && r->tr.shed == CINFER_REJECT_NONE) {
+        count_answer(r, CINFER_OK, NULL);
         for (int k = 0; k < r->n_samples; k++)
             out_add(r, chunk_of(r, k, NULL, NULL,
                                 finish_name(r->samples[k].finish)));
@@ -631,11 +663,15 @@ static void stream_collect(http_req *r)
             out_add(r, j);
         }
     } else {
-        /* Headers are sent: the error travels as an event. A shed is
-         * counted under its reason here, as the non-streamed answer's. */
-        if (r->tr.shed != CINFER_REJECT_NONE)
-            cinfer_metrics_rejected(r->s->metrics,
-                                    cinfer_reject_name(r->tr.shed));
+        /* Headers are sent: the error travels as an event, and is counted
+         * (a shed under its reason) as the non-streamed answer's. */
+        cinfer_pushback pb = {.reason = r->tr.shed,
+                              .retry_after_ms = r->tr.shed_retry_ms};
+        count_answer(r,
+                     r->fin_status != CINFER_OK
+                         ? r->fin_status
+                         : cinfer_reject_status(r->tr.shed),
+                     r->fin_status != CINFER_OK ? NULL : &pb);
         const char *type;
         http_status(r->fin_status != CINFER_OK ? r->fin_status
                                                : cinfer_reject_status(r->tr.shed),
@@ -735,11 +771,11 @@ static int authenticate(http_req *r, struct MHD_Connection *c,
         idx = cinfer_api_keys_find(ks, key, key_len);
     if (idx < 0) {
         cinfer_api_keys_unref(ks);
-        *ret = send_error(s, c, CINFER_E_UNAUTHENTICATED,
+        *ret = send_error(r, c, CINFER_E_UNAUTHENTICATED,
                           key ? "the API key is not valid"
                               : "an API key is required (Authorization: "
                                 "Bearer KEY)",
-                          NULL, r->id);
+                          NULL);
         return 0;
     }
     r->key_set = ks;
@@ -796,7 +832,8 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
         char msg[96];
         snprintf(msg, sizeof msg, "the body is larger than %d bytes",
                  CINFER_OPENAI_MAX_BODY);
-        count(s, 413);
+        /* gRPC's answer to a message past its bound */
+        count_answer(r, CINFER_E_EXHAUSTED, NULL);
         return send_body(c, 413,
                          cinfer_openai_error_json(msg, "invalid_request_error",
                                                   NULL, NULL),
@@ -807,7 +844,7 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
     cinfer_status st = prepare(r, &prompt, &n_prompt);
     if (st != CINFER_OK) {
         free(prompt);
-        return send_error(s, c, st, cinfer_last_error(), NULL, r->id);
+        return send_error(r, c, st, cinfer_last_error(), NULL);
     }
     cinfer_request_params rp;
     cinfer_request_to_engine(&r->q.d, &s->limits, prompt, n_prompt,
@@ -820,10 +857,11 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
     r->samples = calloc((size_t)rp.n_samples, sizeof *r->samples);
     if (!r->samples) {
         free(prompt);
-        return send_error(s, c, CINFER_E_NOMEM, "no memory", NULL, r->id);
+        return send_error(r, c, CINFER_E_NOMEM, "no memory", NULL);
     }
     int64_t start = cinfer_server_now_ns();
-    cinfer_gen_track_init(&r->tr, start, rp.n_samples);
+    cinfer_gen_track_init(&r->tr, CINFER_FRONTEND_OPENAI, start,
+                          rp.n_samples);
     cinfer_request_deadline dl =
         cinfer_request_deadline_of(start, 0, s->params.max_request_time_ms, 0);
     rp.deadline_ns = dl.engine_ns;
@@ -857,8 +895,8 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
         };
         if (!cinfer_server_admit(s, &in, start, &r->tr.ticket, &ref)) {
             free(prompt);
-            return send_error(s, c, ref.status, ref.message,
-                              ref.has_pb ? &ref.pb : NULL, r->id);
+            return send_error(r, c, ref.status, ref.message,
+                              ref.has_pb ? &ref.pb : NULL);
         }
         r->tr.admitted = 1;
     }
@@ -867,8 +905,8 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
         cinfer_gen_track_drop(s, &r->tr);
         cinfer_pushback pb = {.reason = CINFER_REJECT_DRAINING,
                               .retry_after_ms = 1000};
-        return send_error(s, c, CINFER_E_UNAVAILABLE,
-                          "the server is shutting down", &pb, r->id);
+        return send_error(r, c, CINFER_E_UNAVAILABLE,
+                          "the server is shutting down", &pb);
     }
     r->listed = 1; /* in generate_open until its connection is done */
     atomic_fetch_add(&r->refs, 1); /* the engine's hold */
@@ -887,8 +925,8 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
         cinfer_gen_track_drop(s, &r->tr);
         unlist(r);
         atomic_fetch_sub(&r->refs, 1);
-        return send_error(s, c, ref.status, ref.message,
-                          ref.has_pb ? &ref.pb : NULL, r->id);
+        return send_error(r, c, ref.status, ref.message,
+                          ref.has_pb ? &ref.pb : NULL);
     }
     r->engine_id = id;
     r->submitted = 1;
@@ -903,7 +941,6 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
                                 "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL,
                                 "no-cache");
-        count(s, 200);
         ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
         return ret;
@@ -926,13 +963,12 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
                                       sizeof msg);
         cinfer_pushback pb = {.reason = shed,
                               .retry_after_ms = r->tr.shed_retry_ms};
-        return send_error(s, c, cinfer_reject_status(shed), msg, &pb, r->id);
+        return send_error(r, c, cinfer_reject_status(shed), msg, &pb);
     }
     if (fst != CINFER_OK)
-        return send_error(s, c, fst,
-                          r->oom ? "out of memory" : r->fin_message, NULL,
-                          r->id);
-    count(s, 200);
+        return send_error(r, c, fst,
+                          r->oom ? "out of memory" : r->fin_message, NULL);
+    count_answer(r, CINFER_OK, NULL);
     return send_json(c, 200, full_response(r));
 }
 
@@ -942,7 +978,7 @@ static enum MHD_Result get_models(http_req *r, struct MHD_Connection *c)
     if (!authenticate(r, c, &ret))
         return ret;
     cinfer_server *s = r->s;
-    count(s, 200);
+    count_answer(r, CINFER_OK, NULL);
     return send_json(
         c, 200,
         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:i}]}", "object",
@@ -960,7 +996,6 @@ static enum MHD_Result route(http_req *r, struct MHD_Connection *c,
     int get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     if (strcmp(url, "/health") == 0 && get) {
         int ok = cinfer_server_healthy(s);
-        count(s, ok ? 200 : 503);
         return send_body(c, ok ? 200 : 503,
                          strdup(ok ? "{\"status\":\"ok\"}"
                                    : "{\"status\":\"unavailable\"}"),
@@ -970,23 +1005,24 @@ static enum MHD_Result route(http_req *r, struct MHD_Connection *c,
     int chat = strcmp(url, "/v1/chat/completions") == 0;
     int models = strcmp(url, "/v1/models") == 0;
     if (!completions && !chat && !models)
-        return send_error(s, c, CINFER_E_NOT_FOUND, "no such path", NULL,
-                          r->id);
+        return send_error(r, c, CINFER_E_NOT_FOUND, "no such path", NULL);
+    r->path = completions ? "/v1/completions"
+              : chat      ? "/v1/chat/completions"
+                          : "/v1/models";
     if ((models && !get) || (!models && !post))
-        return send_error(s, c, CINFER_E_INVALID_ARG,
-                          "the method is not allowed on this path", NULL,
-                          r->id);
+        return send_error(r, c, CINFER_E_INVALID_ARG,
+                          "the method is not allowed on this path", NULL);
     if (atomic_load(&s->state) != SERVER_SERVING) {
         cinfer_pushback pb = {.reason = atomic_load(&s->state) ==
                                                 SERVER_LOADING
                                             ? CINFER_REJECT_NONE
                                             : CINFER_REJECT_DRAINING,
                               .retry_after_ms = 1000};
-        return send_error(s, c, CINFER_E_UNAVAILABLE,
+        return send_error(r, c, CINFER_E_UNAVAILABLE,
                           atomic_load(&s->state) == SERVER_LOADING
                               ? "the model is loading"
                               : "the server is shutting down",
-                          &pb, r->id);
+                          &pb);
     }
     if (models)
         return get_models(r, c);
@@ -1009,10 +1045,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
         r->h = h;
         r->s = h->srv;
         atomic_init(&r->refs, 1);
+        atomic_init(&r->counted, 0);
         pthread_mutex_init(&r->mu, NULL);
         pthread_cond_init(&r->cv, NULL);
         r->fd = conn_fd(c);
         r->created_s = (int64_t)time(NULL);
+        r->start_ns = cinfer_server_now_ns();
         snprintf(r->id, sizeof r->id, "cmpl-%llu",
                  (unsigned long long)atomic_fetch_add(&h->next_id, 1) + 1);
         *con_cls = r;
@@ -1058,6 +1096,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         cancel_gone(r);
     pthread_mutex_unlock(&r->mu);
+    /* An answer not counted yet never reached its end: the client left. */
+    count_answer(r, CINFER_E_CANCELLED, NULL);
     /* Counted until the answer is out, not only until the engine is done:
      * a drain then waits for the last events of a stream too. */
     if (r->listed)

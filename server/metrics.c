@@ -9,12 +9,15 @@
  * exposition adds them up, and derives _count from the same bucket reads,
  * so the +Inf bucket always equals _count even while other threads record.
  *
- * Labels: the method of cinfer:request_total and the reason of
+ * Labels: every per-request series carries its front end (`frontend`,
+ * the first index of its table: one fixed slot per cinfer_frontend). The
+ * method of cinfer:request_total and the reason of
  * cinfer:rejected_requests_total come from small append-only tables of
- * names. A lookup scans the published names without a lock; a new name is
- * appended under a mutex. The tables are bounded (a client can send any
- * method path), and names past the bound share the label "other". The gRPC
- * code is the second index of a fixed [method][code] table.
+ * names, shared by the front ends. A lookup scans the published names
+ * without a lock; a new name is appended under a mutex. The tables are
+ * bounded (a client can send any method path), and names past the bound
+ * share the label "other". The gRPC code is the last index of a fixed
+ * [frontend][method][code] table.
  *
  * Gauges that belong to other subsystems (engine, admission, breaker,
  * health) come from the collector callback at scrape time; process metrics
@@ -143,19 +146,18 @@ struct cinfer_metrics {
     int port;
 
     label_table methods;
-    _Atomic uint64_t requests[MAX_LABELS][N_GRPC_CODES];
+    _Atomic uint64_t requests[CINFER_FRONTEND_COUNT_][MAX_LABELS]
+                             [N_GRPC_CODES];
     label_table reasons;
-    _Atomic uint64_t rejected[MAX_LABELS];
-    _Atomic uint64_t http_by_code[600]; /* the openai front end's answers,
-                                           by HTTP status */
+    _Atomic uint64_t rejected[CINFER_FRONTEND_COUNT_][MAX_LABELS];
     label_table keys;
     _Atomic uint64_t key_requests[MAX_LABELS];
     char *tls_cert, *tls_key;  /* HTTPS: the PEM texts, for the daemon's
                                   life */
 
-    hist hists[CINFER_HIST_COUNT_];
-    _Atomic uint64_t prompt_tokens;
-    _Atomic uint64_t generated_tokens;
+    hist hists[CINFER_FRONTEND_COUNT_][CINFER_HIST_COUNT_];
+    _Atomic uint64_t prompt_tokens[CINFER_FRONTEND_COUNT_];
+    _Atomic uint64_t generated_tokens[CINFER_FRONTEND_COUNT_];
 
     pthread_mutex_t collect_mu; /* guards collect_fn/collect_user and the
                                    call of the collector */
@@ -225,34 +227,43 @@ static int label_index(label_table *t, const char *name)
 /* Recording                                                                */
 /* ------------------------------------------------------------------------ */
 
-void cinfer_metrics_request_done(cinfer_metrics *m, const char *method,
-                                 int grpc_code)
+static const char *const frontend_names[CINFER_FRONTEND_COUNT_] = {
+    [CINFER_FRONTEND_GRPC] = "grpc",
+    [CINFER_FRONTEND_OPENAI] = "openai",
+};
+
+/* A front end's slot; out of range counts as gRPC. */
+static int fe_slot(cinfer_frontend fe)
+{
+    return (int)fe >= 0 && fe < CINFER_FRONTEND_COUNT_ ? (int)fe
+                                                      : CINFER_FRONTEND_GRPC;
+}
+
+const char *cinfer_frontend_name(cinfer_frontend fe)
+{
+    return frontend_names[fe_slot(fe)];
+}
+
+void cinfer_metrics_request_done(cinfer_metrics *m, cinfer_frontend fe,
+                                 const char *method, int grpc_code)
 {
     if (!m)
         return;
     if (grpc_code < 0 || grpc_code >= N_GRPC_CODES)
         grpc_code = 2; /* UNKNOWN */
     int i = label_index(&m->methods, method);
-    atomic_fetch_add_explicit(&m->requests[i][grpc_code], 1,
+    atomic_fetch_add_explicit(&m->requests[fe_slot(fe)][i][grpc_code], 1,
                               memory_order_relaxed);
 }
 
-void cinfer_metrics_frontend_request(cinfer_metrics *m, const char *frontend,
-                                     int http_status)
-{
-    (void)frontend; /* one front end besides gRPC today: openai */
-    if (!m || http_status < 100 || http_status >= 600)
-        return;
-    atomic_fetch_add_explicit(&m->http_by_code[http_status], 1,
-                              memory_order_relaxed);
-}
-
-void cinfer_metrics_rejected(cinfer_metrics *m, const char *reason)
+void cinfer_metrics_rejected(cinfer_metrics *m, cinfer_frontend fe,
+                             const char *reason)
 {
     if (!m)
         return;
     int i = label_index(&m->reasons, reason);
-    atomic_fetch_add_explicit(&m->rejected[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->rejected[fe_slot(fe)][i], 1,
+                              memory_order_relaxed);
 }
 
 void cinfer_metrics_api_key(cinfer_metrics *m, const char *name)
@@ -263,16 +274,17 @@ void cinfer_metrics_api_key(cinfer_metrics *m, const char *name)
     atomic_fetch_add_explicit(&m->key_requests[i], 1, memory_order_relaxed);
 }
 
-void cinfer_metrics_add_tokens(cinfer_metrics *m, uint64_t prompt,
-                               uint64_t generated)
+void cinfer_metrics_add_tokens(cinfer_metrics *m, cinfer_frontend fe,
+                               uint64_t prompt, uint64_t generated)
 {
     if (!m)
         return;
+    int f = fe_slot(fe);
     if (prompt)
-        atomic_fetch_add_explicit(&m->prompt_tokens, prompt,
+        atomic_fetch_add_explicit(&m->prompt_tokens[f], prompt,
                                   memory_order_relaxed);
     if (generated)
-        atomic_fetch_add_explicit(&m->generated_tokens, generated,
+        atomic_fetch_add_explicit(&m->generated_tokens[f], generated,
                                   memory_order_relaxed);
 }
 
@@ -290,7 +302,8 @@ static double bitsd(uint64_t u)
     return v;
 }
 
-void cinfer_metrics_observe(cinfer_metrics *m, cinfer_hist h, double seconds)
+void cinfer_metrics_observe(cinfer_metrics *m, cinfer_frontend fe,
+                            cinfer_hist h, double seconds)
 {
     if (!m || (int)h < 0 || h >= CINFER_HIST_COUNT_ || isnan(seconds))
         return;
@@ -306,7 +319,7 @@ void cinfer_metrics_observe(cinfer_metrics *m, cinfer_hist h, double seconds)
         else
             lo = mid + 1;
     }
-    hist *hs = &m->hists[h];
+    hist *hs = &m->hists[fe_slot(fe)][h];
     atomic_fetch_add_explicit(&hs->counts[lo], 1, memory_order_relaxed);
     uint64_t old = atomic_load_explicit(&hs->sum_bits, memory_order_relaxed);
     while (!atomic_compare_exchange_weak_explicit(
@@ -449,9 +462,10 @@ static void sb_sample_double(sbuf *b, const char *name, double v)
     sb_printf(b, "%s %s\n", name, num);
 }
 
-static void render_histogram(sbuf *b, const hist_def *d, hist *h)
+/* One front end's series of a histogram. */
+static void render_histogram_series(sbuf *b, const hist_def *d, hist *h,
+                                    const char *fe)
 {
-    sb_family(b, d->name, "histogram", d->help);
     uint64_t cum = 0;
     char num[40];
     for (int i = 0; i <= d->n_bounds; i++) {
@@ -460,13 +474,24 @@ static void render_histogram(sbuf *b, const hist_def *d, hist *h)
             fmt_double(num, d->bounds[i]);
         else
             strcpy(num, "+Inf");
-        sb_printf(b, "%s_bucket{le=\"%s\"} %llu\n", d->name, num,
-                  (unsigned long long)cum);
+        sb_printf(b, "%s_bucket{frontend=\"%s\",le=\"%s\"} %llu\n", d->name,
+                  fe, num, (unsigned long long)cum);
     }
     fmt_double(num,
                bitsd(atomic_load_explicit(&h->sum_bits, memory_order_relaxed)));
-    sb_printf(b, "%s_sum %s\n", d->name, num);
-    sb_printf(b, "%s_count %llu\n", d->name, (unsigned long long)cum);
+    sb_printf(b, "%s_sum{frontend=\"%s\"} %s\n", d->name, fe, num);
+    sb_printf(b, "%s_count{frontend=\"%s\"} %llu\n", d->name, fe,
+              (unsigned long long)cum);
+}
+
+/* Histogram h of every front end, each always shown (zeros included), so
+ * a rate over it starts from the server's start. */
+static void render_histogram(sbuf *b, cinfer_metrics *m, int h)
+{
+    const hist_def *d = &hist_defs[h];
+    sb_family(b, d->name, "histogram", d->help);
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++)
+        render_histogram_series(b, d, &m->hists[f][h], frontend_names[f]);
 }
 
 /* Process metrics, with the names the Prometheus client libraries use. */
@@ -600,54 +625,49 @@ char *cinfer_metrics_render(cinfer_metrics *m)
     sb_reserve(&b, 16384);
 
     sb_family(&b, "cinfer:request_total", "counter",
-              "Finished RPCs by method and gRPC status code.");
+              "Finished calls by front end (grpc, openai), method (the RPC, "
+              "or the HTTP path) and gRPC status code. An HTTP answer has "
+              "the code of its status: 200 OK, 400 INVALID_ARGUMENT, 401 "
+              "UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND, 413 "
+              "and 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 "
+              "DEADLINE_EXCEEDED, 500 INTERNAL or the fault's own; a client "
+              "gone before the end is CANCELLED.");
     int nm = atomic_load_explicit(&m->methods.n, memory_order_acquire);
-    for (int k = 0; k <= nm; k++) {
-        /* The published names, then the "other" slot. */
-        int i = k < nm ? k : MAX_LABELS - 1;
-        for (int c = 0; c < N_GRPC_CODES; c++) {
-            uint64_t v =
-                atomic_load_explicit(&m->requests[i][c], memory_order_relaxed);
-            if (!v)
-                continue;
-            sb_str(&b, "cinfer:request_total{method=\"");
-            sb_label_value(&b, m->methods.names[i]);
-            sb_printf(&b, "\",code=\"%s\"} %llu\n", grpc_code_names[c],
-                      (unsigned long long)v);
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++) {
+        for (int k = 0; k <= nm; k++) {
+            /* The published names, then the "other" slot. */
+            int i = k < nm ? k : MAX_LABELS - 1;
+            for (int c = 0; c < N_GRPC_CODES; c++) {
+                uint64_t v = atomic_load_explicit(&m->requests[f][i][c],
+                                                  memory_order_relaxed);
+                if (!v)
+                    continue;
+                sb_printf(&b, "cinfer:request_total{frontend=\"%s\",method=\"",
+                          frontend_names[f]);
+                sb_label_value(&b, m->methods.names[i]);
+                sb_printf(&b, "\",code=\"%s\"} %llu\n", grpc_code_names[c],
+                          (unsigned long long)v);
+            }
         }
     }
 
     sb_family(&b, "cinfer:rejected_requests_total", "counter",
               "Calls refused by the rate limiter, breaker or load shedder, "
-              "by reason.");
+              "by front end and reason.");
     int nr = atomic_load_explicit(&m->reasons.n, memory_order_acquire);
-    for (int k = 0; k <= nr; k++) {
-        int i = k < nr ? k : MAX_LABELS - 1;
-        uint64_t v =
-            atomic_load_explicit(&m->rejected[i], memory_order_relaxed);
-        if (!v)
-            continue;
-        sb_str(&b, "cinfer:rejected_requests_total{reason=\"");
-        sb_label_value(&b, m->reasons.names[i]);
-        sb_printf(&b, "\"} %llu\n", (unsigned long long)v);
-    }
-
-    int any_http = 0;
-    for (int code = 100; code < 600 && !any_http; code++)
-        any_http = atomic_load_explicit(&m->http_by_code[code],
-                                        memory_order_relaxed) != 0;
-    if (any_http) {
-        sb_family(&b, "cinfer:frontend_requests_total", "counter",
-                  "Requests answered by a front end other than gRPC (whose "
-                  "calls are cinfer:request_total), by HTTP status.");
-        for (int code = 100; code < 600; code++) {
-            uint64_t v = atomic_load_explicit(&m->http_by_code[code],
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++) {
+        for (int k = 0; k <= nr; k++) {
+            int i = k < nr ? k : MAX_LABELS - 1;
+            uint64_t v = atomic_load_explicit(&m->rejected[f][i],
                                               memory_order_relaxed);
-            if (v)
-                sb_printf(&b,
-                          "cinfer:frontend_requests_total{frontend=\"openai\","
-                          "code=\"%d\"} %llu\n",
-                          code, (unsigned long long)v);
+            if (!v)
+                continue;
+            sb_printf(&b,
+                      "cinfer:rejected_requests_total{frontend=\"%s\","
+                      "reason=\"",
+                      frontend_names[f]);
+            sb_label_value(&b, m->reasons.names[i]);
+            sb_printf(&b, "\"} %llu\n", (unsigned long long)v);
         }
     }
 
@@ -668,18 +688,23 @@ char *cinfer_metrics_render(cinfer_metrics *m)
     }
 
     sb_family(&b, "cinfer:prompt_tokens_total", "counter",
-              "Prompt tokens of finished requests.");
-    sb_sample_u64(
-        &b, "cinfer:prompt_tokens_total",
-        atomic_load_explicit(&m->prompt_tokens, memory_order_relaxed));
+              "Prompt tokens of finished requests, by front end.");
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++)
+        sb_printf(&b, "cinfer:prompt_tokens_total{frontend=\"%s\"} %llu\n",
+                  frontend_names[f],
+                  (unsigned long long)atomic_load_explicit(
+                      &m->prompt_tokens[f], memory_order_relaxed));
     sb_family(&b, "cinfer:generation_tokens_total", "counter",
-              "Generated tokens of finished requests.");
-    sb_sample_u64(
-        &b, "cinfer:generation_tokens_total",
-        atomic_load_explicit(&m->generated_tokens, memory_order_relaxed));
+              "Generated tokens of finished requests, by front end.");
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++)
+        sb_printf(&b,
+                  "cinfer:generation_tokens_total{frontend=\"%s\"} %llu\n",
+                  frontend_names[f],
+                  (unsigned long long)atomic_load_explicit(
+                      &m->generated_tokens[f], memory_order_relaxed));
 
     for (int h = 0; h < CINFER_HIST_COUNT_; h++)
-        render_histogram(&b, &hist_defs[h], &m->hists[h]);
+        render_histogram(&b, m, h);
 
     pthread_mutex_lock(&m->collect_mu);
     if (m->collect_fn) {
@@ -976,8 +1001,9 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
         st = cinfer_set_error(CINFER_E_NOMEM, "metrics: mutex init failed");
         goto fail_mutex;
     }
-    for (int h = 0; h < CINFER_HIST_COUNT_; h++)
-        atomic_init(&m->hists[h].sum_bits, dbits(0.0));
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++)
+        for (int h = 0; h < CINFER_HIST_COUNT_; h++)
+            atomic_init(&m->hists[f][h].sum_bits, dbits(0.0));
     m->start_time_s = process_start_time();
 
     if (p->listen && *p->listen) {

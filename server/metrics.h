@@ -15,9 +15,14 @@
  *     cinfer_metrics_create(&p, &m);
  *     cinfer_metrics_set_collector(m, collect_fn, server);
  *     ...
- *     cinfer_metrics_request_done(m, "Generate", 0);
- *     cinfer_metrics_observe(m, CINFER_HIST_TTFT, 0.012);
+ *     cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, "Generate", 0);
+ *     cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_TTFT,
+ *                            0.012);
  *     cinfer_metrics_destroy(m);
+ *
+ * Every per-request series carries the front end that answered the call
+ * (`frontend="grpc"` or `frontend="openai"`), so both front ends are
+ * counted in the same families and a sum over `frontend` is the total.
  *
  * Every recording function accepts m == NULL (metrics off) and does nothing.
  */
@@ -57,11 +62,24 @@ int cinfer_metrics_port(const cinfer_metrics *m);
 
 /* ---- recording (thread-safe) ------------------------------------------ */
 
-/* cinfer:request_total{method, code} - every finished RPC, by gRPC method
- * name ("Generate", "Tokenize", ...) and status code name ("OK",
- * "RESOURCE_EXHAUSTED", ...). */
-void cinfer_metrics_request_done(cinfer_metrics *m, const char *method,
-                                 int grpc_code);
+/* The front end that answered a call: the `frontend` label. Values out of
+ * range count as gRPC. */
+typedef enum {
+    CINFER_FRONTEND_GRPC = 0, /* "grpc" */
+    CINFER_FRONTEND_OPENAI,   /* "openai": the OpenAI-compatible HTTP API */
+    CINFER_FRONTEND_COUNT_
+} cinfer_frontend;
+
+/* "grpc", "openai" (the label value, also the logs' "frontend" field). */
+const char *cinfer_frontend_name(cinfer_frontend fe);
+
+/* cinfer:request_total{frontend, method, code} - every finished call:
+ * over gRPC by method name ("Generate", "Tokenize", ...), over HTTP by
+ * path ("/v1/chat/completions", ...); the code is the gRPC status code
+ * name ("OK", "RESOURCE_EXHAUSTED", ...) of the call's status on both
+ * front ends (an HTTP answer's code is that of the status it maps). */
+void cinfer_metrics_request_done(cinfer_metrics *m, cinfer_frontend fe,
+                                 const char *method, int grpc_code);
 
 typedef enum {
     CINFER_HIST_TTFT = 0,   /* cinfer:time_to_first_token_seconds */
@@ -73,16 +91,14 @@ typedef enum {
     CINFER_HIST_COUNT_
 } cinfer_hist;
 
-void cinfer_metrics_observe(cinfer_metrics *m, cinfer_hist h, double seconds);
+/* One observation of histogram h{frontend}. */
+void cinfer_metrics_observe(cinfer_metrics *m, cinfer_frontend fe,
+                            cinfer_hist h, double seconds);
 
-/* cinfer:prompt_tokens_total, cinfer:generation_tokens_total */
-void cinfer_metrics_add_tokens(cinfer_metrics *m, uint64_t prompt,
-                               uint64_t generated);
-
-/* cinfer:frontend_requests_total{frontend="openai", code} - every answer
- * of the OpenAI-compatible HTTP front end, by HTTP status. */
-void cinfer_metrics_frontend_request(cinfer_metrics *m, const char *frontend,
-                                     int http_status);
+/* cinfer:prompt_tokens_total{frontend},
+ * cinfer:generation_tokens_total{frontend} */
+void cinfer_metrics_add_tokens(cinfer_metrics *m, cinfer_frontend fe,
+                               uint64_t prompt, uint64_t generated);
 
 /* Opens a non-blocking listening socket on "HOST:PORT" ("[V6]:PORT"; an
  * empty HOST = every interface); *port_out is the bound port. Errors name
@@ -90,10 +106,11 @@ void cinfer_metrics_frontend_request(cinfer_metrics *m, const char *frontend,
 cinfer_status cinfer_metrics_open_listener(const char *addr, const char *what,
                                            int *fd_out, int *port_out);
 
-/* cinfer:rejected_requests_total{reason} - limiter, breaker and shedder
- * rejections, by the admission layer's reason name ("rate_limited_global",
- * "breaker_open", "shed_queue_full", ...). */
-void cinfer_metrics_rejected(cinfer_metrics *m, const char *reason);
+/* cinfer:rejected_requests_total{frontend, reason} - limiter, breaker and
+ * shedder rejections, by the admission layer's reason name
+ * ("rate_limited_global", "breaker_open", "shed_queue_full", ...). */
+void cinfer_metrics_rejected(cinfer_metrics *m, cinfer_frontend fe,
+                             const char *reason);
 
 /* cinfer:api_key_requests_total{key} - calls authenticated with the API
  * key of that name (the name from the key file; never the key). */

@@ -539,12 +539,15 @@ static void count_status(srv_call *c, cinfer_status st,
                           st != CINFER_OK);
     if (!m)
         return;
-    cinfer_metrics_request_done(m, cinfer_call_method_name(c),
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC,
+                                cinfer_call_method_name(c),
                                 (int)cinfer_server_grpc_status(st));
     if (pb && pb->reason != CINFER_REJECT_NONE) {
-        cinfer_metrics_rejected(m, cinfer_reject_name(pb->reason));
+        cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC,
+                                cinfer_reject_name(pb->reason));
         int64_t ns = cinfer_server_now_ns() - c->start_ns;
-        cinfer_metrics_observe(m, CINFER_HIST_REJECT, (double)ns * 1e-9);
+        cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_REJECT,
+                               (double)ns * 1e-9);
     }
 }
 
@@ -570,6 +573,7 @@ void cinfer_call_count_ended(srv_call *c)
     cinfer_log_line l;
     if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "call ended by the client",
                          c->request_id[0] ? c->request_id : NULL)) {
+        cinfer_log_str(&l, "frontend", "grpc");
         cinfer_log_str(&l, "method", c->method ? c->method->path : "?");
         cinfer_log_str(&l, "status", cinfer_status_name(st));
         cinfer_log_end(&l);
@@ -642,6 +646,7 @@ int cinfer_call_send_status_ex(srv_call *c, int op, grpc_byte_buffer *msg,
             cinfer_log_line l;
             if (cinfer_log_begin(&l, CINFER_LOG_INFO, "call rejected",
                                  c->request_id)) {
+                cinfer_log_str(&l, "frontend", "grpc");
                 cinfer_log_str(&l, "method", c->method ? c->method->path : "?");
                 cinfer_log_str(&l, "status", cinfer_status_name(st));
                 cinfer_log_int(&l, "grpc_status",
@@ -681,6 +686,7 @@ void cinfer_call_log_status(srv_call *c, cinfer_status st,
     if (!cinfer_log_begin(&l, server_fault ? CINFER_LOG_WARN : CINFER_LOG_INFO,
                           "call failed", c->request_id))
         return;
+    cinfer_log_str(&l, "frontend", "grpc");
     cinfer_log_str(&l, "method", c->method ? c->method->path : "?");
     cinfer_log_str(&l, "status", cinfer_status_name(st));
     cinfer_log_int(&l, "grpc_status", (int)cinfer_server_grpc_status(st));

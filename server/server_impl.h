@@ -415,6 +415,7 @@ cinfer_status cinfer_server_submit(cinfer_server *s,
  * its samples. Used under the sink's own lock. */
 typedef struct {
     int64_t start_ns;           /* the call's arrival */
+    cinfer_frontend frontend;   /* the front end: the metrics' label */
     int admitted;               /* ticket holds an admission */
     cinfer_admission_ticket ticket;
     int started;                /* the first token came (dequeued) */
@@ -429,8 +430,8 @@ typedef struct {
     cinfer_outcome outcome;     /* the worst of the samples' so far */
 } cinfer_gen_track;
 
-void cinfer_gen_track_init(cinfer_gen_track *t, int64_t start_ns,
-                           int n_samples);
+void cinfer_gen_track_init(cinfer_gen_track *t, cinfer_frontend fe,
+                           int64_t start_ns, int n_samples);
 /* A TOKENS event: the first token dequeues the ticket (which may shed the
  * request: *cancel set) and is the TTFT; later ones the ITL. */
 void cinfer_gen_track_tokens(cinfer_server *s, cinfer_gen_track *t,

@@ -32,6 +32,11 @@ same server.
                cache hits on a repeat
   spec_ngram   --spec-ngram 4: the greedy text of a repetitive prompt is
                the text without it, and the spec counters in /metrics move
+  frontends    gRPC and OpenAI calls on one server: each counts in
+               cinfer:request_total, rejections, the latency histograms
+               and the token counters under its own frontend label; the
+               sums over frontend are the totals; log lines name the
+               front end
 
 Usage: openai.py CASE --server-bin ... --cli-bin ... --run-bin ...
                  --mkmodel-bin ... --model PATH [--tokens N]
@@ -195,10 +200,11 @@ def case_completions():
                                               timeout=10).read())
         check_eq(h.get("status"), "ok", "/health")
         m = scrape(srv)
-        ok = m.get(("cinfer:frontend_requests_total",
-                    (("code", "200"), ("frontend", "openai"))), 0)
-        check(ok >= 3, "frontend_requests_total{frontend=openai,code=200} "
-              "counts (%r)" % ok)
+        ok = m.get(("cinfer:request_total",
+                    (("code", "OK"), ("frontend", "openai"),
+                     ("method", "/v1/completions"))), 0)
+        check(ok >= 2, "request_total{frontend=openai,method=/v1/completions,"
+              "code=OK} counts (%r)" % ok)
         log("ok: completions equal gRPC's %r, both ways" % want)
 
 
@@ -466,6 +472,20 @@ def case_disconnect():
                  "num_requests_running")
         check_eq(m.get(("cinfer:kv_cache_usage_perc", ())), 0.0,
                  "KV blocks freed")
+        # The stream counts once, as CANCELLED (the client left), as a
+        # gRPC stream would.
+        deadline = time.time() + 10
+        key = ("cinfer:request_total", (("code", "CANCELLED"),
+                                        ("frontend", "openai"),
+                                        ("method", "/v1/completions")))
+        while m.get(key, 0) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+            m = scrape(srv)
+        check_eq(m.get(key, 0), 1.0, "the dropped stream counted CANCELLED")
+        check_eq(sum(v for (n, lb), v in m.items()
+                     if n == "cinfer:request_total"
+                     and ("frontend", "openai") in lb), 2.0,
+                 "openai calls counted: /v1/models and the stream")
         log("ok: a dropped stream is cancelled and its KV blocks freed "
             "(%d generated before)" % (info.stats.generated_tokens -
                                         before.generated_tokens))
@@ -778,6 +798,154 @@ def case_spec_ngram():
         (drafted, accepted))
 
 
+def series(m, name, **labels):
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def fe_sum(m, name):
+    """{frontend: sum of the family's samples}."""
+    out = {}
+    for (n, labels), v in m.items():
+        if n == name:
+            fe = dict(labels).get("frontend", "")
+            out[fe] = out.get(fe, 0.0) + v
+    return out
+
+
+def case_frontends():
+    """A gRPC call and OpenAI calls against one server: each counts in the
+    same families under its own frontend label, sums over the label equal
+    the totals, and each request's log lines name its front end."""
+    import openai
+    model = run.tiny_model(ctx=256)
+    n = 4
+    pb = run.stubs()[0]
+    import grpc
+    # Burst 3 and a refill far slower than the test: three generations
+    # pass, the fourth and fifth are refused (one per front end).
+    with HttpServer(model, extra=["--rate-limit-qps", "0.001",
+                                  "--rate-limit-burst", "3"]) as srv:
+        c = srv.client()
+        mid = srv.model_id()
+        m0 = scrape(srv)
+        check_eq(sum(fe_sum(m0, "cinfer:request_total").values()), 1.0,
+                 "only /v1/models counted so far")
+        req = pb.GenerateRequest(text="hello front ends")
+        req.sampling.temperature = 0
+        req.stopping.max_tokens = n
+        req.stopping.ignore_eos = True
+        _, final, _ = run.collect(srv.stub().Generate(req, timeout=120))
+        r = c.completions.create(model=mid, prompt="hello front ends",
+                                 max_tokens=n, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        http_prompt = r.usage.prompt_tokens
+        http_gen = r.usage.completion_tokens
+        usage = None
+        for ch in c.completions.create(
+                model=mid, prompt="hello streams", max_tokens=n,
+                temperature=0, stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True}):
+            usage = ch.usage or usage
+        check(usage is not None, "the stream's usage chunk")
+        http_prompt += usage.prompt_tokens
+        http_gen += usage.completion_tokens
+        try:
+            list(srv.stub().Generate(req, timeout=60))
+            raise AssertionError("the fourth generation was not limited")
+        except grpc.RpcError as e:
+            check_eq(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, "gRPC 4th")
+        try:
+            c.completions.create(model=mid, prompt="hi", max_tokens=1)
+            raise AssertionError("the fifth generation was not limited")
+        except openai.RateLimitError as e:
+            check_eq(e.status_code, 429, "HTTP 5th")
+        try:
+            c.completions.create(model=mid, prompt="hi", max_tokens=1,
+                                 top_p=3)
+            raise AssertionError("top_p=3 accepted")
+        except openai.BadRequestError:
+            pass
+        st, _, _ = http_post(srv, "/v1/nowhere", {})
+        check_eq(st, 404, "unknown path")
+        urllib.request.urlopen(srv.base + "/health", timeout=10).read()
+
+        def settled(m):
+            return (series(m, "cinfer:request_total", frontend="openai",
+                           method="/v1/completions",
+                           code="INVALID_ARGUMENT") >= 1 and
+                    series(m, "cinfer:request_total", frontend="grpc",
+                           method="Generate",
+                           code="RESOURCE_EXHAUSTED") >= 1)
+        deadline = time.time() + 10
+        m = scrape(srv)
+        while not settled(m) and time.time() < deadline:
+            time.sleep(0.05)
+            m = scrape(srv)
+        want = {
+            ("grpc", "Generate", "OK"): 1,
+            ("grpc", "Generate", "RESOURCE_EXHAUSTED"): 1,
+            ("openai", "/v1/models", "OK"): 1,
+            ("openai", "/v1/completions", "OK"): 2,
+            ("openai", "/v1/completions", "RESOURCE_EXHAUSTED"): 1,
+            ("openai", "/v1/completions", "INVALID_ARGUMENT"): 1,
+        }
+        got = {}
+        for (name, labels), v in m.items():
+            if name == "cinfer:request_total":
+                d = dict(labels)
+                got[(d["frontend"], d["method"], d["code"])] = int(v)
+        check_eq(got, want, "request_total by frontend, method and code "
+                 "(/health and unknown paths are not counted)")
+        sums = fe_sum(m, "cinfer:request_total")
+        check_eq(sums, {"grpc": 2.0, "openai": 5.0}, "calls per front end")
+        check_eq(sum(sums.values()), float(sum(want.values())),
+                 "the sum over front ends is the total")
+        for fe in ("grpc", "openai"):
+            check_eq(series(m, "cinfer:rejected_requests_total", frontend=fe,
+                            reason="rate_limited_global"), 1.0,
+                     "rejected_requests_total{frontend=%s}" % fe)
+            check_eq(series(m, "cinfer:rejection_latency_seconds_count",
+                            frontend=fe), 1.0,
+                     "rejection latency observations, %s" % fe)
+        admitted = {"grpc": 1.0, "openai": 2.0}
+        for fam in ("cinfer:time_to_first_token_seconds",
+                    "cinfer:e2e_request_latency_seconds",
+                    "cinfer:request_queue_time_seconds"):
+            counts = {fe: series(m, fam + "_count", frontend=fe)
+                      for fe in admitted}
+            check_eq(counts, admitted, fam + " observations per front end")
+            check_eq(sum(counts.values()),
+                     sum(v for (nm, lb), v in m.items()
+                         if nm == fam + "_bucket" and ("le", "+Inf") in lb),
+                     fam + ": the +Inf buckets add up to the count")
+        for fe, itl_max in (("grpc", n - 1), ("openai", 2 * (n - 1))):
+            itl = series(m, "cinfer:inter_token_latency_seconds_count",
+                         frontend=fe)
+            check(0 < itl <= itl_max, "ITL observations %s: %r" % (fe, itl))
+        check_eq(series(m, "cinfer:generation_tokens_total", frontend="grpc"),
+                 float(final.usage.completion_tokens), "gRPC tokens")
+        check_eq(series(m, "cinfer:prompt_tokens_total", frontend="grpc"),
+                 float(final.usage.prompt_tokens), "gRPC prompt tokens")
+        check_eq(series(m, "cinfer:generation_tokens_total",
+                        frontend="openai"), float(http_gen), "HTTP tokens")
+        check_eq(series(m, "cinfer:prompt_tokens_total", frontend="openai"),
+                 float(http_prompt), "HTTP prompt tokens")
+        check(not any(nm.startswith("cinfer:frontend_requests")
+                      for nm, _ in m), "no separate front-end counter")
+
+        lines = srv.log_lines()
+        done = [l.get("frontend") for l in lines
+                if l.get("msg") == "generate done"]
+        check_eq(sorted(done), ["grpc", "openai", "openai"],
+                 "each generation's log line names its front end")
+        rejected = [l.get("frontend") for l in lines
+                    if l.get("msg") == "call rejected"]
+        check_eq(sorted(rejected), ["grpc", "openai"],
+                 "each rejection's log line names its front end")
+    log("ok: %r" % got)
+
+
 CASES = {
     "completions": case_completions,
     "chat": case_chat,
@@ -790,6 +958,7 @@ CASES = {
     "bench": case_bench,
     "json_schema": case_json_schema,
     "spec_ngram": case_spec_ngram,
+    "frontends": case_frontends,
 }
 
 

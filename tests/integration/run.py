@@ -1521,14 +1521,18 @@ def case_rejections():
         m = scrape(srv)
         if m is not None:
             check_eq(metric(m, "cinfer:rejected_requests_total",
+                            frontend="grpc",
                             reason="rate_limited_global"), 2.0,
                      "rejected_requests_total{rate_limited_global}")
-            check_eq(metric(m, "cinfer:request_total", method="Generate",
+            check_eq(metric(m, "cinfer:request_total", frontend="grpc",
+                            method="Generate",
                             code="RESOURCE_EXHAUSTED"), 2.0,
                      "request_total{Generate,RESOURCE_EXHAUSTED}")
-            check_eq(metric(m, "cinfer:request_total", method="Generate",
+            check_eq(metric(m, "cinfer:request_total", frontend="grpc",
+                            method="Generate",
                             code="OK"), 1.0, "request_total{Generate,OK}")
-            check_eq(metric(m, "cinfer:rejection_latency_seconds_count"),
+            check_eq(metric(m, "cinfer:rejection_latency_seconds_count",
+                            frontend="grpc"),
                      2.0, "rejection latency observations")
             log("ok: /metrics counts the rejections")
 
@@ -1947,9 +1951,11 @@ def case_breaker():
             check_eq(metric(m, "cinfer:breaker_transitions_total"), 5.0,
                      "breaker transitions")
             check_eq(metric(m, "cinfer:rejected_requests_total",
+                            frontend="grpc",
                             reason="breaker_open"), float(opened),
                      "breaker rejections")
-            check_eq(metric(m, "cinfer:request_total", method="Generate",
+            check_eq(metric(m, "cinfer:request_total", frontend="grpc",
+                            method="Generate",
                             code="INTERNAL"), float(internal),
                      "INTERNAL count")
             check_eq(metric(m, "cinfer:health_serving"), 1.0, "health gauge")
@@ -2092,6 +2098,7 @@ def case_saturated():
             check_eq(metric(m, "cinfer:num_requests_running"), 2.0, "running")
             check_eq(metric(m, "cinfer:num_requests_waiting"), 4.0, "waiting")
             check_eq(metric(m, "cinfer:rejected_requests_total",
+                            frontend="grpc",
                             reason="shed_queue_full"), 6.0, "shed count")
         log("ok: health, GetModelInfo and reflection answer while saturated; "
             "the overflow is refused in < 1 s")
@@ -2407,9 +2414,11 @@ def case_cudasim_fault():
         check_eq(srv.health(), "SERVING", "health after a transient fault")
         m = scrape(srv)
         if m is not None:
-            check_eq(metric(m, "cinfer:request_total", method="Generate",
+            check_eq(metric(m, "cinfer:request_total", frontend="grpc",
+                            method="Generate",
                             code="INTERNAL"), 1.0, "INTERNAL count")
             check_eq(metric(m, "cinfer:rejected_requests_total",
+                            frontend="grpc",
                             reason="breaker_open"), 1.0, "breaker refusals")
             # closed -> open -> half-open -> closed
             check_eq(metric(m, "cinfer:breaker_transitions_total"), 3.0,

@@ -1004,7 +1004,8 @@ def case_keys():
         if m is not None:
             check(run.metric(m, "cinfer:api_key_requests_total",
                              key="carol") >= 2, "per-key metric")
-            check(run.metric(m, "cinfer:request_total", method="Generate",
+            check(run.metric(m, "cinfer:request_total", frontend="grpc",
+                             method="Generate",
                              code="UNAUTHENTICATED") >= 4,
                   "UNAUTHENTICATED counted")
         import urllib.request

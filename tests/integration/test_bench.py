@@ -379,11 +379,12 @@ def case_grpc(work):
 # ---------------------------------------------------------------------------
 
 def rejected_total(port):
-    """cinfer:rejected_requests_total{reason="rate_limited_global"}."""
+    """cinfer:rejected_requests_total{frontend="grpc",
+    reason="rate_limited_global"}."""
     url = "http://127.0.0.1:%d/metrics" % port
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
-    m = re.search(r'^cinfer:rejected_requests_total\{reason="'
+    m = re.search(r'^cinfer:rejected_requests_total\{frontend="grpc",reason="'
                   r'rate_limited_global"\} (\S+)$', text, re.M)
     return float(m.group(1)) if m else 0.0
 

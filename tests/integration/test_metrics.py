@@ -128,10 +128,11 @@ def metrics_port(srv):
                          "server log:\n" + srv.log_text()[-3000:])
 
 
-def histogram_counts(samples, name):
-    """(+Inf bucket, _count, _sum) of an unlabelled histogram."""
-    return (value(samples, name + "_bucket", le="+Inf"),
-            value(samples, name + "_count"), value(samples, name + "_sum"))
+def histogram_counts(samples, name, frontend="grpc"):
+    """(+Inf bucket, _count, _sum) of one front end's histogram."""
+    return (value(samples, name + "_bucket", frontend=frontend, le="+Inf"),
+            value(samples, name + "_count", frontend=frontend),
+            value(samples, name + "_sum", frontend=frontend))
 
 
 # ---------------------------------------------------------------------------
@@ -184,30 +185,38 @@ def case_counts():
             stub.Tokenize(pb.TokenizeRequest(text="count me"), timeout=30)
 
         def settled(s):
-            return (value(s, "cinfer:request_total", method="Generate",
+            return (value(s, "cinfer:request_total", frontend="grpc",
+                          method="Generate",
                           code="OK") >= n_ok and
-                    value(s, "cinfer:request_total", method="Generate",
+                    value(s, "cinfer:request_total", frontend="grpc",
+                          method="Generate",
                           code="INVALID_ARGUMENT") >= len(bad) and
-                    value(s, "cinfer:request_total", method="Tokenize",
+                    value(s, "cinfer:request_total", frontend="grpc",
+                          method="Tokenize",
                           code="OK") >= 2)
         samples, _, text = wait_until(port, settled, "request counts")
         log("scrape:\n" + "\n".join(l for l in text.splitlines()
                                     if l.startswith("cinfer:") and
                                     "_bucket" not in l))
-        check_eq(value(samples, "cinfer:request_total", method="Generate",
+        check_eq(value(samples, "cinfer:request_total", frontend="grpc",
+                       method="Generate",
                        code="OK"), n_ok, "Generate OK")
-        check_eq(value(samples, "cinfer:request_total", method="Generate",
+        check_eq(value(samples, "cinfer:request_total", frontend="grpc",
+                       method="Generate",
                        code="INVALID_ARGUMENT"), len(bad),
                  "Generate INVALID_ARGUMENT")
-        check_eq(value(samples, "cinfer:request_total", method="Tokenize",
+        check_eq(value(samples, "cinfer:request_total", frontend="grpc",
+                       method="Tokenize",
                        code="OK"), 2, "Tokenize OK")
         ours = sum(v for k, v in samples["cinfer:request_total"].items()
                    if dict(k)["method"] in ("Generate", "Tokenize"))
         check_eq(ours, n_ok + len(bad) + 2,
                  "Generate and Tokenize calls counted once each")
-        check_eq(value(samples, "cinfer:generation_tokens_total"), gen_sum,
+        check_eq(value(samples, "cinfer:generation_tokens_total",
+                       frontend="grpc"), gen_sum,
                  "generation tokens")
-        check_eq(value(samples, "cinfer:prompt_tokens_total"), prompt_sum,
+        check_eq(value(samples, "cinfer:prompt_tokens_total",
+                       frontend="grpc"), prompt_sum,
                  "prompt tokens")
         inf, count, tsum = histogram_counts(
             samples, "cinfer:time_to_first_token_seconds")
@@ -272,11 +281,12 @@ def case_rejections():
               "most calls rate limited: %r" % codes)
 
         def settled(s):
-            return sum(value(s, "cinfer:request_total", method="Generate",
+            return sum(value(s, "cinfer:request_total", frontend="grpc",
+                             method="Generate",
                              code=c) for c in codes) >= n_calls
         samples, _, _ = wait_until(port, settled, "request counts")
         for c, n in codes.items():
-            check_eq(value(samples, "cinfer:request_total",
+            check_eq(value(samples, "cinfer:request_total", frontend="grpc",
                            method="Generate", code=c), n, "Generate " + c)
         reasons = samples.get("cinfer:rejected_requests_total", {})
         log("rejections by reason:", {dict(k).get("reason"): v

@@ -421,6 +421,10 @@ static int count_samples(const parsed *p, const char *name)
 
 static parsed g_parsed; /* large; one at a time */
 
+/* The canonical labels of a per-request series of each front end. */
+#define FE_GRPC "frontend=\"grpc\""
+#define FE_OPENAI "frontend=\"openai\""
+
 static cinfer_metrics *make(const char *listen)
 {
     cinfer_metrics_params p = cinfer_metrics_default_params();
@@ -436,10 +440,10 @@ static cinfer_metrics *make(const char *listen)
 
 static void test_null_is_off(void)
 {
-    cinfer_metrics_request_done(NULL, "Generate", 0);
-    cinfer_metrics_observe(NULL, CINFER_HIST_TTFT, 0.1);
-    cinfer_metrics_add_tokens(NULL, 1, 2);
-    cinfer_metrics_rejected(NULL, "breaker_open");
+    cinfer_metrics_request_done(NULL, CINFER_FRONTEND_GRPC, "Generate", 0);
+    cinfer_metrics_observe(NULL, CINFER_FRONTEND_GRPC, CINFER_HIST_TTFT, 0.1);
+    cinfer_metrics_add_tokens(NULL, CINFER_FRONTEND_GRPC, 1, 2);
+    cinfer_metrics_rejected(NULL, CINFER_FRONTEND_GRPC, "breaker_open");
     cinfer_metrics_set_collector(NULL, NULL, NULL);
     CHECK(cinfer_metrics_render(NULL) == NULL);
     CHECK_EQ_INT(cinfer_metrics_port(NULL), 0);
@@ -461,8 +465,8 @@ static void test_render_fresh(void)
     CHECK(strstr(text, "# TYPE cinfer:request_total counter\n") != NULL);
     CHECK(strstr(text, "# TYPE cinfer:rejected_requests_total counter\n"));
     CHECK_EQ_INT(count_samples(p, "cinfer:request_total"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", "", ""), 0);
-    CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", "", ""), 0);
+    CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", FE_GRPC, ""), 0);
+    CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", FE_GRPC, ""), 0);
     static const char *const hists[] = {"cinfer:time_to_first_token_seconds",
                                         "cinfer:inter_token_latency_seconds",
                                         "cinfer:e2e_request_latency_seconds",
@@ -473,23 +477,25 @@ static void test_render_fresh(void)
         CHECK(f != NULL && strcmp(f->type, "histogram") == 0);
         char name[128];
         snprintf(name, sizeof name, "%s_count", hists[i]);
-        CHECK_EQ_INT(get(p, name, "", ""), 0);
+        CHECK_EQ_INT(get(p, name, FE_GRPC, ""), 0);
         snprintf(name, sizeof name, "%s_sum", hists[i]);
-        CHECK_EQ_INT(get(p, name, "", ""), 0);
+        CHECK_EQ_INT(get(p, name, FE_GRPC, ""), 0);
         snprintf(name, sizeof name, "%s_bucket", hists[i]);
         CHECK(count_samples(p, name) >= 10);
     }
     /* The bucket ranges the module promises. */
     CHECK_EQ_INT(
-        get(p, "cinfer:time_to_first_token_seconds_bucket", "", "0.001"), 0);
-    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_bucket", "", "60"),
-                 0);
-    CHECK_EQ_INT(get(p, "cinfer:inter_token_latency_seconds_bucket", "", "2.5"),
-                 0);
-    CHECK_EQ_INT(get(p, "cinfer:e2e_request_latency_seconds_bucket", "", "300"),
-                 0);
+        get(p, "cinfer:time_to_first_token_seconds_bucket", FE_GRPC, "0.001"),
+        0);
     CHECK_EQ_INT(
-        get(p, "cinfer:rejection_latency_seconds_bucket", "", "0.0001"), 0);
+        get(p, "cinfer:time_to_first_token_seconds_bucket", FE_GRPC, "60"), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:inter_token_latency_seconds_bucket", FE_GRPC, "2.5"), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:e2e_request_latency_seconds_bucket", FE_GRPC, "300"), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:rejection_latency_seconds_bucket", FE_GRPC, "0.0001"),
+        0);
     /* No collector: the collector's gauges are absent. */
     CHECK(find_family(&g_parsed, "cinfer:num_requests_running") == NULL);
     free(text);
@@ -511,14 +517,17 @@ static void *record_thread(void *arg)
 {
     cinfer_metrics *m = arg;
     for (int i = 0; i < N_PER_THREAD; i++) {
-        cinfer_metrics_request_done(m, (i & 1) ? "Generate" : "Tokenize",
+        cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC,
+                                    (i & 1) ? "Generate" : "Tokenize",
                                     codes[i % 3]);
-        cinfer_metrics_observe(m, CINFER_HIST_TTFT, ttft_values[i % 4]);
-        cinfer_metrics_observe(m, CINFER_HIST_ITL, 0.02);
-        cinfer_metrics_add_tokens(m, 3, 5);
+        cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_TTFT,
+                               ttft_values[i % 4]);
+        cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_ITL, 0.02);
+        cinfer_metrics_add_tokens(m, CINFER_FRONTEND_GRPC, 3, 5);
         if (i % 10 == 0)
-            cinfer_metrics_rejected(m, (i % 20) ? "shed_codel"
-                                                : "rate_limited_global");
+            cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC,
+                                    (i % 20) ? "shed_codel"
+                                             : "rate_limited_global");
     }
     return NULL;
 }
@@ -555,7 +564,8 @@ static void test_threads_record_exact(void)
     for (int meth = 0; meth < 2; meth++) {
         for (int c = 0; c < 3; c++) {
             char labels[128];
-            snprintf(labels, sizeof labels, "method=\"%s\",code=\"%s\"",
+            snprintf(labels, sizeof labels,
+                     "frontend=\"grpc\",method=\"%s\",code=\"%s\"",
                      meth ? "Generate" : "Tokenize", code_names[c]);
             CHECK_EQ_INT(get(p, "cinfer:request_total", labels, ""),
                          req[meth][c]);
@@ -563,35 +573,40 @@ static void test_threads_record_exact(void)
     }
     CHECK_EQ_INT(count_samples(p, "cinfer:request_total"), 6);
     CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
-                     "reason=\"rate_limited_global\"", ""),
+                     "frontend=\"grpc\",reason=\"rate_limited_global\"", ""),
                  rl);
-    CHECK_EQ_INT(
-        get(p, "cinfer:rejected_requests_total", "reason=\"shed_codel\"", ""),
-        codel);
+    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
+                     "frontend=\"grpc\",reason=\"shed_codel\"", ""),
+                 codel);
     long long total = (long long)N_THREADS * N_PER_THREAD;
-    CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", "", ""), 3 * total);
-    CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", "", ""), 5 * total);
+    CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", FE_GRPC, ""), 3 * total);
+    CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", FE_GRPC, ""),
+                 5 * total);
 
     const char *b = "cinfer:time_to_first_token_seconds_bucket";
     /* 0.001 is on the first bound (le is inclusive). */
-    CHECK_EQ_INT(get(p, b, "", "0.001"), ttft_in[0]);
-    CHECK_EQ_INT(get(p, b, "", "0.0025"), ttft_in[0] + ttft_in[1]);
-    CHECK_EQ_INT(get(p, b, "", "0.25"), ttft_in[0] + ttft_in[1]);
-    CHECK_EQ_INT(get(p, b, "", "0.5"), ttft_in[0] + ttft_in[1] + ttft_in[2]);
-    CHECK_EQ_INT(get(p, b, "", "60"), ttft_in[0] + ttft_in[1] + ttft_in[2]);
-    CHECK_EQ_INT(get(p, b, "", "+Inf"), total);
-    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_count", "", ""),
-                 total);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "0.001"), ttft_in[0]);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "0.0025"), ttft_in[0] + ttft_in[1]);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "0.25"), ttft_in[0] + ttft_in[1]);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "0.5"),
+                 ttft_in[0] + ttft_in[1] + ttft_in[2]);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "60"),
+                 ttft_in[0] + ttft_in[1] + ttft_in[2]);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "+Inf"), total);
+    CHECK_EQ_INT(
+        get(p, "cinfer:time_to_first_token_seconds_count", FE_GRPC, ""), total);
     double sum = 0;
     for (int k = 0; k < 4; k++)
         sum += (double)ttft_in[k] * ttft_values[k];
-    CHECK_NEAR(get(p, "cinfer:time_to_first_token_seconds_sum", "", ""), sum,
-               sum * 1e-9);
+    CHECK_NEAR(get(p, "cinfer:time_to_first_token_seconds_sum", FE_GRPC, ""),
+               sum, sum * 1e-9);
     CHECK_EQ_INT(
-        get(p, "cinfer:inter_token_latency_seconds_bucket", "", "0.015"), 0);
+        get(p, "cinfer:inter_token_latency_seconds_bucket", FE_GRPC, "0.015"),
+        0);
     CHECK_EQ_INT(
-        get(p, "cinfer:inter_token_latency_seconds_bucket", "", "0.02"), total);
-    CHECK_NEAR(get(p, "cinfer:inter_token_latency_seconds_sum", "", ""),
+        get(p, "cinfer:inter_token_latency_seconds_bucket", FE_GRPC, "0.02"),
+        total);
+    CHECK_NEAR(get(p, "cinfer:inter_token_latency_seconds_sum", FE_GRPC, ""),
                0.02 * (double)total, 0.02 * (double)total * 1e-9);
     free(text);
     cinfer_metrics_destroy(m);
@@ -602,34 +617,42 @@ static void test_observe_edges(void)
     cinfer_metrics *m = make(NULL);
     if (!m)
         return;
-    cinfer_metrics_observe(m, CINFER_HIST_E2E, -1.0); /* counted as 0 */
-    cinfer_metrics_observe(m, CINFER_HIST_E2E, NAN);  /* ignored */
-    cinfer_metrics_observe(m, CINFER_HIST_E2E, 300.0);
-    cinfer_metrics_observe(m, CINFER_HIST_E2E, 300.0000001);
-    cinfer_metrics_observe(m, (cinfer_hist)-1, 1.0);    /* ignored */
-    cinfer_metrics_observe(m, CINFER_HIST_COUNT_, 1.0); /* ignored */
-    cinfer_metrics_observe(m, CINFER_HIST_REJECT, 0.0001);
-    cinfer_metrics_observe(m, CINFER_HIST_REJECT, 0.00011);
-    cinfer_metrics_observe(m, CINFER_HIST_QUEUE, 0.1);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_E2E,
+                           -1.0); /* counted as 0 */
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_E2E,
+                           NAN); /* ignored */
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_E2E, 300.0);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_E2E,
+                           300.0000001);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, (cinfer_hist)-1,
+                           1.0); /* ignored */
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_COUNT_,
+                           1.0); /* ignored */
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_REJECT, 0.0001);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_REJECT,
+                           0.00011);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_QUEUE, 0.1);
     char *text = cinfer_metrics_render(m);
     CHECK_EQ_INT(parse_exposition(text, &g_parsed), 0);
     const parsed *p = &g_parsed;
     const char *e = "cinfer:e2e_request_latency_seconds_bucket";
-    CHECK_EQ_INT(get(p, e, "", "0.01"), 1);
-    CHECK_EQ_INT(get(p, e, "", "240"), 1);
-    CHECK_EQ_INT(get(p, e, "", "300"), 2);
-    CHECK_EQ_INT(get(p, e, "", "+Inf"), 3);
-    CHECK_NEAR(get(p, "cinfer:e2e_request_latency_seconds_sum", "", ""),
+    CHECK_EQ_INT(get(p, e, FE_GRPC, "0.01"), 1);
+    CHECK_EQ_INT(get(p, e, FE_GRPC, "240"), 1);
+    CHECK_EQ_INT(get(p, e, FE_GRPC, "300"), 2);
+    CHECK_EQ_INT(get(p, e, FE_GRPC, "+Inf"), 3);
+    CHECK_NEAR(get(p, "cinfer:e2e_request_latency_seconds_sum", FE_GRPC, ""),
                600.0000001, 1e-9);
     const char *r = "cinfer:rejection_latency_seconds_bucket";
-    CHECK_EQ_INT(get(p, r, "", "0.0001"), 1);
-    CHECK_EQ_INT(get(p, r, "", "0.00025"), 2);
-    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_bucket", "", "0.08"),
-                 0);
-    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_bucket", "", "0.1"),
+    CHECK_EQ_INT(get(p, r, FE_GRPC, "0.0001"), 1);
+    CHECK_EQ_INT(get(p, r, FE_GRPC, "0.00025"), 2);
+    CHECK_EQ_INT(
+        get(p, "cinfer:request_queue_time_seconds_bucket", FE_GRPC, "0.08"), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:request_queue_time_seconds_bucket", FE_GRPC, "0.1"), 1);
+    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_count", FE_GRPC, ""),
                  1);
-    CHECK_EQ_INT(get(p, "cinfer:request_queue_time_seconds_count", "", ""), 1);
-    CHECK_EQ_INT(get(p, "cinfer:time_to_first_token_seconds_count", "", ""), 0);
+    CHECK_EQ_INT(
+        get(p, "cinfer:time_to_first_token_seconds_count", FE_GRPC, ""), 0);
     free(text);
     cinfer_metrics_destroy(m);
 }
@@ -640,27 +663,32 @@ static void test_label_escaping(void)
     if (!m)
         return;
     const char *odd = "we\"ird\\name\nx";
-    cinfer_metrics_request_done(m, odd, 0);
-    cinfer_metrics_request_done(m, NULL, 99); /* unknown method and code */
-    cinfer_metrics_request_done(m, "", -1);
-    cinfer_metrics_rejected(m, NULL);
-    cinfer_metrics_rejected(m, "a}b,c=\"d\"");
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, odd, 0);
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, NULL,
+                                99); /* unknown method and code */
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, "", -1);
+    cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC, NULL);
+    cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC, "a}b,c=\"d\"");
     char *text = cinfer_metrics_render(m);
-    CHECK(strstr(text, "cinfer:request_total{method=\"we\\\"ird\\\\name\\nx\","
+    CHECK(strstr(text, "cinfer:request_total{frontend=\"grpc\",method="
+                       "\"we\\\"ird\\\\name\\nx\","
                        "code=\"OK\"} 1\n") != NULL);
     CHECK_EQ_INT(parse_exposition(text, &g_parsed), 0);
     const parsed *p = &g_parsed;
     char labels[128];
-    snprintf(labels, sizeof labels, "method=\"%s\",code=\"OK\"", odd);
+    snprintf(labels, sizeof labels,
+             "frontend=\"grpc\",method=\"%s\",code=\"OK\"", odd);
     CHECK_EQ_INT(get(p, "cinfer:request_total", labels, ""), 1);
     CHECK_EQ_INT(get(p, "cinfer:request_total",
-                     "method=\"unknown\",code=\"UNKNOWN\"", ""),
+                     "frontend=\"grpc\",method=\"unknown\",code=\"UNKNOWN\"",
+                     ""),
                  2);
-    CHECK_EQ_INT(
-        get(p, "cinfer:rejected_requests_total", "reason=\"unknown\"", ""), 1);
-    CHECK_EQ_INT(
-        get(p, "cinfer:rejected_requests_total", "reason=\"a}b,c=\"d\"\"", ""),
-        1);
+    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
+                     "frontend=\"grpc\",reason=\"unknown\"", ""),
+                 1);
+    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
+                     "frontend=\"grpc\",reason=\"a}b,c=\"d\"\"", ""),
+                 1);
     free(text);
     cinfer_metrics_destroy(m);
 }
@@ -675,11 +703,11 @@ static void test_label_table_bounded(void)
     char name[256];
     for (int i = 0; i < 1000; i++) {
         snprintf(name, sizeof name, "/evil.Service/Method%d", i);
-        cinfer_metrics_request_done(m, name, 12);
+        cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, name, 12);
     }
     memset(name, 'x', 200);
     name[200] = '\0';
-    cinfer_metrics_rejected(m, name);
+    cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC, name);
     char *text = cinfer_metrics_render(m);
     CHECK_EQ_INT(parse_exposition(text, &g_parsed), 0);
     const parsed *p = &g_parsed;
@@ -692,10 +720,105 @@ static void test_label_table_bounded(void)
     }
     CHECK_EQ_INT(total, 1000);
     CHECK(get(p, "cinfer:request_total",
-              "method=\"other\",code=\"UNIMPLEMENTED\"", "") > 900);
+              "frontend=\"grpc\",method=\"other\",code=\"UNIMPLEMENTED\"",
+              "") > 900);
     char labels[128];
-    snprintf(labels, sizeof labels, "reason=\"%.64s\"", name);
+    snprintf(labels, sizeof labels, "frontend=\"grpc\",reason=\"%.64s\"", name);
     CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total", labels, ""), 1);
+    free(text);
+    cinfer_metrics_destroy(m);
+}
+
+/* ---- front ends ------------------------------------------------------ */
+
+/* Each front end's calls count in the same families under their own
+ * frontend label; a sum over the label is the total; a fresh server shows
+ * both front ends' histograms at zero. */
+static void test_frontends(void)
+{
+    CHECK_EQ_STR(cinfer_frontend_name(CINFER_FRONTEND_GRPC), "grpc");
+    CHECK_EQ_STR(cinfer_frontend_name(CINFER_FRONTEND_OPENAI), "openai");
+    CHECK_EQ_STR(cinfer_frontend_name((cinfer_frontend)7), "grpc");
+    cinfer_metrics *m = make(NULL);
+    if (!m)
+        return;
+    char *text = cinfer_metrics_render(m);
+    CHECK_EQ_INT(parse_exposition(text, &g_parsed), 0);
+    CHECK_EQ_INT(get(&g_parsed, "cinfer:time_to_first_token_seconds_count",
+                     FE_OPENAI, ""),
+                 0);
+    CHECK_EQ_INT(get(&g_parsed, "cinfer:rejection_latency_seconds_bucket",
+                     FE_OPENAI, "+Inf"),
+                 0);
+    CHECK_EQ_INT(get(&g_parsed, "cinfer:prompt_tokens_total", FE_OPENAI, ""),
+                 0);
+    free(text);
+
+    for (int i = 0; i < 3; i++)
+        cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, "Generate", 0);
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_OPENAI,
+                                "/v1/chat/completions", 0);
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_OPENAI,
+                                "/v1/chat/completions", 8);
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_OPENAI, "/v1/completions",
+                                0);
+    cinfer_metrics_request_done(m, (cinfer_frontend)-1, "Generate", 0);
+    cinfer_metrics_rejected(m, CINFER_FRONTEND_OPENAI, "rate_limited_global");
+    cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC, "rate_limited_global");
+    cinfer_metrics_rejected(m, CINFER_FRONTEND_GRPC, "rate_limited_global");
+    cinfer_metrics_observe(m, CINFER_FRONTEND_OPENAI, CINFER_HIST_TTFT, 0.03);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_OPENAI, CINFER_HIST_TTFT, 0.07);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_TTFT, 0.5);
+    cinfer_metrics_observe(m, CINFER_FRONTEND_OPENAI, CINFER_HIST_REJECT,
+                           0.0002);
+    cinfer_metrics_add_tokens(m, CINFER_FRONTEND_OPENAI, 10, 4);
+    cinfer_metrics_add_tokens(m, CINFER_FRONTEND_GRPC, 1, 2);
+    text = cinfer_metrics_render(m);
+    CHECK(strstr(text, "cinfer:request_total{frontend=\"openai\",method=\"/"
+                       "v1/chat/completions\",code=\"RESOURCE_EXHAUSTED\"} "
+                       "1\n") != NULL);
+    CHECK_EQ_INT(parse_exposition(text, &g_parsed), 0);
+    const parsed *p = &g_parsed;
+    CHECK_EQ_INT(get(p, "cinfer:request_total",
+                     FE_GRPC ",method=\"Generate\",code=\"OK\"", ""),
+                 4);
+    CHECK_EQ_INT(get(p, "cinfer:request_total",
+                     FE_OPENAI ",method=\"/v1/chat/completions\",code=\"OK\"",
+                     ""),
+                 1);
+    CHECK_EQ_INT(get(p, "cinfer:request_total",
+                     FE_OPENAI ",method=\"/v1/completions\",code=\"OK\"", ""),
+                 1);
+    CHECK(isnan(get(p, "cinfer:request_total",
+                    FE_OPENAI ",method=\"Generate\",code=\"OK\"", "")));
+    double sum = 0;
+    for (int i = 0; i < p->n; i++)
+        if (strcmp(p->s[i].name, "cinfer:request_total") == 0)
+            sum += p->s[i].value;
+    CHECK_EQ_INT(sum, 7);
+    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
+                     FE_OPENAI ",reason=\"rate_limited_global\"", ""),
+                 1);
+    CHECK_EQ_INT(get(p, "cinfer:rejected_requests_total",
+                     FE_GRPC ",reason=\"rate_limited_global\"", ""),
+                 2);
+    const char *b = "cinfer:time_to_first_token_seconds_bucket";
+    CHECK_EQ_INT(get(p, b, FE_OPENAI, "0.04"), 1);
+    CHECK_EQ_INT(get(p, b, FE_OPENAI, "0.08"), 2);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "0.25"), 0);
+    CHECK_EQ_INT(get(p, b, FE_GRPC, "0.5"), 1);
+    CHECK_NEAR(get(p, "cinfer:time_to_first_token_seconds_sum", FE_OPENAI, ""),
+               0.1, 1e-12);
+    CHECK_EQ_INT(
+        get(p, "cinfer:time_to_first_token_seconds_count", FE_GRPC, ""), 1);
+    CHECK_EQ_INT(
+        get(p, "cinfer:rejection_latency_seconds_count", FE_OPENAI, ""), 1);
+    CHECK_EQ_INT(get(p, "cinfer:rejection_latency_seconds_count", FE_GRPC, ""),
+                 0);
+    CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", FE_OPENAI, ""), 10);
+    CHECK_EQ_INT(get(p, "cinfer:generation_tokens_total", FE_OPENAI, ""), 4);
+    CHECK_EQ_INT(get(p, "cinfer:prompt_tokens_total", FE_GRPC, ""), 1);
+    CHECK(strstr(text, "frontend_requests_total") == NULL);
     free(text);
     cinfer_metrics_destroy(m);
 }
@@ -851,9 +974,9 @@ static void *record_until_stopped(void *arg)
 {
     cinfer_metrics *m = arg;
     while (!atomic_load(&stop_recording)) {
-        cinfer_metrics_observe(m, CINFER_HIST_TTFT, 0.03);
-        cinfer_metrics_observe(m, CINFER_HIST_ITL, 0.003);
-        cinfer_metrics_request_done(m, "Generate", 0);
+        cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_TTFT, 0.03);
+        cinfer_metrics_observe(m, CINFER_FRONTEND_GRPC, CINFER_HIST_ITL, 0.003);
+        cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, "Generate", 0);
     }
     return NULL;
 }
@@ -865,15 +988,17 @@ static void test_http_listener(void)
         return;
     int port = cinfer_metrics_port(m);
     CHECK(port > 0 && port < 65536);
-    cinfer_metrics_request_done(m, "Tokenize", 3);
+    cinfer_metrics_request_done(m, CINFER_FRONTEND_GRPC, "Tokenize", 3);
     http_reply r;
     CHECK_EQ_INT(http_fetch(port, "GET", "/metrics", &r), 0);
     CHECK_EQ_INT(r.status, 200);
     CHECK_EQ_STR(r.content_type, "text/plain; version=0.0.4; charset=utf-8");
     CHECK_EQ_INT(parse_exposition(r.body, &g_parsed), 0);
-    CHECK_EQ_INT(get(&g_parsed, "cinfer:request_total",
-                     "method=\"Tokenize\",code=\"INVALID_ARGUMENT\"", ""),
-                 1);
+    CHECK_EQ_INT(
+        get(&g_parsed, "cinfer:request_total",
+            "frontend=\"grpc\",method=\"Tokenize\",code=\"INVALID_ARGUMENT\"",
+            ""),
+        1);
     free(r.body);
 
     CHECK_EQ_INT(http_fetch(port, "HEAD", "/metrics", &r), 0);
@@ -904,8 +1029,8 @@ static void test_http_listener(void)
         }
         CHECK_EQ_INT(r.status, 200);
         CHECK_EQ_INT(parse_exposition(r.body, &g_parsed), 0);
-        double c =
-            get(&g_parsed, "cinfer:time_to_first_token_seconds_count", "", "");
+        double c = get(&g_parsed, "cinfer:time_to_first_token_seconds_count",
+                       FE_GRPC, "");
         CHECK(c >= last);
         last = c;
         free(r.body);
@@ -966,6 +1091,7 @@ int main(void)
     RUN(test_observe_edges);
     RUN(test_label_escaping);
     RUN(test_label_table_bounded);
+    RUN(test_frontends);
     RUN(test_collector_gauges);
     RUN(test_process_metrics);
     RUN(test_http_listener);
