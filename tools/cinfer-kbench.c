@@ -577,8 +577,18 @@ static bt_cell batched_cell(mm_ctx *c, team *tm, cinfer_cpu_isa isa)
 static const cinfer_dtype k_types[] = {
     CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
     CINFER_DTYPE_F16,  CINFER_DTYPE_BF16, CINFER_DTYPE_F32,
+    CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K,
+    CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS, CINFER_DTYPE_IQ4_NL,
 };
 #define N_TYPES (int)(sizeof(k_types) / sizeof(k_types[0]))
+
+/* The inner size for a type: d_in rounded up to its block (576 -> 768 for
+ * the 256-element K-quant super-blocks). */
+static int64_t type_in(cinfer_dtype wt, int64_t d_in)
+{
+    const int64_t be = cinfer_dtype_block_elems(wt);
+    return (d_in + be - 1) / be * be;
+}
 
 static void cpu_model(char *buf, size_t n)
 {
@@ -620,7 +630,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: cinfer-kbench [--isa all|portable|avx2|avx512] "
-            "[--types q4_1,q8_0,q4_0,f16,bf16,f32] [--threads 1|2|1,2]\n"
+            "[--types q4_1,q8_0,q4_0,f16,bf16,f32,q4_k,q5_k,q6_k,q2_k,q3_k,iq4_xs,iq4_nl]\n"
+            "                     [--threads 1|2|1,2]\n"
             "                     [--decode-mb MB] [--no-prefill] [--no-decode] [--no-model]\n"
             "                     [--no-batched] [--json FILE]\n");
 }
@@ -769,21 +780,22 @@ int main(int argc, char **argv)
             if (!type_on[t])
                 continue;
             cinfer_dtype wt = k_types[t];
-            size_t rb = cinfer_dtype_row_bytes(wt, d_in);
+            const int64_t t_in = type_in(wt, d_in);
+            size_t rb = cinfer_dtype_row_bytes(wt, t_in);
             size_t mat_bytes = rb * (size_t)d_out;
             int n_mats = (int)(decode_mb * 1e6 / (double)mat_bytes + 0.5);
             if (n_mats < 1)
                 n_mats = 1;
             uint8_t **w = malloc(sizeof(*w) * (size_t)n_mats);
             for (int m = 0; m < n_mats; m++)
-                w[m] = make_matrix(wt, d_out, d_in, &seed);
-            float *x = malloc(sizeof(float) * (size_t)d_in);
-            for (int64_t i = 0; i < d_in; i++)
+                w[m] = make_matrix(wt, d_out, t_in, &seed);
+            float *x = malloc(sizeof(float) * (size_t)t_in);
+            for (int64_t i = 0; i < t_in; i++)
                 x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
-            void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in));
+            void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), t_in));
             float *out = malloc(sizeof(float) * (size_t)d_out);
             size_t plen = 0;
-            uint8_t **wp = pack_all(w, n_mats, &wt, &d_out, &d_in, 0, &plen);
+            uint8_t **wp = pack_all(w, n_mats, &wt, &d_out, &t_in, 0, &plen);
             for (int v = CINFER_CPU_ISA_PORTABLE; v <= VARIANT_PACKED; v++) {
                 int isa = variant_isa(v);
                 if (!isa_on[isa] || !cinfer_cpu_isa_supported((cinfer_cpu_isa)isa) ||
@@ -794,7 +806,7 @@ int main(int argc, char **argv)
                         continue;
                     mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = n_mats,
                                 .w = (const uint8_t *const *)(v == VARIANT_PACKED ? wp : w),
-                                .w_row_bytes = rb, .n_out = d_out, .n_in = d_in, .n = 1,
+                                .w_row_bytes = rb, .n_out = d_out, .n_in = t_in, .n = 1,
                                 .x = x, .act = act, .out = out, .tm = &teams[nt],
                                 .packed = v == VARIANT_PACKED};
                     int reps = isa == CINFER_CPU_ISA_PORTABLE ? 2 : 8;
@@ -904,16 +916,17 @@ int main(int argc, char **argv)
             if (!type_on[t])
                 continue;
             cinfer_dtype wt = k_types[t];
-            size_t rb = cinfer_dtype_row_bytes(wt, d_in);
-            uint8_t *w = make_matrix(wt, d_out, d_in, &seed);
+            const int64_t t_in = type_in(wt, d_in);
+            size_t rb = cinfer_dtype_row_bytes(wt, t_in);
+            uint8_t *w = make_matrix(wt, d_out, t_in, &seed);
             size_t plen = 0;
-            uint8_t **wp = pack_all(&w, 1, &wt, &d_out, &d_in, 0, &plen);
+            uint8_t **wp = pack_all(&w, 1, &wt, &d_out, &t_in, 0, &plen);
             for (int ni = 0; ni < 2; ni++) {
                 int64_t n = ns[ni];
-                float *x = malloc(sizeof(float) * (size_t)(n * d_in));
-                for (int64_t i = 0; i < n * d_in; i++)
+                float *x = malloc(sizeof(float) * (size_t)(n * t_in));
+                for (int64_t i = 0; i < n * t_in; i++)
                     x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
-                void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in) *
+                void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), t_in) *
                                    (size_t)n);
                 float *out = malloc(sizeof(float) * (size_t)(n * d_out));
                 for (int v = CINFER_CPU_ISA_PORTABLE; v <= VARIANT_PACKED; v++) {
@@ -929,7 +942,7 @@ int main(int argc, char **argv)
                         const uint8_t *wl[1] = {v == VARIANT_PACKED ? wp[0] : w};
                         mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = 1,
                                     .w = wl, .w_row_bytes = rb, .n_out = d_out,
-                                    .n_in = d_in, .n = n, .x = x, .act = act,
+                                    .n_in = t_in, .n = n, .x = x, .act = act,
                                     .out = out, .tm = &teams[nt],
                                     .packed = v == VARIANT_PACKED};
                         double best = 1e30, total = 0.0;
@@ -942,7 +955,7 @@ int main(int argc, char **argv)
                             total += dt;
                             reps++;
                         }
-                        double gf = 2.0 * (double)n * (double)d_out * (double)d_in / best / 1e9;
+                        double gf = 2.0 * (double)n * (double)d_out * (double)t_in / best / 1e9;
                         /* int8-block products run on the int8 dot
                          * instructions, the float types on FMAs */
                         double pk = cinfer_dtype_block_elems(wt) > 1 && peak_dot[isa][nt] > 0.0
@@ -968,13 +981,14 @@ int main(int argc, char **argv)
 
     /* Batched int8-block products (prefill, many decode streams) against
      * the int8 dot peak, rows 16 .. 512. */
-    enum { BT_NS = 6, BT_MAX = 4 * 3 * BT_NS * MAX_THREADS };
+    enum { BT_NS = 6, BT_MAX = 4 * 10 * BT_NS * MAX_THREADS };
     static const int64_t bt_ns[BT_NS] = {16, 32, 64, 128, 256, 512};
     struct {
         const char *variant;
         cinfer_dtype wt;
         int nt;
         int64_t n;
+        int64_t n_in;
         bt_cell c;
     } bt[BT_MAX];
     int n_bt = 0;
@@ -984,29 +998,32 @@ int main(int argc, char **argv)
                (long long)d_out, (long long)d_in, BT_REPS);
         printf("  %-8s %-5s %3s %4s %9s %11s %8s\n", "isa", "type", "thr", "n", "GOP/s",
                "peak GOP/s", "% peak");
-        static const cinfer_dtype bt_types[3] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
-                                                 CINFER_DTYPE_Q4_1};
-        for (int t = 0; t < 3; t++) {
+        static const cinfer_dtype bt_types[] = {
+            CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_K,
+            CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K,
+            CINFER_DTYPE_IQ4_XS, CINFER_DTYPE_IQ4_NL};
+        for (int t = 0; t < (int)(sizeof(bt_types) / sizeof(bt_types[0])); t++) {
             cinfer_dtype wt = bt_types[t];
+            const int64_t t_in = type_in(wt, d_in);
             int on = 0;
             for (int k = 0; k < N_TYPES; k++)
                 on |= k_types[k] == wt && type_on[k];
             if (!on)
                 continue;
-            size_t rb = cinfer_dtype_row_bytes(wt, d_in);
-            uint8_t *w = make_matrix(wt, d_out, d_in, &seed);
+            size_t rb = cinfer_dtype_row_bytes(wt, t_in);
+            uint8_t *w = make_matrix(wt, d_out, t_in, &seed);
             size_t plen = 0;
-            uint8_t **wp = pack_all(&w, 1, &wt, &d_out, &d_in, 0, &plen);
+            uint8_t **wp = pack_all(&w, 1, &wt, &d_out, &t_in, 0, &plen);
             const int64_t n_max = bt_ns[BT_NS - 1];
-            float *x = malloc(sizeof(float) * (size_t)(n_max * d_in));
-            void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), d_in) *
+            float *x = malloc(sizeof(float) * (size_t)(n_max * t_in));
+            void *act = malloc(cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), t_in) *
                                (size_t)n_max);
             float *out = malloc(sizeof(float) * (size_t)(n_max * d_out));
             if (!x || !act || !out) {
                 fprintf(stderr, "out of memory\n");
                 return 1;
             }
-            for (int64_t i = 0; i < n_max * d_in; i++)
+            for (int64_t i = 0; i < n_max * t_in; i++)
                 x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
             for (int v = CINFER_CPU_ISA_AVX2; v <= VARIANT_PACKED; v++) {
                 int isa = variant_isa(v);
@@ -1019,7 +1036,7 @@ int main(int argc, char **argv)
                         const uint8_t *wl[1] = {v == VARIANT_PACKED ? wp[0] : w};
                         mm_ctx c = {.isa = (cinfer_cpu_isa)isa, .wt = wt, .n_mats = 1,
                                     .w = wl, .w_row_bytes = rb, .n_out = d_out,
-                                    .n_in = d_in, .n = bt_ns[ni], .x = x, .act = act,
+                                    .n_in = t_in, .n = bt_ns[ni], .x = x, .act = act,
                                     .out = out, .tm = &teams[nt],
                                     .packed = v == VARIANT_PACKED};
                         bt_cell cell = batched_cell(&c, &teams[nt], (cinfer_cpu_isa)isa);
@@ -1027,6 +1044,7 @@ int main(int argc, char **argv)
                         bt[n_bt].wt = wt;
                         bt[n_bt].nt = nt;
                         bt[n_bt].n = bt_ns[ni];
+                        bt[n_bt].n_in = t_in;
                         bt[n_bt].c = cell;
                         n_bt++;
                         printf("  %-8s %-5s %3d %4lld %9.1f %11.1f %7.0f%%\n", variant_name(v),
@@ -1086,7 +1104,7 @@ int main(int argc, char **argv)
                     "\"n_out\": %lld, \"n_in\": %lld, \"gops\": %.2f, \"peak_gops\": %.2f, "
                     "\"ratio\": %.4f}%s\n",
                     bt[i].variant, cinfer_dtype_name(bt[i].wt), bt[i].nt, (long long)bt[i].n,
-                    (long long)d_out, (long long)d_in, bt[i].c.gops, bt[i].c.peak,
+                    (long long)d_out, (long long)bt[i].n_in, bt[i].c.gops, bt[i].c.peak,
                     bt[i].c.ratio, i + 1 < n_bt ? "," : "");
         fprintf(f, "  ]\n}\n");
         fclose(f);

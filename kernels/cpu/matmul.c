@@ -13,8 +13,7 @@
  * Q4_0 x Q8_0, IQ4_NL x Q8_0, Q2_K .. Q6_K / IQ4_XS x Q8_K, F16 x F16,
  * BF16 x BF16, F32 x F32. Q8_K activations are quantized by the scalar
  * code on every ISA (GGML's x86 build does the same); the K-quant and IQ4
- * products live in matmul_kquant*.c, whose AVX2 code AVX-512 processors
- * run as well.
+ * products live in matmul_kquant*.c, which dispatches them by ISA.
  */
 #include "matmul.h"
 
@@ -141,15 +140,8 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
         return;
     cinfer_cpu_isa use = resolve_isa(isa);
     if (is_kquant(wt)) {
-#ifdef CINFER_MATMUL_HAVE_AVX2
-        if (use == CINFER_CPU_ISA_AVX2 || use == CINFER_CPU_ISA_AVX512) {
-            cinfer_cpu_matmul_compute_kquant_avx2(wt, w, w_row_bytes, act, n,
-                                                  n_in, out, out_stride, o0, o1);
-            return;
-        }
-#endif
-        cinfer_cpu_matmul_compute_kquant_portable(wt, w, w_row_bytes, act, n,
-                                                  n_in, out, out_stride, o0, o1);
+        cinfer_cpu_matmul_compute_kquant(use, wt, w, w_row_bytes, act, n, n_in,
+                                         out, out_stride, o0, o1);
         return;
     }
 #if defined(CINFER_MATMUL_HAVE_AVX512) && defined(CINFER_MATMUL_HAVE_AVX2)

@@ -79,7 +79,22 @@ void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
                                                int64_t out_stride, int64_t o0,
                                                int64_t o1);
 
+/* Their dispatch by ISA (matmul_kquant.c); isa is a resolved one. */
+void cinfer_cpu_matmul_compute_kquant(cinfer_cpu_isa isa, cinfer_dtype wt,
+                                      const void *w, size_t w_row_bytes,
+                                      const void *act, int64_t n, int64_t n_in,
+                                      float *out, int64_t out_stride,
+                                      int64_t o0, int64_t o1);
+
 #ifdef CINFER_MATMUL_X86
+/* The same for AVX-512 F/BW/VL/DQ + VNNI (matmul_kquant_avx512.c). */
+void cinfer_cpu_matmul_compute_kquant_avx512(cinfer_dtype wt, const void *w,
+                                             size_t w_row_bytes,
+                                             const void *act, int64_t n,
+                                             int64_t n_in, float *out,
+                                             int64_t out_stride, int64_t o0,
+                                             int64_t o1);
+
 /* The same for AVX2 + FMA + F16C (matmul_kquant_avx2.c). */
 void cinfer_cpu_matmul_compute_kquant_avx2(cinfer_dtype wt, const void *w,
                                            size_t w_row_bytes, const void *act,

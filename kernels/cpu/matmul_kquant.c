@@ -343,3 +343,31 @@ void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
             out[r * out_stride + o] = dot(wrow, (const uint8_t *)act + (size_t)r * arb, nb);
     }
 }
+
+/* The ISA's kernels; every one computes the bits above, so the choice may
+ * change with the row count without breaking batch invariance. */
+void cinfer_cpu_matmul_compute_kquant(cinfer_cpu_isa isa, cinfer_dtype wt,
+                                      const void *w, size_t w_row_bytes,
+                                      const void *act, int64_t n, int64_t n_in,
+                                      float *out, int64_t out_stride,
+                                      int64_t o0, int64_t o1)
+{
+    switch (isa) {
+#ifdef CINFER_MATMUL_HAVE_AVX512
+    case CINFER_CPU_ISA_AVX512:
+        cinfer_cpu_matmul_compute_kquant_avx512(wt, w, w_row_bytes, act, n, n_in,
+                                                out, out_stride, o0, o1);
+        return;
+#endif
+#ifdef CINFER_MATMUL_HAVE_AVX2
+    case CINFER_CPU_ISA_AVX2:
+        cinfer_cpu_matmul_compute_kquant_avx2(wt, w, w_row_bytes, act, n, n_in,
+                                              out, out_stride, o0, o1);
+        return;
+#endif
+    default:
+        cinfer_cpu_matmul_compute_kquant_portable(wt, w, w_row_bytes, act, n,
+                                                  n_in, out, out_stride, o0, o1);
+        return;
+    }
+}

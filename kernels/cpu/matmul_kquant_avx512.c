@@ -1,0 +1,590 @@
+/*
+ * matmul_kquant_avx512.c - K-quant and IQ4 products (Q2_K .. Q6_K and
+ * IQ4_XS x Q8_K, IQ4_NL x Q8_0) for AVX-512 F/BW/VL/DQ + VNNI, in the
+ * reduction order of matmul_kquant.c.
+ *
+ * The integer work is 512 bits wide: one register holds two 32-element
+ * parts of a super-block, so its 16 int32 lanes are lane l of part p (0..7)
+ * and lane l of part p + 1 (8..15). Quants are widened to pair sums with
+ * vpmaddubsw (unsigned quant x signed activation, no pair can saturate, as
+ * in the AVX2 file) and scaled and summed into int32 by VNNI's vpdpwssd.
+ * Adding the upper eight lanes onto the lower eight is exact, and leaves
+ * the eight int32 isum[l] of the reduction order; from there the float
+ * steps (one fma per super-block and row, the final tree) are the AVX2
+ * file's, on 256-bit registers, so every ISA computes the same bits.
+ *   - Q3_K's quants q - 4 are signed: the activation goes in offset by 128
+ *     (a ^ 0x80, unsigned) and the weight's 128 * sum(q - 4) * scale,
+ *     computed once per super-block, starts the accumulator negated.
+ *   - IQ4 levels are signed: |v| goes in unsigned and the activation is
+ *     negated where v < 0 (level index bit 3 clear), as vpsignb does on
+ *     AVX2 (|a| <= 127 for Q8_0 and Q8_K, so the negation is exact).
+ *   - IQ4_NL x Q8_0 puts two blocks in one register, even one in the low
+ *     eight lanes and odd one in the high: the float accumulator's halves
+ *     are the order's acc1 and acc2.
+ *
+ * Batches: each weight super-block is decoded once (levels, scales) and
+ * reused for up to ROWS activation rows, which is what makes the prefill
+ * products faster than AVX2's, which decode it for every row. The weights
+ * keep the file's layout: no repacking (bench/results/
+ * kernels-kquant-avx512.md).
+ */
+#include "matmul_impl.h"
+
+#ifdef CINFER_MATMUL_HAVE_AVX512
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+/* Activation rows sharing one decoded weight super-block. */
+#define ROWS 8
+
+#define INLINE static inline __attribute__((always_inline))
+
+static inline float hsum8(__m256 x)
+{
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* (a0 + a2) + (a1 + a3) */
+static inline float hsum4(__m128 r)
+{
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* Lanes 8..15 added onto 0..7 (exact): the eight isum[l]. */
+static inline __m256i fold(__m512i s)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+static inline const void *row_at(const void *act, size_t arb, int64_t r)
+{
+    return (const uint8_t *)act + (size_t)r * arb;
+}
+
+/* int16 lane j of the result: scale 2k + (j >= 16) of the eight int16
+ * scales in the low 128 bits of s (32-element scales: Q4_K, Q5_K,
+ * IQ4_XS), or scale 4k + j / 8 of the sixteen in the low 256 bits
+ * (16-element scales: Q2_K, Q3_K, Q6_K). In-lane byte shuffles of the
+ * scales' 128-bit half repeated, as vpermw costs more on AMD cores. */
+static inline __m512i scales32(__m512i s, int k)
+{
+    const __m512i b = _mm512_broadcast_i32x4(_mm512_castsi512_si128(s));
+    const long long lo = 0x0100010001000100LL * 1 + 0x0202020202020202LL * (2 * k);
+    const long long hi = lo + 0x0202020202020202LL;
+    return _mm512_shuffle_epi8(b, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
+}
+
+static inline __m512i scales16(__m512i s, int k)
+{
+    const __m256i s256 = _mm512_castsi512_si256(s);
+    const __m128i half = k < 2 ? _mm256_castsi256_si128(s256) : _mm256_extracti128_si256(s256, 1);
+    const __m512i b = _mm512_broadcast_i32x4(half);
+    const long long s0 = 0x0100010001000100LL + 0x0202020202020202LL * (4 * (k % 2));
+    const long long st = 0x0202020202020202LL;
+    return _mm512_shuffle_epi8(b, _mm512_set_epi64(s0 + 3 * st, s0 + 3 * st, s0 + 2 * st,
+                                                   s0 + 2 * st, s0 + st, s0 + st, s0, s0));
+}
+
+/* Sub-block scales sc[0..7] in bytes 0..7, mins in 8..15. */
+static inline __m128i k4_scales_mins(const uint8_t *scales)
+{
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    const uint32_t mins03 = u[1] & m6;
+    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    u[2] = mins03;
+    u[0] &= m6;
+    return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+}
+
+/* Integer part of one row against four decoded weight registers. */
+INLINE __m256i dot4(const __m512i w[4], const __m512i s[4], const int8_t *a)
+{
+    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i av = _mm512_loadu_si512((const void *)(a + 64 * k));
+        acc[k % 2] = _mm512_dpwssd_epi32(acc[k % 2], _mm512_maddubs_epi16(w[k], av), s[k]);
+    }
+    return fold(_mm512_add_epi32(acc[0], acc[1]));
+}
+
+/* ---------------------------------------------------------------------- */
+/* Q4_K and Q5_K                                                          */
+/* ---------------------------------------------------------------------- */
+
+/* Register k: sub-blocks 2k (low nibbles of qs[32k ..]) and 2k + 1 (high
+ * nibbles), elements 64k .. 64k + 63 in order. */
+INLINE void k4_levels(const uint8_t *qs, __m512i w[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i bits = _mm512_loadu_si512((const void *)(qs + 64 * h));
+        const __m512i lo = _mm512_and_si512(bits, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+        w[2 * h] = _mm512_shuffle_i64x2(lo, hi, 0x44);
+        w[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, 0xEE);
+    }
+}
+
+/* Q5_K's fifth bit: qh bit 2k for the low half of register k, 2k + 1 for
+ * the high half. */
+INLINE void k5_high_bits(const uint8_t *qh, __m512i w[4])
+{
+    const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i sel = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi8((char)(1 << (2 * k))),
+                                                    _mm512_set1_epi8((char)(1 << (2 * k + 1))));
+        const __mmask64 m = _mm512_test_epi8_mask(hb, sel);
+        w[k] = _mm512_mask_add_epi8(w[k], m, w[k], sixteen);
+    }
+}
+
+INLINE void tile_q45_k(cinfer_dtype wt, const void *wrow, const void *act, size_t arb,
+                       int64_t nb, int rt, float *out, int64_t out_stride)
+{
+    __m256 acc[ROWS];
+    __m128 accm[ROWS];
+    float summs[ROWS];
+    for (int r = 0; r < rt; r++) {
+        acc[r] = _mm256_setzero_ps();
+        accm[r] = _mm_setzero_ps();
+        summs[r] = 0.0f;
+    }
+    const int q5 = wt == CINFER_DTYPE_Q5_K;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint16_t *hd;
+        const uint8_t *scales;
+        __m512i w[4], s[4];
+        if (q5) {
+            const cinfer_block_q5_k *x = (const cinfer_block_q5_k *)wrow + b;
+            hd = &x->d;
+            scales = x->scales;
+            k4_levels(x->qs, w);
+            k5_high_bits(x->qh, w);
+        } else {
+            const cinfer_block_q4_k *x = (const cinfer_block_q4_k *)wrow + b;
+            hd = &x->d;
+            scales = x->scales;
+            k4_levels(x->qs, w);
+        }
+        const float xd = f16(hd[0]), xm = f16(hd[1]);
+        const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(scales));
+        const __m512i sc = _mm512_castsi256_si512(sm);
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            s[k] = scales32(sc, k);
+        #pragma GCC unroll 8
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            const float d = y->d * xd, dmin = -y->d * xm;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                                _mm256_extracti128_si256(bs, 1));
+            const __m128i prod = _mm_madd_epi16(mins, bs32);
+            if (q5) {
+                const __m128i z = _mm_setzero_si128();
+                const int msum = _mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(prod, z), z));
+                summs[r] = fmaf(dmin, (float)msum, summs[r]);
+            } else {
+                accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm[r]);
+            }
+            const __m256i isum = dot4(w, s, y->qs);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        out[r * out_stride] = q5 ? hsum8(acc[r]) + summs[r] : hsum8(acc[r]) + hsum4(accm[r]);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Q6_K                                                                   */
+/* ---------------------------------------------------------------------- */
+
+/* Register k: parts 2k, 2k + 1 (elements 64k ..): ql[64h ..] (h = k / 2)
+ * low nibbles for k even, high for k odd, and two qh bits each. */
+INLINE void q6_levels(const cinfer_block_q6_k *x, __m512i w[4])
+{
+    const __m512i m15 = _mm512_set1_epi8(15);
+    /* qh bits of parts 0..3 of a half: masks 3, 12, 48, 192 moved to bit 4 */
+    const __m512i mlo = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi8(3), _mm512_set1_epi8(12));
+    const __m512i mhi = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi8(48), _mm512_set1_epi8(-64));
+    const __m512i shl = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+    const __m512i shr = _mm512_mask_blend_epi64(0xF0, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * h));
+        const __m512i bh =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * h)));
+        w[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m15),
+                                   _mm512_sllv_epi16(_mm512_and_si512(bh, mlo), shl));
+        w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m15),
+                                       _mm512_srlv_epi16(_mm512_and_si512(bh, mhi), shr));
+    }
+}
+
+INLINE void tile_q6_k(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
+                      float *out, int64_t out_stride)
+{
+    __m256 acc[ROWS];
+    for (int r = 0; r < rt; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const cinfer_block_q6_k *x = (const cinfer_block_q6_k *)wrow + b;
+        __m512i w[4], s[4];
+        q6_levels(x, w);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+        const __m512i sc = _mm512_castsi256_si512(sc16);
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            s[k] = scales16(sc, k);
+        const float xd = f16(x->d);
+        #pragma GCC unroll 8
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+            const __m256i isum = _mm256_sub_epi32(dot4(w, s, y->qs), sub);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * xd), _mm256_cvtepi32_ps(isum), acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        out[r * out_stride] = hsum8(acc[r]);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Q2_K and Q3_K                                                          */
+/* ---------------------------------------------------------------------- */
+
+/* Register k: parts 2k, 2k + 1, the 2-bit fields of qs[32 (k / 2) ..] at
+ * shifts 4 (k % 2) and 4 (k % 2) + 2. */
+INLINE void q2_levels(const uint8_t *qs, __m512i w[4])
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i sh0 = _mm512_mask_blend_epi64(0xF0, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+    const __m512i sh1 = _mm512_add_epi16(sh0, _mm512_set1_epi16(4));
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i bits =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+        w[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(bits, sh0), m3);
+        w[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(bits, sh1), m3);
+    }
+}
+
+INLINE void tile_q2_k(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
+                      float *out, int64_t out_stride)
+{
+    __m256 acc[ROWS];
+    for (int r = 0; r < rt; r++)
+        acc[r] = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    for (int64_t b = 0; b < nb; b++) {
+        const cinfer_block_q2_k *x = (const cinfer_block_q2_k *)wrow + b;
+        __m512i w[4], s[4];
+        q2_levels(x->qs, w);
+        const __m128i ms = _mm_loadu_si128((const __m128i *)x->scales);
+        const __m256i mn16 = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
+        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_and_si128(ms, m4)));
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            s[k] = scales16(sc, k);
+        const float xd = f16(x->d), xm = f16(x->dmin);
+        #pragma GCC unroll 8
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            const __m256i prod =
+                _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)y->bsums));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-y->d * xm), _mm256_cvtepi32_ps(prod), acc[r]);
+            const __m256i isum = dot4(w, s, y->qs);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * xd), _mm256_cvtepi32_ps(isum), acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        out[r * out_stride] = hsum8(acc[r]);
+}
+
+/* The 16 6-bit Q3_K scales minus 32, as bytes (GGML's unpacking). */
+static inline __m128i q3k_scales(const uint8_t *scales)
+{
+    uint32_t aux[3];
+    memcpy(aux, scales, 12);
+    const uint32_t m2 = 0x03030303u, m4 = 0x0f0f0f0fu;
+    const __m128i s = _mm_set_epi32((int)(((aux[1] >> 4) & m4) | (((aux[2] >> 6) & m2) << 4)),
+                                    (int)(((aux[0] >> 4) & m4) | (((aux[2] >> 4) & m2) << 4)),
+                                    (int)((aux[1] & m4) | (((aux[2] >> 2) & m2) << 4)),
+                                    (int)((aux[0] & m4) | ((aux[2] & m2) << 4)));
+    return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+/* Q3_K weights q - 4 (signed, -4..3) against activations a + 128 (a ^
+ * 0x80, unsigned): the accumulator starts at -128 * sum(q - 4) * scale. */
+INLINE void tile_q3_k(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
+                      float *out, int64_t out_stride)
+{
+    __m256 acc[ROWS];
+    for (int r = 0; r < rt; r++)
+        acc[r] = _mm256_setzero_ps();
+    const __m512i four = _mm512_set1_epi8(4), bias = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const cinfer_block_q3_k *x = (const cinfer_block_q3_k *)wrow + b;
+        __m512i w[4], s[4];
+        q2_levels(x->qs, w);
+        const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->hmask));
+        const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3k_scales(x->scales)));
+        __m512i corr = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i sel = _mm512_mask_blend_epi64(
+                0xF0, _mm512_set1_epi8((char)(1 << (2 * k))), _mm512_set1_epi8((char)(1 << (2 * k + 1))));
+            const __mmask64 clear = _mm512_testn_epi8_mask(hb, sel);
+            w[k] = _mm512_mask_sub_epi8(w[k], clear, w[k], four);
+            s[k] = scales16(sc, k);
+            corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(bias, w[k]), s[k]);
+        }
+        const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+        const float xd = f16(x->d);
+        #pragma GCC unroll 8
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            __m512i si = init;
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i av = _mm512_xor_si512(
+                    _mm512_loadu_si512((const void *)(y->qs + 64 * k)), bias);
+                si = _mm512_dpwssd_epi32(si, _mm512_maddubs_epi16(av, w[k]), s[k]);
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * xd), _mm256_cvtepi32_ps(fold(si)), acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        out[r * out_stride] = hsum8(acc[r]);
+}
+
+/* ---------------------------------------------------------------------- */
+/* IQ4_XS and IQ4_NL                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* 128-bit lanes [lo, lo, hi, hi] of 32 nibble bytes as level indices:
+ * lanes 0 and 2 the low nibbles, 1 and 3 the high ones, so each 32-byte
+ * half is one 32-element block in Q4_0's order. |level| in w, and in neg
+ * the lanes whose level is negative (index bit 3 clear). */
+INLINE __m512i iq4_abs(__m512i twice, __mmask64 *neg)
+{
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i sh = _mm512_mask_blend_epi64(0xCC, _mm512_setzero_si512(), _mm512_set1_epi16(4));
+    const __m512i absval = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+    const __m512i idx = _mm512_and_si512(_mm512_srlv_epi16(twice, sh), m4);
+    *neg = _mm512_testn_epi8_mask(idx, _mm512_set1_epi8(8));
+    return _mm512_shuffle_epi8(absval, idx);
+}
+
+INLINE void tile_iq4_xs(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
+                        float *out, int64_t out_stride)
+{
+    __m256 acc[ROWS];
+    for (int r = 0; r < rt; r++)
+        acc[r] = _mm256_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++) {
+        const cinfer_block_iq4_xs *x = (const cinfer_block_iq4_xs *)wrow + b;
+        __m512i w[4], s[4];
+        __mmask64 neg[4];
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(x->qs + 64 * h));
+            w[2 * h] = iq4_abs(_mm512_shuffle_i64x2(q, q, 0x50), &neg[2 * h]);
+            w[2 * h + 1] = iq4_abs(_mm512_shuffle_i64x2(q, q, 0xFA), &neg[2 * h + 1]);
+        }
+        /* ls_j - 32: nibble j of scales_l, bits 2j.. of scales_h */
+        uint32_t sl;
+        memcpy(&sl, x->scales_l, 4);
+        const __m256i lo = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32((int)sl), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(15));
+        const __m256i hi = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32(x->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+            _mm256_set1_epi32(3));
+        const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+                                            _mm256_set1_epi32(32));
+        const __m512i sc = _mm512_castsi128_si512(_mm256_cvtepi32_epi16(ls));
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            s[k] = scales32(sc, k);
+        const float xd = f16(x->d);
+        #pragma GCC unroll 8
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            __m512i si = zero;
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i av = _mm512_loadu_si512((const void *)(y->qs + 64 * k));
+                av = _mm512_mask_sub_epi8(av, neg[k], zero, av);
+                si = _mm512_dpwssd_epi32(si, _mm512_maddubs_epi16(w[k], av), s[k]);
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xd * y->d), _mm256_cvtepi32_ps(fold(si)), acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        out[r * out_stride] = hsum8(acc[r]);
+}
+
+/* IQ4_NL: blocks b (low 256 bits) and b + 1 (high) of a weight row. */
+INLINE __m512i iq4_nl_pair(const cinfer_block_iq4_nl *x, __mmask64 *neg)
+{
+    const __m256i b0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[0].qs));
+    const __m256i b1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[1].qs));
+    return iq4_abs(_mm512_inserti64x4(_mm512_castsi256_si512(b0), b1, 1), neg);
+}
+
+INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
+                        float *out, int64_t out_stride)
+{
+    const cinfer_block_iq4_nl *x = wrow;
+    __m512 acc[ROWS];
+    for (int r = 0; r < rt; r++)
+        acc[r] = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        __mmask64 neg;
+        const __m512i w = iq4_nl_pair(x + b, &neg);
+        const float xd0 = f16(x[b].d), xd1 = f16(x[b + 1].d);
+        #pragma GCC unroll 8
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_0 *y = (const cinfer_block_q8_0 *)row_at(act, arb, r) + b;
+            __m512i av = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[0].qs)),
+                _mm256_loadu_si256((const __m256i *)y[1].qs), 1);
+            av = _mm512_mask_sub_epi8(av, neg, zero, av);
+            const __m512i si = _mm512_dpbusd_epi32(zero, w, av);
+            const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(f16(y[0].d) * xd0),
+                                                _mm256_set1_ps(f16(y[1].d) * xd1), 1);
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(si), acc[r]);
+        }
+    }
+    float res[ROWS];
+    for (int r = 0; r < rt; r++)
+        res[r] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[r]),
+                                     _mm512_extractf32x8_ps(acc[r], 1)));
+    if (b < nb) {
+        /* GGML's scalar tail: one fma of the block's whole integer sum */
+        const __m256i m4 = _mm256_set1_epi8(0xF);
+        const __m128i bits = _mm_loadu_si128((const __m128i *)x[b].qs);
+        const __m256i raw = _mm256_setr_m128i(bits, _mm_srli_epi16(bits, 4));
+        const __m256i idx = _mm256_and_si256(raw, m4);
+        const __m256i absval = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+        const __m256i w = _mm256_shuffle_epi8(absval, idx);
+        const __mmask32 neg = _mm256_testn_epi8_mask(idx, _mm256_set1_epi8(8));
+        const float xd = f16(x[b].d);
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_0 *y = (const cinfer_block_q8_0 *)row_at(act, arb, r) + b;
+            __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
+            av = _mm256_mask_sub_epi8(av, neg, _mm256_setzero_si256(), av);
+            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, av);
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
+            res[r] = fmaf(f16(y->d) * xd, (float)_mm_cvtsi128_si32(t), res[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        out[r * out_stride] = res[r];
+}
+
+/* ---------------------------------------------------------------------- */
+/* entry                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* One weight row against rt activation rows; inlined with rt = ROWS and
+ * rt = 1 constant (the accumulators then live in registers), and once with
+ * a variable count for a batch's last rows. */
+INLINE void tile(cinfer_dtype wt, const void *wrow, const void *act, size_t arb, int64_t nb,
+                 int rt, float *out, int64_t out_stride)
+{
+    switch (wt) {
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K: tile_q45_k(wt, wrow, act, arb, nb, rt, out, out_stride); return;
+    case CINFER_DTYPE_Q6_K: tile_q6_k(wrow, act, arb, nb, rt, out, out_stride); return;
+    case CINFER_DTYPE_Q2_K: tile_q2_k(wrow, act, arb, nb, rt, out, out_stride); return;
+    case CINFER_DTYPE_Q3_K: tile_q3_k(wrow, act, arb, nb, rt, out, out_stride); return;
+    case CINFER_DTYPE_IQ4_XS: tile_iq4_xs(wrow, act, arb, nb, rt, out, out_stride); return;
+    default: tile_iq4_nl(wrow, act, arb, nb, rt, out, out_stride); return;
+    }
+}
+
+INLINE void compute_rows(cinfer_dtype wt, const uint8_t *w, size_t w_row_bytes,
+                         const uint8_t *act, size_t arb, int64_t n, int64_t nb, float *out,
+                         int64_t out_stride, int64_t o0, int64_t o1)
+{
+    for (int64_t o = o0; o < o1; o++) {
+        const void *wrow = w + (size_t)o * w_row_bytes;
+        int64_t r = 0;
+        for (; r + ROWS <= n; r += ROWS)
+            tile(wt, wrow, act + (size_t)r * arb, arb, nb, ROWS, out + r * out_stride + o,
+                 out_stride);
+        if (r < n)
+            tile(wt, wrow, act + (size_t)r * arb, arb, nb, (int)(n - r), out + r * out_stride + o,
+                 out_stride);
+    }
+}
+
+INLINE void compute_one(cinfer_dtype wt, const uint8_t *w, size_t w_row_bytes,
+                        const uint8_t *act, int64_t nb, float *out, int64_t o0, int64_t o1)
+{
+    for (int64_t o = o0; o < o1; o++)
+        tile(wt, w + (size_t)o * w_row_bytes, act, 0, nb, 1, out + o, 0);
+}
+
+#define KQ_TYPES(X) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_XS) X(IQ4_NL)
+
+/* One copy per type, so each tile is specialised (the switch folds). */
+#define KQ_FN(T)                                                                                \
+    static void rows_##T(const uint8_t *w, size_t wrb, const uint8_t *act, size_t arb,          \
+                         int64_t n, int64_t nb, float *out, int64_t os, int64_t o0, int64_t o1) \
+    {                                                                                           \
+        if (n == 1)                                                                             \
+            compute_one(CINFER_DTYPE_##T, w, wrb, act, nb, out, o0, o1);                        \
+        else                                                                                    \
+            compute_rows(CINFER_DTYPE_##T, w, wrb, act, arb, n, nb, out, os, o0, o1);           \
+    }
+KQ_TYPES(KQ_FN)
+#undef KQ_FN
+
+void cinfer_cpu_matmul_compute_kquant_avx512(cinfer_dtype wt, const void *w,
+                                             size_t w_row_bytes, const void *act,
+                                             int64_t n, int64_t n_in, float *out,
+                                             int64_t out_stride, int64_t o0,
+                                             int64_t o1)
+{
+    const size_t arb = cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), n_in);
+    const int64_t nb = n_in / cinfer_dtype_block_elems(wt);
+    switch (wt) {
+#define KQ_CASE(T)                                                                        \
+    case CINFER_DTYPE_##T:                                                                \
+        rows_##T(w, w_row_bytes, act, arb, n, nb, out, out_stride, o0, o1);               \
+        return;
+        KQ_TYPES(KQ_CASE)
+#undef KQ_CASE
+    default: return;
+    }
+}
+
+#endif /* CINFER_MATMUL_HAVE_AVX512 */
