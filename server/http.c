@@ -40,6 +40,8 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -1109,6 +1111,84 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 /* The daemon                                                             */
 /* ---------------------------------------------------------------------- */
 
+/* The server's connection caps and descriptor reserve (conn_limit.h),
+ * which the gRPC port shares: asked before a connection is taken, told
+ * when it opens and closes (its address kept in the socket context). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
+                                 socklen_t len)
+{
+    cinfer_http *h = cls;
+    return cinfer_conn_limit_check_addr(h->srv->conns, addr, len) ==
+                   CINFER_CONN_ADMIT
+               ? MHD_YES
+               : MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    cinfer_http *h = cls;
+    struct sockaddr_storage *ss = *ctx;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        ss = calloc(1, sizeof *ss);
+        if (!ss)
+            return;
+        if (ci && ci->client_addr)
+            memcpy(ss, ci->client_addr,
+                   ci->client_addr->sa_family == AF_INET6
+                       ? sizeof(struct sockaddr_in6)
+                       : sizeof(struct sockaddr_in));
+        cinfer_conn_limit_open_addr(h->srv->conns, (struct sockaddr *)ss,
+                                    sizeof *ss);
+        *ctx = ss;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && ss) {
+        cinfer_conn_limit_close_addr(h->srv->conns, (struct sockaddr *)ss,
+                                     sizeof *ss);
+        free(ss);
+        *ctx = NULL;
+    }
+}
+
+/* libmicrohttpd's own lines (each failed accept, out of descriptors), at
+ * most HTTP_LOG_PER_S a second. */
+#define HTTP_LOG_PER_S 5
+#define HTTP_LOG_BURST 20
+
+static pthread_mutex_t http_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static cinfer_log_limit http_log_limit;
+static int http_log_limit_ready;
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    uint64_t suppressed = 0;
+    pthread_mutex_lock(&http_log_mu);
+    if (!http_log_limit_ready) {
+        cinfer_log_limit_init(&http_log_limit, HTTP_LOG_PER_S,
+                              HTTP_LOG_BURST);
+        http_log_limit_ready = 1;
+    }
+    int ok = cinfer_log_limit_take(&http_log_limit, cinfer_server_now_ns(),
+                                   &suppressed);
+    pthread_mutex_unlock(&http_log_mu);
+    if (!ok)
+        return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, CINFER_LOG_WARN, "http daemon", NULL)) {
+        cinfer_log_str(&l, "error", msg);
+        if (suppressed)
+            cinfer_log_int(&l, "suppressed", (int64_t)suppressed);
+        cinfer_log_end(&l);
+    }
+}
+
 cinfer_status cinfer_http_create(cinfer_server *s, const char *listen,
                                  cinfer_http **out)
 {
@@ -1129,10 +1209,12 @@ cinfer_status cinfer_http_create(cinfer_server *s, const char *listen,
     h->daemon = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
             MHD_USE_ERROR_LOG,
-        0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
+        0, on_accept, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+        on_mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_MAX_CONNECTIONS,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     if (!h->daemon) {
         close(fd);
         pthread_mutex_destroy(&h->mu);

@@ -615,6 +615,25 @@ static void render_snapshot(sbuf *b, const cinfer_metrics_snapshot *s)
     sb_family(b, "cinfer:health_serving", "gauge",
               "1 while health checks answer SERVING, else 0.");
     sb_sample_u64(b, "cinfer:health_serving", s->serving ? 1 : 0);
+    static const char *const refuse_reasons[3] = {
+        "max_connections", "max_connections_per_peer", "fd_reserve"};
+    sb_family(b, "cinfer:connections_open", "gauge",
+              "Client connections open, by front end (--max-connections).");
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++)
+        sb_printf(b, "cinfer:connections_open{frontend=\"%s\"} %d\n",
+                  frontend_names[f],
+                  s->connections_open[f] > 0 ? s->connections_open[f] : 0);
+    sb_family(b, "cinfer:connections_refused_total", "counter",
+              "Connections closed before their handshake, by front end and "
+              "reason (max_connections, max_connections_per_peer, "
+              "fd_reserve).");
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++)
+        for (int r = 0; r < 3; r++)
+            sb_printf(b,
+                      "cinfer:connections_refused_total{frontend=\"%s\","
+                      "reason=\"%s\"} %llu\n",
+                      frontend_names[f], refuse_reasons[r],
+                      (unsigned long long)s->connections_refused[f][r]);
 }
 
 char *cinfer_metrics_render(cinfer_metrics *m)

@@ -137,6 +137,14 @@ typedef struct {
                                       1 open, 2 half-open) */
     uint64_t breaker_transitions;  /* cinfer:breaker_transitions_total */
     int serving;                   /* cinfer:health_serving (1/0) */
+    int connections_open[CINFER_FRONTEND_COUNT_]; /* cinfer:connections_open
+                                      {frontend} (conn_limit.h) */
+    uint64_t connections_refused[CINFER_FRONTEND_COUNT_][3];
+                                   /* cinfer:connections_refused_total
+                                      {frontend, reason}: [0]
+                                      max_connections, [1]
+                                      max_connections_per_peer, [2]
+                                      fd_reserve */
 } cinfer_metrics_snapshot;
 
 typedef void (*cinfer_metrics_collect_fn)(void *user,

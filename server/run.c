@@ -447,6 +447,20 @@ static const flag_doc flags[] = {
      "past it the call ends with DEADLINE_EXCEEDED (default 30000, 0 = "
      "none)",
      ARG_I64, OFF(conn.receive_timeout_ms), 0, INT32_MAX, NULL},
+    {"max-connections", "CINFER_MAX_CONNECTIONS", "N",
+     "connections open at once over the gRPC and HTTP ports together; "
+     "more are closed before their handshake while the open ones go on "
+     "(default 10000, 0 = no limit)",
+     ARG_INT, OFF(conn.max_connections), 0, INT32_MAX, NULL},
+    {"max-connections-per-peer", "CINFER_MAX_CONNECTIONS_PER_PEER", "N",
+     "the same from one client IP address (default 1000, 0 = no limit)",
+     ARG_INT, OFF(conn.max_connections_per_peer), 0, INT32_MAX, NULL},
+    {"fd-reserve", "CINFER_FD_RESERVE", "N",
+     "file descriptors below RLIMIT_NOFILE that connections never take, "
+     "so the listeners, health and /metrics keep working; within it new "
+     "connections are refused and health is NOT_SERVING (default 128, at "
+     "most a quarter of the limit, 0 = none)",
+     ARG_INT, OFF(conn.fd_reserve), 0, INT32_MAX, NULL},
 };
 #define N_FLAGS (int)(sizeof flags / sizeof flags[0])
 

@@ -109,13 +109,21 @@ cinfer_server_params cinfer_server_default_params(void)
     p.conn.max_header_list_bytes = 16384;
     p.conn.handshake_timeout_ms = 10000;
     p.conn.receive_timeout_ms = 30000;
+    p.conn.max_connections = 10000;
+    p.conn.max_connections_per_peer = 1000;
+    p.conn.fd_reserve = 128;
     return p;
 }
 
-/* gRPC core's channel arguments for the listening port. */
-static size_t channel_args(const cinfer_server_params *sp, grpc_arg *a)
+/* gRPC core's channel arguments for the listening port (a[] holds 20). */
+static size_t channel_args(const cinfer_server_params *sp,
+                           cinfer_conn_limit *conns, grpc_arg *a)
 {
     size_t n = 0;
+    /* Connection caps and the descriptor reserve: the core hands every
+     * accepted socket to the limiter before its handshake. */
+    if (conns && cinfer_conn_limit_grpc_arg(conns, &a[n]))
+        n++;
 #define ARG_INT(name, v)                                                       \
     do {                                                                       \
         a[n].type = GRPC_ARG_INTEGER;                                          \
@@ -1162,7 +1170,8 @@ int cinfer_server_healthy(const cinfer_server *s)
 {
     cinfer_server *m = (cinfer_server *)s;
     return atomic_load(&m->state) == SERVER_SERVING &&
-           cinfer_watchdog_healthy(m->wd);
+           cinfer_watchdog_healthy(m->wd) &&
+           !cinfer_conn_limit_starved(m->conns);
 }
 
 static void check_queued_hook(void *user, int64_t now_ns)
@@ -1178,6 +1187,11 @@ static void http_check_queued_hook(void *user, int64_t now_ns)
 static void expire_receives_hook(void *user, int64_t now_ns)
 {
     cinfer_server_expire_receives(user, now_ns);
+}
+
+static void conn_limit_hook(void *user, int64_t now_ns)
+{
+    cinfer_conn_limit_tick(((cinfer_server *)user)->conns, now_ns);
 }
 
 /* Last of the watchdog's hooks: a change of health is told to the
@@ -1234,6 +1248,13 @@ static void collect(void *user, cinfer_metrics_snapshot *out)
         for (int i = 0; i < CINFER_BREAKER_STATE_COUNT; i++)
             out->breaker_transitions += as.breaker_transitions[i];
     }
+    cinfer_conn_limit_stats cs;
+    cinfer_conn_limit_get_stats(s->conns, &cs);
+    for (int f = 0; f < CINFER_FRONTEND_COUNT_; f++) {
+        out->connections_open[f] = cs.open[f];
+        for (int v = 1; v < CINFER_CONN_VERDICT_COUNT_; v++)
+            out->connections_refused[f][v - 1] = cs.refused[f][v];
+    }
 }
 
 cinfer_status cinfer_server_create(const cinfer_server_params *p,
@@ -1274,7 +1295,10 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
                             cl->max_ping_strikes,
                             cl->max_header_list_bytes,
                             cl->handshake_timeout_ms,
-                            cl->receive_timeout_ms};
+                            cl->receive_timeout_ms,
+                            cl->max_connections,
+                            cl->max_connections_per_peer,
+                            cl->fd_reserve};
     for (size_t i = 0; i < sizeof lims / sizeof lims[0]; i++)
         if (lims[i] < 0 || lims[i] > INT32_MAX)
             return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -1313,6 +1337,13 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
             gp.max_bytes = sp.grammar_cache_bytes;
         st = cinfer_grammar_cache_create(&gp, &s->grammars);
     }
+    if (st != CINFER_OK)
+        goto fail_alloc;
+
+    cinfer_conn_limit_params clp = {cl->max_connections,
+                                    cl->max_connections_per_peer,
+                                    cl->fd_reserve};
+    st = cinfer_conn_limit_create(&clp, &s->conns);
     if (st != CINFER_OK)
         goto fail_alloc;
 
@@ -1355,9 +1386,9 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
 
     gpr_set_log_function(grpc_log_to_json);
     grpc_init();
-    grpc_arg args[16];
+    grpc_arg args[20];
     memset(args, 0, sizeof args);
-    grpc_channel_args ch_args = {channel_args(&sp, args), args};
+    grpc_channel_args ch_args = {channel_args(&sp, s->conns, args), args};
     s->grpc = grpc_server_create(&ch_args, NULL);
     if (!s->grpc) {
         st = cinfer_set_error(CINFER_E_INTERNAL, "grpc_server_create failed");
@@ -1469,6 +1500,7 @@ fail_grpc:
     cinfer_tls_destroy(s->tls); /* after the core let its credentials go */
     cinfer_refl_index_destroy(s->refl);
 fail_alloc:
+    cinfer_conn_limit_release(s->conns);
     cinfer_pool_destroy(s->pool);
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
@@ -1549,6 +1581,8 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
     st = cinfer_watchdog_add_hook(s->wd, check_queued_hook, s);
     if (st == CINFER_OK)
         st = cinfer_watchdog_add_hook(s->wd, expire_receives_hook, s);
+    if (st == CINFER_OK)
+        st = cinfer_watchdog_add_hook(s->wd, conn_limit_hook, s);
     if (st == CINFER_OK && s->http)
         st = cinfer_watchdog_add_hook(s->wd, http_check_queued_hook, s);
     if (st == CINFER_OK)
@@ -1679,6 +1713,7 @@ void cinfer_server_destroy(cinfer_server *s)
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     cinfer_api_keys_unref(s->keys);
+    cinfer_conn_limit_release(s->conns);
     cinfer_watchdog_destroy(s->wd);
     cinfer_service_times_destroy(s->svc);
     cinfer_grammar_cache_destroy(s->grammars);

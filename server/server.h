@@ -82,6 +82,17 @@ typedef struct {
     int64_t receive_timeout_ms;     /* from accept to the call's request
                                        message; past it the call ends with
                                        DEADLINE_EXCEEDED */
+    int max_connections;            /* open at once over the gRPC and HTTP
+                                       ports together; more are closed
+                                       before their handshake
+                                       (conn_limit.h) */
+    int max_connections_per_peer;   /* the same from one IP address */
+    int fd_reserve;                 /* descriptors below RLIMIT_NOFILE
+                                       that connections never take (left
+                                       for the listeners, /metrics and
+                                       files); within it new connections
+                                       are refused and health is
+                                       NOT_SERVING */
 } cinfer_server_conn_limits;
 
 typedef struct {

@@ -52,6 +52,7 @@
 #include "server/request.h"
 #include "server/server.h"
 #include "server/api_keys.h"
+#include "server/conn_limit.h"
 #include "server/tls.h"
 #include "server/trace.h"
 #include "server/validate.h"
@@ -210,6 +211,8 @@ struct cinfer_server {
                                     (http.c); NULL = off */
 
     /* Each owned by the file that defines it. */
+    cinfer_conn_limit *conns;    /* connection caps and the descriptor
+                                    reserve (conn_limit.h) */
     cinfer_watchdog *wd;         /* the timer thread and the health it
                                     watches (watchdog.c) */
     cinfer_service_times *svc;   /* the idle service-time bound (admit.c) */
@@ -466,7 +469,8 @@ void cinfer_generate_abort_all(cinfer_server *s);
 void cinfer_generate_check_queued(cinfer_server *s, int64_t now_ns);
 
 /* 1 when health is SERVING: attached, not draining, the engine neither
- * stuck nor faulted, the port accepting connections. */
+ * stuck nor faulted, the port accepting connections (and not refusing
+ * them for the descriptor reserve). */
 int cinfer_server_healthy(const cinfer_server *s);
 
 /* Ends the calls that waited longer than conn.receive_timeout_ms for

@@ -58,7 +58,7 @@
 #define LISTENER_PROBE_MS 1000
 #define LISTENER_MISSES 2
 
-#define MAX_HOOKS 4
+#define MAX_HOOKS 6
 
 /* The watchdog's own state: its thread, the health it watches, the probe
  * it owns, and the hooks other files registered for each tick. */

@@ -44,11 +44,16 @@ Cases:
               answer within bounds (the request threads take the work off
               the completion-queue threads).
   fds         a server limited to 256 descriptors flooded with connections
-              that only send their preface: health NOT_SERVING within
-              seconds (the watchdog's probe of its own port), the libraries'
-              accept errors rate-limited in the log, and after the flood
-              either SERVING again or still NOT_SERVING on /metrics (gRPC
-              core 1.51's listener gives up for good).
+              that only send their preface keeps its descriptor reserve:
+              past it connections are closed before the handshake, health
+              NOT_SERVING (on an open connection and /metrics), log lines
+              rate-limited, and after the flood the port accepts again
+              and health is SERVING.
+  conncap     --max-connections-per-peer and --max-connections (gRPC and
+              HTTP ports together): new connections past them closed
+              before the handshake while a running stream goes on and
+              health answers; counted in /metrics by reason; a peer is
+              let in again once its connections close.
   compression requests compressed by grpcio (gzip, deflate) served; a gzip
               bomb (256 MiB in 256 KB) refused RESOURCE_EXHAUSTED without
               the server's peak memory growing by more than 64 MB.
@@ -1098,13 +1103,151 @@ def case_hol():
 # Descriptors running out
 # ---------------------------------------------------------------------------
 
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\4\0\0\0\0\0"
+
+
+def open_preface(port, source="127.0.0.1"):
+    """A connection from `source` that sends only the HTTP/2 preface and
+    an empty SETTINGS; None when the connection cannot be made."""
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        c.bind((source, 0))
+        c.settimeout(5)
+        c.connect(("127.0.0.1", port))
+        c.sendall(PREFACE)
+    except OSError:
+        c.close()
+        return None
+    return c
+
+
+def admitted(c, timeout=5.0):
+    """True when the server answered the preface (its SETTINGS came),
+    False when it closed the connection before any byte."""
+    c.settimeout(timeout)
+    try:
+        return len(c.recv(64)) > 0
+    except socket.timeout:
+        raise AssertionError("the server neither answered nor closed a "
+                             "connection within %.0f s" % timeout)
+    except OSError:
+        return False
+
+
+def case_conncap():
+    """Connection caps: past --max-connections-per-peer from one address
+    and past --max-connections in all (gRPC and HTTP ports together), new
+    connections are closed before any byte of the handshake, while a
+    running Generate stream goes on and health answers; counted in
+    /metrics by reason; a peer whose connections closed is let in again."""
+    per_peer, total = 6, 12
+    srv, _ = run.faulty_server("conncap", extra=[
+        "--max-connections", str(total),
+        "--max-connections-per-peer", str(per_peer),
+        "--http-listen", "127.0.0.1:0"], hang_ms=25)
+    with srv:
+        http_port = next(ln["port"] for ln in srv.log_lines()
+                         if ln.get("msg") == "http listening")
+        # One gRPC connection from 127.0.0.1 (grpcio's channel) with a
+        # stream of 200 tokens at 25 ms a step: about 5 s.
+        stream = run.Streamer(srv, run.gen_bytes(n=200, ignore_eos=True))
+        check(stream.first.wait(30) and stream.tokens > 0,
+              "the stream sent no token (%s %s)" % (stream.code,
+                                                    stream.details))
+        check_eq(srv.health(), "SERVING", "health before the caps")
+
+        def fill(source, n):
+            conns = [open_preface(srv.port, source) for _ in range(n)]
+            check(all(conns), "a connection from %s failed" % source)
+            return conns, [admitted(c) for c in conns]
+
+        # 127.0.0.1: the channel holds one of its six (the watchdog's probe
+        # of the port, from the same address, may hold another a moment).
+        a_conns, a_ok = fill("127.0.0.1", per_peer + 4)
+        n_a = sum(a_ok)
+        check(per_peer - 2 <= n_a <= per_peer - 1,
+              "%d of %d connections from 127.0.0.1 admitted (cap %d, one "
+              "held by the stream)" % (n_a, len(a_ok), per_peer))
+        check(not any(a_ok[per_peer:]), "a connection past the per-peer "
+              "cap was admitted")
+        # Another address has a cap of its own, up to the total.
+        b_conns, b_ok = fill("127.0.0.2", per_peer)
+        n_b = sum(b_ok)
+        check(n_b >= total - per_peer - 1 and n_b + n_a + 1 <= total,
+              "127.0.0.2: %d admitted with %d open (total cap %d)" %
+              (n_b, n_a + 1, total))
+        # A third address finds the total reached, on both ports.
+        c_conns, c_ok = fill("127.0.0.3", 3)
+        check(not any(c_ok), "a connection past the total cap was admitted")
+        h = socket.socket()
+        h.bind(("127.0.0.3", 0))
+        h.settimeout(5)
+        h.connect(("127.0.0.1", http_port))
+        try:
+            h.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        except OSError:
+            pass
+        check(not admitted(h), "an HTTP connection past the total cap was "
+              "answered")
+        h.close()
+        log("ok: %d + %d connections admitted, the rest closed before the "
+            "handshake (per peer %d, total %d)" % (n_a, n_b, per_peer, total))
+
+        # Meanwhile the stream goes on and health answers, on the open
+        # connection.
+        before = stream.tokens
+        check_eq(srv.health(), "SERVING", "health at the caps")
+        t0 = time.time()
+        while stream.tokens == before and time.time() - t0 < 10:
+            time.sleep(0.05)
+        check(stream.tokens > before, "the stream stopped at the caps")
+        m = run.scrape(srv)
+        if m is not None:
+            def refused(fe, reason):
+                return run.metric(m, "cinfer:connections_refused_total",
+                                  frontend=fe, reason=reason)
+            check(refused("grpc", "max_connections_per_peer") >= 4,
+                  "per-peer refusals in /metrics")
+            check(refused("grpc", "max_connections") >= 3,
+                  "total refusals in /metrics")
+            check(refused("openai", "max_connections") >= 1,
+                  "HTTP refusals in /metrics")
+            check(run.metric(m, "cinfer:connections_open",
+                             frontend="grpc") >= total - 1,
+                  "connections open in /metrics")
+            check_eq(run.metric(m, "cinfer:health_serving"), 1.0,
+                     "/metrics health at the caps")
+        stream.join(60)
+        check_eq(stream.code.name, "OK", "the stream's status")
+        check_eq(stream.tokens, 200, "the stream's tokens")
+        log("ok: the stream finished its 200 tokens, health SERVING")
+
+        # 127.0.0.1's raw connections close: it is let in again.
+        for c in a_conns:
+            c.close()
+        deadline = time.time() + 5
+        while True:
+            c = open_preface(srv.port, "127.0.0.1")
+            ok = c is not None and admitted(c)
+            if c:
+                c.close()
+            if ok:
+                break
+            check(time.time() < deadline, "127.0.0.1 not let in again after "
+                  "its connections closed")
+            time.sleep(0.2)
+        for c in b_conns + c_conns:
+            c.close()
+        log("ok: a peer whose connections closed is let in again")
+
+
 def case_fds():
-    """Defect 2, the part the server can see: with its descriptors used up
-    by connections that only sent their preface, health turns NOT_SERVING
-    (the watchdog's probe of its own port), the libraries' per-accept log
-    lines stay rate-limited, and once the connections close the server
-    either accepts again (health SERVING) or keeps saying NOT_SERVING on
-    /metrics."""
+    """Defect 2: a server limited to 256 descriptors, flooded with
+    connections that only send their preface, keeps its descriptor reserve:
+    past it connections are closed before the handshake, health turns
+    NOT_SERVING (the open connection and /metrics say so), the libraries'
+    per-accept log lines stay rate-limited, and once the flood closes the
+    listener accepts again and health is SERVING."""
     nofile = 256
     wrapper = os.path.join(ARGS.work, "server-nofile.sh")
     with open(wrapper, "w") as f:
@@ -1113,59 +1256,60 @@ def case_fds():
     os.chmod(wrapper, 0o755)
     srv = run.Server(run.tiny_model(), name="fds", binary=wrapper)
     with srv:
-        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + \
-            b"\0\0\0\4\0\0\0\0\0"
+        check_eq(srv.health(), "SERVING", "health before the flood")
         flood = []
         t0 = time.time()
-        try:
-            for _ in range(nofile + 100):
-                c = socket.create_connection(("127.0.0.1", srv.port),
-                                             timeout=5)
-                c.sendall(preface)
-                flood.append(c)
-        except OSError as e:
-            log("flood stopped at %d connections: %s" % (len(flood), e))
-        deadline = time.time() + 20
-        while not any("does not accept" in ln.get("msg", "")
-                      for ln in srv.log_lines()):
-            check(time.time() < deadline,
-                  "health did not turn NOT_SERVING with %d connections "
-                  "open" % len(flood))
-            time.sleep(0.1)
-        took = time.time() - t0
-        log("ok: health NOT_SERVING %.1f s into a flood of %d connections" %
-            (took, len(flood)))
-        time.sleep(2.0)  # the libraries log their failed accepts
+        for _ in range(nofile + 100):
+            c = open_preface(srv.port)
+            if c is None:
+                break
+            flood.append(c)
+        states = [admitted(c) for c in flood]
+        n_ok = sum(states)
+        check(len(flood) == nofile + 100, "the flood's connections were "
+              "not all made (%d)" % len(flood))
+        check(0 < n_ok < nofile - 16, "%d of %d connections admitted with "
+              "%d descriptors" % (n_ok, len(flood), nofile))
+        check(any(ln.get("msg", "").startswith("descriptors within the "
+                                               "reserve")
+                  for ln in srv.log_lines()), "no reserve log line")
+        srv.wait_health("NOT_SERVING", 10)
+        m = run.scrape(srv)  # a new connection: the reserve leaves room
+        if m is not None:
+            check_eq(run.metric(m, "cinfer:health_serving"), 0.0,
+                     "/metrics health within the reserve")
+            check(run.metric(m, "cinfer:connections_refused_total",
+                             frontend="grpc", reason="fd_reserve") >=
+                  len(flood) - n_ok, "fd_reserve refusals in /metrics")
+        log("ok: %d of %d connections admitted, the rest closed before the "
+            "handshake; health NOT_SERVING %.1f s in" %
+            (n_ok, len(flood), time.time() - t0))
+        time.sleep(1.0)
         for c in flood:
             c.close()
+        # The listener accepts again, and health says so.
+        srv.wait_health("SERVING", 10)
+        c = open_preface(srv.port)
+        check(c is not None and admitted(c), "a new connection after the "
+              "flood was not admitted")
+        c.close()
         span = time.time() - t0 + 1
         lines = srv.log_lines()
         mhd = sum(1 for ln in lines if ln.get("msg") == "metrics http")
         grpc_lines = sum(1 for ln in lines if ln.get("msg") == "grpc")
+        refusals = sum(1 for ln in lines
+                       if ln.get("msg") == "connection refused")
         check(mhd <= 20 + 5 * span, "%d libmicrohttpd lines in %.0f s" %
               (mhd, span))
         check(grpc_lines <= 100 + 20 * span + 50,
               "%d gRPC lines in %.0f s" % (grpc_lines, span))
-        # After: the port accepts again (the probe would see it within
-        # two seconds), or health says it does not.
-        deadline = time.time() + 8
-        state = None
-        while time.time() < deadline:
-            if any("accepts connections again" in ln.get("msg", "")
-                   for ln in srv.log_lines()):
-                state = "recovered"
-                break
-            time.sleep(0.2)
-        if state == "recovered":
-            srv.wait_health("SERVING", 30)
-        else:
-            m = run.scrape(srv)
-            if m is not None:
-                check_eq(run.metric(m, "cinfer:health_serving"), 0.0,
-                         "/metrics health while the port is dead")
-            state = "dead, reported"
-        log("ok: after the flood the port is %s; %d libmicrohttpd and %d "
-            "gRPC log lines" % (state, mhd, grpc_lines))
+        check(refusals <= 10 + 2 * span, "%d refusal lines in %.0f s" %
+              (refusals, span))
+        check(not any("does not accept" in ln.get("msg", "")
+                      for ln in lines), "the gRPC listener stopped")
+        log("ok: after the flood the port accepts and health is SERVING; "
+            "%d refusal, %d libmicrohttpd and %d gRPC log lines" %
+            (refusals, mhd, grpc_lines))
 
 
 CASES = {
@@ -1177,6 +1321,7 @@ CASES = {
     "keys": case_keys,
     "hol": case_hol,
     "fds": case_fds,
+    "conncap": case_conncap,
 }
 
 
