@@ -135,7 +135,7 @@ static int check_kernels(void)
                     for (int o = 0; o < rows; o++)
                         ggml_get_type_traits_cpu(t)->vec_dot(n, &ref[r * rows + o], 0, W + o * wrb,
                                                              0, a1 + r * arb, 0, 1);
-                for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX2; isa++) {
+                for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
                     if (!cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
                         continue;
                     cinfer_cpu_matmul_compute((cinfer_cpu_isa)isa, (cinfer_dtype)t, W, wrb, a1, 3,
@@ -199,8 +199,9 @@ static void check_graph(void)
                 ggml_mm(be, extra[0], t, wq, n_in, n_out, x, n, rep);
             else
                 memcpy(rep, plain, sizeof rep);
-            cinfer_cpu_matmul_prepare(CINFER_CPU_ISA_AVX2, at, x, n_in, 0, n, act);
-            cinfer_cpu_matmul_compute(CINFER_CPU_ISA_AVX2, (cinfer_dtype)t, wq, wrb, act, n, n_in,
+            /* the best ISA here (each equals portable: part 1) */
+            cinfer_cpu_matmul_prepare(CINFER_CPU_ISA_AUTO, at, x, n_in, 0, n, act);
+            cinfer_cpu_matmul_compute(CINFER_CPU_ISA_AUTO, (cinfer_dtype)t, wq, wrb, act, n, n_in,
                                       ours, n_out, 0, n_out);
             int dp = 0, dr = 0;
             for (int i = 0; i < n * n_out; i++) {
