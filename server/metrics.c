@@ -27,7 +27,9 @@
  * a listening socket this file creates, so a bind failure reports errno
  * with the address, port 0 works, and the bound port is read back with
  * getsockname. Only GET and HEAD of /metrics answer 200; other paths 404,
- * other methods 405.
+ * other methods 405. A certificate reload (SIGHUP) starts a second daemon
+ * on the same socket and stops the first once its connections are done,
+ * so the port never closes.
  */
 #include "server/metrics.h"
 
@@ -154,6 +156,8 @@ struct cinfer_metrics {
     _Atomic uint64_t key_requests[MAX_LABELS];
     char *tls_cert, *tls_key;  /* HTTPS: the PEM texts, for the daemon's
                                   life */
+    int listen_fd;             /* the daemon's listening socket (a
+                                  reload's new daemon takes it over) */
 
     hist hists[CINFER_FRONTEND_COUNT_][CINFER_HIST_COUNT_];
     _Atomic uint64_t prompt_tokens[CINFER_FRONTEND_COUNT_];
@@ -941,6 +945,24 @@ cinfer_status cinfer_metrics_open_listener(const char *addr, const char *what,
 /* Lifecycle                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* The daemon on listening socket fd; HTTPS when cert and key are given.
+ * MHD_USE_ITC lets a reload quiesce it. */
+static struct MHD_Daemon *start_daemon(cinfer_metrics *m, int fd,
+                                       const char *cert, const char *key)
+{
+    int tls = cert && key;
+    /* The TLS options come last: without TLS, MHD_OPTION_END ends the
+     * list before them. */
+    return MHD_start_daemon(
+        MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC |
+            (tls ? MHD_USE_TLS : 0),
+        0, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+        NULL, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned int)64, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10,
+        tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert,
+        MHD_OPTION_HTTPS_MEM_KEY, key, MHD_OPTION_END);
+}
+
 /* Process start in Unix seconds: boot time (/proc/stat btime) plus the
  * process's start in clock ticks after boot (/proc/self/stat field 22);
  * the current time when /proc is not there. */
@@ -1041,17 +1063,8 @@ cinfer_status cinfer_metrics_create(const cinfer_metrics_params *p,
                 goto fail_listen;
             }
         }
-        /* The TLS options come last: without TLS, MHD_OPTION_END ends
-         * the list before them. */
-        m->daemon = MHD_start_daemon(
-            MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
-                (tls ? MHD_USE_TLS : 0),
-            0, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER,
-            on_mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
-            MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10,
-            tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, m->tls_cert,
-            MHD_OPTION_HTTPS_MEM_KEY, m->tls_key, MHD_OPTION_END);
+        m->listen_fd = fd;
+        m->daemon = start_daemon(m, fd, m->tls_cert, m->tls_key);
         if (!m->daemon) {
             close(fd);
             st = cinfer_set_error(CINFER_E_IO,
@@ -1090,6 +1103,56 @@ void cinfer_metrics_destroy(cinfer_metrics *m)
     label_table_cleanup(&m->reasons);
     label_table_cleanup(&m->methods);
     free(m);
+}
+
+/* How long a reload lets the old daemon's connections finish. */
+#define RELOAD_GRACE_MS 2000
+
+cinfer_status cinfer_metrics_reload_tls(cinfer_metrics *m,
+                                        const char *cert_pem,
+                                        const char *key_pem)
+{
+    if (!m || !m->daemon || !m->tls_cert)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "metrics: not serving HTTPS");
+    if (!cert_pem || !key_pem)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "metrics: a certificate and its key are "
+                                "required");
+    char *cert = strdup(cert_pem), *key = strdup(key_pem);
+    if (!cert || !key) {
+        free(cert);
+        free(key);
+        return cinfer_set_error(CINFER_E_NOMEM, "metrics: no memory");
+    }
+    /* The new daemon accepts on the same socket before the old one stops
+     * accepting: the port never closes, and a pair that does not load
+     * leaves the old one serving. */
+    struct MHD_Daemon *nd = start_daemon(m, m->listen_fd, cert, key);
+    if (!nd) {
+        memset(key, 0, strlen(key));
+        free(key);
+        free(cert);
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "metrics: the new certificate and key do "
+                                "not start HTTPS (kept the old ones)");
+    }
+    struct MHD_Daemon *old = m->daemon;
+    MHD_quiesce_daemon(old); /* it keeps the socket open: nd has it */
+    m->daemon = nd;
+    for (int waited = 0; waited < RELOAD_GRACE_MS; waited += 10) {
+        const union MHD_DaemonInfo *di =
+            MHD_get_daemon_info(old, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (!di || di->num_connections == 0)
+            break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    MHD_stop_daemon(old);
+    free_tls(m);
+    m->tls_cert = cert;
+    m->tls_key = key;
+    return CINFER_OK;
 }
 
 int cinfer_metrics_port(const cinfer_metrics *m)

@@ -60,6 +60,16 @@ void cinfer_metrics_destroy(cinfer_metrics *m);
 /* The port the listener is bound to (useful with port 0), or 0. */
 int cinfer_metrics_port(const cinfer_metrics *m);
 
+/* SIGHUP: serves HTTPS with a new certificate chain and key (PEM text,
+ * copied) without closing the port: a new daemon takes over the listening
+ * socket, then the old one stops accepting and is stopped once its
+ * connections are done (at most 2 s). A pair that does not load changes
+ * nothing. Errors: CINFER_E_INVALID_ARG (not serving HTTPS, or the new
+ * pair does not start), CINFER_E_NOMEM. Not concurrent with destroy. */
+cinfer_status cinfer_metrics_reload_tls(cinfer_metrics *m,
+                                        const char *cert_pem,
+                                        const char *key_pem);
+
 /* ---- recording (thread-safe) ------------------------------------------ */
 
 /* The front end that answered a call: the `frontend` label. Values out of

@@ -12,8 +12,8 @@
  * Order of events: the port is bound first and health reports NOT_SERVING
  * while the model loads; then the engine starts and health turns SERVING.
  * SIGHUP re-reads the TLS certificate, key and client CAs and the API
- * key file (cinfer_server_reload). SIGTERM or SIGINT drains: health NOT_SERVING,
- * new calls UNAVAILABLE,
+ * key file (cinfer_server_reload), and /metrics's HTTPS certificate.
+ * SIGTERM or SIGINT drains: health NOT_SERVING, new calls UNAVAILABLE,
  * running streams get --drain-timeout seconds to finish, then the process
  * exits 0. The signals are blocked in every thread and taken synchronously
  * by the main thread with sigwait, so no handler runs inside gRPC or the
@@ -864,6 +864,38 @@ static cinfer_metrics *start_metrics(const config *cfg, int *ok)
     return m;
 }
 
+/* SIGHUP: /metrics over HTTPS (off loopback with --tls-cert) gets the
+ * certificate and key the gRPC port reloads, on the same port. */
+static void reload_metrics(const config *cfg, cinfer_metrics *m)
+{
+    if (!m || !cfg->tls_cert || !cfg->tls_cert[0] || !cfg->metrics_listen ||
+        is_loopback(cfg->metrics_listen))
+        return;
+    char *cert = NULL, *key = NULL;
+    cinfer_status st =
+        cinfer_tls_read_pem("--tls-cert", cfg->tls_cert, &cert);
+    if (st == CINFER_OK)
+        st = cinfer_tls_read_pem("--tls-key", cfg->tls_key ? cfg->tls_key
+                                                            : "",
+                                 &key);
+    if (st == CINFER_OK)
+        st = cinfer_metrics_reload_tls(m, cert, key);
+    if (key)
+        memset(key, 0, strlen(key));
+    free(cert);
+    free(key);
+    cinfer_log_line l;
+    if (cinfer_log_begin(&l, st == CINFER_OK ? CINFER_LOG_INFO
+                                             : CINFER_LOG_ERROR,
+                         st == CINFER_OK ? "metrics tls reloaded"
+                                         : "metrics tls reload failed",
+                         NULL)) {
+        if (st != CINFER_OK)
+            cinfer_log_str(&l, "error", cinfer_last_error());
+        cinfer_log_end(&l);
+    }
+}
+
 /* The CUDA entry points the model group builds CUDA ranks with. */
 static const cinfer_cuda_entry cuda_entry = {cinfer_comm_create_nccl,
                                              cinfer_backend_cuda_create,
@@ -1293,8 +1325,10 @@ int cinfer_server_main(int argc, char **argv,
      * reload keeps the old configuration (its error is logged). */
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0 || sig == SIGHUP) {
-        if (sig == SIGHUP)
+        if (sig == SIGHUP) {
             cinfer_server_reload(srv);
+            reload_metrics(&cfg, metrics);
+        }
         sig = 0;
     }
     {

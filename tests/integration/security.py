@@ -31,8 +31,9 @@ Cases:
               CLI): grpcurl -cacert lists and streams; a plaintext client is
               refused; /metrics off loopback is HTTPS; mTLS without a client certificate (or with one from
               another CA) fails; SIGHUP with a new certificate keeps a
-              running stream and serves the new one to new connections; a
-              bad one is refused and the old one kept.
+              running stream and serves the new one to new connections
+              (/metrics's HTTPS port too); a bad one is refused and the
+              old one kept.
   keys        --api-keys: no key and a wrong key UNAUTHENTICATED (before
               the body is read), good keys stream, one key's burst
               RESOURCE_EXHAUSTED (QuotaFailure api_key:NAME) while another
@@ -791,6 +792,8 @@ def case_tls():
         # connections get the new certificate.
         first = served_cert(srv.addr, ca[0])
         check_eq(first, served_cert(srv.addr, ca[0]), "the same cert twice")
+        maddr = "127.0.0.1:%d" % srv.metrics_port
+        check_eq(served_cert(maddr, ca[0]), first, "/metrics's certificate")
         faults.set(hang_ms=20)
         long = stub.Generate(pb.GenerateRequest(
             text="hello", stopping=pb.StoppingCriteria(
@@ -810,6 +813,17 @@ def case_tls():
             time.sleep(0.05)
         second = served_cert(srv.addr, ca[0])
         check(second != first, "new connections get the new certificate")
+        # /metrics too, on the same port.
+        while not any(ln.get("msg") == "metrics tls reloaded"
+                      for ln in srv.log_lines()):
+            check(time.time() < deadline, "no 'metrics tls reloaded' line")
+            time.sleep(0.05)
+        check_eq(served_cert(maddr, ca[0]), second,
+                 "/metrics's certificate after SIGHUP")
+        body = urllib.request.urlopen(
+            "https://%s/metrics" % maddr, timeout=10,
+            context=ctx).read().decode()
+        check("cinfer:health_serving" in body, "/metrics after SIGHUP")
         finals = [r for r in it if r.HasField("final")]
         check_eq(len(finals), 1, "the running stream finished")
         check_eq(finals[0].final.usage.completion_tokens, 150,
@@ -826,9 +840,17 @@ def case_tls():
             time.sleep(0.05)
         check_eq(served_cert(srv.addr, ca[0]), second,
                  "a failed reload keeps the certificate")
+        while not any(ln.get("msg") == "metrics tls reload failed"
+                      for ln in srv.log_lines()):
+            check(time.time() < deadline, "no 'metrics tls reload failed' "
+                  "line")
+            time.sleep(0.05)
+        check_eq(served_cert(maddr, ca[0]), second,
+                 "a failed reload keeps /metrics's certificate")
         ch.close()
         log("ok: SIGHUP: the running stream finished, new connections got "
-            "the new certificate; a bad one was refused")
+            "the new certificate, /metrics too on its port; a bad one was "
+            "refused")
 
     # mTLS.
     shutil.copy(srv_crt[1], key_path)
