@@ -4,6 +4,7 @@ its measured capacity, with the resilience layer on and off.
 
     bench/overload.py [--build build] [--threads 2] [--duration 30]
                       [--levels 0.5,1,2,5,10] [--configs on,retries,off]
+                      [--protocol grpc|openai|both]
 
 1. Capacity: a closed-loop cinfer-bench run at a moderate concurrency
    (--capacity-concurrency, default 8) with short requests: 64-token
@@ -42,6 +43,25 @@ its measured capacity, with the resilience layer on and off.
    (goodput and p99 TTFT against offered load, one line per
    configuration) next to it.
 
+Front ends (--protocol): grpc (the default; bench/results/overload.md),
+openai (cinfer-bench --protocol openai against the server's
+--http-listen: the OpenAI-compatible API over the same admission path), or
+both in one run (bench/results/overload-frontends.md): each front end's
+capacity is measured on its own (the median of --capacity-rounds runs,
+the front ends taking turns, each run with prompts of its own), its
+levels are multiples of its own capacity, the two front ends take turns
+at each level like the configurations, and the report compares them
+(capacity ratio, goodput at the top level against 1x). The HTTP API
+carries no per-request deadline, so with it every server runs with
+`--max-request-time` = --deadline: HTTP requests get the deadline gRPC's
+send (their deadline-based refusals, --max-ttft-ms among them, need one).
+Over HTTP the statuses are HTTP_<code> (HTTP_429 and HTTP_503 are
+refusals, HTTP_504 a deadline), SERVER_ERROR an error event in a stream
+(with no token received: a request shed at its first token), CURLE_28 the
+client's own timeout. Client retries are gRPC's only. The server's
+rejection histogram and reasons are read for the front end's own
+`frontend` label.
+
 The load generator runs on the same machine as the server and competes
 with it for the cores; the results file records the machine, its load
 average and the exact commands.
@@ -53,6 +73,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -71,7 +92,12 @@ PROGRAMS = {
     "cli": "clients/cinfer-cli",
     "bench": "clients/cinfer-bench",
 }
-REJECT_CODES = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
+REJECT_CODES = ("RESOURCE_EXHAUSTED", "UNAVAILABLE", "HTTP_429", "HTTP_503")
+# A shed at the first token: gRPC's UNAVAILABLE, over HTTP an error event
+# in a stream whose headers were already sent.
+STREAM_REFUSALS = ("SERVER_ERROR",)
+DEADLINE_CODES = ("DEADLINE_EXCEEDED", "HTTP_504")
+PROTOCOLS = ("grpc", "openai")
 
 
 def log(*a):
@@ -147,12 +173,18 @@ def default_model():
 # ---------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, progs, model, threads, extra, work, name):
+    def __init__(self, progs, model, threads, extra, work, name,
+                 http=False):
         self.progs = progs
         self.addr = "127.0.0.1:%d" % free_port()
+        self.http_addr = None
         self.metrics_port = None
         cmd = [progs["server"], "--listen", self.addr, "--model", model,
                "--threads", str(threads), "--log-level", "warn"]
+        if http:
+            # The OpenAI-compatible API beside gRPC, on the same engine.
+            self.http_addr = "127.0.0.1:%d" % free_port()
+            cmd += ["--http-listen", self.http_addr]
         if "--metrics-listen" in help_text(progs["server"]):
             self.metrics_port = free_port()
             cmd += ["--metrics-listen", "127.0.0.1:%d" % self.metrics_port]
@@ -281,15 +313,19 @@ class RssSampler(threading.Thread):
         return self.samples
 
 
-def metrics_delta(before, after):
-    """Server-side rejection stats between two scrapes: (p99 estimate in
-    ms from the histogram buckets, {reason: count})."""
+def metrics_delta(before, after, frontend="grpc"):
+    """Server-side rejection stats of one front end between two scrapes:
+    (p99 estimate in ms from the histogram buckets, {reason: count}).
+    Series without a frontend label (servers before it) count as gRPC's."""
     if before is None or after is None:
         return None, {}
+
+    def ours(labels):
+        return dict(labels).get("frontend", "grpc") == frontend
     name = "cinfer:rejection_latency_seconds_bucket"
     buckets = []
     for (n, labels), v in after.items():
-        if n != name:
+        if n != name or not ours(labels):
             continue
         le = dict(labels).get("le")
         b = float("inf") if le == "+Inf" else float(le)
@@ -312,7 +348,7 @@ def metrics_delta(before, after):
             prev_b, prev_c = b, c
     reasons = {}
     for (n, labels), v in after.items():
-        if n == "cinfer:rejected_requests_total":
+        if n == "cinfer:rejected_requests_total" and ours(labels):
             d = v - before.get((n, labels), 0.0)
             if d:
                 reasons[dict(labels).get("reason", "?")] = int(d)
@@ -323,8 +359,11 @@ def metrics_delta(before, after):
 # Runs
 # ---------------------------------------------------------------------------
 
-def bench_cmd(progs, server, args, out, extra):
-    return [progs["bench"], "--server", server.addr, "--input-len",
+def bench_cmd(progs, server, args, out, extra, protocol="grpc"):
+    target = ["--server", server.addr]
+    if protocol == "openai":
+        target = ["--protocol", "openai", "--server", server.http_addr]
+    return [progs["bench"]] + target + ["--input-len",
             str(args.input_len), "--output-len", str(args.output_len),
             "--ignore-eos", "--temperature", "0", "--timeout",
             str(args.deadline), "--json", out, "--save-detailed",
@@ -342,19 +381,51 @@ def run_bench(cmd, timeout):
         return json.load(f)
 
 
-def measure_capacity(progs, model, args, work, server_flags):
-    srv = Server(progs, model, args.threads, server_flags, work, "capacity")
+def measure_capacity(progs, model, args, work, server_flags,
+                     protocols=("grpc",)):
+    """{protocol: (capacity req/s, cinfer-bench result)}: each front end's
+    closed-loop runs on one server. With several front ends they take
+    turns for --capacity-rounds rounds, in an order that rotates, and each
+    one's capacity is the run with its median throughput, so drift in the
+    machine's load does not favour one."""
+    srv = Server(progs, model, args.threads, server_flags, work, "capacity",
+                 http="openai" in protocols)
+    rounds = args.capacity_rounds if len(protocols) > 1 else 1
+    out = {p: [] for p in protocols}
     try:
-        out = os.path.join(work, "capacity.json")
-        res = run_bench(bench_cmd(progs, srv, args, out, [
-            "--concurrency", args.capacity_concurrency, "--num-requests",
-            args.capacity_requests, "--warmups", args.capacity_concurrency,
-            "--seed", 1]), timeout=900)
+        for k in range(rounds):
+            order = list(protocols[k % len(protocols):]) + \
+                list(protocols[:k % len(protocols)])
+            for proto in order:
+                # Prompts of their own for every run: a run after another
+                # would otherwise find its prompts in the prefix cache.
+                seed = 1 + 10 * k + protocols.index(proto)
+                path = os.path.join(work, "capacity-%s-%d.json" % (proto, k))
+                out[proto].append(run_bench(bench_cmd(progs, srv, args, path, [
+                    "--concurrency", args.capacity_concurrency,
+                    "--num-requests", args.capacity_requests, "--warmups",
+                    args.capacity_concurrency, "--seed", seed], proto),
+                    timeout=900))
+                srv.wait_idle()
     finally:
         srv.stop()
+    result = {}
+    for proto, runs in out.items():
+        runs.sort(key=lambda r: r["request_throughput"])
+        if len(runs) > 1:
+            log("capacity (%s) over %d runs: %s req/s" % (
+                proto, len(runs), ", ".join("%.2f" % r["request_throughput"]
+                                           for r in runs)))
+        result[proto] = capacity_of(proto, runs[(len(runs) - 1) // 2])
+        result[proto][1]["capacity_runs"] = [r["request_throughput"]
+                                             for r in runs]
+    return result
+
+
+def capacity_of(proto, res):
     cap = res["request_throughput"]
-    log("capacity: %.2f req/s (%d completed, %d failed, %.1f s)" %
-        (cap, res["completed"], res["failed"], res["duration"]))
+    log("capacity (%s): %.2f req/s (%d completed, %d failed, %.1f s)" %
+        (proto, cap, res["completed"], res["failed"], res["duration"]))
     if cap <= 0:
         raise RuntimeError("capacity run completed nothing: %r" %
                            res.get("errors"))
@@ -374,8 +445,8 @@ def summarize(res, deadline_s):
     # refused because it could not meet it), not one that expired queued.
     reject_ms = [e2el[i] * 1e3 for i in range(len(st))
                  if outl[i] == 0 and
-                 (st[i] in REJECT_CODES or
-                  (st[i] == "DEADLINE_EXCEEDED" and
+                 (st[i] in REJECT_CODES or st[i] in STREAM_REFUSALS or
+                  (st[i] in DEADLINE_CODES and
                    e2el[i] < 0.5 * deadline_s))]
     by_status = {}
     for s in st:
@@ -399,10 +470,10 @@ def summarize(res, deadline_s):
 
 
 def run_level(progs, srv, args, work, name, level, seed, bench_flags,
-              capacity):
+              capacity, protocol="grpc"):
     rate = level * capacity
     n = max(10, int(round(rate * args.duration)))
-    out = os.path.join(work, "%s-%gx.json" % (name.replace(" ", "_"),
+    out = os.path.join(work, "%s-%gx.json" % (re.sub(r"[^\w.-]+", "_", name),
                                                level))
     before = srv.scrape()
     sampler = RssSampler(srv)
@@ -410,12 +481,13 @@ def run_level(progs, srv, args, work, name, level, seed, bench_flags,
     t0 = time.time()
     res = run_bench(bench_cmd(progs, srv, args, out, [
         "--rate", "%.4f" % rate, "--num-requests", n, "--seed",
-        seed] + list(bench_flags)), timeout=args.duration * 4 + 300)
+        seed] + list(bench_flags), protocol),
+        timeout=args.duration * 4 + 300)
     wall = time.time() - t0
     rss = sampler.finish()
     idle = srv.wait_idle()
     after = srv.scrape()
-    srv_p99, reasons = metrics_delta(before, after)
+    srv_p99, reasons = metrics_delta(before, after, protocol)
     row = summarize(res, args.deadline)
     row.update({
         "level": level, "rate": rate, "wall": wall,
@@ -435,19 +507,23 @@ def run_level(progs, srv, args, work, name, level, seed, bench_flags,
     return row
 
 
-def run_all(progs, model, args, work, configs_to_run, capacity):
+def run_all(progs, model, args, work, configs_to_run, capacities):
     """Every configuration at every level. The servers (one per distinct
-    server flag set) run side by side, idle while another is measured, and
-    the configurations take turns at each level in an order that rotates,
-    so a change in the machine's background load does not favour one."""
+    server flag set, serving every front end measured) run side by side,
+    idle while another is measured, and the configurations (front ends
+    included) take turns at each level in an order that rotates, so a
+    change in the machine's background load does not favour one. A
+    configuration's levels are multiples of its own front end's
+    capacity."""
     servers = {}
     configs = []
+    http = "openai" in capacities
     try:
-        for name, sflags, bflags in configs_to_run:
+        for name, sflags, bflags, proto in configs_to_run:
             key = tuple(sflags)
             if key not in servers:
                 srv = Server(progs, model, args.threads, sflags, work,
-                             "server-%d" % len(servers))
+                             "server-%d" % len(servers), http=http)
                 servers[key] = srv
                 # A short closed-loop warm-up: first-touch page faults of
                 # the weights and the KV cache are not part of any level.
@@ -459,6 +535,8 @@ def run_all(progs, model, args, work, configs_to_run, capacity):
                 srv.wait_idle()
             configs.append({"name": name, "server_flags": sflags,
                             "bench_flags": list(bflags),
+                            "protocol": proto,
+                            "capacity": capacities[proto],
                             "cmd": servers[key].cmd, "rows": []})
         for k, level in enumerate(args.levels):
             order = list(range(len(configs)))
@@ -473,7 +551,9 @@ def run_all(progs, model, args, work, configs_to_run, capacity):
                 cfg["rows"].append(run_level(progs, srv, args, work,
                                              cfg["name"], level,
                                              100 + 100 * i + k,
-                                             cfg["bench_flags"], capacity))
+                                             cfg["bench_flags"],
+                                             cfg["capacity"],
+                                             cfg["protocol"]))
     finally:
         for srv in servers.values():
             srv.stop()
@@ -571,11 +651,49 @@ unset multiplot
     gp = os.path.join(work, "overload.gp")
     with open(gp, "w") as f:
         f.write(script)
+    if not shutil.which("gnuplot"):
+        log("gnuplot is not installed: no plot (its script is %s)" % gp)
+        return False
     sh(["gnuplot", gp])
+    return True
 
 
-def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
-                 started, load_start, load_end, model, commit):
+def frontend_table(configs, capacities):
+    """The front ends side by side: per configuration, its capacity (and
+    against gRPC's), goodput at 1x and at the top level, p99 TTFT, the
+    worst p99 rejection."""
+    L = ["## Front ends", "",
+         "Each front end's levels are multiples of its own capacity; the "
+         "ratios are measured in this run.", "",
+         "| configuration | front end | capacity req/s | vs gRPC | goodput "
+         "1x req/s | goodput top req/s | top / 1x | p99 TTFT 1x / top ms | "
+         "worst p99 reject ms (client) |",
+         "|" + "---|" * 9]
+    g = capacities.get("grpc")
+    for cfg in configs:
+        rows = {r["level"]: r for r in cfg["rows"]}
+        top = max(rows)
+        r1, rt = rows.get(1.0), rows[top]
+        cap = capacities[cfg["protocol"]]
+        rej = [r["p99_reject_ms"] for r in cfg["rows"]
+               if not math.isnan(r["p99_reject_ms"])]
+        L.append("| %s | %s | %.2f | %s | %s | %.2f (%gx) | %s | %s / %s | "
+                 "%s |" % (
+                     cfg["name"], cfg["protocol"], cap,
+                     "%.2fx" % (cap / g) if g else "-",
+                     "%.2f" % r1["goodput"] if r1 else "-", rt["goodput"],
+                     top,
+                     "%.0f%%" % (100 * rt["goodput"] / r1["goodput"])
+                     if r1 and r1["goodput"] > 0 else "-",
+                     fmt(r1["p99_ttft_ms"], "%.0f") if r1 else "-",
+                     fmt(rt["p99_ttft_ms"], "%.0f"),
+                     fmt(max(rej), "%.2f") if rej else "-"))
+    L.append("")
+    return L
+
+
+def write_report(path_md, png_name, args, capacities, cap_runs, configs,
+                 notes, started, load_start, load_end, model, commit):
     L = []
     L.append("# Overload benchmark, %s" % started.strftime("%Y-%m-%d"))
     L.append("")
@@ -592,15 +710,22 @@ def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
     L.append("- requests: %d-token synthetic prompts, %d output tokens "
              "(ignore_eos, greedy), deadline %g s each (`--timeout`)" %
              (args.input_len, args.output_len, args.deadline))
-    L.append("- capacity: closed loop at concurrency %d, %d requests "
-             "(after %d warm-ups)%s: **%.2f req/s** (%d completed, %d "
-             "failed, p99 TTFT %.0f ms)" %
-             (args.capacity_concurrency, args.capacity_requests,
-              args.capacity_concurrency,
-              ", server with `%s`" % " ".join(cap_res["server_flags"])
-              if cap_res.get("server_flags") else "", capacity,
-              cap_res["completed"], cap_res["failed"],
-              cap_res.get("p99_ttft_ms", float("nan"))))
+    for proto, capacity in capacities.items():
+        cap_res = cap_runs[proto]
+        runs = cap_res.get("capacity_runs") or []
+        L.append("- capacity%s: closed loop at concurrency %d, %d requests "
+                 "(after %d warm-ups)%s: **%.2f req/s** (%d completed, %d "
+                 "failed, p99 TTFT %.0f ms)%s" %
+                 ("" if list(capacities) == ["grpc"] else " (%s)" % proto,
+                  args.capacity_concurrency, args.capacity_requests,
+                  args.capacity_concurrency,
+                  ", server with `%s`" % " ".join(cap_res["server_flags"])
+                  if cap_res.get("server_flags") else "", capacity,
+                  cap_res["completed"], cap_res["failed"],
+                  cap_res.get("p99_ttft_ms", float("nan")),
+                  "; the median of %d runs taking turns with the other "
+                  "front end (%s req/s)" % (len(runs), ", ".join(
+                      "%.2f" % v for v in runs)) if len(runs) > 1 else ""))
     L.append("- each level: Poisson arrivals at level x capacity for %g s "
              "(the number of requests is rate x duration); goodput = "
              "requests finished OK within their deadline / run duration" %
@@ -609,14 +734,18 @@ def write_report(path_md, png_name, args, capacity, cap_res, configs, notes,
     for n in notes:
         L.append("> " + n)
         L.append("")
-    L.append("![goodput and p99 TTFT against offered load](%s)" % png_name)
-    L.append("")
+    if png_name:
+        L.append("![goodput and p99 TTFT against offered load](%s)" %
+                 png_name)
+        L.append("")
     if args.analysis:
         with open(args.analysis) as f:
             L.append("## Observations")
             L.append("")
             L.append(f.read().strip())
             L.append("")
+    if len(capacities) > 1:
+        L += frontend_table(configs, capacities)
     for cfg in configs:
         L.append("## %s" % cfg["name"])
         L.append("")
@@ -689,6 +818,11 @@ def main():
     ap.add_argument("--levels", default="0.5,1,2,5,10")
     ap.add_argument("--configs", default="on,retries,off",
                     help="on, retries (on with client retries), off")
+    ap.add_argument("--protocol", default="grpc",
+                    choices=("grpc", "openai", "both"),
+                    help="the front end cinfer-bench drives: gRPC, the "
+                    "OpenAI-compatible HTTP API (--http-listen), or both in "
+                    "turn (bench/results/overload-frontends.md)")
     ap.add_argument("--deadline", type=float, default=5.0)
     ap.add_argument("--max-ttft-ms", type=int, default=400,
                     help="the server's first-token bound in the resilience-on "
@@ -697,6 +831,9 @@ def main():
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--capacity-concurrency", type=int, default=8)
     ap.add_argument("--capacity-requests", type=int, default=48)
+    ap.add_argument("--capacity-rounds", type=int, default=3,
+                    help="with several front ends: closed-loop runs of "
+                    "each, in turns; the median is its capacity")
     ap.add_argument("--capacity", type=float, default=0.0,
                     help="skip the capacity run and use this req/s")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -737,6 +874,23 @@ def main():
     on_flags = []
     if args.max_ttft_ms and "--max-ttft-ms" in server_help:
         on_flags += ["--max-ttft-ms", str(args.max_ttft_ms)]
+    protocols = list(PROTOCOLS) if args.protocol == "both" else \
+        [args.protocol]
+    # The HTTP API carries no per-request deadline, and the server's
+    # deadline-based refusals (--max-ttft-ms among them) apply to requests
+    # that have one: with the OpenAI front end measured, every server caps
+    # each call's deadline at the client's (--max-request-time), which
+    # gives HTTP requests the deadline gRPC ones send and changes nothing
+    # for gRPC's.
+    deadline_flags = []
+    if "openai" in protocols:
+        deadline_flags = ["--max-request-time", "%g" % args.deadline]
+        notes.append("The HTTP API has no per-request deadline: every "
+                     "server runs with `--max-request-time %g`, the "
+                     "deadline gRPC's requests carry (`--timeout`), so "
+                     "both front ends' requests have the same one." %
+                     args.deadline)
+    on_flags += deadline_flags
     configs_to_run = []
     if "on" in wanted:
         configs_to_run.append(("resilience on", on_flags, []))
@@ -751,36 +905,64 @@ def main():
     if "off" in wanted:
         if resilience_switch:
             configs_to_run.append(("resilience off",
-                                   ["--resilience", "off"], []))
+                                   ["--resilience", "off"] + deadline_flags,
+                                   []))
         else:
             notes.append("cinfer-server has no `--resilience off` switch "
                          "yet: only the resilience-on configuration ran.")
     if "--metrics-listen" not in server_help:
         notes.append("cinfer-server serves no /metrics yet: the server-side "
                      "rejection columns are empty.")
+    if "openai" in protocols:
+        if "--http-listen" not in server_help:
+            sys.exit("overload: cinfer-server has no --http-listen")
+        if not re.search(r"--protocol\b", bench_help):
+            sys.exit("overload: cinfer-bench has no --protocol")
+    # Every configuration once per front end; gRPC's names stay as they
+    # were when it is the only one.
+    runs = []
+    for proto in protocols:
+        for name, sflags, bflags in configs_to_run:
+            if proto != "grpc" and bflags:
+                notes.append("client retries are gRPC's (cinfer-bench "
+                             "--retries): no \"%s\" over %s." %
+                             (name, proto))
+                continue
+            label = name if protocols == ["grpc"] else \
+                "%s, %s" % (proto, name)
+            runs.append((label, sflags, bflags, proto))
     for n in notes:
         log("note:", n)
 
     if args.capacity > 0:
-        capacity, cap_res = args.capacity, {"completed": 0, "failed": 0}
+        capacities = {p: args.capacity for p in protocols}
+        cap_runs = {p: {"completed": 0, "failed": 0} for p in protocols}
     else:
         # The engine's capacity, without admission control where it can
         # be switched off: what the server completes when nothing is
         # refused is the yardstick for the offered loads.
-        cap_flags = (["--resilience", "off"] if resilience_switch else [])
-        capacity, cap_res = measure_capacity(progs, model, args, work,
-                                             cap_flags)
-        cap_res["server_flags"] = cap_flags
-        ok_ttft = [t * 1e3 for t, o in zip(cap_res["ttfts"],
-                                           cap_res["output_lens"]) if o > 0]
-        cap_res["p99_ttft_ms"] = percentile(ok_ttft, 99)
+        cap_flags = (["--resilience", "off"] if resilience_switch else []) + \
+            deadline_flags
+        measured = measure_capacity(progs, model, args, work, cap_flags,
+                                    protocols)
+        capacities, cap_runs = {}, {}
+        for proto, (cap, cap_res) in measured.items():
+            cap_res["server_flags"] = cap_flags
+            ok_ttft = [t * 1e3 for t, o in zip(cap_res["ttfts"],
+                                               cap_res["output_lens"])
+                       if o > 0]
+            cap_res["p99_ttft_ms"] = percentile(ok_ttft, 99)
+            capacities[proto] = cap
+            cap_runs[proto] = {k: v for k, v in cap_res.items()
+                               if k in ("server_flags", "capacity_runs") or
+                               not isinstance(v, list)}
 
-    configs = run_all(progs, model, args, work, configs_to_run, capacity)
+    configs = run_all(progs, model, args, work, runs, capacities)
 
     saved = {
-        "capacity": capacity,
-        "capacity_run": {k: v for k, v in cap_res.items()
-                         if k == "server_flags" or not isinstance(v, list)},
+        "capacity": capacities[protocols[0]],
+        "capacity_run": cap_runs[protocols[0]],
+        "capacities": capacities, "capacity_runs": cap_runs,
         "configs": configs, "notes": notes,
         "started": started.isoformat(), "load_start": load_start,
         "load_end": loadavg(), "model": model, "commit": commit_id(),
@@ -797,15 +979,19 @@ def report(saved, args, work):
     started = datetime.datetime.fromisoformat(saved["started"])
     run_args = argparse.Namespace(**saved["args"])
     run_args.analysis = args.analysis
-    stem = "overload"
+    # Runs from before the front ends were measured hold gRPC's only.
+    capacities = saved.get("capacities") or {"grpc": saved["capacity"]}
+    cap_runs = saved.get("capacity_runs") or {"grpc": saved["capacity_run"]}
+    stem = "overload" if list(capacities) == ["grpc"] else \
+        "overload-frontends"
     base = benchlib.current_result(args.out, stem, (".md", ".png"))
     png = base + ".png"
     md = base + ".md"
-    write_plot(png, saved["configs"], work)
-    write_report(md, stem + ".png", run_args, saved["capacity"],
-                 saved["capacity_run"], saved["configs"], saved["notes"],
-                 started, saved["load_start"], saved["load_end"],
-                 saved["model"], saved["commit"])
+    plotted = write_plot(png, saved["configs"], work)
+    write_report(md, stem + ".png" if plotted else None, run_args, capacities, cap_runs,
+                 saved["configs"], saved["notes"], started,
+                 saved["load_start"], saved["load_end"], saved["model"],
+                 saved["commit"])
     log("wrote", md, "and", png, "(work dir %s)" % work)
     print(open(md).read())
 

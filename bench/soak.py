@@ -136,7 +136,7 @@ class Server:
         return out
 
     def request_totals(self):
-        """{code: count} of cinfer:request_total for Generate."""
+        """{code: count} of cinfer:request_total for gRPC's Generate."""
         from prometheus_client.parser import text_string_to_metric_families
         body = urllib.request.urlopen(
             "http://127.0.0.1:%d/metrics" % self.metrics_port,
@@ -145,6 +145,7 @@ class Server:
         for fam in text_string_to_metric_families(body):
             for s in fam.samples:
                 if (s.name in ("cinfer:request_total", "cinfer:request")
+                        and s.labels.get("frontend", "grpc") == "grpc"
                         and s.labels.get("method", "").split("/")[-1] == "Generate"):
                     out[s.labels.get("code", "?")] += int(s.value)
         return out
