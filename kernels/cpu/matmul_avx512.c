@@ -24,6 +24,10 @@
  * Each block's partial sums are converted to float and fused-multiply-added
  * with d_w * d_a, the way GGML's AVX2 vec_dot does.
  *
+ * Twelve or more rows of the int8-block types take decoded panels instead
+ * (see "batched int8 products" below): 16 weight rows across the lanes of
+ * a register, 3 token rows per tile, the same per-element arithmetic.
+ *
  * F32 / F16 use 16-lane FMA chunks (F16 widened with vcvtph2ps); BF16 uses
  * vdpbf16ps directly.
  */
@@ -594,6 +598,401 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
 }
 
 /* ---------------------------------------------------------------------- */
+/* batched int8 products: decoded panels, columns across lanes            */
+/* ---------------------------------------------------------------------- */
+
+/* Beyond a few rows (prefill, batched decode) the int8 products are bound
+ * by vector uops, and the row tiles above spend most of theirs on
+ * per-block scale work (permutes, a vmulps per vpdpbusd) and on
+ * horizontal sums. So many rows take this path instead.
+ *
+ * A group of 16 weight rows is decoded once into scratch, block by block,
+ * "transposed": register q[l] of block b holds the l-th dword (elements
+ * 4l .. 4l + 3, as unsigned bytes: Q4 nibbles, Q8_0 as w + 128) of the 16
+ * weight rows, one row per 32-bit lane. Then vpdpbusd of q[l] with the
+ * activation's dword l broadcast (a memory operand) is exactly GGML's
+ * partial sum l of every one of the 16 (token row, weight row) pairs, and
+ * the float accumulator acc[r][l] holds lane l of the 16 pairs of token
+ * row r: per vpdpbusd one vcvtdq2ps and one FMA, the scale product
+ * d_w * d_a one vmulps per token row and block for all 16 weight rows,
+ * and the final sum ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) is
+ * seven vertical adds. Q8_0's + 128 and Q4_0's - 8 are folded into the
+ * int32 start of each partial sum (-128 or -8 times the activation
+ * group's sum, computed once per token row and block); Q4_1's m_w * s_a
+ * terms are one FMA per token row and block, summed in block order after
+ * the main loop. The per-element arithmetic is therefore the reference's
+ * (matmul_impl.h): the same exact int32 sums, the same exact scale
+ * product, the same FMA chain per lane and the same final sums.
+ *
+ * A tile is BP_R token rows x 16 weight rows (24 accumulators); a panel
+ * of groups is decoded once and every row tile runs over it. Per
+ * vpdpbusd the loop issues that vpdpbusd, one vcvtdq2ps, one FMA and two
+ * broadcast loads; on Zen 5 the FMA shares vpdpbusd's two pipes, so no
+ * kernel with these bits passes half the vpdpbusd rate (cinfer-kbench's
+ * "int8 block mix"). */
+
+enum {
+    BP_R = 3,          /* token rows per tile */
+    BP_MAX_NB = 256,   /* blocks a row; more (n_in > 8192) stay on the tiles */
+    BP_PANEL = 256,    /* decoded blocks of a panel (160 KiB) */
+    BP_MIN_ROWS = 12,  /* fewer rows stay on the tiles above */
+};
+
+enum { W_Q41, W_Q40, W_Q8 };
+
+/* One block of a group of 16 weight rows, decoded. */
+typedef struct {
+    uint8_t q[8][64]; /* q[l]: dword l of each row, row k in lane k */
+    float dw[16];     /* the rows' scales */
+    float mw[16];     /* the rows' minimums (Q4_1) */
+} bp_wblk;
+
+/* What a row tile's blocks need besides the quants. */
+typedef struct {
+    int32_t corr[BP_MAX_NB][BP_R][8]; /* the int32 start of partial sum l */
+    float da[BP_MAX_NB][BP_R];        /* the activation's scale */
+    float sa[BP_MAX_NB][BP_R];        /* Q8_1's s */
+} bp_rows;
+
+typedef struct {
+    bp_wblk w[BP_PANEL];
+    bp_rows rows;
+} bp_scratch;
+
+/* Q4: four registers of four weight rows' 16 quant bytes (rows 4k ..
+ * 4k + 3 in z[k]) into q[0..7]. */
+static ALWAYS_INLINE void bp_split_q4(const __m512i z[4], bp_wblk *dst)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    /* rows 0..7 (or 8..15) of dwords d, d + 1: element e is row e % 8 */
+    const __m512i i01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1,
+                                         28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512i i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    __m512i x01 = _mm512_permutex2var_epi32(z[0], i01, z[1]);
+    __m512i x23 = _mm512_permutex2var_epi32(z[0], i23, z[1]);
+    __m512i y01 = _mm512_permutex2var_epi32(z[2], i01, z[3]);
+    __m512i y23 = _mm512_permutex2var_epi32(z[2], i23, z[3]);
+    __m512i t[4];
+    t[0] = _mm512_shuffle_i64x2(x01, y01, _MM_SHUFFLE(1, 0, 1, 0));
+    t[1] = _mm512_shuffle_i64x2(x01, y01, _MM_SHUFFLE(3, 2, 3, 2));
+    t[2] = _mm512_shuffle_i64x2(x23, y23, _MM_SHUFFLE(1, 0, 1, 0));
+    t[3] = _mm512_shuffle_i64x2(x23, y23, _MM_SHUFFLE(3, 2, 3, 2));
+    for (int d = 0; d < 4; d++) {
+        _mm512_store_si512((void *)dst->q[d], _mm512_and_si512(t[d], m0f));
+        _mm512_store_si512((void *)dst->q[d + 4],
+                           _mm512_and_si512(_mm512_srli_epi16(t[d], 4), m0f));
+    }
+}
+
+/* Q8_0: eight registers of two weight rows' 32 unsigned quant bytes (rows
+ * 2k, 2k + 1 in v[k]) into q[0..7]. */
+static ALWAYS_INLINE void bp_split_q8(const __m512i v[8], bp_wblk *dst)
+{
+    /* rows 4j .. 4j + 3 of dwords 4h .. 4h + 3: 128-bit lane dd holds
+     * dword 4h + dd of the four rows */
+    const __m512i i0 = _mm512_set_epi32(27, 19, 11, 3, 26, 18, 10, 2,
+                                        25, 17, 9, 1, 24, 16, 8, 0);
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(4));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i ih = h ? i1 : i0;
+        __m512i a[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            a[j] = _mm512_permutex2var_epi32(v[2 * j], ih, v[2 * j + 1]);
+        __m512i b0 = _mm512_shuffle_i64x2(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i b1 = _mm512_shuffle_i64x2(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2));
+        __m512i b2 = _mm512_shuffle_i64x2(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i b3 = _mm512_shuffle_i64x2(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2));
+        _mm512_store_si512((void *)dst->q[4 * h + 0],
+                           _mm512_shuffle_i64x2(b0, b2, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_store_si512((void *)dst->q[4 * h + 1],
+                           _mm512_shuffle_i64x2(b0, b2, _MM_SHUFFLE(3, 1, 3, 1)));
+        _mm512_store_si512((void *)dst->q[4 * h + 2],
+                           _mm512_shuffle_i64x2(b1, b3, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_store_si512((void *)dst->q[4 * h + 3],
+                           _mm512_shuffle_i64x2(b1, b3, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+}
+
+/* Q4_1's 16 (d, m) pairs, converted, into dw and mw. */
+static ALWAYS_INLINE void bp_dm(__m512 f0, __m512 f1, bp_wblk *dst)
+{
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
+                                        6, 4, 2, 0);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    _mm512_store_ps(dst->dw, _mm512_permutex2var_ps(f0, ev, f1));
+    _mm512_store_ps(dst->mw, _mm512_permutex2var_ps(f0, od, f1));
+}
+
+/* Decodes blocks [0, nb) of 16 weight rows given as row pointers (rows
+ * of the file's layout). */
+static ALWAYS_INLINE void bp_decode_rows(const int wk, const uint8_t *const *w, int64_t nb,
+                                         bp_wblk *dst)
+{
+    const size_t wbs = wk == W_Q41 ? sizeof(cinfer_block_q4_1)
+                       : wk == W_Q40 ? sizeof(cinfer_block_q4_0)
+                                     : sizeof(cinfer_block_q8_0);
+    const int wqo = wk == W_Q41 ? 4 : 2;
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t off = (size_t)b * wbs;
+        uint16_t h[32];
+        for (int k = 0; k < 16; k++) {
+            h[2 * k] = ld16(w[k] + off);
+            h[2 * k + 1] = wk == W_Q41 ? ld16(w[k] + off + 2) : 0;
+        }
+        if (wk == W_Q41) {
+            bp_dm(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)),
+                  _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16))), dst + b);
+        } else {
+            uint16_t d[16];
+            for (int k = 0; k < 16; k++)
+                d[k] = h[2 * k];
+            _mm512_store_ps(dst[b].dw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)d)));
+        }
+        if (wk == W_Q8) {
+            const __m512i x80 = _mm512_set1_epi8((char)0x80);
+            __m512i v[8];
+            for (int k = 0; k < 8; k++) {
+                __m512i r = _mm512_castsi256_si512(
+                    _mm256_loadu_si256((const __m256i *)(w[2 * k] + off + wqo)));
+                r = _mm512_inserti64x4(
+                    r, _mm256_loadu_si256((const __m256i *)(w[2 * k + 1] + off + wqo)), 1);
+                v[k] = _mm512_xor_si512(r, x80);
+            }
+            bp_split_q8(v, dst + b);
+        } else {
+            __m512i z[4];
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *const *p = w + 4 * k;
+                __m512i r = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p[0] + off + wqo)));
+                r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(p[1] + off + wqo)), 1);
+                r = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(p[2] + off + wqo)), 2);
+                z[k] = _mm512_inserti32x4(r, _mm_loadu_si128((const __m128i *)(p[3] + off + wqo)), 3);
+            }
+            bp_split_q4(z, dst + b);
+        }
+    }
+}
+
+/* The same from the packed layout (matmul.h): q0 / s0 the quants and
+ * scales of the group's first row in its packed group (Q4: the group of
+ * 16; Q8_0: rows 0..7 from q0 / s0, rows 8..15 from q1 / s1). */
+static ALWAYS_INLINE void bp_decode_packed(const int wk, const uint8_t *q0, const uint8_t *s0,
+                                           const uint8_t *q1, const uint8_t *s1, int64_t nb,
+                                           bp_wblk *dst)
+{
+    for (int64_t b = 0; b < nb; b++) {
+        if (wk == W_Q8) {
+            __m256i h = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_load_si128((const __m128i *)(s0 + (size_t)b * 16))),
+                _mm_load_si128((const __m128i *)(s1 + (size_t)b * 16)), 1);
+            _mm512_store_ps(dst[b].dw, _mm512_cvtph_ps(h));
+            __m512i v[8];
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm512_load_si512((const void *)(q0 + (size_t)b * 256 + 64 * k));
+                v[4 + k] = _mm512_load_si512((const void *)(q1 + (size_t)b * 256 + 64 * k));
+            }
+            bp_split_q8(v, dst + b);
+        } else {
+            if (wk == W_Q41) {
+                const uint8_t *sp = s0 + (size_t)b * 64;
+                bp_dm(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sp)),
+                      _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + 32))), dst + b);
+            } else {
+                _mm512_store_ps(dst[b].dw, _mm512_cvtph_ps(_mm256_load_si256(
+                                               (const __m256i *)(s0 + (size_t)b * 32))));
+            }
+            __m512i z[4];
+            for (int k = 0; k < 4; k++)
+                z[k] = _mm512_load_si512((const void *)(q0 + (size_t)b * 256 + 64 * k));
+            bp_split_q4(z, dst + b);
+        }
+    }
+}
+
+/* The scales and partial-sum starts of token rows a[0..BP_R). */
+static ALWAYS_INLINE void bp_prep_rows(const int wk, const uint8_t *const *a, int64_t nb,
+                                       bp_rows *dst)
+{
+    const size_t abs_ = wk == W_Q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
+    const __m256i k = _mm256_set1_epi8(wk == W_Q8 ? (char)0x80 : 8);
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < BP_R; r++) {
+            const uint8_t *p = a[r] + (size_t)b * abs_;
+            dst->da[b][r] = _cvtsh_ss(ld16(p));
+            dst->sa[b][r] = wk == W_Q41 ? _cvtsh_ss(ld16(p + 2)) : 0.0f;
+            if (wk != W_Q41) {
+                /* -128 or -8 times each group's sum of activations */
+                __m256i s = _mm256_dpbusd_epi32(
+                    zero, k, _mm256_loadu_si256((const __m256i *)(p + 2)));
+                _mm256_storeu_si256((__m256i *)dst->corr[b][r], _mm256_sub_epi32(zero, s));
+            }
+        }
+    }
+}
+
+/* One tile: token rows a[0..BP_R) x the group decoded in w; stores the
+ * first nr rows' columns selected by cm through o[r]. */
+static ALWAYS_INLINE void bp_tile(const int wk, const uint8_t *const *a, const bp_wblk *w,
+                                  const bp_rows *rs, int64_t nb, float *const *o, int nr,
+                                  __mmask16 cm)
+{
+    const size_t abs_ = wk == W_Q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
+    const int aqo = wk == W_Q41 ? 4 : 2;
+    __m512 acc[BP_R][8];
+#pragma GCC unroll 3
+    for (int r = 0; r < BP_R; r++)
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++)
+            acc[r][l] = _mm512_setzero_ps();
+
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 dw = _mm512_load_ps(w[b].dw);
+        __m512 dd[BP_R];
+#pragma GCC unroll 3
+        for (int r = 0; r < BP_R; r++) /* exact */
+            dd[r] = _mm512_mul_ps(dw, _mm512_set1_ps(rs->da[b][r]));
+        const size_t ao = (size_t)b * abs_ + (size_t)aqo;
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) {
+            const __m512i q = _mm512_load_si512((const void *)w[b].q[l]);
+#pragma GCC unroll 3
+            for (int r = 0; r < BP_R; r++) {
+                int32_t av;
+                memcpy(&av, a[r] + ao + 4 * l, 4);
+                __m512i p = wk == W_Q41 ? _mm512_setzero_si512()
+                                        : _mm512_set1_epi32(rs->corr[b][r][l]);
+                p = _mm512_dpbusd_epi32(p, q, _mm512_set1_epi32(av));
+                acc[r][l] = _mm512_fmadd_ps(dd[r], _mm512_cvtepi32_ps(p), acc[r][l]);
+            }
+        }
+    }
+
+    __m512 summs[BP_R];
+#pragma GCC unroll 3
+    for (int r = 0; r < BP_R; r++)
+        summs[r] = _mm512_setzero_ps();
+    if (wk == W_Q41) /* m_w * s_a is exact: the FMA adds it as the reference does */
+        for (int64_t b = 0; b < nb; b++) {
+            const __m512 mw = _mm512_load_ps(w[b].mw);
+#pragma GCC unroll 3
+            for (int r = 0; r < BP_R; r++)
+                summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rs->sa[b][r]), summs[r]);
+        }
+#pragma GCC unroll 3
+    for (int r = 0; r < BP_R; r++) {
+        if (r >= nr)
+            break;
+        __m512 v = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6])),
+            _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7])));
+        if (wk == W_Q41)
+            v = _mm512_add_ps(v, summs[r]);
+        _mm512_mask_storeu_ps(o[r], cm, v);
+    }
+}
+
+/* Where a call's weight rows are: the file's rows (w, w_row_bytes) or the
+ * packed layout (quants, scales, gr). */
+typedef struct {
+    const uint8_t *w;
+    size_t w_row_bytes;
+    const uint8_t *quants, *scales;
+    size_t gq, gs; /* a packed group's quant and scale bytes */
+    int gr;        /* packed group rows; 0: the file's rows */
+} bp_src;
+
+/* Decodes the 16 weight rows from column c (the last valid one repeated
+ * past ce) into dst. */
+static ALWAYS_INLINE void bp_decode(const int wk, const bp_src *s, int64_t c, int64_t ce,
+                                    int64_t nb, bp_wblk *dst)
+{
+    if (s->gr == 0) {
+        const uint8_t *rows[16];
+        for (int k = 0; k < 16; k++)
+            rows[k] = s->w + (size_t)(c + k < ce ? c + k : ce - 1) * s->w_row_bytes;
+        bp_decode_rows(wk, rows, nb, dst);
+        return;
+    }
+    /* c is a multiple of gr; for Q8_0 (gr 8) the second half is the next
+     * group, or this one again past ce */
+    const size_t g0 = (size_t)(c / s->gr);
+    const size_t g1 = wk == W_Q8 && c + 8 < ce ? g0 + 1 : g0;
+    bp_decode_packed(wk, s->quants + g0 * s->gq, s->scales + g0 * s->gs,
+                     s->quants + g1 * s->gq, s->scales + g1 * s->gs, nb, dst);
+}
+
+/* Rows [0, n) x columns [o0, o1) of weight kind wk. */
+static ALWAYS_INLINE void bp_compute(const int wk, const bp_src *s, const uint8_t *act,
+                                     size_t arb, int64_t n, int64_t nb, float *out,
+                                     int64_t out_stride, int64_t o0, int64_t o1)
+{
+    bp_scratch sc __attribute__((aligned(64)));
+    const int64_t panel = BP_PANEL / nb * 16; /* columns; nb <= BP_MAX_NB */
+    for (int64_t pc = o0; pc < o1; pc += panel) {
+        const int64_t pe = pc + panel < o1 ? pc + panel : o1;
+        const int64_t ng = (pe - pc + 15) / 16;
+        for (int64_t g = 0; g < ng; g++)
+            bp_decode(wk, s, pc + 16 * g, pe, nb, sc.w + g * nb);
+        for (int64_t r = 0; r < n; r += BP_R) {
+            const int nr = n - r >= BP_R ? BP_R : (int)(n - r);
+            const uint8_t *a[BP_R];
+            for (int i = 0; i < BP_R; i++)
+                a[i] = act + (size_t)(r + (i < nr ? i : nr - 1)) * arb;
+            bp_prep_rows(wk, a, nb, &sc.rows);
+            for (int64_t g = 0; g < ng; g++) {
+                const int64_t c = pc + 16 * g;
+                const int nc = pe - c >= 16 ? 16 : (int)(pe - c);
+                float *o[BP_R];
+                for (int i = 0; i < BP_R; i++)
+                    o[i] = out + (r + (i < nr ? i : 0)) * out_stride + c;
+                bp_tile(wk, a, sc.w + g * nb, &sc.rows, nb, o, nr,
+                        (__mmask16)((1u << nc) - 1u));
+            }
+        }
+    }
+}
+
+static __attribute__((noinline)) void bp_q41(const bp_src *s, const uint8_t *act, size_t arb,
+                                             int64_t n, int64_t nb, float *out, int64_t os,
+                                             int64_t o0, int64_t o1)
+{
+    bp_compute(W_Q41, s, act, arb, n, nb, out, os, o0, o1);
+}
+
+static __attribute__((noinline)) void bp_q40(const bp_src *s, const uint8_t *act, size_t arb,
+                                             int64_t n, int64_t nb, float *out, int64_t os,
+                                             int64_t o0, int64_t o1)
+{
+    bp_compute(W_Q40, s, act, arb, n, nb, out, os, o0, o1);
+}
+
+static __attribute__((noinline)) void bp_q8(const bp_src *s, const uint8_t *act, size_t arb,
+                                            int64_t n, int64_t nb, float *out, int64_t os,
+                                            int64_t o0, int64_t o1)
+{
+    bp_compute(W_Q8, s, act, arb, n, nb, out, os, o0, o1);
+}
+
+/* The batched path for weight type wt, or NULL where n rows of nb blocks
+ * stay on the tiles. */
+typedef void (*bp_fn)(const bp_src *, const uint8_t *, size_t, int64_t, int64_t, float *,
+                      int64_t, int64_t, int64_t);
+static bp_fn bp_pick(cinfer_dtype wt, int64_t n, int64_t nb)
+{
+    if (n < BP_MIN_ROWS || nb < 1 || nb > BP_MAX_NB)
+        return NULL;
+    switch (wt) {
+    case CINFER_DTYPE_Q4_1: return bp_q41;
+    case CINFER_DTYPE_Q4_0: return bp_q40;
+    case CINFER_DTYPE_Q8_0: return bp_q8;
+    default: return NULL;
+    }
+}
+
+/* ---------------------------------------------------------------------- */
 /* drivers                                                                */
 /* ---------------------------------------------------------------------- */
 
@@ -696,6 +1095,13 @@ void cinfer_cpu_matmul_compute_avx512(cinfer_dtype wt, const void *w,
                           : k == K_BF16           ? (n_in + 31) / 32
                                                   : nb;
 
+    const bp_fn bp = bp_pick(wt, n, nb);
+    if (bp) {
+        const bp_src src = {.w = wb, .w_row_bytes = w_row_bytes};
+        bp(&src, ab, arb, n, nb, out, out_stride, o0, o1);
+        return;
+    }
+
     /* Column blocks only pay when several row tiles reuse them. */
     const int64_t cblk = n > 4 ? col_block(w_row_bytes) : o1 - o0;
     for (int64_t cb = o0; cb < o1; cb += cblk) {
@@ -753,10 +1159,15 @@ void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
     const uint8_t *scales = quants + (size_t)(n_full / gr) * gq;
     const uint8_t *ab = (const uint8_t *)act;
     const int64_t e = o1 < n_full ? o1 : n_full;
+    const bp_fn bp = bp_pick(wt, n, nb);
+    if (bp && o0 < e) {
+        const bp_src src = {.quants = quants, .scales = scales, .gq = gq, .gs = gs, .gr = gr};
+        bp(&src, ab, arb, n, nb, out, out_stride, o0, e);
+    }
 
     /* Column blocks only pay when several row tiles reuse them. */
     const int64_t cblk = n > 4 ? col_block(wrb) : e - o0;
-    for (int64_t cb = o0; cb < e; cb += cblk) {
+    for (int64_t cb = o0; cb < e && !bp; cb += cblk) {
         const int64_t ce = cb + cblk < e ? cb + cblk : e;
         for (int64_t r = 0; r < n; r += 4) {
             const int rows = n - r >= 4 ? 4 : (int)(n - r);

@@ -635,9 +635,10 @@ static void check_packed(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n
         cinfer_cpu_matmul_compute(CINFER_CPU_ISA_PORTABLE, wt, w, wrb, act, n,
                                   n_in, want, stride, 0, n_out);
         /* whole range, then ranges as the backend splits them (units of
-         * 16 columns) */
-        int64_t ranges[4][2] = {{0, n_out}, {16, n_out}, {0, 16}, {16, 48}};
-        for (int k = 0; k < 4; k++) {
+         * 16 columns), and one from the second group (Q8_0: 8 columns) */
+        const int64_t g = cinfer_cpu_pack_rows(wt);
+        int64_t ranges[5][2] = {{0, n_out}, {16, n_out}, {0, 16}, {16, 48}, {g, n_out}};
+        for (int k = 0; k < 5; k++) {
             int64_t o0 = ranges[k][0], o1 = ranges[k][1] < n_out ? ranges[k][1] : n_out;
             if (o0 >= o1)
                 continue;
@@ -686,6 +687,16 @@ static void test_packed(void)
         check_packed(wt, 2560, 769, 1, 14);  /* decode */
         check_packed(wt, 800, 5125, 13, 15); /* row tiles and column blocks */
         check_packed(wt, 96, 64, 2, 16);
+        /* batches: the decoded panels (12 rows and more), partial row
+         * tiles, a last Q8_0 column tile of one group of 8 (n_out 40),
+         * 256 blocks (a panel of one group) and 257 (past the scratch) */
+        check_packed(wt, 800, 197, 12, 17);
+        check_packed(wt, 800, 197, 17, 18);
+        check_packed(wt, 96, 40, 100, 19);
+        check_packed(wt, 800, 5125, 16, 20);
+        check_packed(wt, 32, 37, 257, 21);
+        check_packed(wt, 32 * 256, 21, 13, 22);
+        check_packed(wt, 32 * 257, 21, 13, 23);
     }
     CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
@@ -695,7 +706,7 @@ static void test_packed(void)
 /* ---------------------------------------------------------------------- */
 
 /* Many rows of the int8-block types take register-tiled paths (the AVX2
- * decoded panels, the AVX-512 row tiles); a row alone takes another. Every
+ * and AVX-512 decoded panels); a row alone takes another. Every
  * row count from 1 to 600 (sampled), column ranges cut where the backend
  * cuts them (units of 16) and off them, inner sizes of 1, 3, 25 and 1025
  * blocks (the last past the AVX2 panel scratch): each ISA's batch equals
@@ -772,6 +783,7 @@ static void test_batched_rows(void)
             }
         }
         check_rows(wt, 32, 5, 9, 1, 4, seed++);           /* one block */
+        check_rows(wt, 32 * 256, 19, 12, 0, 19, seed++);  /* AVX-512: a panel of one group */
         check_rows(wt, 32 * 512, 3, 6, 0, 3, seed++);     /* a panel of one tile */
         check_rows(wt, 32 * 1025, 3, 6, 0, 3, seed++);    /* past the scratch */
     }
