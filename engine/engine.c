@@ -27,6 +27,7 @@
  * Speculation too: a draft row computes what that position's decode row
  * would, and the sampler's draws are keyed by (seed, position).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -99,20 +100,55 @@ static void request_free(eng_request *r)
     }
     free(r->seqs);
     free(r->prompt);
+    free(r->embeds);
     free(r->stop_ids);
     free(r);
+}
+
+/* The prompt embeddings of p: their count, their values, the model. */
+static cinfer_status validate_embeds(const cinfer_engine *e,
+                                     const cinfer_request_params *p)
+{
+    if (!p->n_prompt_embeds)
+        return CINFER_OK;
+    if (!p->prompt_embeds)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "prompt_embeds is NULL with n_prompt_embeds "
+                                "%zu",
+                                p->n_prompt_embeds);
+    if (!cinfer_model_input_embeds(e->model))
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "prompt embeddings are not taken by a model "
+                                "whose ranks span several processes");
+    size_t n = p->n_prompt_embeds * (size_t)e->info->n_embd;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p->prompt_embeds[i]))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "prompt_embeds[%zu] is not finite", i);
+    return CINFER_OK;
 }
 
 static cinfer_status validate(const cinfer_engine *e,
                               const cinfer_request_params *p)
 {
-    if (!p->prompt || p->n_prompt < 1)
+    const size_t cap = (size_t)e->ctx_cap;
+    if ((p->n_prompt && !p->prompt) || p->n_prompt + p->n_prompt_embeds < 1)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "prompt is empty (n_prompt must be >= 1)");
-    if (p->n_prompt > (size_t)e->ctx_cap)
+                                "prompt is empty (n_prompt + n_prompt_embeds "
+                                "must be >= 1)");
+    if (p->n_prompt > cap && !p->n_prompt_embeds)
         return cinfer_set_error(CINFER_E_RANGE,
                                 "prompt has %zu tokens; the context holds %d",
                                 p->n_prompt, e->ctx_cap);
+    if (p->n_prompt > cap || p->n_prompt_embeds > cap ||
+        p->n_prompt + p->n_prompt_embeds > cap)
+        return cinfer_set_error(CINFER_E_RANGE,
+                                "prompt has %zu tokens and %zu embedding "
+                                "rows; the context holds %d",
+                                p->n_prompt, p->n_prompt_embeds, e->ctx_cap);
+    cinfer_status st = validate_embeds(e, p);
+    if (st != CINFER_OK)
+        return st;
     for (size_t i = 0; i < p->n_prompt; i++) {
         if (p->prompt[i] < 0 || p->prompt[i] >= e->n_vocab)
             return cinfer_set_error(CINFER_E_RANGE,
@@ -170,7 +206,8 @@ static cinfer_status request_build(cinfer_engine *e,
         goto fail_nomem;
     r->priority = p->priority;
     r->deadline_ns = p->deadline_ns;
-    r->n_prompt = (int32_t)p->n_prompt;
+    r->n_embeds = (int32_t)p->n_prompt_embeds;
+    r->n_prompt = r->n_embeds + (int32_t)p->n_prompt;
     r->max_tokens = p->max_tokens;
     r->min_tokens = p->min_tokens > p->sampling.min_tokens
                         ? p->min_tokens
@@ -181,10 +218,22 @@ static cinfer_status request_build(cinfer_engine *e,
     r->n_samples = p->n_samples ? p->n_samples : 1;
     r->on_event = p->on_event;
     r->user = p->user;
-    r->prompt = malloc(sizeof *r->prompt * p->n_prompt);
+    r->prompt = malloc(sizeof *r->prompt * (size_t)r->n_prompt);
     if (!r->prompt)
         goto fail_nomem;
-    memcpy(r->prompt, p->prompt, sizeof *r->prompt * p->n_prompt);
+    /* an embedding row's position holds token 0: valid wherever a step
+     * checks ids, and never read for its embedding (cinfer_step.row_embd) */
+    memset(r->prompt, 0, sizeof *r->prompt * (size_t)r->n_embeds);
+    if (p->n_prompt)
+        memcpy(r->prompt + r->n_embeds, p->prompt,
+               sizeof *r->prompt * p->n_prompt);
+    if (r->n_embeds) {
+        size_t n = (size_t)r->n_embeds * (size_t)e->info->n_embd;
+        r->embeds = malloc(sizeof *r->embeds * n);
+        if (!r->embeds)
+            goto fail_nomem;
+        memcpy(r->embeds, p->prompt_embeds, sizeof *r->embeds * n);
+    }
     if (p->n_stop_ids) {
         r->stop_ids = malloc(sizeof *r->stop_ids * p->n_stop_ids);
         if (!r->stop_ids)
@@ -240,8 +289,9 @@ static cinfer_status request_build(cinfer_engine *e,
         sp.seed = p->sampling.seed + (uint64_t)k;
         if ((st = cinfer_sampler_create(&sp, &s->sampler)) != CINFER_OK)
             goto fail;
-        if ((st = cinfer_sampler_accept_prompt(s->sampler, r->prompt,
-                                               r->n_prompt)) != CINFER_OK)
+        if ((st = cinfer_sampler_accept_prompt(
+                 s->sampler, r->prompt + r->n_embeds,
+                 r->n_prompt - r->n_embeds)) != CINFER_OK)
             goto fail;
         cinfer_textstream_params tp = cinfer_textstream_default_params();
         tp.tokenizer = e->tk;
@@ -882,11 +932,12 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->s_slots = malloc(sizeof(int32_t) * rows);
     e->s_out_rows = malloc(sizeof(int32_t) * rows);
     e->s_gen = malloc(rows);
+    e->s_embd = malloc(sizeof *e->s_embd * rows);
     e->s_tables = malloc(sizeof(int32_t) * seqs * (size_t)e->max_blocks);
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
     if (!e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
         !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
-        !e->s_tables ||
+        !e->s_embd || !e->s_tables ||
         !e->logits) {
         st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
         goto fail;
@@ -923,6 +974,7 @@ fail:
     free(e->s_slots);
     free(e->s_out_rows);
     free(e->s_gen);
+    free(e->s_embd);
     free(e->s_tables);
     free(e->logits);
     free(e);
@@ -957,6 +1009,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->s_slots);
     free(e->s_out_rows);
     free(e->s_gen);
+    free(e->s_embd);
     free(e->s_tables);
     free(e->logits);
     free(e);

@@ -180,7 +180,22 @@ typedef struct {
 
 typedef struct {
     const int32_t *prompt;        /* prompt token ids (copied) */
-    size_t n_prompt;              /* >= 1 */
+    size_t n_prompt;              /* >= 1, or >= 0 with prompt embeddings */
+    /* Prompt embeddings (soft prompts): rows that come before prompt[] at
+     * positions 0..n_prompt_embeds-1, each standing in for a token's row
+     * of the model's embedding table (dequantized, before any scaling the
+     * architecture applies: cinfer_model_forward), so the rows of real
+     * tokens give those tokens' output. The prompt is then
+     * n_prompt_embeds + n_prompt positions, within the context, and
+     * prompt_tokens in events counts them all. The prefix cache neither
+     * serves nor keeps such a request's blocks (they are not named by
+     * token ids; its samples still share them); penalties see prompt[]
+     * only. Refused (CINFER_E_UNSUPPORTED) where the model does not take
+     * them (cinfer_model_input_embeds). */
+    const float *prompt_embeds;   /* [n_prompt_embeds, n_embd] row-major,
+                                     every value finite (copied); NULL =
+                                     none */
+    size_t n_prompt_embeds;       /* rows */
     cinfer_sampler_params sampling;
     int32_t max_tokens;           /* >= 1; capped by the context */
     int32_t min_tokens;           /* EOG/stop tokens suppressed before this */

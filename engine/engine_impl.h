@@ -85,7 +85,10 @@ struct eng_request {
     int64_t submit_ns;
 
     int32_t *prompt;
-    int32_t n_prompt;
+    int32_t n_prompt;  /* positions: the embedding rows, then the tokens */
+    float *embeds;     /* [n_embeds, n_embd] prompt embeddings, or NULL;
+                          prompt[0..n_embeds) hold token 0 in their place */
+    int32_t n_embeds;
     int32_t max_tokens;
     int32_t min_tokens;
     int ignore_eos;
@@ -183,6 +186,7 @@ struct cinfer_engine {
 
     /* step scratch */
     int32_t *s_tokens, *s_pos, *s_row_seq, *s_slots, *s_out_rows;
+    const float **s_embd; /* [max_rows] cinfer_step.row_embd */
     uint8_t *s_gen; /* per row: 1 = a generated token (cinfer_step.row_gen) */
     int32_t *s_tables;   /* [max_seqs, max_blocks] */
     float *logits;       /* [max_out, n_vocab] */

@@ -1441,6 +1441,12 @@ cinfer_backend *cinfer_model_backend(cinfer_model *m)
     return rank0(m)->be;
 }
 
+int cinfer_model_input_embeds(const cinfer_model *m)
+{
+    return !m->group || cinfer_model_group_size(m->group) ==
+                            cinfer_model_group_local_size(m->group);
+}
+
 int cinfer_model_healthy(cinfer_model *m)
 {
     if (m->group)
@@ -1469,6 +1475,29 @@ static cinfer_status set_rows(cinfer_model *m, int64_t rows,
         if (st_ != CINFER_OK)                                                  \
             return st_;                                                        \
     } while (0)
+
+/* Prompt embeddings: the rows with an input of their own
+ * (cinfer_step.row_embd) take it over what embed wrote, one upload per run
+ * of rows whose inputs follow each other in memory (a sequence's chunk). */
+static cinfer_status put_row_embds(cinfer_model *m, const cinfer_step *step)
+{
+    const size_t d = (size_t)m->info.n_embd, row = d * sizeof(float);
+    for (int32_t r = 0; r < step->n_rows;) {
+        const float *src = step->row_embd[r];
+        int32_t e = r + 1;
+        if (!src) {
+            r = e;
+            continue;
+        }
+        while (e < step->n_rows &&
+               step->row_embd[e] == src + (size_t)(e - r) * d)
+            e++;
+        TRY(cinfer_backend_upload(m->be, m->x, (size_t)r * row, src,
+                                  (size_t)(e - r) * row));
+        r = e;
+    }
+    return CINFER_OK;
+}
 
 /* The model's own checks of a step (the backend checks the rest). */
 static cinfer_status check_step(const cinfer_model *m, const cinfer_step *step)
@@ -1582,6 +1611,8 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                            .freq_scale = 1.0f,
                                            .mode = m->rope_mode};
     TRY(cinfer_backend_embed(be, m->tok_embd, m->x));
+    if (step->row_embd)
+        TRY(put_row_embds(m, step));
     if (m->embd_scale != 1.0f)
         TRY(cinfer_backend_scale(be, m->x, m->embd_scale));
     for (int il = 0; il <= last; il++) {

@@ -229,6 +229,11 @@ const cinfer_gguf *cinfer_model_gguf(const cinfer_model *m);
 /* The backend (of a group: rank 0's). */
 cinfer_backend *cinfer_model_backend(cinfer_model *m);
 
+/* 1 when forward takes rows' input embeddings (cinfer_step.row_embd,
+ * prompt embeddings): a whole model or a group in this process; 0 for a
+ * group over several processes, whose steps carry token ids only. */
+int cinfer_model_input_embeds(const cinfer_model *m);
+
 /* 1 while the model can run steps: its backend is healthy (a group: every
  * rank's, and no rank has failed a step, which leaves the communicator
  * broken). */
@@ -249,7 +254,11 @@ cinfer_status cinfer_model_follow(cinfer_model *m);
 /* Runs one step: every row of `step` goes through the model, K/V of every
  * row is written to its slot, and the logits of the step's out_rows are
  * written to `logits` ([step->n_out, n_vocab], row-major). Block ids must be
- * < n_kv_blocks and n_rows <= max_batch_rows. */
+ * < n_kv_blocks and n_rows <= max_batch_rows. A row with an input
+ * embedding (step->row_embd[r], n_embd floats) takes it where its token's
+ * row of token_embd would be, before anything the architecture does to
+ * that row (gemma3's sqrt(n_embd) scale): the dequantized row of a token
+ * gives that token's output bit for bit. */
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits);
 

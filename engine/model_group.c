@@ -760,6 +760,16 @@ cinfer_status cinfer_model_group_forward(cinfer_model_group *g,
                                 "model_group: node %d of %d follows node 0's "
                                 "steps (cinfer_model_follow)",
                                 g->node_rank, g->n_nodes);
+    /* Steps cross processes as token ids only (cinfer_model_input_embeds
+     * says so before a request gets here); refused before any node starts,
+     * so the group stays whole. */
+    for (int32_t r = 0; g->n_nodes > 1 && step->row_embd && r < step->n_rows;
+         r++)
+        if (step->row_embd[r])
+            return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                    "model_group: input embeddings do not "
+                                    "cross to the other %d nodes",
+                                    g->n_nodes - 1);
     /* Every node's ranks must enter the step's collectives. */
     for (int k = 1; k < g->n_nodes; k++)
         if (send_step(g, k, step) != CINFER_OK) {

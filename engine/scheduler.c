@@ -44,7 +44,9 @@
  * is registered are taken from the cache (hash chain lookup); without it,
  * samples of one request share the prompt blocks a running sibling has
  * computed. Either way the last token is always computed, so its logits
- * come out, and shared blocks are full (nobody writes to them).
+ * come out, and shared blocks are full (nobody writes to them). A request
+ * with prompt embeddings, whose blocks token hashes do not name, shares
+ * between its samples only, as without the cache.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -199,7 +201,10 @@ static void reuse_prefix(cinfer_engine *e, eng_seq *s)
     int32_t limit = (s->n_tokens - 1) / bs; /* full blocks we may reuse */
     s->n_blocks = 0;
     s->n_hashed = 0;
-    if (e->prefix_cache) {
+    /* Prompt embeddings are not named by token ids: such a request neither
+     * takes cached blocks nor registers its own (publish_blocks), and its
+     * samples share theirs as without the cache. */
+    if (e->prefix_cache && !s->req->n_embeds) {
         uint64_t parent = CINFER_KV_ROOT_HASH;
         for (int32_t i = 0; i < limit; i++) {
             const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
@@ -584,7 +589,7 @@ void sched_add_drafts(cinfer_engine *e, eng_seq *s, int *budget)
  * n_computed) and not registered yet. */
 static void publish_blocks(cinfer_engine *e, eng_seq *s)
 {
-    if (!e->prefix_cache)
+    if (!e->prefix_cache || s->req->n_embeds)
         return;
     int32_t bs = e->block_size;
     int32_t full = s->n_computed / bs;
@@ -623,6 +628,10 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
         if (e->sched[k]->n_blocks > stride)
             stride = e->sched[k]->n_blocks;
     int32_t n = 0, n_out = 0;
+    int embd = 0; /* a row takes a prompt embedding */
+    for (int k = 0; k < e->n_sched; k++)
+        embd |= e->sched[k]->n_computed < e->sched[k]->req->n_embeds;
+    const size_t d = embd ? (size_t)e->info->n_embd : 0;
     for (int k = 0; k < e->n_sched; k++) {
         eng_seq *s = e->sched[k];
         int32_t *tab = e->s_tables + (size_t)k * (size_t)stride;
@@ -637,6 +646,10 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
             e->s_slots[n] = s->blocks[pos / bs] * bs + pos % bs;
             /* generated tokens (also when recomputed after preemption) */
             e->s_gen[n] = pos >= s->req->n_prompt;
+            if (embd)
+                e->s_embd[n] = pos < s->req->n_embeds
+                                   ? s->req->embeds + (size_t)pos * d
+                                   : NULL;
         }
         if (s->n_computed + s->step_rows == s->n_tokens + s->n_draft) {
             /* the last token's row and each draft's */
@@ -664,6 +677,7 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
     step->n_out = n_out;
     step->out_rows = e->s_out_rows;
     step->row_gen = e->s_gen;
+    step->row_embd = embd ? e->s_embd : NULL;
 }
 
 void sched_commit(cinfer_engine *e)

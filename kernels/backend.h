@@ -94,6 +94,14 @@ typedef struct {
                                     so a stream matches llama.cpp's token for
                                     token; either way a row's result depends
                                     on nothing else in the batch. */
+    /* Prompt embeddings: read by the model, not by set_step. */
+    const float *const *row_embd; /* [n_rows] the row's input ([n_embd]
+                                     F32 host memory, read during
+                                     cinfer_model_forward) in place of its
+                                     token's row of the embedding table
+                                     (the token id is then ignored), or
+                                     NULL for the token's; NULL = every
+                                     row its token's */
 } cinfer_step;
 
 typedef enum {

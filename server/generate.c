@@ -671,7 +671,8 @@ static void log_start(srv_call *c, const cinfer_request_params *rp,
     if (cinfer_log_begin(&l, CINFER_LOG_DEBUG, "generate start",
                          c->request_id)) {
         cinfer_log_str(&l, "frontend", "grpc");
-        cinfer_log_int(&l, "prompt_tokens", (int64_t)rp->n_prompt);
+        cinfer_log_int(&l, "prompt_tokens",
+                       (int64_t)(rp->n_prompt + rp->n_prompt_embeds));
         cinfer_log_int(&l, "max_tokens", rp->max_tokens);
         if (rp->n_samples > 1)
             cinfer_log_int(&l, "n", rp->n_samples);
@@ -721,6 +722,8 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     g->n_samples = rp.n_samples;
     g->grammar = gram;
     gram = NULL;
+    /* prompt positions: embedding rows count as prompt tokens */
+    n_prompt += rp.n_prompt_embeds;
     g->n_prompt = (int32_t)n_prompt;
     g->want_logprobs = d.has_logprobs;
     g->n_top = d.has_logprobs ? d.logprobs : 0;

@@ -891,8 +891,9 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
             .key_set = r->key_set,
             .key_index = r->key_index,
             .priority = r->q.d.priority,
-            .tokens = (int64_t)n_prompt + (int64_t)rp.max_tokens * rp.n_samples,
-            .n_prompt = n_prompt,
+            .tokens = (int64_t)(n_prompt + rp.n_prompt_embeds) +
+                      (int64_t)rp.max_tokens * rp.n_samples,
+            .n_prompt = n_prompt + rp.n_prompt_embeds, /* positions */
             .deadline_ns = dl.hard_ns,
         };
         if (!cinfer_server_admit(s, &in, start, &r->tr.ticket, &ref)) {

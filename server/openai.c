@@ -106,9 +106,108 @@ static cinfer_status int_array(json_t *a, const char *k, int32_t **out,
     return CINFER_OK;
 }
 
+/* Standard base64 (RFC 4648 section 4; the padding may be left out) of
+ * src[0..n) into dst (room for n / 4 * 3 + 3 bytes), *out the bytes
+ * written; 0 at a character outside the alphabet, else 1. */
+static int base64_decode(const char *src, size_t n, uint8_t *dst,
+                         size_t *out_n)
+{
+    static const char alpha[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    int8_t val[256];
+    memset(val, -1, sizeof val);
+    for (int i = 0; i < 64; i++)
+        val[(unsigned char)alpha[i]] = (int8_t)i;
+    while (n && src[n - 1] == '=')
+        n--;
+    if (n % 4 == 1)
+        return 0;
+    size_t out = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        int v = val[(unsigned char)src[i]];
+        if (v < 0)
+            return 0;
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            dst[out++] = (uint8_t)(acc >> bits);
+        }
+    }
+    *out_n = out;
+    return 1;
+}
+
+/* prompt_embeds (completions only): the base64 of little-endian float32
+ * values, row-major [rows, the model's embedding width]. vLLM takes a
+ * torch.save'd tensor there (a zip archive holding a pickle, or in the
+ * legacy format a pickle starting with torch's magic number), which this
+ * server does not read: refused by name. */
+static cinfer_status decode_embeds(json_t *o, cinfer_openai_req *r)
+{
+    json_t *x = json_object_get(o, "prompt_embeds");
+    if (!x || json_is_null(x))
+        return CINFER_OK;
+    if (r->chat)
+        return bad("prompt_embeds", "is taken by /v1/completions only");
+    if (!json_is_string(x))
+        return bad("prompt_embeds",
+                   "must be a string: the base64 of little-endian float32 "
+                   "values, row-major [rows, embedding width]");
+    size_t n = json_string_length(x);
+    uint8_t *b = malloc(n / 4 * 3 + 4);
+    if (!b)
+        return cinfer_set_error(CINFER_E_NOMEM, "no memory");
+    size_t got = 0;
+    cinfer_status st = CINFER_OK;
+    if (!base64_decode(json_string_value(x), n, b, &got))
+        st = bad("prompt_embeds", "is not base64 (RFC 4648's standard "
+                                  "alphabet)");
+    else if (got >= 4 && (memcmp(b, "PK\x03\x04", 4) == 0 ||
+                          memcmp(b, "\x80\x02\x8a\x0a", 4) == 0))
+        st = bad("prompt_embeds",
+                 "looks like a torch.save'd tensor (a zip archive or a "
+                 "pickle), which this server does not read: send the base64 "
+                 "of the raw little-endian float32 values, row-major");
+    else if (got % 4)
+        st = cinfer_set_error(CINFER_E_INVALID_ARG,
+                              "prompt_embeds: %zu bytes are not whole float32 "
+                              "values (4 bytes each)",
+                              got);
+    if (st != CINFER_OK) {
+        free(b);
+        return st;
+    }
+    size_t nv = got / 4;
+    float *v = malloc((nv ? nv : 1) * sizeof *v);
+    if (!v) {
+        free(b);
+        return cinfer_set_error(CINFER_E_NOMEM, "no memory");
+    }
+    for (size_t i = 0; i < nv; i++) { /* little-endian on any host */
+        uint32_t u = (uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 |
+                     (uint32_t)b[4 * i + 2] << 16 |
+                     (uint32_t)b[4 * i + 3] << 24;
+        memcpy(&v[i], &u, sizeof u);
+    }
+    free(b);
+    r->embeds = v;
+    r->d.has_embeds = 1;
+    r->d.embeds = v;
+    r->d.n_embeds_values = nv;
+    r->d.embeds_width = -1; /* the model's */
+    return CINFER_OK;
+}
+
 static cinfer_status decode_prompt(json_t *o, cinfer_openai_req *r)
 {
     json_t *p = json_object_get(o, "prompt");
+    if (r->d.has_embeds &&
+        (!p || json_is_null(p) ||
+         (json_is_string(p) && json_string_length(p) == 0)))
+        return CINFER_OK; /* the embeddings are the whole prompt */
     if (!p || json_is_null(p))
         return bad("prompt", "is required");
     if (json_is_string(p)) {
@@ -534,6 +633,8 @@ cinfer_status cinfer_openai_decode(const char *body, size_t len, int chat,
         st = cinfer_set_error(CINFER_E_INVALID_ARG,
                               "the body must be a JSON object");
     if (st == CINFER_OK)
+        st = decode_embeds(r->root, r);
+    if (st == CINFER_OK)
         st = chat ? decode_messages(r->root, r) : decode_prompt(r->root, r);
     if (st == CINFER_OK)
         st = decode_sampling(r->root, r);
@@ -553,6 +654,7 @@ void cinfer_openai_req_cleanup(cinfer_openai_req *r)
     if (r->root)
         json_decref(r->root);
     free(r->ids);
+    free(r->embeds);
     free(r->stop_ids);
     free(r->msgs);
     free(r->msgp);

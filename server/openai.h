@@ -46,6 +46,7 @@ typedef struct {
     int top_logprobs;          /* alternatives per token */
     const char *stop[CINFER_MAX_STOP_STRINGS];
     int32_t *ids;              /* prompt ids (malloc'd) */
+    float *embeds;             /* prompt_embeds' values (malloc'd) */
     int32_t *stop_ids;         /* stop_token_ids (malloc'd) */
     Cinfer__V1__Chat chat_msg; /* messages, as the chat template takes them */
     Cinfer__V1__ChatMessage *msgs;

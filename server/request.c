@@ -7,6 +7,7 @@
  */
 #include "server/request.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,9 @@ const cinfer_request_fields cinfer_request_fields_grpc = {
     .grammar = "grammar",
     .regex = "regex",
     .json_schema = "json_schema",
+    .embeds = "prompt_embeds",
+    .embeds_width = "prompt_embeds.width",
+    .embeds_values = "prompt_embeds.values",
 };
 
 const cinfer_request_fields cinfer_request_fields_openai = {
@@ -58,6 +62,9 @@ const cinfer_request_fields cinfer_request_fields_openai = {
     .grammar = "grammar",
     .regex = "regex",
     .json_schema = "response_format.json_schema",
+    .embeds = "prompt_embeds",
+    .embeds_width = "prompt_embeds",
+    .embeds_values = "prompt_embeds",
 };
 
 cinfer_gen_desc cinfer_gen_desc_init(void)
@@ -138,6 +145,12 @@ void cinfer_gen_desc_from_proto(const Cinfer__V1__GenerateRequest *r,
     d->grammar = r->grammar;
     d->regex = r->regex;
     d->json_schema = r->json_schema;
+    if (r->prompt_embeds) {
+        d->has_embeds = 1;
+        d->embeds = r->prompt_embeds->values;
+        d->n_embeds_values = r->prompt_embeds->n_values;
+        d->embeds_width = r->prompt_embeds->width;
+    }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -245,12 +258,78 @@ static cinfer_status check_stopping(const cinfer_gen_desc *d,
     return check_ids(d->stop_ids, d->n_stop_ids, f->stop_token_ids, lim);
 }
 
+/* Prompt embeddings: the model takes them, the width, a whole number of
+ * rows within the bounds, every value finite. */
+static cinfer_status check_embeds(const cinfer_gen_desc *d,
+                                  const cinfer_request_limits *lim,
+                                  const cinfer_request_fields *f)
+{
+    if (!d->has_embeds)
+        return CINFER_OK;
+    const int32_t w = lim->n_embd;
+    if (w <= 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: the served model does not take prompt "
+                                "embeddings (its ranks span several "
+                                "processes)",
+                                f->embeds);
+    if (d->embeds_width >= 0 && d->embeds_width != w)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s must be the model's embedding width %d, "
+                                "got %d",
+                                f->embeds_width, (int)w, (int)d->embeds_width);
+    size_t n = d->n_embeds_values;
+    if (n == 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s must hold at least one row of %d values",
+                                f->embeds_values, (int)w);
+    if (n % (size_t)w)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %zu values are not a whole number of "
+                                "rows of %d (the model's embedding width)",
+                                f->embeds_values, n, (int)w);
+    if (n > CINFER_MAX_PROMPT_EMBEDS_BYTES / sizeof(float))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: %zu values are %zu bytes, at most %d",
+                                f->embeds_values, n, n * sizeof(float),
+                                CINFER_MAX_PROMPT_EMBEDS_BYTES);
+    if (n / (size_t)w >= (size_t)lim->n_ctx)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s has %zu rows; the context holds %d "
+                                "(prompt plus at least one generated token)",
+                                f->embeds, n / (size_t)w, (int)lim->n_ctx);
+    if (!d->embeds)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "%s has no values",
+                                f->embeds_values);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(d->embeds[i]))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "%s[%zu] is not finite (%g; row %zu, "
+                                    "column %zu)",
+                                    f->embeds_values, i, (double)d->embeds[i],
+                                    i / (size_t)w, i % (size_t)w);
+    return CINFER_OK;
+}
+
+size_t cinfer_request_embed_rows(const cinfer_gen_desc *d,
+                                 const cinfer_request_limits *lim)
+{
+    if (!d->has_embeds || lim->n_embd <= 0)
+        return 0;
+    return d->n_embeds_values / (size_t)lim->n_embd;
+}
+
 static cinfer_status check_input(const cinfer_gen_desc *d,
                                  const cinfer_request_limits *lim,
                                  const cinfer_request_fields *f)
 {
+    cinfer_status st = check_embeds(d, lim, f);
+    if (st != CINFER_OK)
+        return st;
     switch (d->input) {
     case CINFER_INPUT_TEXT:
+        if ((!d->text || !d->text[0]) && d->has_embeds)
+            return CINFER_OK; /* the embeddings are the whole prompt */
         if (!d->text || !d->text[0])
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "%s must not be empty", f->text);
@@ -286,6 +365,8 @@ static cinfer_status check_input(const cinfer_gen_desc *d,
                                     CINFER_MAX_CHAT_MESSAGES);
         return CINFER_OK;
     default:
+        if (d->has_embeds)
+            return CINFER_OK; /* the embeddings are the whole prompt */
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "input must be set (%s or %s)", f->text,
                                 f->chat);
@@ -383,7 +464,9 @@ cinfer_status cinfer_request_encode(const cinfer_tokenizer *tk,
 {
     switch (d->input) {
     case CINFER_INPUT_TEXT:
-        return cinfer_request_encode_text(tk, d->text, 1, ids, n);
+        /* after embeddings the text does not start the prompt: no BOS */
+        return cinfer_request_encode_text(tk, d->text ? d->text : "",
+                                          !d->has_embeds, ids, n);
     case CINFER_INPUT_CHAT:
         return cinfer_chat_encode(chat, tk, d->chat, ids, n);
     case CINFER_INPUT_IDS: {
@@ -396,6 +479,14 @@ cinfer_status cinfer_request_encode(const cinfer_tokenizer *tk,
         *n = d->n_ids;
         return CINFER_OK;
     }
+    case CINFER_INPUT_NONE:
+        if (d->has_embeds) { /* no tokens after the embeddings */
+            *ids = malloc(sizeof **ids);
+            *n = 0;
+            return *ids ? CINFER_OK
+                        : cinfer_set_error(CINFER_E_NOMEM, "no memory");
+        }
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "input must be set");
     default:
         return cinfer_set_error(CINFER_E_INVALID_ARG, "input must be set");
     }
@@ -409,6 +500,17 @@ cinfer_status cinfer_request_check_prompt(const cinfer_gen_desc *d,
     const char *field = d->input == CINFER_INPUT_CHAT  ? f->chat
                         : d->input == CINFER_INPUT_IDS ? f->ids
                                                        : f->text;
+    size_t rows = cinfer_request_embed_rows(d, lim);
+    if (rows && rows + n_prompt >= (size_t)lim->n_ctx)
+        return cinfer_set_error(
+            CINFER_E_INVALID_ARG,
+            "%s: %zu rows and the %s's %zu tokens are %zu prompt positions; "
+            "the context holds %d (prompt plus at least one generated "
+            "token)",
+            f->embeds, rows, d->input == CINFER_INPUT_NONE ? "input" : field,
+            n_prompt, rows + n_prompt, (int)lim->n_ctx);
+    if (rows)
+        return CINFER_OK; /* text after embeddings may tokenize to nothing */
     if (n_prompt == 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "%s: tokenizes to no tokens", field);
@@ -477,6 +579,8 @@ void cinfer_request_to_engine(const cinfer_gen_desc *d,
     *rp = cinfer_request_default_params();
     rp->prompt = prompt;
     rp->n_prompt = n_prompt;
+    rp->n_prompt_embeds = cinfer_request_embed_rows(d, lim);
+    rp->prompt_embeds = rp->n_prompt_embeds ? d->embeds : NULL;
     rp->sampling = cinfer_sampler_default_params();
     rp->sampling.n_vocab = lim->n_vocab;
     rp->sampling.seed = d->has_seed ? d->seed : seed;

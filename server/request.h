@@ -57,7 +57,12 @@ typedef struct {
         *presence_penalty, *frequency_penalty;
     const char *max_tokens, *min_tokens, *stop, *stop_token_ids;
     const char *logprobs, *n, *priority, *grammar, *regex, *json_schema;
+    const char *embeds, *embeds_width, *embeds_values; /* prompt_embeds */
 } cinfer_request_fields;
+
+/* Bytes of prompt embedding values a request may carry (16 MiB: 4194304
+ * floats); the rows are also bounded by the context. */
+#define CINFER_MAX_PROMPT_EMBEDS_BYTES (16 * 1024 * 1024)
 
 extern const cinfer_request_fields cinfer_request_fields_grpc;
 extern const cinfer_request_fields cinfer_request_fields_openai;
@@ -95,6 +100,15 @@ typedef struct {
     const char *json_schema;        /* JSON schema text; NULL or "" = none */
     int json_object;                /* any JSON object (OpenAI's
                                        response_format json_object) */
+    /* Prompt embeddings (engine.h prompt_embeds): rows before the input,
+     * which may then be CINFER_INPUT_NONE. */
+    int has_embeds;
+    const float *embeds;            /* [n_embeds_values] row-major */
+    size_t n_embeds_values;
+    int32_t embeds_width;           /* values per row as the request says
+                                       (the model's, or refused); -1 = the
+                                       wire does not say (the HTTP API):
+                                       the model's */
 } cinfer_gen_desc;
 
 cinfer_gen_desc cinfer_gen_desc_init(void);
@@ -127,8 +141,13 @@ cinfer_status cinfer_request_encode(const cinfer_tokenizer *tk,
                                     const cinfer_gen_desc *d, int32_t **ids,
                                     size_t *n);
 
-/* The tokenized prompt is not empty and leaves room for a generated token
- * in the context (CINFER_E_INVALID_ARG naming the input field). */
+/* The embedding rows of a valid desc (0 without prompt embeddings). */
+size_t cinfer_request_embed_rows(const cinfer_gen_desc *d,
+                                 const cinfer_request_limits *lim);
+
+/* The tokenized prompt, after the desc's embedding rows, is not empty and
+ * leaves room for a generated token in the context (CINFER_E_INVALID_ARG
+ * naming the input field, or prompt_embeds'). */
 cinfer_status cinfer_request_check_prompt(const cinfer_gen_desc *d,
                                           size_t n_prompt,
                                           const cinfer_request_limits *lim,
@@ -146,7 +165,8 @@ cinfer_status cinfer_request_compile_grammar(const cinfer_gen_desc *d,
                                              cinfer_grammar_cache *cache,
                                              cinfer_grammar_entry **out);
 
-/* The engine params of a valid request: prompt (borrowed), sampling,
+/* The engine params of a valid request: prompt and prompt embeddings
+ * (borrowed), sampling,
  * stopping, samples, logprobs, priority, grammar (borrowed). seed is used
  * when the desc has none. Deadline, on_event and user are left to the
  * caller. */

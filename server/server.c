@@ -1533,6 +1533,7 @@ cinfer_status cinfer_server_attach(cinfer_server *s, cinfer_model *model,
     s->limits.n_vocab = cinfer_tokenizer_n_vocab(s->tk);
     s->limits.n_ctx = mi->n_ctx;
     s->limits.default_max_tokens = s->params.default_max_tokens;
+    s->limits.n_embd = cinfer_model_input_embeds(model) ? mi->n_embd : 0;
 
     cinfer_gguf_str tmpl = {NULL, 0};
     const cinfer_gguf *g = cinfer_model_gguf(model);

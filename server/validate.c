@@ -318,7 +318,7 @@ cinfer_status cinfer_validate_generate(const Cinfer__V1__GenerateRequest *r,
         return st;
     switch (r->input_case) {
     case CINFER__V1__GENERATE_REQUEST__INPUT_TEXT:
-        if (!r->text || !r->text[0])
+        if ((!r->text || !r->text[0]) && !r->prompt_embeds)
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "text must not be empty");
         break;
@@ -343,6 +343,8 @@ cinfer_status cinfer_validate_generate(const Cinfer__V1__GenerateRequest *r,
             return st;
         break;
     default:
+        if (r->prompt_embeds)
+            break; /* the embeddings are the whole prompt (request.c) */
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "input must be set (text, token_ids or "
                                 "chat)");

@@ -62,6 +62,10 @@ typedef struct {
                                template is recognised); 0 = chat input is
                                INVALID_ARGUMENT */
     int32_t default_max_tokens; /* max_tokens when unset (capped at n_ctx) */
+    int32_t n_embd;         /* prompt embeddings' row width (the model's
+                               embedding width); 0 = prompt embeddings are
+                               INVALID_ARGUMENT (a model that does not take
+                               them) */
 } cinfer_request_limits;
 
 /* CINFER_OK, or CINFER_E_INVALID_ARG naming the first bad field. */
