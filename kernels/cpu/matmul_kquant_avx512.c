@@ -94,18 +94,24 @@ static inline __m512i scales16(__m512i s, int k)
                                                    s0 + 2 * st, s0 + st, s0 + st, s0, s0));
 }
 
-/* Sub-block scales sc[0..7] in bytes 0..7, mins in 8..15. */
+/* Sub-block scales sc[0..7] in bytes 0..7, mins in 8..15, from the 12
+ * packed bytes (cinfer_dtype_k4_scale_min's layout) in byte shuffles:
+ * j < 4: sc = q[j] & 63, m = q[j + 4] & 63; j >= 4: sc = (q[j + 4] & 15)
+ * | (q[j - 4] >> 6) << 4, m = (q[j + 4] >> 4) | (q[j] >> 6) << 4. The
+ * 16-byte load stays inside the block (the quants follow the scales). */
 static inline __m128i k4_scales_mins(const uint8_t *scales)
 {
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
-    const uint32_t mins03 = u[1] & m6;
-    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
-    u[2] = mins03;
-    u[0] &= m6;
-    return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+    const __m128i q = _mm_loadu_si128((const __m128i *)scales);
+    const __m128i p1 = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
+                                                         8, 9, 10, 11));
+    const __m128i p2 = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1,
+                                                         -1, -1, 4, 5, 6, 7));
+    const __m128i lo = _mm_mask_blend_epi8(
+        0xF000, _mm_and_si128(p1, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63,
+                                                0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(p1, 4), _mm_set1_epi8(15)));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(p2, 2), _mm_set1_epi8(0x30));
+    return _mm_or_si128(lo, hi);
 }
 
 /* Integer part of one row against four decoded weight registers. */

@@ -789,6 +789,28 @@ static void test_batched_rows(void)
     }
 }
 
+/* K-quant and IQ4 batches: row counts around the AVX-512 kernels' tile
+ * of 8 rows, one to 11 super-blocks (IQ4_NL: odd block counts, so the
+ * scalar tail), column ranges. */
+static void test_kquant_rows(void)
+{
+    static const cinfer_dtype types[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K,
+                                         CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q2_K,
+                                         CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS,
+                                         CINFER_DTYPE_IQ4_NL};
+    static const int64_t ns[] = {1, 2, 7, 8, 9, 15, 16, 17, 33};
+    uint64_t seed = 900;
+    for (int t = 0; t < (int)(sizeof(types) / sizeof(types[0])); t++) {
+        const cinfer_dtype wt = types[t];
+        const int64_t be = cinfer_dtype_block_elems(wt);
+        for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++) {
+            check_rows(wt, be == 32 ? 32 * 25 : 256 * 3, 37, ns[i], 0, 37, seed++);
+            check_rows(wt, be == 32 ? 32 * 3 : 256, 21, ns[i], 5, 19, seed++);
+        }
+        check_rows(wt, be == 32 ? 32 : 256 * 11, 3, 10, 0, 3, seed++);
+    }
+}
+
 int main(void)
 {
     RUN(test_supported_and_pairs);
@@ -809,5 +831,6 @@ int main(void)
     RUN(test_iq4_xs);
     RUN(test_iq4_nl);
     RUN(test_batched_rows);
+    RUN(test_kquant_rows);
     return harness_done();
 }
