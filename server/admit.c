@@ -126,14 +126,45 @@ int cinfer_server_admit(cinfer_server *s, const cinfer_admit_in *in,
     return 0;
 }
 
-cinfer_status cinfer_server_submit(cinfer_server *s,
+/* The response cache's part of a submit: a stored answer (*hit), or a
+ * recorder hooked into *p for a miss (*rec), or neither (off, not
+ * deterministic, or no memory for the key: the request runs uncached). */
+static void cache_probe(cinfer_server *s, const cinfer_gen_desc *d,
+                        cinfer_request_params *p, cinfer_rcache_entry **hit,
+                        cinfer_rcache_rec **rec)
+{
+    if (!s->rcache || !d || !cinfer_rcache_cacheable(d, p))
+        return;
+    cinfer_rcache_key *k = NULL;
+    if (cinfer_rcache_key_make(d, p, &k) != CINFER_OK)
+        return;
+    *hit = cinfer_rcache_lookup(s->rcache, k);
+    if (*hit) {
+        cinfer_rcache_key_free(k);
+        return;
+    }
+    if (cinfer_rcache_rec_create(s->rcache, k, p, rec) != CINFER_OK)
+        *rec = NULL;
+}
+
+cinfer_status cinfer_server_submit(cinfer_server *s, const cinfer_gen_desc *d,
                                    const cinfer_request_params *rp,
-                                   uint64_t *id, cinfer_refusal *out)
+                                   uint64_t *id, cinfer_rcache_entry **hit,
+                                   cinfer_refusal *out)
 {
     memset(out, 0, sizeof *out);
-    cinfer_status st = cinfer_engine_submit(s->engine, rp, id);
+    *hit = NULL;
+    cinfer_request_params p = *rp;
+    cinfer_rcache_rec *rec = NULL;
+    cache_probe(s, d, &p, hit, &rec);
+    if (*hit) {
+        *id = 0;
+        return CINFER_OK;
+    }
+    cinfer_status st = cinfer_engine_submit(s->engine, &p, id);
     if (st == CINFER_OK)
         return CINFER_OK;
+    cinfer_rcache_rec_destroy(rec); /* no event ever came */
     snprintf(out->message, sizeof out->message, "%s", cinfer_last_error());
     cinfer_engine_refusal_map m = cinfer_request_map_refusal(
         st, cinfer_engine_refusal_kind(), cinfer_engine_refusal_retry_ns(),
@@ -142,6 +173,15 @@ cinfer_status cinfer_server_submit(cinfer_server *s,
     if (m.load)
         refuse(out, m.status, m.reason, m.retry_after_ms);
     return st;
+}
+
+void cinfer_server_replay(cinfer_server *s, cinfer_rcache_entry *hit,
+                          const cinfer_request_params *rp)
+{
+    (void)s;
+    cinfer_rcache_replay(hit, rp->on_event, rp->user, cinfer_server_now_ns,
+                         0);
+    cinfer_rcache_entry_release(hit);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -165,6 +205,13 @@ void cinfer_gen_track_tokens(cinfer_server *s, cinfer_gen_track *t,
 {
     if (ev->n_ids == 0 || t->shed != CINFER_REJECT_NONE)
         return;
+    if (t->cached) {
+        /* A replay: no queue left (the ticket stays QUEUED until its
+         * finish takes it out of the shedder) and no engine timing. */
+        t->started = 1;
+        t->last_token_ns = now;
+        return;
+    }
     if (!t->started) {
         t->started = 1;
         if (t->admitted) {
@@ -218,6 +265,18 @@ static cinfer_outcome classify(const cinfer_gen_track *t,
 int cinfer_gen_track_finish(cinfer_server *s, cinfer_gen_track *t,
                             const cinfer_engine_event *ev, int64_t now)
 {
+    if (t->cached) {
+        /* A replay says nothing of the engine: counted by the cache's
+         * own metrics, its outcome IGNORED for the breaker. */
+        if (++t->n_finished < t->n_samples)
+            return 0;
+        if (t->admitted) {
+            cinfer_admission_finish(s->adm, &t->ticket,
+                                    CINFER_OUTCOME_IGNORED, now);
+            t->admitted = 0;
+        }
+        return 1;
+    }
     cinfer_outcome o = classify(t, ev);
     if (o == CINFER_OUTCOME_FAILURE ||
         (o == CINFER_OUTCOME_SUCCESS && t->outcome == CINFER_OUTCOME_IGNORED))

@@ -225,6 +225,7 @@ static grpc_byte_buffer *pack_final(srv_call *c, gen_state *g)
     usage.prompt_tokens = g->prompt_tokens;
     usage.completion_tokens = g->completion_tokens;
     usage.cached_tokens = g->cached_tokens;
+    usage.cached = g->tr.cached;
     tm.queue_ms = (double)g->queue_ns * 1e-6;
     tm.time_to_first_token_ms = (double)g->ttft_ns * 1e-6;
     tm.total_ms = (double)g->total_ns * 1e-6;
@@ -401,6 +402,8 @@ static void log_done(srv_call *c, gen_state *g)
     cinfer_log_int(&l, "chunks", g->chunks_sent);
     if (g->tr.shed != CINFER_REJECT_NONE)
         cinfer_log_str(&l, "shed", cinfer_reject_name(g->tr.shed));
+    if (g->tr.cached)
+        cinfer_log_str(&l, "response_cache", "hit");
     if (g->gone)
         cinfer_log_str(&l, "client", "gone");
     if (g->finish == CINFER_FINISH_ERROR)
@@ -767,7 +770,8 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     cinfer_call_ref(c); /* the engine's hold, until the last FINISH */
     uint64_t id = 0;
     cinfer_refusal ref;
-    st = cinfer_server_submit(s, &rp, &id, &ref);
+    cinfer_rcache_entry *hit = NULL;
+    st = cinfer_server_submit(s, &d, &rp, &id, &hit, &ref);
     if (st != CINFER_OK) {
         cinfer_call_unref(c); /* never the last: this handler holds one */
         c->state = CALL_RECEIVING;
@@ -780,12 +784,15 @@ static void generate_on_message(srv_call *c, grpc_byte_buffer *msg)
     pthread_mutex_lock(&c->mu);
     g->engine_id = id;
     g->submitted = 1;
+    g->tr.cached = hit != NULL;
     /* The watchdog may have shed it between listing and now, or the
      * client may have left (generate_on_close saw it unsubmitted). */
     int shed_early = (g->tr.shed != CINFER_REJECT_NONE || g->gone) &&
                      !g->finished;
     pthread_mutex_unlock(&c->mu);
-    if (shed_early)
+    if (hit)
+        cinfer_server_replay(s, hit, &rp); /* the engine's part, here */
+    else if (shed_early)
         cinfer_engine_cancel(s->engine, id);
     log_start(c, &rp, dl.hard_ns, now);
 out:

@@ -424,14 +424,18 @@ static json_t *logprobs_json(http_req *r, http_sample *sm, size_t from,
                      "text_offset", offs);
 }
 
+/* cinfer_response_cached, our extension: the answer came from the
+ * response cache (--response-cache-mb), not from the engine; OpenAI's
+ * cached_tokens stays the prefix cache's count (0 for such an answer). */
 static json_t *usage_json(http_req *r)
 {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens",
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:b}", "prompt_tokens",
                      (int)r->prompt_tokens, "completion_tokens",
                      (int)r->completion_tokens, "total_tokens",
                      (int)(r->prompt_tokens + r->completion_tokens),
                      "prompt_tokens_details", "cached_tokens",
-                     (int)r->cached_tokens);
+                     (int)r->cached_tokens, "cinfer_response_cached",
+                     r->tr.cached);
 }
 
 static json_t *envelope(http_req *r, const char *object)
@@ -921,7 +925,8 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
     pthread_mutex_unlock(&r->h->mu);
     pthread_mutex_lock(&r->mu); /* events wait until the id is known */
     uint64_t id = 0;
-    st = cinfer_server_submit(s, &rp, &id, &ref);
+    cinfer_rcache_entry *hit = NULL;
+    st = cinfer_server_submit(s, &r->q.d, &rp, &id, &hit, &ref);
     free(prompt);
     if (st != CINFER_OK) {
         pthread_mutex_unlock(&r->mu);
@@ -933,6 +938,13 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
     }
     r->engine_id = id;
     r->submitted = 1;
+    r->tr.cached = hit != NULL;
+    if (hit) {
+        /* Its events take r->mu, as the engine's would. */
+        pthread_mutex_unlock(&r->mu);
+        cinfer_server_replay(s, hit, &rp);
+        pthread_mutex_lock(&r->mu);
+    }
 
     if (r->q.stream) {
         pthread_mutex_unlock(&r->mu);

@@ -608,6 +608,36 @@ static void render_snapshot(sbuf *b, const cinfer_metrics_snapshot *s)
     sb_family(b, "cinfer:grammar_cache_entries", "gauge",
               "Compiled grammars kept.");
     sb_sample_u64(b, "cinfer:grammar_cache_entries", s->grammar_cache_entries);
+    /* A hit skips the engine: its tokens are not in the token counters
+     * nor its times in the latency histograms; it is in request_total. */
+    sb_family(b, "cinfer:response_cache_hits_total", "counter",
+              "Deterministic requests (greedy, or sampled with a seed) "
+              "answered from the response cache (--response-cache-mb), "
+              "without the engine.");
+    sb_sample_u64(b, "cinfer:response_cache_hits_total",
+                  s->response_cache_hits);
+    sb_family(b, "cinfer:response_cache_misses_total", "counter",
+              "Deterministic requests the response cache did not hold "
+              "(sent to the engine; stored if they finish by themselves).");
+    sb_sample_u64(b, "cinfer:response_cache_misses_total",
+                  s->response_cache_misses);
+    sb_family(b, "cinfer:response_cache_insertions_total", "counter",
+              "Answers stored in the response cache.");
+    sb_sample_u64(b, "cinfer:response_cache_insertions_total",
+                  s->response_cache_insertions);
+    sb_family(b, "cinfer:response_cache_evictions_total", "counter",
+              "Least recently used answers dropped to keep the response "
+              "cache within --response-cache-mb.");
+    sb_sample_u64(b, "cinfer:response_cache_evictions_total",
+                  s->response_cache_evictions);
+    sb_family(b, "cinfer:response_cache_bytes", "gauge",
+              "Bytes the response cache holds: its answers' events, "
+              "tokens, text and logprobs, and their keys.");
+    sb_sample_u64(b, "cinfer:response_cache_bytes", s->response_cache_bytes);
+    sb_family(b, "cinfer:response_cache_entries", "gauge",
+              "Answers the response cache holds.");
+    sb_sample_u64(b, "cinfer:response_cache_entries",
+                  s->response_cache_entries);
     sb_family(b, "cinfer:breaker_state", "gauge",
               "Circuit breaker state: 0 closed, 1 open, 2 half-open.");
     sb_sample_u64(b, "cinfer:breaker_state",

@@ -143,6 +143,12 @@ typedef struct {
     uint64_t grammar_cache_misses; /* cinfer:grammar_cache_misses_total */
     uint64_t grammar_cache_bytes;  /* cinfer:grammar_cache_bytes */
     uint64_t grammar_cache_entries; /* cinfer:grammar_cache_entries */
+    uint64_t response_cache_hits;  /* cinfer:response_cache_hits_total */
+    uint64_t response_cache_misses; /* cinfer:response_cache_misses_total */
+    uint64_t response_cache_insertions; /* cinfer:response_cache_insertions_total */
+    uint64_t response_cache_evictions; /* cinfer:response_cache_evictions_total */
+    uint64_t response_cache_bytes; /* cinfer:response_cache_bytes */
+    uint64_t response_cache_entries; /* cinfer:response_cache_entries */
     int breaker_state;             /* cinfer:breaker_state (0 closed,
                                       1 open, 2 half-open) */
     uint64_t breaker_transitions;  /* cinfer:breaker_transitions_total */

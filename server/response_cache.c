@@ -68,6 +68,7 @@ struct cinfer_rcache_rec {
     void *user;
     int n_samples, n_finished;
     int keep;       /* every event so far recorded, every FINISH clean */
+    size_t max_bytes; /* the cache's bound, read once */
     rc_ev *ev;
     size_t n_ev, cap_ev;
     uint8_t *data;
@@ -137,6 +138,10 @@ int cinfer_rcache_cacheable(const cinfer_gen_desc *d,
 {
     int greedy = rp->sampling.temperature < CINFER_SAMPLER_GREEDY_EPS;
     if (!greedy && !d->has_seed)
+        return 0;
+    /* Soft prompts are float rows the key does not hold (up to 16 MiB):
+     * such a request always runs. */
+    if (rp->prompt_embeds && rp->n_prompt_embeds)
         return 0;
     int named = (d->grammar && d->grammar[0]) || (d->regex && d->regex[0]) ||
                 (d->json_schema && d->json_schema[0]) || d->json_object;
@@ -583,7 +588,8 @@ static void rec_event(cinfer_rcache_rec *r, const cinfer_engine_event *ev)
     uint8_t *p = r->data + off;
     if (ev->kind == CINFER_EVENT_TOKENS) {
         size_t n = ev->n_ids;
-        memcpy(p, ev->ids, n * sizeof(int32_t));
+        if (n)
+            memcpy(p, ev->ids, n * sizeof(int32_t));
         p += n * sizeof(int32_t);
         if (x.has_lp) {
             memcpy(p, ev->logprobs, n * sizeof(float));
@@ -600,7 +606,7 @@ static void rec_event(cinfer_rcache_rec *r, const cinfer_engine_event *ev)
     r->ev[r->n_ev++] = x;
     r->n_data = off + need;
     /* A stream that could not be kept is not recorded further. */
-    if (rec_bytes(r) > r->rc->max_bytes)
+    if (rec_bytes(r) > r->max_bytes)
         rec_abandon(r);
 }
 
@@ -661,6 +667,7 @@ cinfer_status cinfer_rcache_rec_create(cinfer_rcache *rc, cinfer_rcache_key *k,
         return cinfer_set_error(CINFER_E_NOMEM, "response cache: no memory");
     }
     r->rc = rc;
+    r->max_bytes = rc->max_bytes;
     r->key = k;
     r->on_event = rp->on_event;
     r->user = rp->user;

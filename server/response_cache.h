@@ -32,7 +32,8 @@
  *
  * The bound is in bytes of what an entry holds: the entry and its
  * events' records, the token ids, text and logprobs, and the key bytes
- * (malloc's own overhead aside). Inserting past it evicts the least
+ * (malloc's own overhead aside, and the hash table's 8 to 16 bytes per
+ * entry, which is not counted). Inserting past it evicts the least
  * recently used entries; an entry larger than the whole bound is not
  * kept. An entry a replay is reading stays alive (reference counted)
  * after its eviction until the replay releases it.
@@ -96,8 +97,9 @@ void cinfer_rcache_destroy(cinfer_rcache *rc);
 /* ---- the key ----------------------------------------------------------- */
 
 /* 1 when the request's output is a function of its key: greedy, or
- * sampling with the client's seed (d->has_seed); and a grammar the engine
- * gets is one the desc names by its text. Pure. */
+ * sampling with the client's seed (d->has_seed); a grammar the engine
+ * gets is one the desc names by its text; and no prompt embeddings
+ * (their rows are not in the key: such a request always runs). Pure. */
 int cinfer_rcache_cacheable(const cinfer_gen_desc *d,
                             const cinfer_request_params *rp);
 

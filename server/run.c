@@ -88,6 +88,7 @@ typedef struct {
     long max_receive_message_bytes;
     long prefix_cache;
     long grammar_cache_mb;
+    long response_cache_mb;
     long spec_ngram;
     long spec_ngram_min, spec_ngram_max;
     long spec_max_seqs;
@@ -244,6 +245,12 @@ static const flag_doc flags[] = {
      "MiB of compiled grammars, regexes and JSON schemas kept by their "
      "text, so repeated ones compile once (default 64)",
      ARG_LONG, OFF(grammar_cache_mb), 1, (1 << 20), NULL},
+    {"response-cache-mb", "CINFER_RESPONSE_CACHE_MB", "N",
+     "MiB of answers to deterministic requests (greedy, or sampled with a "
+     "seed) kept by their prompt and every field that decides the output, "
+     "and replayed to the same request without the engine (default 0 = "
+     "off)",
+     ARG_LONG, OFF(response_cache_mb), 0, (1 << 20), NULL},
     {"spec-ngram", "CINFER_SPEC_NGRAM", "K",
      "prompt-lookup speculative decoding: draft tokens per sequence and "
      "step, found by matching the latest n-gram earlier in the prompt or "
@@ -762,6 +769,7 @@ static void server_params(const config *cfg, cinfer_server_params *sp)
     sp->unhealthy_after_faults = (int)cfg->unhealthy_after_faults;
     sp->prefix_cache = (int)cfg->prefix_cache;
     sp->grammar_cache_bytes = (size_t)cfg->grammar_cache_mb << 20;
+    sp->response_cache_bytes = (size_t)cfg->response_cache_mb << 20;
     sp->conn = cfg->conn;
     sp->tls_cert_path = cfg->tls_cert;
     sp->tls_key_path = cfg->tls_key;

@@ -1241,6 +1241,16 @@ static void collect(void *user, cinfer_metrics_snapshot *out)
         out->grammar_cache_bytes = gs.bytes;
         out->grammar_cache_entries = gs.entries;
     }
+    if (s->rcache) {
+        cinfer_rcache_stats rs;
+        cinfer_rcache_stats_get(s->rcache, &rs);
+        out->response_cache_hits = rs.hits;
+        out->response_cache_misses = rs.misses;
+        out->response_cache_insertions = rs.insertions;
+        out->response_cache_evictions = rs.evictions;
+        out->response_cache_bytes = rs.bytes;
+        out->response_cache_entries = rs.entries;
+    }
     if (s->adm) {
         cinfer_admission_stats as;
         cinfer_admission_stats_get(s->adm, cinfer_server_now_ns(), &as);
@@ -1336,6 +1346,10 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
         if (sp.grammar_cache_bytes)
             gp.max_bytes = sp.grammar_cache_bytes;
         st = cinfer_grammar_cache_create(&gp, &s->grammars);
+    }
+    if (st == CINFER_OK && sp.response_cache_bytes) {
+        cinfer_rcache_params rp = {.max_bytes = sp.response_cache_bytes};
+        st = cinfer_rcache_create(&rp, &s->rcache);
     }
     if (st != CINFER_OK)
         goto fail_alloc;
@@ -1508,6 +1522,7 @@ fail_alloc:
     cinfer_watchdog_destroy(s->wd);
     cinfer_service_times_destroy(s->svc);
     cinfer_grammar_cache_destroy(s->grammars);
+    cinfer_rcache_destroy(s->rcache);
     pthread_mutex_destroy(&s->keys_mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -1718,6 +1733,7 @@ void cinfer_server_destroy(cinfer_server *s)
     cinfer_watchdog_destroy(s->wd);
     cinfer_service_times_destroy(s->svc);
     cinfer_grammar_cache_destroy(s->grammars);
+    cinfer_rcache_destroy(s->rcache);
     pthread_mutex_destroy(&s->keys_mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

@@ -157,6 +157,9 @@ typedef struct {
     size_t grammar_cache_bytes;     /* compiled grammars, regexes and JSON
                                        schemas kept by their text
                                        (engine/grammar_cache.h); 0 = 64 MiB */
+    size_t response_cache_bytes;    /* answers of deterministic requests
+                                       kept and replayed
+                                       (response_cache.h); 0 = off */
 } cinfer_server_params;
 
 cinfer_server_params cinfer_server_default_params(void);

@@ -50,6 +50,7 @@
 #include "server/orca.h"
 #include "server/reflection_index.h"
 #include "server/request.h"
+#include "server/response_cache.h"
 #include "server/server.h"
 #include "server/api_keys.h"
 #include "server/conn_limit.h"
@@ -194,6 +195,8 @@ struct cinfer_server {
     const cinfer_tokenizer *tk;
     cinfer_request_limits limits;
     cinfer_grammar_cache *grammars; /* every request's compiled grammar */
+    cinfer_rcache *rcache;       /* answers of deterministic requests
+                                    (response_cache.h); NULL = off */
     cinfer_chat_template chat;
 
     cinfer_refl_index *refl;
@@ -409,10 +412,22 @@ int cinfer_server_admit(cinfer_server *s, const cinfer_admit_in *in,
                         cinfer_refusal *out);
 
 /* Submits to the engine: CINFER_OK with *id, else *out filled (a refusal
- * for load with its reason and pushback, or the engine's error). */
-cinfer_status cinfer_server_submit(cinfer_server *s,
+ * for load with its reason and pushback, or the engine's error). With the
+ * response cache on (response_cache.h) and d the request's desc, a
+ * deterministic request is answered from it when stored: CINFER_OK, *id
+ * 0, the engine untouched and *hit the stored answer, which the caller
+ * marks as cached and then hands to cinfer_server_replay once its event
+ * handler may run (outside the caller's locks); else one that misses is
+ * recorded on its way to the engine. d NULL = never cached. */
+cinfer_status cinfer_server_submit(cinfer_server *s, const cinfer_gen_desc *d,
                                    const cinfer_request_params *rp,
-                                   uint64_t *id, cinfer_refusal *out);
+                                   uint64_t *id, cinfer_rcache_entry **hit,
+                                   cinfer_refusal *out);
+
+/* Delivers a hit's events to rp's on_event on this thread, as the engine
+ * would (the last is the last sample's FINISH), and releases hit. */
+void cinfer_server_replay(cinfer_server *s, cinfer_rcache_entry *hit,
+                          const cinfer_request_params *rp);
 
 /* What a generation call's sink keeps for admission and metrics, across
  * its samples. Used under the sink's own lock. */
@@ -428,6 +443,10 @@ typedef struct {
     int deadline_is_hard;       /* the engine deadline is a hard one */
     int deadline_passed;        /* the front end saw the deadline pass */
     int aborted;                /* cancelled by the server's shutdown */
+    int cached;                 /* answered by the response cache: no
+                                   engine work, so none of the engine's
+                                   timings, token counts, breaker or
+                                   watchdog outcomes */
     int n_samples;              /* FINISH events expected */
     int n_finished;
     cinfer_outcome outcome;     /* the worst of the samples' so far */

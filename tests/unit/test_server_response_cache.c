@@ -55,14 +55,16 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     x->sample = ev->sample_index;
     x->request_id = ev->request_id;
     x->n_ids = ev->n_ids < 8 ? ev->n_ids : 8;
-    memcpy(x->ids, ev->ids, x->n_ids * sizeof *x->ids);
+    if (x->n_ids)
+        memcpy(x->ids, ev->ids, x->n_ids * sizeof *x->ids);
     x->text_len = ev->text_len < 31 ? ev->text_len : 31;
-    memcpy(x->text, ev->text, x->text_len);
+    if (x->text_len)
+        memcpy(x->text, ev->text, x->text_len);
     x->has_lp = ev->logprobs != NULL;
-    if (ev->logprobs)
+    if (ev->logprobs && x->n_ids)
         memcpy(x->lp, ev->logprobs, x->n_ids * sizeof *x->lp);
     x->n_top = ev->top ? ev->n_top : 0;
-    if (ev->top && x->n_ids * (size_t)ev->n_top <= 16)
+    if (ev->top && x->n_ids && x->n_ids * (size_t)ev->n_top <= 16)
         memcpy(x->top, ev->top,
                x->n_ids * (size_t)ev->n_top * sizeof *x->top);
     x->finish = ev->finish;
@@ -153,6 +155,11 @@ static void test_cacheable(void)
     CHECK_EQ_INT(cinfer_rcache_cacheable(&d, &rp), 0);
     d.regex = "[a-z]+";
     CHECK_EQ_INT(cinfer_rcache_cacheable(&d, &rp), 1);
+    /* Prompt embeddings: never cached. */
+    static const float rows[4] = {0.5f, -1, 2, 0};
+    rp.prompt_embeds = rows;
+    rp.n_prompt_embeds = 1;
+    CHECK_EQ_INT(cinfer_rcache_cacheable(&d, &rp), 0);
 }
 
 /* One change of one field; expect whether the key changes. */
