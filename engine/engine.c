@@ -92,6 +92,7 @@ static void request_free(eng_request *r)
             free(s->tokens);
             free(s->blocks);
             free(s->hashes);
+            free(s->sblocks);
             cinfer_sampler_destroy(s->sampler);
             cinfer_textstream_destroy(s->text);
             cinfer_grammar_state_destroy(s->grammar);
@@ -282,7 +283,10 @@ static cinfer_status request_build(cinfer_engine *e,
         s->blocks = malloc(sizeof *s->blocks * (size_t)e->max_blocks);
         if (e->prefix_cache)
             s->hashes = malloc(sizeof *s->hashes * (size_t)e->max_blocks);
-        if (!s->tokens || !s->blocks || (e->prefix_cache && !s->hashes))
+        if (e->skv)
+            s->sblocks = malloc(sizeof *s->sblocks * (size_t)e->max_blocks);
+        if (!s->tokens || !s->blocks || (e->prefix_cache && !s->hashes) ||
+            (e->skv && !s->sblocks))
             goto fail_nomem;
         memcpy(s->tokens, r->prompt, sizeof *s->tokens * (size_t)r->n_prompt);
         s->n_tokens = r->n_prompt;
@@ -667,6 +671,12 @@ static void publish(cinfer_engine *e)
     e->pub.kv_blocks_total = ks.n_blocks;
     e->pub.kv_blocks_used = ks.n_used;
     e->pub.kv_blocks_cached = ks.n_cached;
+    if (e->skv) {
+        cinfer_kv_cache_get_stats(e->skv, &ks);
+        e->pub.kv_swa_blocks_total = ks.n_blocks;
+        e->pub.kv_swa_blocks_used = ks.n_used;
+        e->pub.kv_swa_blocks_cached = ks.n_cached;
+    }
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -910,6 +920,13 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     kp.prefix_cache = e->prefix_cache;
     if ((st = cinfer_kv_cache_create(&kp, &e->kv)) != CINFER_OK)
         goto fail;
+    if (e->info->n_swa_blocks > 0) {
+        kp.n_blocks = e->info->n_swa_blocks;
+        if ((st = cinfer_kv_cache_create(&kp, &e->skv)) != CINFER_OK)
+            goto fail;
+        e->swa_window = e->info->swa_window;
+        e->swa_null = e->info->n_swa_blocks;
+    }
 
     size_t rows = (size_t)e->max_rows, seqs = (size_t)e->max_seqs;
     e->max_out = e->max_seqs < e->max_batched ? e->max_seqs : e->max_batched;
@@ -934,10 +951,16 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->s_gen = malloc(rows);
     e->s_embd = malloc(sizeof *e->s_embd * rows);
     e->s_tables = malloc(sizeof(int32_t) * seqs * (size_t)e->max_blocks);
+    if (e->skv) {
+        e->s_swa_slots = malloc(sizeof(int32_t) * rows);
+        e->s_swa_tables = malloc(sizeof(int32_t) * seqs *
+                                 (size_t)e->max_blocks);
+    }
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
     if (!e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
         !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
         !e->s_embd || !e->s_tables ||
+        (e->skv && (!e->s_swa_slots || !e->s_swa_tables)) ||
         !e->logits) {
         st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");
         goto fail;
@@ -952,6 +975,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
         goto fail;
     }
     e->pub.kv_blocks_total = e->info->n_kv_blocks;
+    e->pub.kv_swa_blocks_total = e->skv ? e->info->n_swa_blocks : 0;
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         pthread_cond_destroy(&e->cv);
         pthread_mutex_destroy(&e->mu);
@@ -965,6 +989,7 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
 
 fail:
     cinfer_kv_cache_destroy(e->kv);
+    cinfer_kv_cache_destroy(e->skv);
     free(e->running);
     free(e->pred_slots);
     free(e->sched);
@@ -976,6 +1001,8 @@ fail:
     free(e->s_gen);
     free(e->s_embd);
     free(e->s_tables);
+    free(e->s_swa_slots);
+    free(e->s_swa_tables);
     free(e->logits);
     free(e);
     return st;
@@ -995,6 +1022,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     cinfer_kv_cache_destroy(e->kv);
+    cinfer_kv_cache_destroy(e->skv);
     free(e->waiting);
     free(e->running);
     free(e->pred_slots);
@@ -1011,6 +1039,8 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->s_gen);
     free(e->s_embd);
     free(e->s_tables);
+    free(e->s_swa_slots);
+    free(e->s_swa_tables);
     free(e->logits);
     free(e);
 }
@@ -1217,7 +1247,8 @@ void cinfer_engine_pause(cinfer_engine *e, int paused)
 int cinfer_engine_check_kv(cinfer_engine *e)
 {
     pthread_mutex_lock(&e->mu);
-    int ok = cinfer_kv_cache_check(e->kv);
+    int ok = cinfer_kv_cache_check(e->kv) &&
+             (!e->skv || cinfer_kv_cache_check(e->skv));
     pthread_mutex_unlock(&e->mu);
     return ok;
 }

@@ -256,6 +256,13 @@ typedef struct {
     int kv_blocks_total;
     int kv_blocks_used;
     int kv_blocks_cached;      /* free blocks holding reusable prefixes */
+    /* The same for the model's window pool (gemma3's local layers,
+     * whose blocks a sequence releases once they fall out of the window;
+     * total 0 = no such pool). The kv_blocks_* above count the global
+     * blocks. */
+    int kv_swa_blocks_total;
+    int kv_swa_blocks_used;
+    int kv_swa_blocks_cached;
     uint64_t requests_finished;
     uint64_t requests_cancelled;
     uint64_t preemptions;

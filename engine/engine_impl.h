@@ -51,6 +51,11 @@ struct eng_seq {
     uint64_t *hashes;   /* [max_blocks] prefix keys of the first n_hashed
                            blocks (prefix cache only) */
     int32_t n_hashed;
+    int32_t *sblocks;   /* [max_blocks] the window pool's block table
+                           (skv only), as long as blocks: entries
+                           [s_first, n_blocks) are held, those before
+                           were released (the pool's null block) */
+    int32_t s_first;
 
     cinfer_sampler *sampler;
     cinfer_textstream *text;
@@ -143,6 +148,15 @@ struct cinfer_engine {
     size_t n_eog;
 
     cinfer_kv_cache *kv;
+    /* The model's window pool (gemma3's local layers, info.n_swa_blocks):
+     * its allocator and prefix cache, keyed as kv's, or NULL. A sequence
+     * holds the pool's blocks that some future row's window reaches
+     * (positions >= n_computed - swa_window + 1) and releases the rest;
+     * a prefix is reused only as far as the window pool still holds its
+     * last window. */
+    cinfer_kv_cache *skv;
+    int32_t swa_window;
+    int32_t swa_null;   /* the pool's zeroed block, never allocated */
 
     pthread_t thread;
     int thread_started;
@@ -189,6 +203,7 @@ struct cinfer_engine {
     const float **s_embd; /* [max_rows] cinfer_step.row_embd */
     uint8_t *s_gen; /* per row: 1 = a generated token (cinfer_step.row_gen) */
     int32_t *s_tables;   /* [max_seqs, max_blocks] */
+    int32_t *s_swa_slots, *s_swa_tables; /* the same for skv */
     float *logits;       /* [max_out, n_vocab] */
     int max_out;
     char errbuf[256];
@@ -206,7 +221,7 @@ void sched_waiting_remove(cinfer_engine *e, eng_seq *s);
 void sched_running_remove(cinfer_engine *e, eng_seq *s);
 
 /* Releases every block of s (last block first, so a shared prefix outlives
- * its tail in the LRU order). */
+ * its tail in the LRU order), in both pools. */
 void sched_release_blocks(cinfer_engine *e, eng_seq *s);
 
 /* Takes s off the running set, frees its blocks, and queues it again; its
@@ -249,7 +264,8 @@ int sched_predict_start(const cinfer_engine *e, int64_t now_ns,
 void sched_build_step(cinfer_engine *e, cinfer_step *step);
 
 /* After a successful forward: advances n_computed over the rows that are
- * not drafts and registers newly full blocks in the prefix cache. */
+ * not drafts, registers newly full blocks in the prefix cache and
+ * releases the window pool's blocks no future row reads. */
 void sched_commit(cinfer_engine *e);
 
 /* Speculative decoding: the drafts of s for this step, after the rows it
@@ -280,8 +296,9 @@ int32_t sched_ngram_draft(const int32_t *t, int32_t n_tokens, int nmin,
  * one batch. Thread-safe. */
 void cinfer_engine_pause(cinfer_engine *e, int paused);
 
-/* Runs the kv_cache consistency walk on the engine thread's allocator; only
- * valid while the thread is idle (paused, or nothing queued). */
+/* Runs the kv_cache consistency walk on the engine thread's allocators
+ * (both pools); only valid while the thread is idle (paused, or nothing
+ * queued). */
 int cinfer_engine_check_kv(cinfer_engine *e);
 
 #endif /* CINFER_ENGINE_IMPL_H */

@@ -297,6 +297,12 @@ int32_t cinfer_kv_cache_lookup(cinfer_kv_cache *kv, uint64_t parent,
     return b;
 }
 
+int32_t cinfer_kv_cache_peek(const cinfer_kv_cache *kv, uint64_t parent,
+                             uint64_t hash, const int32_t *tokens)
+{
+    return kv->prefix_cache ? find(kv, parent, hash, tokens) : NIL;
+}
+
 int cinfer_kv_cache_publish(cinfer_kv_cache *kv, int32_t b, uint64_t parent,
                             uint64_t hash, const int32_t *tokens)
 {

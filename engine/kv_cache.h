@@ -88,6 +88,11 @@ uint64_t cinfer_kv_cache_hash(uint64_t parent, const int32_t *tokens, int n);
 int32_t cinfer_kv_cache_lookup(cinfer_kv_cache *kv, uint64_t parent,
                                uint64_t hash, const int32_t *tokens);
 
+/* The block lookup() would find, without taking it or counting a hit or
+ * a miss; -1 if none. */
+int32_t cinfer_kv_cache_peek(const cinfer_kv_cache *kv, uint64_t parent,
+                             uint64_t hash, const int32_t *tokens);
+
 /* Registers a used, full block under (parent, hash) with its tokens
  * [block_size]. Returns 1 if registered, 0 if the prefix cache is off, the
  * block is registered already, or another block holds that key (the

@@ -106,6 +106,9 @@ struct cinfer_model {
     float embd_scale;       /* embeddings' scale (gemma3: sqrt(n_embd)) */
     int gemma_window;       /* gemma3: attention.sliding_window; 0 = none */
     int gemma_pattern;      /* gemma3: every pattern-th layer is global */
+    int n_swa;              /* blocks of the local layers' own KV pool
+                               (info.n_swa_blocks; its block n_swa is the
+                               zeroed null block); 0 = none */
     int max_rows;
 
     cinfer_tensor *tok_embd, *out_norm, *output;
@@ -630,6 +633,13 @@ static cinfer_status refuse_experts(cinfer_model *m)
     return CINFER_OK;
 }
 
+/* Whether layer il of a gemma3 model is a local (sliding-window) one. */
+static int gemma_local(const cinfer_model *m, int il)
+{
+    int pat = m->gemma_pattern;
+    return m->gemma_window > 0 && (pat == 0 || il % pat < pat - 1);
+}
+
 /* Gemma 3 as llama.cpp reads it: "attention.sliding_window" n > 0 makes
  * every layer local (window n, rope base "rope.freq_base_swa", default
  * 10000, unscaled) but every "attention.sliding_window_pattern"-th (6),
@@ -903,9 +913,7 @@ static cinfer_status load_all(load_ctx *lc)
                 (st = load_tensor(lc, &L->ffn_post_norm, 1, 0, d, 1, WHOLE, 0,
                                   "blk.%d.post_ffw_norm.weight", il)))
                 return st;
-            int pat = m->gemma_pattern;
-            int local = pat == 0 || il % pat < pat - 1;
-            L->window = m->gemma_window > 0 && local ? m->gemma_window : 0;
+            L->window = gemma_local(m, il) ? m->gemma_window : 0;
         }
         /* per-head norms: one [head_dim] weight for every head, whole on
          * every rank */
@@ -997,11 +1005,54 @@ static cinfer_tensor_desc kv_desc(const cinfer_model *m, int64_t n_blocks,
         kv_f32 ? CINFER_DTYPE_F32 : CINFER_DTYPE_F16, 4, kv_shape);
 }
 
-/* Bytes of one KV block over all layers, K and V. */
+/* Bytes of one KV block over the layers whose K/V is in the global
+ * blocks (all of them without a window pool), K and V. */
 static uint64_t kv_block_bytes(const cinfer_model *m, int kv_f32)
 {
     cinfer_tensor_desc d = kv_desc(m, 1, kv_f32);
-    return 2 * (uint64_t)m->info.n_layer * cinfer_tensor_desc_nbytes(&d);
+    int n = m->info.n_layer;
+    for (int il = 0; m->n_swa && il < m->info.n_layer; il++)
+        n -= gemma_local(m, il);
+    return 2 * (uint64_t)n * cinfer_tensor_desc_nbytes(&d);
+}
+
+/* The local layers' own pool (model.h, swa_kv_blocks). A decoding
+ * sequence holds at most (window - 1) / block_size + 2 of its blocks, a
+ * prefill chunk of R rows (R - 1) / block_size + 1 more: the default is
+ * one block more than that for each of max_seqs sequences plus a chunk of
+ * max_batch_rows, and never more than the global pool (a sequence's local
+ * blocks are some of its global ones', so that is always enough). */
+static cinfer_status plan_swa(cinfer_model *m, const cinfer_model_params *p,
+                              int max_seqs, int budgeted)
+{
+    cinfer_model_info *I = &m->info;
+    const int bs = I->block_size, W = m->gemma_window;
+    I->swa_window = m->arch->gemma ? W : 0;
+    m->n_swa = 0;
+    if (!m->arch->gemma || W <= 0 || W >= I->n_ctx || budgeted ||
+        p->swa_kv_blocks < 0)
+        return CINFER_OK;
+    int64_t per_seq = (W - 1) / bs + 2;
+    int64_t n = p->swa_kv_blocks;
+    if (n == 0) {
+        n = (int64_t)max_seqs * (per_seq + 1) +
+            (m->max_rows + bs - 1) / bs;
+        if (n > I->n_kv_blocks)
+            n = I->n_kv_blocks;
+    }
+    if (n < per_seq && n < I->n_kv_blocks)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: swa_kv_blocks %lld is below the %lld "
+                                "blocks one sequence's window of %d "
+                                "positions needs",
+                                (long long)n, (long long)per_seq, W);
+    if (n > (1 << 24))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model: swa_kv_blocks %lld is too large",
+                                (long long)n);
+    m->n_swa = (int)n;
+    I->n_swa_blocks = m->n_swa;
+    return CINFER_OK;
 }
 
 static cinfer_status alloc_kv(cinfer_model *m, const cinfer_model_params *p)
@@ -1009,17 +1060,20 @@ static cinfer_status alloc_kv(cinfer_model *m, const cinfer_model_params *p)
     cinfer_model_info *I = &m->info;
     cinfer_status st;
     cinfer_tensor_desc kd = kv_desc(m, I->n_kv_blocks, p->kv_f32);
+    cinfer_tensor_desc sd = kv_desc(m, m->n_swa + 1, p->kv_f32);
     I->kv_bytes = 0;
     for (int il = 0; il < I->n_layer; il++) {
         layer *L = &m->layers[il];
-        if ((st = cinfer_backend_tensor_create(m->be, &kd, &L->k_cache)) ||
-            (st = cinfer_backend_tensor_create(m->be, &kd, &L->v_cache)))
+        const cinfer_tensor_desc *d = m->n_swa && L->window ? &sd : &kd;
+        if ((st = cinfer_backend_tensor_create(m->be, d, &L->k_cache)) ||
+            (st = cinfer_backend_tensor_create(m->be, d, &L->v_cache)))
             return st;
-        /* Zeroed so that stale slots never hold NaN bit patterns. */
+        /* Zeroed so that stale slots never hold NaN bit patterns (and the
+         * window pool's null block stays 0). */
         if ((st = cinfer_backend_fill_zero(m->be, L->k_cache)) ||
             (st = cinfer_backend_fill_zero(m->be, L->v_cache)))
             return st;
-        I->kv_bytes += 2 * cinfer_tensor_desc_nbytes(&kd);
+        I->kv_bytes += 2 * cinfer_tensor_desc_nbytes(d);
     }
     int max_blocks = (I->n_ctx + I->block_size - 1) / I->block_size;
     m->single_tables = malloc(sizeof(int32_t) * (size_t)max_blocks);
@@ -1332,12 +1386,15 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
     }
     weight_stats(m);
     mem_plan plan = {0};
-    plan.kv_min_blocks = blocks_per_seq;
-    plan.kv_need = (uint64_t)blocks_per_seq * kv_block_bytes(m, p->kv_f32);
     int budgeted = cinfer_backend_memory(m->be, &plan.used0, &plan.budget) ==
                    CINFER_OK;
     if (!budgeted)
         cinfer_clear_error(); /* no budget (the CPU) is not a failure */
+    /* (a backend with a budget has no gemma3 ops today: no window pool) */
+    if ((st = plan_swa(m, p, max_seqs, budgeted)) != CINFER_OK)
+        goto fail;
+    plan.kv_min_blocks = blocks_per_seq;
+    plan.kv_need = (uint64_t)blocks_per_seq * kv_block_bytes(m, p->kv_f32);
     I->budget_bytes = budgeted ? plan.budget : 0;
     if (budgeted && (st = plan_precheck(m, &plan)) != CINFER_OK)
         goto fail;
@@ -1515,6 +1572,14 @@ static cinfer_status check_step(const cinfer_model *m, const cinfer_step *step)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "model: step block_size %d != cache's %d",
                                 step->block_size, I->block_size);
+    if (!I->n_swa_blocks != !step->swa_block_tables)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                I->n_swa_blocks
+                                    ? "model: the step has no "
+                                      "swa_block_tables for the local "
+                                      "layers' own KV pool"
+                                    : "model: the step has swa_block_tables "
+                                      "but the model has no window pool");
     for (int32_t r = 0; r < step->n_rows; r++) {
         if (step->positions[r] < 0 || step->positions[r] >= I->n_ctx)
             return cinfer_set_error(CINFER_E_RANGE,
@@ -1636,7 +1701,12 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                     m->rot_dim, rope));
         TRY(cinfer_backend_rope_ext(be, m->k, m->n_kv_r, I->head_dim,
                                     m->rot_dim, rope));
-        TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache, L->v_cache));
+        if (m->n_swa && L->window) /* the window pool (swa tables) */
+            TRY(cinfer_backend_kv_store_swa(be, m->k, m->v, L->k_cache,
+                                            L->v_cache));
+        else
+            TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache,
+                                        L->v_cache));
         TRY(cinfer_backend_attention_window(be, m->q, L->k_cache, L->v_cache,
                                             m->n_head_r, m->n_kv_r,
                                             I->head_dim, scale, L->window,
@@ -1722,13 +1792,39 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
         return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
     int32_t *pos = buf, *rs = buf + R, *slots = buf + 2 * R, *outr = buf + 3 * R;
     int32_t seq_table_len = (I->n_ctx + I->block_size - 1) / I->block_size;
+    const int32_t bs = I->block_size, W = I->swa_window;
+    int32_t *swa_slots = NULL, *swa_tables = NULL;
+    if (I->n_swa_blocks) {
+        swa_slots = malloc(sizeof(int32_t) * ((size_t)R + (size_t)seq_table_len));
+        if (!swa_slots) {
+            free(buf);
+            return cinfer_set_error(CINFER_E_NOMEM, "model: out of memory");
+        }
+        swa_tables = swa_slots + R;
+    }
     cinfer_status st = CINFER_OK;
     for (int done = 0; done < n;) {
         int c = n - done < R ? n - done : R;
+        int32_t start = pos0 + done;
+        if (swa_tables) {
+            /* Logical block i of the window pool is its block i %
+             * n_swa_blocks: the chunk ends where the ring would wrap onto
+             * the window of its first row. Blocks before that window are
+             * the null block. */
+            int32_t lo = start - W + 1 > 0 ? (start - W + 1) / bs : 0;
+            int64_t room = (int64_t)(lo + I->n_swa_blocks) * bs - start;
+            if (room < c)
+                c = (int)room;
+            for (int32_t i = 0; i < seq_table_len; i++)
+                swa_tables[i] = i < lo ? I->n_swa_blocks
+                                       : i % I->n_swa_blocks;
+        }
         for (int i = 0; i < c; i++) {
-            pos[i] = pos0 + done + i;
+            pos[i] = start + i;
             rs[i] = 0;
             slots[i] = pos[i]; /* block b holds positions b*bs.. */
+            if (swa_slots)
+                swa_slots[i] = swa_tables[pos[i] / bs] * bs + pos[i] % bs;
             outr[i] = i;
         }
         cinfer_step s = {
@@ -1742,6 +1838,8 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
             .slots = slots,
             .block_tables = m->single_tables,
             .row_gen = gen_row ? &gen_row : NULL,
+            .swa_slots = swa_slots,
+            .swa_block_tables = swa_tables,
         };
         float *dst;
         if (all_logits) {
@@ -1758,6 +1856,7 @@ cinfer_status cinfer_model_eval_single(cinfer_model *m, const int32_t *tokens,
             break;
         done += c;
     }
+    free(swa_slots);
     free(buf);
     return st;
 }

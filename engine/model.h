@@ -35,6 +35,13 @@
  *     cinfer_model_eval_single(m, ids, n_ids, 0, 0, logits);
  *     cinfer_model_destroy(m);
  *
+ * Sliding windows (gemma3): the local layers' K/V lives in a pool of its
+ * own (swa_kv_blocks), with a second block table per sequence in the step
+ * (cinfer_step.swa_block_tables), so the engine can release a sequence's
+ * local blocks once they fall out of the window while the global layers
+ * keep every block. Block id n_swa_blocks of that pool is zeroed and
+ * never written: tables name it for the blocks a sequence released.
+ *
  * Tensor parallelism (tensor_parallel = N > 1), Megatron-style: rank r
  * keeps query heads [r*H/N, (r+1)*H/N) and KV heads likewise (Q, K, V and
  * their biases split by output features), n_ff/N rows of gate and up, the
@@ -119,6 +126,19 @@ typedef struct {
     int max_seqs;              /* sequences the cache is sized for; 0 = 1 */
     int max_batch_rows;        /* most rows one step may carry; 0 = 512 */
     int kv_f32;                /* 1 = F32 KV cache; 0 = F16 */
+    int swa_kv_blocks;         /* gemma3's sliding-window (local) layers:
+                                  blocks of their own KV pool, in which
+                                  the engine releases the blocks out of
+                                  every window (info.n_swa_blocks); 0 =
+                                  enough for max_seqs windows and a
+                                  max_batch_rows chunk, at most
+                                  n_kv_blocks; -1 = no pool: those layers
+                                  keep K/V of every position in the
+                                  global blocks and attention masks the
+                                  window (the same outputs, bit for bit).
+                                  No pool either on a backend with a
+                                  memory budget, or when the window
+                                  covers the context */
     int use_mmap;              /* 1 = weights used from a mapping of the
                                   file; 0 = read into memory in huge pages
                                   (gguf.h: in_memory), which decodes
@@ -190,7 +210,15 @@ typedef struct {
     int has_chat_template;
     int block_size;         /* KV block size in tokens */
     int n_kv_blocks;        /* KV blocks in the cache */
-    uint64_t kv_bytes;      /* bytes of the whole KV cache */
+    uint64_t kv_bytes;      /* bytes of the whole KV cache (both
+                               pools) */
+    int swa_window;         /* gemma3: positions a local layer sees; 0 =
+                               no sliding-window layers */
+    int n_swa_blocks;       /* blocks of the local layers' own pool (each
+                               holds block_size positions of every local
+                               layer; n_kv_blocks then of the global
+                               layers only); 0 = no such pool, every
+                               layer in the n_kv_blocks */
     int max_batch_rows;     /* most rows one forward step may carry */
     /* Memory as the backend holds it. On a backend with a budget the
      * weights are measured there (they may differ from weight_bytes);
@@ -262,7 +290,9 @@ cinfer_status cinfer_model_follow(cinfer_model *m);
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits);
 
-/* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ... :
+/* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ...
+ * (and, with a window pool, block i % n_swa_blocks of it, so the chunks
+ * are cut to what that ring holds besides the window):
  * evaluates tokens at positions pos0 .. pos0+n-1 (in chunks of at most
  * max_batch_rows) and writes the logits of every row (all_logits = 1,
  * [n, n_vocab]) or of the last row only ([n_vocab]). A call with one token

@@ -47,6 +47,21 @@
  * come out, and shared blocks are full (nobody writes to them). A request
  * with prompt embeddings, whose blocks token hashes do not name, shares
  * between its samples only, as without the cache.
+ *
+ * Sliding windows (a model with a window pool, gemma3's local layers): a
+ * sequence has a second block table, in the pool e->skv, as long as its
+ * first and grown with it (a new block index takes a block of each, so a
+ * step fits when both pools have room). After each step the window
+ * blocks that no row from n_computed on can see (every position p in
+ * them has n_computed - p >= window) are released, so a sequence holds at
+ * most (window - 1) / block_size + 2 of them while it decodes; the
+ * global table keeps every block. Window blocks are registered in skv's
+ * prefix cache under the same keys as the global ones before they are
+ * released (so a released one stays cached until evicted), and a prefix
+ * is reused only as far as both caches hold it: every global block and
+ * the window blocks of its last window, since a local layer's K/V there
+ * depends on the whole prefix and cannot be recomputed alone. Samples
+ * share the window blocks of the shared prompt likewise.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -142,8 +157,45 @@ static int32_t blocks_for(const cinfer_engine *e, int32_t n_tokens)
     return (n_tokens + e->block_size - 1) / e->block_size;
 }
 
+/* Blocks a sequence can grow by now: free plus cached, in both pools
+ * (a new block index takes a block of each). */
+static int avail(const cinfer_engine *e)
+{
+    int a = cinfer_kv_cache_available(e->kv);
+    if (e->skv) {
+        int b = cinfer_kv_cache_available(e->skv);
+        a = b < a ? b : a;
+    }
+    return a;
+}
+
+/* The first window-pool block a row at a position >= pos reads. */
+static int32_t swa_first(const cinfer_engine *e, int32_t pos)
+{
+    int32_t lo = pos - e->swa_window + 1;
+    return lo > 0 ? lo / e->block_size : 0;
+}
+
+/* Releases the window-pool blocks of s that no row from n_computed on
+ * reads: every position in them is out of the window of all of them. */
+static void swa_release_behind(cinfer_engine *e, eng_seq *s)
+{
+    if (!e->skv)
+        return;
+    int32_t first = swa_first(e, s->n_computed);
+    if (first > s->n_blocks)
+        first = s->n_blocks;
+    while (s->s_first < first) {
+        cinfer_kv_cache_release(e->skv, s->sblocks[s->s_first]);
+        s->sblocks[s->s_first++] = e->swa_null;
+    }
+}
+
 void sched_release_blocks(cinfer_engine *e, eng_seq *s)
 {
+    for (int32_t i = s->n_blocks - 1; e->skv && i >= s->s_first; i--)
+        cinfer_kv_cache_release(e->skv, s->sblocks[i]);
+    s->s_first = 0;
     for (int32_t i = s->n_blocks - 1; i >= 0; i--)
         cinfer_kv_cache_release(e->kv, s->blocks[i]);
     s->n_blocks = 0;
@@ -160,6 +212,11 @@ static void grow_to(cinfer_engine *e, eng_seq *s, int32_t n_tokens)
     while (s->n_blocks < need) {
         int32_t b = cinfer_kv_cache_alloc(e->kv);
         CINFER_ASSERT(b >= 0);
+        if (e->skv) {
+            int32_t sb = cinfer_kv_cache_alloc(e->skv);
+            CINFER_ASSERT(sb >= 0);
+            s->sblocks[s->n_blocks] = sb;
+        }
         s->blocks[s->n_blocks++] = b;
     }
 }
@@ -191,20 +248,72 @@ static void unschedule(cinfer_engine *e, eng_seq *s, int *budget)
     }
 }
 
+/* Whether the window pool holds, cached, the blocks of the last window
+ * before block k of s (s->hashes[0..k) set). */
+static int swa_cached(const cinfer_engine *e, const eng_seq *s, int32_t k)
+{
+    int32_t bs = e->block_size;
+    for (int32_t i = swa_first(e, k * bs); i < k; i++) {
+        uint64_t parent = i ? s->hashes[i - 1] : CINFER_KV_ROOT_HASH;
+        if (cinfer_kv_cache_peek(e->skv, parent, s->hashes[i],
+                                 s->tokens + (size_t)i * (size_t)bs) < 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* Prefix-cache reuse with a window pool: the global blocks of the longest
+ * cached prefix whose last window the pool still holds too (a local
+ * layer's K/V there cannot be recomputed without the whole prefix), and
+ * those window blocks; the ones before the window stay released. */
+static void reuse_cached_swa(cinfer_engine *e, eng_seq *s, int32_t limit)
+{
+    int32_t bs = e->block_size, k = 0;
+    uint64_t parent = CINFER_KV_ROOT_HASH;
+    for (; k < limit; k++) {
+        const int32_t *t = s->tokens + (size_t)k * (size_t)bs;
+        uint64_t h = cinfer_kv_cache_hash(parent, t, bs);
+        if (cinfer_kv_cache_peek(e->kv, parent, h, t) < 0)
+            break;
+        s->hashes[k] = h;
+        parent = h;
+    }
+    while (k > 0 && !swa_cached(e, s, k))
+        k--;
+    int32_t first = swa_first(e, k * bs);
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
+        parent = i ? s->hashes[i - 1] : CINFER_KV_ROOT_HASH;
+        s->blocks[i] = cinfer_kv_cache_lookup(e->kv, parent, s->hashes[i], t);
+        CINFER_ASSERT(s->blocks[i] >= 0);
+        s->sblocks[i] = e->swa_null;
+        if (i >= first) {
+            s->sblocks[i] = cinfer_kv_cache_lookup(e->skv, parent,
+                                                   s->hashes[i], t);
+            CINFER_ASSERT(s->sblocks[i] >= 0);
+        }
+    }
+    s->n_blocks = s->n_hashed = k;
+    s->s_first = first;
+}
+
 /* Reused full blocks for a sequence being admitted: prefix-cache hits, or
  * the prompt blocks of a running sibling. Takes a reference on each and
- * sets n_blocks, n_hashed, n_computed. Leaves at least one token to
- * compute. */
+ * sets n_blocks, n_hashed, n_computed (and the window pool's table).
+ * Leaves at least one token to compute. */
 static void reuse_prefix(cinfer_engine *e, eng_seq *s)
 {
     int32_t bs = e->block_size;
     int32_t limit = (s->n_tokens - 1) / bs; /* full blocks we may reuse */
     s->n_blocks = 0;
     s->n_hashed = 0;
+    s->s_first = 0;
     /* Prompt embeddings are not named by token ids: such a request neither
      * takes cached blocks nor registers its own (publish_blocks), and its
      * samples share theirs as without the cache. */
-    if (e->prefix_cache && !s->req->n_embeds) {
+    if (e->prefix_cache && !s->req->n_embeds && e->skv) {
+        reuse_cached_swa(e, s, limit);
+    } else if (e->prefix_cache && !s->req->n_embeds) {
         uint64_t parent = CINFER_KV_ROOT_HASH;
         for (int32_t i = 0; i < limit; i++) {
             const int32_t *t = s->tokens + (size_t)i * (size_t)bs;
@@ -228,15 +337,25 @@ static void reuse_prefix(cinfer_engine *e, eng_seq *s)
             int32_t n = o->n_computed / bs;
             if (n > lim)
                 n = lim;
+            /* the window before block n must still be o's */
+            if (e->skv && o->s_first > swa_first(e, n * bs))
+                continue;
             if (n > best_n) {
                 best = o;
                 best_n = n;
             }
         }
+        int32_t first = e->skv ? swa_first(e, best_n * bs) : 0;
         for (int32_t i = 0; i < best_n; i++) {
             cinfer_kv_cache_retain(e->kv, best->blocks[i]);
+            if (e->skv) {
+                s->sblocks[i] = i < first ? e->swa_null : best->sblocks[i];
+                if (i >= first)
+                    cinfer_kv_cache_retain(e->skv, best->sblocks[i]);
+            }
             s->blocks[s->n_blocks++] = best->blocks[i];
         }
+        s->s_first = first;
     }
     s->n_computed = s->n_blocks * bs;
 }
@@ -448,14 +567,14 @@ int sched_schedule(cinfer_engine *e, int64_t now_ns)
             int32_t rows = remaining < budget ? remaining : budget;
             if (pass == 1) {
                 /* a shorter chunk rather than a preemption */
-                int32_t fit = (s->n_blocks + cinfer_kv_cache_available(e->kv)) *
+                int32_t fit = (s->n_blocks + avail(e)) *
                                   bs - s->n_computed;
                 if (fit > 0 && fit < rows)
                     rows = fit;
             }
             int self = 0;
             while (blocks_for(e, s->n_computed + rows) - s->n_blocks >
-                   cinfer_kv_cache_available(e->kv)) {
+                   avail(e)) {
                 eng_seq *victim = e->running[e->n_running - 1];
                 preempted = 1;
                 if (victim == s) {
@@ -489,8 +608,15 @@ int sched_schedule(cinfer_engine *e, int64_t now_ns)
         reuse_prefix(e, s);
         int32_t remaining = s->n_tokens - s->n_computed;
         int32_t rows = remaining < budget ? remaining : budget;
+        if (e->skv) {
+            /* a window pool smaller than a chunk: a shorter first chunk */
+            int32_t fit = (s->n_blocks + cinfer_kv_cache_available(e->skv)) *
+                              bs - s->n_computed;
+            if (fit > 0 && fit < rows)
+                rows = fit;
+        }
         int32_t need = blocks_for(e, s->n_computed + rows) - s->n_blocks;
-        if (need > cinfer_kv_cache_available(e->kv)) {
+        if (need > avail(e)) {
             sched_release_blocks(e, s);
             break; /* first come, first served: nobody jumps the queue */
         }
@@ -570,7 +696,12 @@ void sched_add_drafts(cinfer_engine *e, eng_seq *s, int *budget)
      * prefixes) */
     cinfer_kv_cache_stats ks;
     cinfer_kv_cache_get_stats(e->kv, &ks);
-    int32_t room = (s->n_blocks + ks.n_free) * e->block_size - s->n_tokens;
+    int free_blocks = ks.n_free;
+    if (e->skv) {
+        cinfer_kv_cache_get_stats(e->skv, &ks);
+        free_blocks = ks.n_free < free_blocks ? ks.n_free : free_blocks;
+    }
+    int32_t room = (s->n_blocks + free_blocks) * e->block_size - s->n_tokens;
     if (k > room)
         k = room;
     if (k <= 0)
@@ -599,6 +730,10 @@ static void publish_blocks(cinfer_engine *e, eng_seq *s)
         uint64_t h = cinfer_kv_cache_hash(parent, t, bs);
         s->hashes[i] = h;
         cinfer_kv_cache_publish(e->kv, s->blocks[i], parent, h, t);
+        if (e->skv) { /* released only once registered (sched_commit) */
+            CINFER_ASSERT(i >= s->s_first);
+            cinfer_kv_cache_publish(e->skv, s->sblocks[i], parent, h, t);
+        }
     }
     if (full > s->n_hashed)
         s->n_hashed = full;
@@ -617,7 +752,10 @@ void sched_spec_rollback(cinfer_engine *e, eng_seq *s)
         int32_t b = s->blocks[--s->n_blocks];
         CINFER_ASSERT(!cinfer_kv_cache_is_registered(e->kv, b));
         cinfer_kv_cache_release(e->kv, b);
+        if (e->skv) /* past s_first: n_blocks >= keep >= it */
+            cinfer_kv_cache_release(e->skv, s->sblocks[s->n_blocks]);
     }
+    swa_release_behind(e, s);
 }
 
 void sched_build_step(cinfer_engine *e, cinfer_step *step)
@@ -638,12 +776,20 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
         memcpy(tab, s->blocks, sizeof *tab * (size_t)s->n_blocks);
         for (int32_t i = s->n_blocks; i < stride; i++)
             tab[i] = 0;
+        if (e->skv) {
+            int32_t *st = e->s_swa_tables + (size_t)k * (size_t)stride;
+            memcpy(st, s->sblocks, sizeof *st * (size_t)s->n_blocks);
+            for (int32_t i = s->n_blocks; i < stride; i++)
+                st[i] = e->swa_null;
+        }
         for (int32_t j = 0; j < s->step_rows; j++, n++) {
             int32_t pos = s->n_computed + j;
             e->s_tokens[n] = s->tokens[pos];
             e->s_pos[n] = pos;
             e->s_row_seq[n] = k;
             e->s_slots[n] = s->blocks[pos / bs] * bs + pos % bs;
+            if (e->skv)
+                e->s_swa_slots[n] = s->sblocks[pos / bs] * bs + pos % bs;
             /* generated tokens (also when recomputed after preemption) */
             e->s_gen[n] = pos >= s->req->n_prompt;
             if (embd)
@@ -677,6 +823,10 @@ void sched_build_step(cinfer_engine *e, cinfer_step *step)
     step->n_out = n_out;
     step->out_rows = e->s_out_rows;
     step->row_gen = e->s_gen;
+    if (e->skv) {
+        step->swa_slots = e->s_swa_slots;
+        step->swa_block_tables = e->s_swa_tables;
+    }
     step->row_embd = embd ? e->s_embd : NULL;
 }
 
@@ -690,5 +840,6 @@ void sched_commit(cinfer_engine *e)
         if (s->step_prefill)
             e->st.prompt_tokens += (uint64_t)rows;
         publish_blocks(e, s);
+        swa_release_behind(e, s);
     }
 }

@@ -463,6 +463,60 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The smallest and largest block id rows read through `tables`: blocks
+ * 0..last/block_size of each sequence with rows (seq_last[q] = its last
+ * position, -1 = no rows), and where they are. */
+typedef struct {
+    int32_t min, max, min_seq, min_idx, max_seq, max_idx;
+} table_range;
+
+static table_range tables_range(const cinfer_step *s, const int32_t *tables,
+                                const int32_t *seq_last)
+{
+    table_range t = {INT32_MAX, INT32_MIN, 0, 0, 0, 0};
+    for (int64_t q = 0; q < s->n_seqs; q++) {
+        if (seq_last[q] < 0)
+            continue;
+        const int32_t *bt = tables + q * s->max_blocks;
+        for (int32_t i = 0; i <= seq_last[q] / s->block_size; i++) {
+            if (bt[i] < t.min) {
+                t.min = bt[i];
+                t.min_seq = (int32_t)q;
+                t.min_idx = i;
+            }
+            if (bt[i] > t.max) {
+                t.max = bt[i];
+                t.max_seq = (int32_t)q;
+                t.max_idx = i;
+            }
+        }
+    }
+    return t;
+}
+
+/* Slots are >= 0 and no two rows share one; *max_slot = the largest. */
+static cinfer_status check_slots(const char *what, const int32_t *slots,
+                                 int64_t n, int32_t *sorted,
+                                 int32_t *max_slot)
+{
+    *max_slot = 0;
+    for (int64_t r = 0; r < n; r++) {
+        if (slots[r] < 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: %s[%lld] = %d is negative",
+                                    what, (long long)r, (int)slots[r]);
+        *max_slot = slots[r] > *max_slot ? slots[r] : *max_slot;
+    }
+    memcpy(sorted, slots, (size_t)n * sizeof(int32_t));
+    qsort(sorted, (size_t)n, sizeof(int32_t), cmp_i32);
+    for (int64_t r = 1; r < n; r++)
+        if (sorted[r] == sorted[r - 1])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "set_step: %s: slot %d is used by two rows",
+                                    what, (int)sorted[r]);
+    return CINFER_OK;
+}
+
 cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
 {
     cinfer_backend *cb = be;
@@ -493,6 +547,10 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "set_step: tokens, positions, row_seq, slots, "
                                 "block_tables and out_rows must not be NULL");
+    if (!s->swa_slots != !s->swa_block_tables)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "set_step: swa_slots and swa_block_tables "
+                                "must be both set or both NULL");
     int64_t n = s->n_rows, n_seqs = s->n_seqs, n_out = s->n_out;
     int64_t n_table = n_seqs * (int64_t)s->max_blocks;
     if (n_table > INT32_MAX)
@@ -520,12 +578,7 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
                                     "0..n_seqs - 1 (%d)",
                                     (long long)r, (int)s->row_seq[r],
                                     (int)s->n_seqs - 1);
-        if (s->slots[r] < 0)
-            return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                    "set_step: slots[%lld] = %d is negative",
-                                    (long long)r, (int)s->slots[r]);
         max_pos = s->positions[r] > max_pos ? s->positions[r] : max_pos;
-        max_slot = s->slots[r] > max_slot ? s->slots[r] : max_slot;
     }
     for (int64_t j = 0; j < n_out; j++) {
         if (s->out_rows[j] < 0 || s->out_rows[j] >= s->n_rows)
@@ -548,13 +601,10 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
         return cinfer_set_error(CINFER_E_NOMEM, "set_step: no memory");
     int32_t *sorted = cb->sort_buf;
     int32_t *seq_last = sorted + n;
-    memcpy(sorted, s->slots, (size_t)n * sizeof(int32_t));
-    qsort(sorted, (size_t)n, sizeof(int32_t), cmp_i32);
-    for (int64_t r = 1; r < n; r++)
-        if (sorted[r] == sorted[r - 1])
-            return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                    "set_step: slot %d is used by two rows",
-                                    (int)sorted[r]);
+    int32_t swa_max_slot = 0;
+    TRY(check_slots("slots", s->slots, n, sorted, &max_slot));
+    if (s->swa_slots)
+        TRY(check_slots("swa_slots", s->swa_slots, n, sorted, &swa_max_slot));
 
     /* The block ids rows will read: blocks 0..last/block_size of each
      * sequence that has rows. Range-checked against the cache later. */
@@ -563,29 +613,15 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
     for (int64_t r = 0; r < n; r++)
         if (s->positions[r] > seq_last[s->row_seq[r]])
             seq_last[s->row_seq[r]] = s->positions[r];
-    int32_t min_block = INT32_MAX, max_block = INT32_MIN;
-    int32_t min_seq = 0, min_idx = 0, max_seq = 0, max_idx = 0;
-    for (int64_t q = 0; q < n_seqs; q++) {
-        if (seq_last[q] < 0)
-            continue;
-        const int32_t *bt = s->block_tables + q * s->max_blocks;
-        for (int32_t i = 0; i <= seq_last[q] / s->block_size; i++) {
-            if (bt[i] < min_block) {
-                min_block = bt[i];
-                min_seq = (int32_t)q;
-                min_idx = i;
-            }
-            if (bt[i] > max_block) {
-                max_block = bt[i];
-                max_seq = (int32_t)q;
-                max_idx = i;
-            }
-        }
-    }
+    table_range tr = tables_range(s, s->block_tables, seq_last);
+    table_range sr = {0, 0, 0, 0, 0, 0};
+    if (s->swa_block_tables)
+        sr = tables_range(s, s->swa_block_tables, seq_last);
 
     /* Copy: tokens, positions, row_seq, slots, out_rows, block_tables,
-     * row_gen. */
-    size_t total = (size_t)(5 * n + n_out + n_table) * sizeof(int32_t);
+     * row_gen, then swa_slots and swa_block_tables. */
+    int64_t n_swa = s->swa_slots ? n + n_table : 0;
+    size_t total = (size_t)(5 * n + n_out + n_table + n_swa) * sizeof(int32_t);
     if (reserve(&cb->step_buf, &cb->step_cap, total) != 0)
         return cinfer_set_error(CINFER_E_NOMEM, "set_step: no memory");
     int32_t *p = cb->step_buf;
@@ -610,6 +646,14 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
     memcpy(p, s->block_tables, (size_t)n_table * 4);
     c->block_tables = p;
     p += n_table;
+    if (s->swa_slots) {
+        memcpy(p, s->swa_slots, (size_t)n * 4);
+        c->swa_slots = p;
+        p += n;
+        memcpy(p, s->swa_block_tables, (size_t)n_table * 4);
+        c->swa_block_tables = p;
+        p += n_table;
+    }
     if (s->row_gen) {
         uint8_t *g = (uint8_t *)p;
         for (int64_t r = 0; r < n; r++)
@@ -619,12 +663,19 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
 
     cb->max_slot = max_slot;
     cb->max_position = max_pos;
-    cb->min_block = min_block;
-    cb->max_block = max_block;
-    cb->min_block_seq = min_seq;
-    cb->min_block_idx = min_idx;
-    cb->max_block_seq = max_seq;
-    cb->max_block_idx = max_idx;
+    cb->min_block = tr.min;
+    cb->max_block = tr.max;
+    cb->min_block_seq = tr.min_seq;
+    cb->min_block_idx = tr.min_idx;
+    cb->max_block_seq = tr.max_seq;
+    cb->max_block_idx = tr.max_idx;
+    cb->swa_max_slot = swa_max_slot;
+    cb->swa_min_block = sr.min;
+    cb->swa_max_block = sr.max;
+    cb->swa_min_block_seq = sr.min_seq;
+    cb->swa_min_block_idx = sr.min_idx;
+    cb->swa_max_block_seq = sr.max_seq;
+    cb->swa_max_block_idx = sr.max_idx;
     if (be->ops->set_step) {
         cinfer_status st = be->ops->set_step(be);
         if (st != CINFER_OK) {
@@ -834,13 +885,14 @@ cinfer_status cinfer_backend_rope_ext(cinfer_backend *be, cinfer_tensor *x,
     return be->ops->rope(be, x, n_heads, head_dim, rot_dim, p);
 }
 
-cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k,
-                                  const cinfer_tensor *v,
-                                  cinfer_tensor *k_cache,
-                                  cinfer_tensor *v_cache)
+/* kv_store's checks, against the largest slot of the table it writes. */
+static cinfer_status check_kv_store(const char *op, const cinfer_backend *cb,
+                                    const cinfer_tensor *k,
+                                    const cinfer_tensor *v,
+                                    const cinfer_tensor *k_cache,
+                                    const cinfer_tensor *v_cache,
+                                    int32_t max_slot)
 {
-    const cinfer_backend *cb = be;
-    const char *op = "kv_store";
     TRY(need_step(op, cb));
     TRY(need_cache(op, "k_cache", cb, k_cache));
     TRY(need_cache(op, "v_cache", cb, v_cache));
@@ -848,13 +900,13 @@ cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k
     TRY(need_writable(op, "v_cache", v_cache));
     if (k_cache == v_cache)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "kv_store: k_cache and v_cache are the same "
-                                "tensor");
+                                "%s: k_cache and v_cache are the same "
+                                "tensor", op);
     if (!same_shape(&k_cache->desc, &v_cache->desc)) {
         char b1[96], b2[96];
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "kv_store: v_cache %s is not shaped like "
-                                "k_cache %s",
+                                "%s: v_cache %s is not shaped like "
+                                "k_cache %s", op,
                                 desc_str(&v_cache->desc, b1, sizeof b1),
                                 desc_str(&k_cache->desc, b2, sizeof b2));
     }
@@ -862,12 +914,41 @@ cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k
     TRY(need_f32_matrix(op, "k", k, cb->step.n_rows, width));
     TRY(need_f32_matrix(op, "v", v, cb->step.n_rows, width));
     int64_t n_slots = k_cache->desc.shape[0] * k_cache->desc.shape[1];
-    if (cb->max_slot >= n_slots)
+    if (max_slot >= n_slots)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "kv_store: step slot %d is outside the "
-                                "cache's %lld slots",
-                                (int)cb->max_slot, (long long)n_slots);
+                                "%s: step slot %d is outside the "
+                                "cache's %lld slots", op,
+                                (int)max_slot, (long long)n_slots);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k,
+                                  const cinfer_tensor *v,
+                                  cinfer_tensor *k_cache,
+                                  cinfer_tensor *v_cache)
+{
+    TRY(check_kv_store("kv_store", be, k, v, k_cache, v_cache, be->max_slot));
     return be->ops->kv_store(be, k, v, k_cache, v_cache);
+}
+
+cinfer_status cinfer_backend_kv_store_swa(cinfer_backend *be,
+                                          const cinfer_tensor *k,
+                                          const cinfer_tensor *v,
+                                          cinfer_tensor *k_cache,
+                                          cinfer_tensor *v_cache)
+{
+    const char *op = "kv_store_swa";
+    TRY(need_step(op, be));
+    if (!be->ops->kv_store_swa)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "kv_store_swa: the %s backend has no "
+                                "sliding-window KV pool",
+                                cinfer_backend_name(be));
+    if (!be->step.swa_slots)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "kv_store_swa: the step has no swa_slots");
+    TRY(check_kv_store(op, be, k, v, k_cache, v_cache, be->swa_max_slot));
+    return be->ops->kv_store_swa(be, k, v, k_cache, v_cache);
 }
 
 cinfer_status cinfer_backend_attention(cinfer_backend *be, const cinfer_tensor *q,
@@ -937,18 +1018,26 @@ cinfer_status cinfer_backend_attention_window(cinfer_backend *be,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "attention: out aliases q");
     int64_t n_blocks = k_cache->desc.shape[0];
-    if (cb->min_block < 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "attention: step.block_tables[%d][%d] = %d is "
-                                "negative",
-                                (int)cb->min_block_seq, (int)cb->min_block_idx,
-                                (int)cb->min_block);
-    if (cb->max_block >= n_blocks)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "attention: step.block_tables[%d][%d] = %d is "
-                                "outside the cache's %lld blocks",
-                                (int)cb->max_block_seq, (int)cb->max_block_idx,
-                                (int)cb->max_block, (long long)n_blocks);
+    /* a windowed layer reads the window pool's tables when the step has
+     * them */
+    const int swa = window > 0 && cb->step.swa_block_tables;
+    const char *tab = swa ? "swa_block_tables" : "block_tables";
+    int32_t lo = swa ? cb->swa_min_block : cb->min_block;
+    int32_t hi = swa ? cb->swa_max_block : cb->max_block;
+    if (lo < 0)
+        return cinfer_set_error(
+            CINFER_E_INVALID_ARG,
+            "attention: step.%s[%d][%d] = %d is negative", tab,
+            (int)(swa ? cb->swa_min_block_seq : cb->min_block_seq),
+            (int)(swa ? cb->swa_min_block_idx : cb->min_block_idx), (int)lo);
+    if (hi >= n_blocks)
+        return cinfer_set_error(
+            CINFER_E_INVALID_ARG,
+            "attention: step.%s[%d][%d] = %d is outside the cache's %lld "
+            "blocks", tab,
+            (int)(swa ? cb->swa_max_block_seq : cb->max_block_seq),
+            (int)(swa ? cb->swa_max_block_idx : cb->max_block_idx), (int)hi,
+            (long long)n_blocks);
     if (window > 0)
         return be->ops->attention_window(be, q, k_cache, v_cache, n_heads,
                                          n_kv_heads, head_dim, scale, window,
@@ -1008,7 +1097,8 @@ cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
 
 int cinfer_backend_has_gemma_ops(const cinfer_backend *be)
 {
-    return be->ops->attention_window && be->ops->gelu_mul && be->ops->scale;
+    return be->ops->attention_window && be->ops->kv_store_swa &&
+           be->ops->gelu_mul && be->ops->scale;
 }
 
 cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,

@@ -94,6 +94,18 @@ typedef struct {
                                     so a stream matches llama.cpp's token for
                                     token; either way a row's result depends
                                     on nothing else in the batch. */
+    /* Sliding-window layers with a KV pool of their own (Gemma 3's local
+     * layers, whose blocks out of every window are released): both set or
+     * both NULL. NULL = those layers use slots and block_tables. */
+    const int32_t *swa_slots;        /* [n_rows] slot of the row's K/V in
+                                        the window pool (kv_store_swa) */
+    const int32_t *swa_block_tables; /* [n_seqs, max_blocks] window-pool
+                                        block ids (attention_window with
+                                        window > 0); a block wholly out of
+                                        the row's window is never weighed
+                                        but may be read, so it names a
+                                        valid block: a zeroed one no row
+                                        writes keeps it exactly 0 */
     /* Prompt embeddings: read by the model, not by set_step. */
     const float *const *row_embd; /* [n_rows] the row's input ([n_embd]
                                      F32 host memory, read during
@@ -251,6 +263,15 @@ cinfer_status cinfer_backend_kv_store(cinfer_backend *be,
                                       cinfer_tensor *k_cache,
                                       cinfer_tensor *v_cache);
 
+/* kv_store into the sliding-window layers' own pool, at the step's
+ * swa_slots (which must be set). Optional: CINFER_E_UNSUPPORTED where a
+ * backend lacks it. */
+cinfer_status cinfer_backend_kv_store_swa(cinfer_backend *be,
+                                          const cinfer_tensor *k,
+                                          const cinfer_tensor *v,
+                                          cinfer_tensor *k_cache,
+                                          cinfer_tensor *v_cache);
+
 /* Causal paged attention: row r of sequence s = step.row_seq[r] attends to
  * positions 0..step.positions[r] of s, read through s's block table (so
  * kv_store for the step must come first). Grouped-query: query head h uses
@@ -267,8 +288,10 @@ cinfer_status cinfer_backend_attention(cinfer_backend *be,
  * to positions max(0, p - window + 1)..p of its sequence, p =
  * step.positions[r] (llama.cpp's standard SWA mask: key p0 is hidden from
  * query p1 when p1 - p0 >= window). window 0 = the whole causal context,
- * as cinfer_backend_attention. A backend without the optional slot
- * answers CINFER_E_UNSUPPORTED for window > 0. */
+ * as cinfer_backend_attention. With window > 0 and step.swa_block_tables
+ * set, the blocks are read through those tables (k_cache and v_cache are
+ * then the window pool's). A backend without the optional slot answers
+ * CINFER_E_UNSUPPORTED for window > 0. */
 cinfer_status cinfer_backend_attention_window(cinfer_backend *be,
                                               const cinfer_tensor *q,
                                               const cinfer_tensor *k_cache,
@@ -299,7 +322,8 @@ cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
                                    float s);
 
 /* 1 if the backend has the optional slots Gemma 3's graph needs
- * (attention_window, gelu_mul, scale), so a model can refuse at load. */
+ * (attention_window, kv_store_swa, gelu_mul, scale), so a model can refuse
+ * at load. */
 int cinfer_backend_has_gemma_ops(const cinfer_backend *be);
 
 /* out[j] = x[step.out_rows[j]].  x: [n_rows, d]; out: [n_out, d]. */

@@ -61,6 +61,11 @@ struct cinfer_backend {
     int32_t max_block;
     int32_t min_block_seq, min_block_idx; /* where they are in the table */
     int32_t max_block_seq, max_block_idx;
+    /* the same for step.swa_slots and swa_block_tables (when set) */
+    int32_t swa_max_slot;
+    int32_t swa_min_block, swa_max_block;
+    int32_t swa_min_block_seq, swa_min_block_idx;
+    int32_t swa_max_block_seq, swa_max_block_idx;
 };
 
 /*
@@ -152,6 +157,11 @@ struct cinfer_backend_ops {
                                       int n_heads, int n_kv_heads,
                                       int head_dim, float scale, int window,
                                       cinfer_tensor *out);
+    /* (optional) kv_store at step.swa_slots; NULL: CINFER_E_UNSUPPORTED. */
+    cinfer_status (*kv_store_swa)(cinfer_backend *be, const cinfer_tensor *k,
+                                  const cinfer_tensor *v,
+                                  cinfer_tensor *k_cache,
+                                  cinfer_tensor *v_cache);
     /* (optional) NULL: CINFER_E_UNSUPPORTED. */
     cinfer_status (*gelu_mul)(cinfer_backend *be, const cinfer_tensor *gate,
                               const cinfer_tensor *up, cinfer_tensor *out);

@@ -386,6 +386,20 @@ static cinfer_status cpu_kv_store(cinfer_backend *be, const cinfer_tensor *k,
     return CINFER_OK;
 }
 
+static cinfer_status cpu_kv_store_swa(cinfer_backend *be,
+                                      const cinfer_tensor *k,
+                                      const cinfer_tensor *v,
+                                      cinfer_tensor *k_cache,
+                                      cinfer_tensor *v_cache)
+{
+    int64_t width = k_cache->desc.shape[2] * k_cache->desc.shape[3];
+    cinfer_cpu_op_kv_store(cpu(be), k->data, v->data, be->step.swa_slots,
+                           be->step.n_rows, width, k_cache->data,
+                           k_cache->desc.dtype, v_cache->data,
+                           v_cache->desc.dtype);
+    return CINFER_OK;
+}
+
 static cinfer_status cpu_attention_window(cinfer_backend *be,
                                           const cinfer_tensor *q,
                                           const cinfer_tensor *k_cache,
@@ -405,6 +419,9 @@ static cinfer_status cpu_attention_window(cinfer_backend *be,
     a.head_dim = head_dim;
     a.scale = scale;
     a.window = window;
+    a.block_tables = window > 0 && be->step.swa_block_tables
+                         ? be->step.swa_block_tables
+                         : be->step.block_tables;
     a.out = out->data;
     return cinfer_cpu_op_attention(cpu(be), &a);
 }
@@ -494,6 +511,7 @@ static const struct cinfer_backend_ops cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
     .attention_window = cpu_attention_window,
+    .kv_store_swa = cpu_kv_store_swa,
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale,
     .all_reduce_sum = cpu_all_reduce_sum,

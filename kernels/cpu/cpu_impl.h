@@ -211,10 +211,14 @@ typedef struct {
     int n_heads, n_kv_heads, head_dim;
     float scale;
     int window;          /* positions a row sees (SWA); 0 = all */
+    const int32_t *block_tables; /* [n_seqs, max_blocks] the step's tables
+                                    for this cache (block_tables or
+                                    swa_block_tables) */
     float *out;          /* [n_rows, n_heads * head_dim] */
 } cinfer_cpu_attn_args;
 
-/* Uses the backend's step for rows, positions and block tables. */
+/* Uses the backend's step for rows and positions, a->block_tables for
+ * the blocks. */
 cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
                                       const cinfer_cpu_attn_args *a);
 

@@ -671,7 +671,7 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
     const int hd = a->head_dim, bs = s->block_size, nq = h1 - h0;
     const int32_t len = s->positions[r] + 1;
     const int32_t lo = a->window > 0 && len > a->window ? len - a->window : 0;
-    const int32_t *bt = s->block_tables + (int64_t)s->row_seq[r] * s->max_blocks;
+    const int32_t *bt = a->block_tables + (int64_t)s->row_seq[r] * s->max_blocks;
     const int g = h0 / c->group;
     const int64_t kv_stride = (int64_t)a->n_kv_heads * hd;
     const int64_t block_elems = (int64_t)bs * kv_stride;
