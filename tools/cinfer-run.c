@@ -2,7 +2,8 @@
  * cinfer-run - local generation with the engine, no server.
  *
  *   cinfer-run [-m MODEL] -p "prompt" [-n 64] [--temperature 0] [--top-k K]
- *              [--top-p P] [--min-p P] [--seed S] [-t THREADS] [--chat]
+ *              [--top-p P] [--min-p P] [--seed S] [-t THREADS]
+ *              [--chat [--chat-template FILE]]
  *              [--device auto|cpu|cuda[:N]] [--gpu-memory-fraction F]
  *              [--spec-ngram K [--spec-ngram-range MIN,MAX]] [-r REPS]
  *
@@ -21,6 +22,14 @@
  * text is printed once) and each run prints a JSON line on stderr with
  * its prompt and decode tokens/s.
  *
+ * `--chat` sends the prompt as one user message through the model's chat
+ * template (tokenizer.chat_template), rendered by the server's own code
+ * (server/chat.h: Llama 3, Llama 3.1/3.3, Qwen3, Gemma 3, ChatML), with
+ * the generation prompt after it; a model whose template is not one of
+ * those is refused with the family's name where it is known, as the
+ * server refuses chat input. `--chat-template FILE` takes the template
+ * from a file instead (a model file without one: Gemma 3 270M's).
+ *
  * Benchmark mode (`--bench PP,TG [-r REPS]`) evaluates a synthetic prompt of
  * PP tokens, then decodes TG tokens greedily (never stopping), REPS times,
  * and prints one JSON line per repetition with prompt and decode tokens/s:
@@ -36,6 +45,9 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#ifdef CINFER_RUN_CHAT
+#include "server/chat.h"
+#endif
 
 static double now_s(void)
 {
@@ -87,7 +99,10 @@ static void usage(FILE *f)
             "                          order kernel instead of cuBLAS, so a\n"
             "                          row's bits do not depend on its batch\n"
             "                          (as on the CPU)\n"
-            "      --chat              wrap the prompt as a ChatML user turn\n"
+            "      --chat              send the prompt as a user message through\n"
+            "                          the model's chat template (as the server)\n"
+            "      --chat-template FILE  with --chat: this Jinja template instead\n"
+            "                          of the model's (a family cinfer renders)\n"
             "      --temperature T     0 = greedy (default 0)\n"
             "      --top-k K           0 = off\n"
             "      --top-p P           1 = off\n"
@@ -119,7 +134,7 @@ enum {
     OPT_CHAT = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES,
     OPT_FREQ, OPT_SEED, OPT_IGNORE_EOS, OPT_ISA, OPT_BENCH, OPT_NOSPECIAL,
     OPT_CTX, OPT_MMAP, OPT_DEVICE, OPT_GPU_FRACTION, OPT_TP, OPT_INVARIANT,
-    OPT_SPEC, OPT_SPEC_RANGE
+    OPT_SPEC, OPT_SPEC_RANGE, OPT_CHAT_TMPL
 };
 
 /* --device: "auto", "cpu", "cuda", "cuda:N". *cuda is -1 for the CPU,
@@ -220,14 +235,15 @@ static int parse_float(const char *s, const char *name, float *out)
     return 0;
 }
 
-static char *read_stdin(void)
+/* The whole stream, NUL-terminated (malloc'd); *len its bytes if len. */
+static char *read_all(FILE *f, size_t *len)
 {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     if (!buf)
         return NULL;
     size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, stdin)) > 0) {
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
         n += got;
         if (cap - n < 2) {
             char *nb = realloc(buf, cap * 2);
@@ -240,7 +256,88 @@ static char *read_stdin(void)
         }
     }
     buf[n] = '\0';
+    if (len)
+        *len = n;
     return buf;
+}
+
+/* --chat: the prompt's ids as one user message in the model's chat
+ * template, with the generation prompt; *ids malloc'd. Prints why and
+ * returns -1 when the model has no template the server renders. */
+static int chat_prompt(const cinfer_model *m, const char *prompt,
+                       const char *tmpl_path, int32_t **ids, size_t *n_ids)
+{
+#ifdef CINFER_RUN_CHAT
+    cinfer_gguf_str tmpl = {NULL, 0};
+    char *owned = NULL;
+    const cinfer_gguf *g = cinfer_model_gguf(m);
+    if (tmpl_path) {
+        FILE *f = fopen(tmpl_path, "rb");
+        size_t len = 0;
+        owned = f ? read_all(f, &len) : NULL;
+        if (f)
+            fclose(f);
+        if (!owned) {
+            fprintf(stderr, "cinfer-run: --chat-template: cannot read %s\n",
+                    tmpl_path);
+            return -1;
+        }
+        tmpl.ptr = owned;
+        tmpl.len = (uint64_t)len;
+    } else if (!g || cinfer_gguf_get_str(g, "tokenizer.chat_template",
+                                         &tmpl) != CINFER_OK) {
+        cinfer_clear_error();
+        tmpl.ptr = NULL;
+        tmpl.len = 0;
+    }
+    const cinfer_tokenizer *tk = cinfer_model_tokenizer(m);
+    cinfer_chat_template ct;
+    cinfer_status st = cinfer_chat_template_init(&ct, tmpl.ptr,
+                                                 (size_t)tmpl.len, tk);
+    free(owned); /* init copied what it keeps */
+    if (st != CINFER_OK) {
+        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+        return -1;
+    }
+    int rc = 0;
+    if (ct.format == CINFER_CHAT_NONE) {
+        if (!tmpl.ptr)
+            fprintf(stderr, "cinfer-run: --chat: the model has no chat "
+                            "template\n");
+        else if (ct.refused)
+            fprintf(stderr, "cinfer-run: --chat: the chat template (%s) "
+                            "is not supported\n", ct.refused);
+        else
+            fprintf(stderr, "cinfer-run: --chat: the chat template is not "
+                            "one cinfer renders (llama3, llama3.1, qwen3, "
+                            "gemma3, chatml)\n");
+        rc = -1;
+    } else {
+        Cinfer__V1__ChatMessage msg = CINFER__V1__CHAT_MESSAGE__INIT;
+        msg.role = (char *)"user";
+        msg.content = (char *)prompt;
+        Cinfer__V1__ChatMessage *msgs[1] = {&msg};
+        Cinfer__V1__Chat chat = CINFER__V1__CHAT__INIT;
+        chat.n_messages = 1;
+        chat.messages = msgs;
+        if (cinfer_chat_encode(&ct, tk, &chat, ids, n_ids) != CINFER_OK) {
+            fprintf(stderr, "cinfer-run: --chat: %s\n", cinfer_last_error());
+            rc = -1;
+        }
+    }
+    cinfer_chat_template_cleanup(&ct);
+    return rc;
+#else
+    (void)m;
+    (void)prompt;
+    (void)tmpl_path;
+    (void)ids;
+    (void)n_ids;
+    fprintf(stderr, "cinfer-run: --chat needs the chat templates "
+                    "(server/chat.c), which this build lacks (no "
+                    "protobuf-c)\n");
+    return -1;
+#endif
 }
 
 static int32_t argmax(const float *x, int n)
@@ -459,6 +556,7 @@ static int run_engine(cinfer_model *m, const int32_t *ids, size_t n_ids,
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL;
+    const char *chat_tmpl = NULL; /* --chat-template FILE */
     long n_gen = 64, threads = 0, seed = 0, reps = 3, ctx = 4096, tp = 1;
     int tp_given = 0; /* --tensor-parallel given: CUDA ranks via NCCL */
     int invariant = 0; /* --batch-invariant */
@@ -481,6 +579,7 @@ int main(int argc, char **argv)
         {"reps", required_argument, 0, 'r'},
         {"help", no_argument, 0, 'h'},
         {"chat", no_argument, 0, OPT_CHAT},
+        {"chat-template", required_argument, 0, OPT_CHAT_TMPL},
         {"temperature", required_argument, 0, OPT_TEMP},
         {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP},
@@ -535,6 +634,7 @@ int main(int argc, char **argv)
             break;
         case 'h': usage(stdout); return 0;
         case OPT_CHAT: chat = 1; break;
+        case OPT_CHAT_TMPL: chat_tmpl = optarg; break;
         case OPT_TEMP:
             if (parse_float(optarg, "--temperature", &sp.temperature)) return 2;
             break;
@@ -619,10 +719,14 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (chat_tmpl && !chat) {
+        fprintf(stderr, "cinfer-run: --chat-template needs --chat\n");
+        return 2;
+    }
 
     char *owned_prompt = NULL;
     if (prompt && strcmp(prompt, "-") == 0) {
-        owned_prompt = read_stdin();
+        owned_prompt = read_all(stdin, NULL);
         if (!owned_prompt) {
             fprintf(stderr, "cinfer-run: cannot read standard input\n");
             return 1;
@@ -700,28 +804,33 @@ int main(int argc, char **argv)
     float *logits = NULL;
     cinfer_sampler *smp = NULL;
 
+    size_t n_ids = 0;
+    logits = malloc(sizeof(float) * (size_t)I->n_vocab);
+    if (!logits)
+        goto out;
     if (chat) {
-        static const char *pre = "<|im_start|>user\n";
-        static const char *post = "<|im_end|>\n<|im_start|>assistant\n";
-        size_t n = strlen(pre) + strlen(prompt) + strlen(post) + 1;
-        text = malloc(n);
-        if (!text)
+        int32_t *cids = NULL;
+        if (chat_prompt(m, prompt, chat_tmpl, &cids, &n_ids) != 0)
             goto out;
-        snprintf(text, n, "%s%s%s", pre, prompt, post);
+        ids = malloc(sizeof(int32_t) * (n_ids + (size_t)n_gen + 1));
+        if (ids)
+            memcpy(ids, cids, sizeof(int32_t) * n_ids);
+        free(cids);
+        if (!ids)
+            goto out;
     } else {
         text = strdup(prompt);
         if (!text)
             goto out;
-    }
-    size_t len = strlen(text), n_ids = 0, cap = len + 8;
-    ids = malloc(sizeof(int32_t) * (cap + (size_t)n_gen + 1));
-    logits = malloc(sizeof(float) * (size_t)I->n_vocab);
-    if (!ids || !logits)
-        goto out;
-    if (cinfer_tokenizer_encode(tk, text, len, 1, parse_special, ids, cap,
-                                &n_ids) != CINFER_OK) {
-        fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
-        goto out;
+        size_t len = strlen(text), cap = len + 8;
+        ids = malloc(sizeof(int32_t) * (cap + (size_t)n_gen + 1));
+        if (!ids)
+            goto out;
+        if (cinfer_tokenizer_encode(tk, text, len, 1, parse_special, ids, cap,
+                                    &n_ids) != CINFER_OK) {
+            fprintf(stderr, "cinfer-run: %s\n", cinfer_last_error());
+            goto out;
+        }
     }
     if (n_ids == 0) {
         fprintf(stderr, "cinfer-run: the prompt is empty\n");

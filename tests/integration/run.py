@@ -476,6 +476,79 @@ def case_streams():
         log("ok: chat input renders like the model's Jinja template")
 
 
+def case_run_chat():
+    """cinfer-run --chat renders the prompt with the chat template as the
+    server does (server/chat.c): the default model's ChatML with its
+    default system turn, and Gemma 3's turn markers (--chat-template: the
+    270M file carries none), each giving what the Jinja rendering given
+    as plain text gives; a template it does not render is refused by
+    name, a model without one as such."""
+    import re
+    try:
+        import jinja2
+    except ImportError:
+        jinja2 = None
+
+    def run(model, args, stdin=None):
+        r = subprocess.run([ARGS.run_bin, "-m", model, "-n", "8",
+                            "--temperature", "0", "-t", "2"] + args,
+                           capture_output=True, timeout=600, input=stdin)
+        return (r.returncode, r.stdout.decode(errors="replace"),
+                r.stderr.decode(errors="replace"))
+
+    def n_prompt(err):
+        m = re.search(r"prompt (\d+) tokens", err)
+        check(m is not None, "cinfer-run stats line in: " + err[-500:])
+        return int(m.group(1))
+
+    q = "What is 2+2?"
+    msgs = [{"role": "user", "content": q}]
+    pairs = []  # (model, extra args, the Jinja rendering as text)
+    if jinja2 is None:
+        log("rendering comparison skipped: jinja2 not installed")
+    if jinja2 and ARGS.model and os.path.isfile(ARGS.model):
+        import gguf
+        f = gguf.GGUFReader(ARGS.model).fields["tokenizer.chat_template"]
+        tmpl = bytes(f.parts[f.data[0]]).decode()
+        pairs.append((ARGS.model, [], jinja2.Environment().from_string(
+            tmpl).render(messages=msgs, add_generation_prompt=True)))
+    gemma = subprocess.run(["sh", os.path.join(ROOT, "scripts",
+                                               "gemma-model.sh")],
+                           capture_output=True).stdout.decode().strip()
+    if jinja2 and gemma and os.path.isfile(gemma):
+        path = os.path.join(ROOT, "tests", "data", "chat", "gemma3.jinja")
+        with open(path) as fh:
+            tmpl = fh.read()
+        text = jinja2.Environment().from_string(tmpl).render(
+            messages=msgs, add_generation_prompt=True, bos_token="<bos>")
+        # cinfer-run puts the tokenizer's BOS before plain text itself
+        check(text.startswith("<bos>"), "gemma3 rendering starts with BOS")
+        pairs.append((gemma, ["--chat-template", path], text[len("<bos>"):]))
+    for model, extra, text in pairs:
+        rc, out, err = run(model, ["--chat", "-p", q] + extra)
+        check_eq(rc, 0, "cinfer-run --chat exit (%s)" % err[-500:])
+        rc2, out2, err2 = run(model, ["-p", "-"], stdin=text.encode())
+        check_eq(rc2, 0, "cinfer-run on the rendering (%s)" % err2[-500:])
+        check_eq(n_prompt(err), n_prompt(err2),
+                 "prompt tokens, --chat vs the rendering of %s" % model)
+        check_eq(out, out2, "text, --chat vs the rendering of %s" % model)
+        log("ok: --chat on %s renders like its Jinja template (%d tokens)"
+            % (os.path.basename(model), n_prompt(err)))
+
+    tiny = tiny_model()
+    bare = tiny_model("bare", chat_template=False)
+    mistral = os.path.join(ROOT, "tests", "data", "chat",
+                           "mistral-nemo.jinja")
+    rc, _, err = run(tiny, ["--chat", "-p", q, "--chat-template", mistral])
+    check_eq(rc, 1, "a Mistral template refused")
+    check("Mistral [INST]" in err, "the refusal names the family: " + err)
+    rc, _, err = run(bare, ["--chat", "-p", q])
+    check_eq(rc, 1, "a model without a template refused")
+    check("no chat template" in err, "the refusal says why: " + err)
+    rc, _, err = run(tiny, ["-p", q, "--chat-template", mistral])
+    check_eq(rc, 2, "--chat-template without --chat")
+
+
 def case_concurrent():
     """32 concurrent streams all complete with the text cinfer-run gives.
     Load management is off (--resilience off): this case checks batching,
@@ -2468,6 +2541,7 @@ def case_cudasim_device_lost():
 
 CASES = {
     "streams": case_streams,
+    "run_chat": case_run_chat,
     "concurrent": case_concurrent,
     "cancel": case_cancel,
     "deadline": case_deadline,
