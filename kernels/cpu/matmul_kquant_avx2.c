@@ -9,7 +9,7 @@
  * onto the activation, at most 2 * 127 * 127), vpmaddwd by the sub-block
  * scales, eight int32 lanes per
  * element whose lane l covers bytes 4l .. 4l + 3 of each 32-byte part.
- * AVX-512 processors run these too (matmul.c): the bits are the same.
+ * AVX-512 processors run matmul_kquant_avx512.c instead: the same bits.
  *
  * The loops over a super-block's parts are unrolled (#pragma GCC unroll,
  * or written out): at the build's -O2 GCC keeps them rolled, rebuilding

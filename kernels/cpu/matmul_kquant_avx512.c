@@ -339,7 +339,8 @@ static inline __m128i q3k_scales(const uint8_t *scales)
 }
 
 /* Q3_K weights q - 4 (signed, -4..3) against activations a + 128 (a ^
- * 0x80, unsigned): the accumulator starts at -128 * sum(q - 4) * scale. */
+ * 0x80, unsigned): the accumulator starts at -128 * sum(q - 4) * scale,
+ * computed once per super-block for the batch. */
 INLINE void tile_q3_k(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
                       float *out, int64_t out_stride)
 {
@@ -353,6 +354,25 @@ INLINE void tile_q3_k(const void *wrow, const void *act, size_t arb, int64_t nb,
         q2_levels(x->qs, w);
         const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->hmask));
         const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(q3k_scales(x->scales)));
+        const float xd = f16(x->d);
+        if (rt == 1) {
+            /* one row: (q - 4) a as q2 a - 4 (1 - h) a (AVX2's form), no
+             * per-block correction to amortise */
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)act + b;
+            __m512i si = _mm512_setzero_si512();
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i sel = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi8((char)(1 << (2 * k))),
+                                                            _mm512_set1_epi8((char)(1 << (2 * k + 1))));
+                const __m512i h4 = _mm512_maskz_mov_epi8(_mm512_testn_epi8_mask(hb, sel), four);
+                const __m512i av = _mm512_loadu_si512((const void *)(y->qs + 64 * k));
+                const __m512i p = _mm512_sub_epi16(_mm512_maddubs_epi16(w[k], av),
+                                                   _mm512_maddubs_epi16(h4, av));
+                si = _mm512_dpwssd_epi32(si, p, scales16(sc, k));
+            }
+            acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * xd), _mm256_cvtepi32_ps(fold(si)), acc[0]);
+            continue;
+        }
         __m512i corr = _mm512_setzero_si512();
         #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
@@ -364,7 +384,6 @@ INLINE void tile_q3_k(const void *wrow, const void *act, size_t arb, int64_t nb,
             corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(bias, w[k]), s[k]);
         }
         const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
-        const float xd = f16(x->d);
         #pragma GCC unroll 8
         for (int r = 0; r < rt; r++) {
             const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
