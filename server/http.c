@@ -580,6 +580,8 @@ static void on_event(void *user, const cinfer_engine_event *ev)
             cinfer_log_str(&l, "finish", cinfer_finish_reason_name(ev->finish));
             cinfer_log_int(&l, "prompt_tokens", r->prompt_tokens);
             cinfer_log_int(&l, "completion_tokens", r->completion_tokens);
+            if (r->tr.cached)
+                cinfer_log_str(&l, "response_cache", "hit");
             if (r->gone)
                 cinfer_log_str(&l, "client", "gone");
             cinfer_log_end(&l);
