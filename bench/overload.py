@@ -818,6 +818,11 @@ def main():
     ap.add_argument("--levels", default="0.5,1,2,5,10")
     ap.add_argument("--configs", default="on,retries,off",
                     help="on, retries (on with client retries), off")
+    ap.add_argument("--compute-priority", default="",
+                    choices=("", "idle", "low", "normal"),
+                    help="every server's --compute-priority (default: the "
+                    "server's, idle; on a machine other busy processes "
+                    "share, idle compute threads starve)")
     ap.add_argument("--protocol", default="grpc",
                     choices=("grpc", "openai", "both"),
                     help="the front end cinfer-bench drives: gRPC, the "
@@ -882,15 +887,18 @@ def main():
     # each call's deadline at the client's (--max-request-time), which
     # gives HTTP requests the deadline gRPC ones send and changes nothing
     # for gRPC's.
-    deadline_flags = []
+    common_flags = []
     if "openai" in protocols:
-        deadline_flags = ["--max-request-time", "%g" % args.deadline]
+        common_flags = ["--max-request-time", "%g" % args.deadline]
         notes.append("The HTTP API has no per-request deadline: every "
                      "server runs with `--max-request-time %g`, the "
                      "deadline gRPC's requests carry (`--timeout`), so "
                      "both front ends' requests have the same one." %
                      args.deadline)
-    on_flags += deadline_flags
+    if args.compute_priority:
+        common_flags += ["--compute-priority", args.compute_priority]
+    # Flags of every server: the capacity run's and each configuration's.
+    on_flags += common_flags
     configs_to_run = []
     if "on" in wanted:
         configs_to_run.append(("resilience on", on_flags, []))
@@ -905,7 +913,7 @@ def main():
     if "off" in wanted:
         if resilience_switch:
             configs_to_run.append(("resilience off",
-                                   ["--resilience", "off"] + deadline_flags,
+                                   ["--resilience", "off"] + common_flags,
                                    []))
         else:
             notes.append("cinfer-server has no `--resilience off` switch "
@@ -942,7 +950,7 @@ def main():
         # be switched off: what the server completes when nothing is
         # refused is the yardstick for the offered loads.
         cap_flags = (["--resilience", "off"] if resilience_switch else []) + \
-            deadline_flags
+            common_flags
         measured = measure_capacity(progs, model, args, work, cap_flags,
                                     protocols)
         capacities, cap_runs = {}, {}
