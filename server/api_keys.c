@@ -273,12 +273,25 @@ const cinfer_api_key *cinfer_api_keys_get(const cinfer_api_keys *k, int i)
 /* Lookup                                                                 */
 /* ---------------------------------------------------------------------- */
 
+/* SHA-256 fetched from OpenSSL's provider once: EVP_sha256() makes
+ * EVP_Digest look it up again on every call (OpenSSL 3's implicit fetch),
+ * which took three times the digest itself, on every call with a key. */
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+static EVP_MD *sha256_fetched;
+
+static void fetch_sha256(void)
+{
+    sha256_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
 int cinfer_api_keys_find(const cinfer_api_keys *k, const char *key,
                          size_t len)
 {
     uint8_t d[32];
     unsigned int dl = 0;
-    if (!EVP_Digest(key, len, d, &dl, EVP_sha256(), NULL) || dl != 32)
+    pthread_once(&sha256_once, fetch_sha256);
+    const EVP_MD *md = sha256_fetched ? sha256_fetched : EVP_sha256();
+    if (!EVP_Digest(key, len, d, &dl, md, NULL) || dl != 32)
         return -1;
     /* Every digest is compared, whatever matches. */
     int found = -1;
