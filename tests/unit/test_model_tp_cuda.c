@@ -16,7 +16,8 @@
  *   - two nodes (two groups in one process, node 1 following node 0 over
  *     the loopback rendezvous; two simulated devices) equal TP=1, and when
  *     node 0 goes, node 1's follow ends cleanly; a node that loaded another
- *     model is refused by name.
+ *     model is refused by name; a step with prompt embeddings, which do
+ *     not cross processes, is refused without breaking the group.
  * The multi-device cases need as many devices as ranks (NCCL refuses two
  * ranks on one GPU) and skip with a line where there are fewer.
  */
@@ -372,6 +373,25 @@ static cinfer_model *open_node0(const char *path, const char *addr)
     return m;
 }
 
+/* One row whose input is an embedding (prompt embeddings, model.h): the
+ * forward's status. */
+static cinfer_status embeds_step(cinfer_model *m)
+{
+    const cinfer_model_info *I = cinfer_model_get_info(m);
+    float *row = calloc((size_t)I->n_embd, sizeof *row);
+    float *logits = malloc(sizeof(float) * (size_t)I->n_vocab);
+    const float *re[1] = {row};
+    int32_t tok = 0, pos = 0, seq = 0, slot = 0, out = 0, tab = 0;
+    cinfer_step s = {.n_rows = 1, .n_seqs = 1, .block_size = I->block_size,
+                     .max_blocks = 1, .tokens = &tok, .positions = &pos,
+                     .row_seq = &seq, .slots = &slot, .block_tables = &tab,
+                     .n_out = 1, .out_rows = &out, .row_embd = re};
+    cinfer_status st = cinfer_model_forward(m, &s, logits);
+    free(row);
+    free(logits);
+    return st;
+}
+
 static void test_two_nodes_equal_tp1(void)
 {
     if (cinfer_cuda_device_count() < 2) {
@@ -394,6 +414,10 @@ static void test_two_nodes_equal_tp1(void)
         CHECK_EQ_INT(I->tensor_parallel, 2);
         /* node 0 is not a follower, and forward on it runs both nodes */
         CHECK_EQ_INT(cinfer_model_follow(m), CINFER_E_INVALID_ARG);
+        /* prompt embeddings do not cross processes: refused before any
+         * node starts the step, so the group stays whole (the run below) */
+        CHECK(!cinfer_model_input_embeds(m));
+        CHECK_EQ_INT(embeds_step(m), CINFER_E_UNSUPPORTED);
         run got = {0};
         group_run(m, &got);
         compare(&ref, &got, "tiny Q8_0 TP=2 over two nodes", TINY_BOUND);
