@@ -5,8 +5,10 @@
  * for the fields, admit.c for admission and submit).
  *
  * Threads. The daemon runs a thread per connection (bounded by
- * HTTP_MAX_CONNECTIONS). A request's connection thread decodes, admits
- * and submits it, then waits for the engine's events on the request's
+ * HTTP_MAX_CONNECTIONS, and by the caps and descriptor reserve it shares
+ * with the gRPC port, conn_limit.h: a connection refused there is closed
+ * before its request is read). A request's connection thread decodes,
+ * admits and submits it, then waits for the engine's events on the request's
  * condition variable in slices of WAIT_SLICE_MS: a non-streamed request
  * until every sample finished, a streamed one inside the response's
  * content callback, which hands MHD each server-sent event as it comes.
