@@ -624,8 +624,9 @@ static ALWAYS_INLINE void tile_bf16(const tile *t, const int R, const int C)
  * (matmul_impl.h): the same exact int32 sums, the same exact scale
  * product, the same FMA chain per lane and the same final sums.
  *
- * A tile is BP_R token rows x 16 weight rows (24 accumulators); a panel
- * of groups is decoded once and every row tile runs over it. Per
+ * A tile is BP_R token rows (the last of a batch 1 or 2) x 16 weight
+ * rows (24 accumulators); a panel of groups is decoded once and every row
+ * tile runs over it. Per
  * vpdpbusd the loop issues that vpdpbusd, one vcvtdq2ps, one FMA and two
  * broadcast loads; on Zen 5 the FMA shares vpdpbusd's two pipes, so no
  * kernel with these bits passes half the vpdpbusd rate (cinfer-kbench's
@@ -833,17 +834,17 @@ static ALWAYS_INLINE void bp_prep_rows(const int wk, const uint8_t *const *a, in
     }
 }
 
-/* One tile: token rows a[0..BP_R) x the group decoded in w; stores the
- * first nr rows' columns selected by cm through o[r]. */
-static ALWAYS_INLINE void bp_tile(const int wk, const uint8_t *const *a, const bp_wblk *w,
-                                  const bp_rows *rs, int64_t nb, float *const *o, int nr,
-                                  __mmask16 cm)
+/* One tile: token rows a[0..R) (R <= BP_R) x the group decoded in w;
+ * stores their columns selected by cm through o[r]. */
+static ALWAYS_INLINE void bp_tile(const int wk, const int R, const uint8_t *const *a,
+                                  const bp_wblk *w, const bp_rows *rs, int64_t nb,
+                                  float *const *o, __mmask16 cm)
 {
     const size_t abs_ = wk == W_Q41 ? sizeof(cinfer_block_q8_1) : sizeof(cinfer_block_q8_0);
     const int aqo = wk == W_Q41 ? 4 : 2;
     __m512 acc[BP_R][8];
 #pragma GCC unroll 3
-    for (int r = 0; r < BP_R; r++)
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int l = 0; l < 8; l++)
             acc[r][l] = _mm512_setzero_ps();
@@ -852,14 +853,14 @@ static ALWAYS_INLINE void bp_tile(const int wk, const uint8_t *const *a, const b
         const __m512 dw = _mm512_load_ps(w[b].dw);
         __m512 dd[BP_R];
 #pragma GCC unroll 3
-        for (int r = 0; r < BP_R; r++) /* exact */
+        for (int r = 0; r < R; r++) /* exact */
             dd[r] = _mm512_mul_ps(dw, _mm512_set1_ps(rs->da[b][r]));
         const size_t ao = (size_t)b * abs_ + (size_t)aqo;
 #pragma GCC unroll 8
         for (int l = 0; l < 8; l++) {
             const __m512i q = _mm512_load_si512((const void *)w[b].q[l]);
 #pragma GCC unroll 3
-            for (int r = 0; r < BP_R; r++) {
+            for (int r = 0; r < R; r++) {
                 int32_t av;
                 memcpy(&av, a[r] + ao + 4 * l, 4);
                 __m512i p = wk == W_Q41 ? _mm512_setzero_si512()
@@ -872,19 +873,17 @@ static ALWAYS_INLINE void bp_tile(const int wk, const uint8_t *const *a, const b
 
     __m512 summs[BP_R];
 #pragma GCC unroll 3
-    for (int r = 0; r < BP_R; r++)
+    for (int r = 0; r < R; r++)
         summs[r] = _mm512_setzero_ps();
     if (wk == W_Q41) /* m_w * s_a is exact: the FMA adds it as the reference does */
         for (int64_t b = 0; b < nb; b++) {
             const __m512 mw = _mm512_load_ps(w[b].mw);
 #pragma GCC unroll 3
-            for (int r = 0; r < BP_R; r++)
+            for (int r = 0; r < R; r++)
                 summs[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rs->sa[b][r]), summs[r]);
         }
 #pragma GCC unroll 3
-    for (int r = 0; r < BP_R; r++) {
-        if (r >= nr)
-            break;
+    for (int r = 0; r < R; r++) {
         __m512 v = _mm512_add_ps(
             _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6])),
             _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7])));
@@ -948,8 +947,14 @@ static ALWAYS_INLINE void bp_compute(const int wk, const bp_src *s, const uint8_
                 float *o[BP_R];
                 for (int i = 0; i < BP_R; i++)
                     o[i] = out + (r + (i < nr ? i : 0)) * out_stride + c;
-                bp_tile(wk, a, sc.w + g * nb, &sc.rows, nb, o, nr,
-                        (__mmask16)((1u << nc) - 1u));
+                const __mmask16 cm = (__mmask16)((1u << nc) - 1u);
+                /* a last tile of fewer rows computes only those */
+                if (nr == 3)
+                    bp_tile(wk, 3, a, sc.w + g * nb, &sc.rows, nb, o, cm);
+                else if (nr == 2)
+                    bp_tile(wk, 2, a, sc.w + g * nb, &sc.rows, nb, o, cm);
+                else
+                    bp_tile(wk, 1, a, sc.w + g * nb, &sc.rows, nb, o, cm);
             }
         }
     }
