@@ -13,7 +13,13 @@ process slows the kernel and its peak alike, so the ratios hold where the
 raw rates wander.
 
     bench/kbench_ab.py BASE [--rounds 5] [--threads 1,2] [--isa avx2]
+                            [--types q8_0,q4_0,q4_1,f16,bf16] [--cpu-time]
                             [--out bench/results/kernels-batched.md]
+
+--cpu-time passes cinfer-kbench's --cpu-time: timings in each thread's
+CPU time, so on a busy machine the slices other processes take do not
+count. Cells of the AVX-512 int8-block types also carry their ratio to
+the int8 block mix (vpdpbusd + vcvtdq2ps + FMA, what the bits require).
 
 Writes a Markdown table with the CPU model, its vector flags and
 OPENBLAS_CORETYPE, and prints it.
@@ -58,6 +64,8 @@ def run(kbench, args, tmp, tag, i):
     path = os.path.join(tmp, "%s-%d.json" % (tag, i))
     cmd = [kbench, "--no-decode", "--no-prefill", "--types", args.types,
            "--threads", args.threads, "--json", path]
+    if args.cpu_time:
+        cmd.append("--cpu-time")
     if args.isa:
         cmd += ["--isa", args.isa]
     sh(cmd)
@@ -72,6 +80,8 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--types", default="q8_0,q4_0,q4_1")
     ap.add_argument("--isa", default=None, help="avx2 or avx512 (default: all)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by thread CPU time (cinfer-kbench --cpu-time)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results",
                                                   "kernels-batched.md"))
     args = ap.parse_args()
@@ -112,9 +122,11 @@ def main():
         gn = [cells(r)[k]["gops"] for r in new_runs]
         go = [cells(r)[k]["gops"] for r in old_runs if k in cells(r)]
         sp = [n / o for n, o in zip(gn, go)]
+        mx = [cells(r)[k].get("mix_ratio", 0.0) for r in new_runs]
+        pk = cells(new_runs[0])[k].get("peak", "int8_dot")
         rows.append((k, statistics.median(go), statistics.median(gn),
                      statistics.median(ro), statistics.median(rn),
-                     statistics.median(sp)))
+                     statistics.median(sp), statistics.median(mx), pk))
 
     info = benchlib.cpu_info()
     fl = new_runs[0]["floors"]
@@ -141,28 +153,37 @@ def main():
             head + (" + uncommitted kernels" if dirty else ""), base),
         "",
         "Measured %s on %s (%s online CPUs; vector flags: %s); "
-        "OPENBLAS_CORETYPE=%s. `bench/kbench_ab.py %s --rounds %d --threads %s%s`: "
-        "the current cinfer-kbench source linked against each tree's kernels, "
-        "run in alternation; every timing (prepare + compute, w [1536 x 576], "
-        "best of a few runs) is followed by the int8 dot peak measured again "
-        "(%s). Medians over %d rounds; 'x old' is the median of the rate ratios "
-        "of rounds run back to back. The machine was shared with other work "
-        "while this ran: read the ratios, not the raw rates.%s" % (
+        "OPENBLAS_CORETYPE=%s. `bench/kbench_ab.py %s --rounds %d --threads %s "
+        "--types %s%s%s`: the current cinfer-kbench source linked against each "
+        "tree's kernels, run in alternation; every timing (prepare + compute, "
+        "w [1536 x n_in], best of a few runs, %s) is followed by the peak of "
+        "its instructions measured again ('peak': int8 dot, bf16 dot or fp32 "
+        "FMA; first run's floors: %s). 'new %% mix' is against the int8 block "
+        "mix (vpdpbusd + vcvtdq2ps + FMA per 64 multiply-adds, what the "
+        "reduction order requires). Medians over %d rounds; 'x old' is the "
+        "median of the rate ratios of rounds run back to back. The machine "
+        "was shared with other work while this ran: read the ratios, not the "
+        "raw rates.%s" % (
             datetime.date.today().isoformat(), info["model"], info["cpus"],
             info["flags"], os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
-            args.base, args.rounds, args.threads,
+            args.base, args.rounds, args.threads, args.types,
             (" --isa " + args.isa) if args.isa else "",
-            ", ".join("%d thr: %s" % (f["threads"], ", ".join(
-                "%s %.0f GOP/s" % (k[len("int8_dot_gops_"):], v)
-                for k, v in f.items() if k.startswith("int8_dot_gops_")))
+            " --cpu-time" if args.cpu_time else "",
+            "thread CPU time" if args.cpu_time else "wall time",
+            "; ".join("%d thr: %s" % (f["threads"], ", ".join(
+                "%s %.0f" % (k, v) for k, v in f.items()
+                if k.startswith(("int8_dot_gops_", "int8_mix_gops_", "bf16_dot_gflops_",
+                                 "fma_gflops_"))))
                 for f in fl), args.rounds, contention),
         "",
-        "| isa | type | thr | rows | old GOP/s | new GOP/s | old % peak | new % peak | x old |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| isa | type | thr | rows | old GOP/s | new GOP/s | peak | old % peak "
+        "| new % peak | new % mix | x old |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    for (isa, t, thr, n), go, gn, ro, rn, sp in rows:
-        lines.append("| %s | %s | %d | %d | %.1f | %.1f | %.0f%% | %.0f%% | %.2fx |" % (
-            isa, t, thr, n, go, gn, 100 * ro, 100 * rn, sp))
+    for (isa, t, thr, n), go, gn, ro, rn, sp, mx, pk in rows:
+        lines.append("| %s | %s | %d | %d | %.1f | %.1f | %s | %.0f%% | %.0f%% | %s | %.2fx |" % (
+            isa, t, thr, n, go, gn, pk, 100 * ro, 100 * rn,
+            "%.0f%%" % (100 * mx) if mx > 0 else "", sp))
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -10,7 +10,12 @@
  *   - peak fp32 FMA: independent fused multiply-adds in registers, per ISA;
  *   - peak int8 dot: the instructions the int8-block kernels multiply with
  *     (vpdpbusd on AVX-512 VNNI, vpmaddubsw + vpmaddwd + vpaddd on AVX2),
- *     independent, in registers.
+ *     independent, in registers;
+ *   - int8 block mix (AVX-512): what the reduction order of matmul_impl.h
+ *     asks per 64 int8 multiply-adds, vpdpbusd + vcvtdq2ps + vfmadd231ps,
+ *     independent, in registers: the ceiling of any kernel that keeps
+ *     GGML's bits (on Zen 5 the FMA shares vpdpbusd's two pipes);
+ *   - peak bf16 dot (AVX512-BF16): vdpbf16ps, independent, in registers.
  * Kernels, per ISA and weight type, at 1 and 2 threads:
  *   - decode (n = 1): one pass over distinct matrices totalling about the
  *     default model's weight bytes (93 MB), so the weights come from DRAM,
@@ -20,10 +25,16 @@
  *   - prefill (n = 128, 512): GFLOP/s (2 n n_out n_in / time) including the
  *     activation prepare, and % of the int8 dot peak (block types) or of
  *     the FMA floor (float types);
- *   - batched int8-block products at 16 .. 512 rows, each timing followed
- *     by the int8 dot peak measured again, medians of the rounds: the
- *     ratio pairs measurements taken moments apart, so another process
- *     on a shared machine slows both sides of it.
+ *   - batched products at 16 .. 512 rows, each timing followed by the
+ *     peak of its instructions measured again (int8 dot and block mix for
+ *     the int8-block types, bf16 dot for BF16 on AVX-512, fp32 FMA for
+ *     F16 and for BF16 on AVX2), medians of the rounds: the ratio pairs
+ *     measurements taken moments apart, so another process on a shared
+ *     machine slows both sides of it.
+ * --cpu-time times the batched cells and the floors by each thread's CPU
+ * time (CLOCK_THREAD_CPUTIME_ID, the slowest thread's), so time slices
+ * another process takes do not count: on a busy shared machine the
+ * figures an idle one would give, where wall time gives noise.
  * --json FILE also writes the floors and the batched cells as JSON, for
  * the benchmark scripts.
  * Threads are plain pthreads, each taking a contiguous range of output
@@ -33,6 +44,7 @@
  *     cinfer-kbench                      all ISAs, all types
  *     cinfer-kbench --isa avx512 --types q4_1,q8_0 --threads 2
  *     cinfer-kbench --no-decode --no-prefill --json floors.json
+ *     cinfer-kbench --no-decode --no-prefill --cpu-time --types q4_1,bf16
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -57,6 +69,24 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --cpu-time: time by the calling thread's CPU time. */
+static int g_cpu_time;
+
+static double thread_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double max_of(const double *v, int n)
+{
+    double m = 0.0;
+    for (int i = 0; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -218,11 +248,15 @@ static double measure_bw(team *tm, const float *buf, size_t bytes, int nta)
     return (double)bytes / best / 1e9;
 }
 
+/* Which peak: fp32 FMA, int8 dot, the int8 block mix, bf16 dot. */
+enum { PK_FMA, PK_DOT, PK_MIX, PK_BF16 };
+
 typedef struct {
     cinfer_cpu_isa isa;
-    int dot; /* the int8 dot product instead of FMA */
+    int dot; /* PK_* */
     long iters;
     float sink[MAX_THREADS];
+    double cpu_s[MAX_THREADS]; /* each thread's CPU time */
 } fma_ctx;
 
 #ifdef KB_X86
@@ -293,6 +327,53 @@ __attribute__((target("avx512f,avx512vnni"))) static float dot_vnni(long iters)
 }
 #endif
 
+/* The int8 block mix: per 64 multiply-adds one vpdpbusd from a fresh
+ * start, its conversion and one FMA into a float accumulator, as the
+ * int8-block kernels must do per block and pair of rows to keep the
+ * reduction order. Eight weight registers, so no product is reused. */
+#ifdef KB_X86
+__attribute__((target("avx512f,avx512vnni"))) static float mix_vnni(long iters)
+{
+    __m512 acc[8];
+    __m512i w[8];
+    __m512i u = _mm512_set1_epi8(3);
+    const __m512i z = _mm512_setzero_si512();
+    const __m512 d = _mm512_set1_ps(1e-9f);
+    for (int i = 0; i < 8; i++) {
+        acc[i] = _mm512_setzero_ps();
+        w[i] = _mm512_set1_epi8((char)(i - 4));
+    }
+    for (long k = 0; k < iters; k++) {
+        __asm__ volatile("" : "+v"(u));
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, u, w[i])),
+                                     acc[i]);
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < 8; i++)
+        s = _mm512_add_ps(s, acc[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+/* Peak bf16 dot rate (vdpbf16ps: 32 bf16 multiply-adds per instruction). */
+__attribute__((target("avx512f,avx512bf16"))) static float dot_bf16(long iters)
+{
+    __m512 a[12];
+    const __m512i u = _mm512_set1_epi16(0x3f80), v = _mm512_set1_epi16(0x3c00);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm512_set1_ps((float)i);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)u, (__m512bh)v);
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
 /* The same products on AVX2, as its int8-block kernels compute them:
  * vpmaddubsw (32 u8 x s8 products, summed in pairs), vpmaddwd by ones (the
  * pairs into the int32 sums of four that vpdpbusd makes) and vpaddd. The
@@ -328,27 +409,36 @@ static double fma_flops_per_iter(cinfer_cpu_isa isa)
     }
 }
 
+static float peak_kernel(const fma_ctx *c)
+{
+#ifdef KB_X86
+    const int z = c->isa == CINFER_CPU_ISA_AVX512;
+    switch (c->dot) {
+    case PK_DOT: return z ? dot_vnni(c->iters) : dot_avx2(c->iters);
+    case PK_MIX: return mix_vnni(c->iters);
+    case PK_BF16: return dot_bf16(c->iters);
+    default: break;
+    }
+    switch (c->isa) {
+    case CINFER_CPU_ISA_AVX512: return fma_avx512(c->iters);
+    case CINFER_CPU_ISA_AVX2: return fma_avx2(c->iters);
+    default: break;
+    }
+#endif
+    return fma_plain(c->iters);
+}
+
 static void fma_job(void *p, int ith, int nth)
 {
     fma_ctx *c = p;
-#ifdef KB_X86
-    if (c->dot) {
-        c->sink[ith] = c->isa == CINFER_CPU_ISA_AVX512 ? dot_vnni(c->iters)
-                                                       : dot_avx2(c->iters);
-        return;
-    }
-#endif
-    switch (c->isa) {
-#ifdef KB_X86
-    case CINFER_CPU_ISA_AVX512: c->sink[ith] = fma_avx512(c->iters); return;
-    case CINFER_CPU_ISA_AVX2: c->sink[ith] = fma_avx2(c->iters); return;
-#endif
-    default: c->sink[ith] = fma_plain(c->iters); return;
-    }
+    (void)nth;
+    double t0 = thread_s();
+    c->sink[ith] = peak_kernel(c);
+    c->cpu_s[ith] = thread_s() - t0;
 }
 
-/* Aggregate rate (GFLOP/s, or int8 GOP/s with dot: a multiply-add counts
- * two) of all the team's threads. */
+/* Aggregate rate (GFLOP/s, or int8 GOP/s: a multiply-add counts two) of
+ * all the team's threads for peak kind `dot` (PK_*). */
 static double measure_peak_n(team *tm, cinfer_cpu_isa isa, int dot, long iters, int reps)
 {
     fma_ctx c = {.isa = isa, .dot = dot, .iters = iters};
@@ -356,10 +446,12 @@ static double measure_peak_n(team *tm, cinfer_cpu_isa isa, int dot, long iters, 
     for (int rep = 0; rep < reps; rep++) {
         double t0 = now_s();
         team_run(tm, fma_job, &c);
-        double t = now_s() - t0;
+        double t = g_cpu_time ? max_of(c.cpu_s, tm->nth) : now_s() - t0;
         best = t < best ? t : best;
     }
-    double per_iter = !dot ? fma_flops_per_iter(isa)
+    double per_iter = dot == PK_FMA    ? fma_flops_per_iter(isa)
+                      : dot == PK_MIX  ? 8.0 * 64 * 2
+                      : dot == PK_BF16 ? 12.0 * 32 * 2
                       : isa == CINFER_CPU_ISA_AVX512 ? 12.0 * 64 * 2
                                                      : 12.0 * 32 * 2;
     return per_iter * (double)c.iters * tm->nth / best / 1e9;
@@ -372,7 +464,7 @@ static double measure_peak(team *tm, cinfer_cpu_isa isa, int dot)
 
 static double measure_fma(team *tm, cinfer_cpu_isa isa)
 {
-    return measure_peak(tm, isa, 0);
+    return measure_peak(tm, isa, PK_FMA);
 }
 
 /* The int8 dot-product peak of an ISA's int8-block kernels (vpdpbusd on
@@ -396,7 +488,14 @@ static const char *dot_name(cinfer_cpu_isa isa)
 
 static double measure_dot(team *tm, cinfer_cpu_isa isa)
 {
-    return has_dot(isa) ? measure_peak(tm, isa, 1) : 0.0;
+    return has_dot(isa) ? measure_peak(tm, isa, PK_DOT) : 0.0;
+}
+
+/* The AVX-512 block mix and bf16 dot exist where AVX-512 does (the
+ * backend's AVX-512 level includes VNNI and BF16). */
+static int has_avx512_peaks(cinfer_cpu_isa isa)
+{
+    return isa == CINFER_CPU_ISA_AVX512 && has_dot(isa);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -419,6 +518,7 @@ typedef struct {
     const cinfer_dtype *m_wt;
     const int64_t *m_out, *m_in;
     int packed; /* w packed (matmul.h), as the backend holds them */
+    double prep_s[MAX_THREADS], comp_s[MAX_THREADS]; /* each thread's CPU time */
 } mm_ctx;
 
 /* Column range of thread ith, in multiples of 16 columns. */
@@ -444,8 +544,12 @@ static void mm_job(void *p, int ith, int nth)
         split_cols(n_out, ith, nth, &o0, &o1);
         /* Each matrix prepares its input, as the model does per op (a few
          * hundred bytes at decode). */
+        double t0 = thread_s();
         cinfer_cpu_matmul_prepare(c->isa, at, c->x, n_in, r0, r1, c->act);
+        double t1 = thread_s();
+        c->prep_s[ith] = t1 - t0;
         team_barrier(c->tm);
+        t0 = thread_s();
 #ifdef KB_X86
         if (c->packed)
             cinfer_cpu_matmul_compute_packed_avx512(wt, c->w[m], n_out, c->act,
@@ -455,6 +559,7 @@ static void mm_job(void *p, int ith, int nth)
 #endif
             cinfer_cpu_matmul_compute(c->isa, wt, c->w[m], wrb, c->act, c->n,
                                       n_in, c->out, n_out, o0, o1);
+        c->comp_s[ith] = thread_s() - t0;
         team_barrier(c->tm);
     }
 }
@@ -534,6 +639,7 @@ static const char *variant_name(int v)
 
 typedef struct {
     double gops, peak, ratio; /* medians */
+    double mix, mix_ratio;    /* int8 block mix (AVX-512 int8 types), else 0 */
 } bt_cell;
 
 static int cmp_double(const void *a, const void *b)
@@ -548,9 +654,11 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static bt_cell batched_cell(mm_ctx *c, team *tm, cinfer_cpu_isa isa)
+/* pk: the peak the cell is read against (PK_*); mix: also against the
+ * int8 block mix. */
+static bt_cell batched_cell(mm_ctx *c, team *tm, cinfer_cpu_isa isa, int pk_kind, int mix)
 {
-    double g[BT_REPS], pk[BT_REPS], ra[BT_REPS];
+    double g[BT_REPS], pk[BT_REPS], ra[BT_REPS], mx[BT_REPS], mr[BT_REPS];
     const double ops = 2.0 * (double)c->n * (double)c->n_out * (double)c->n_in;
     team_run(tm, mm_job, c); /* warm the caches and the scratch */
     for (int rep = 0; rep < BT_REPS; rep++) {
@@ -559,14 +667,19 @@ static bt_cell batched_cell(mm_ctx *c, team *tm, cinfer_cpu_isa isa)
             double t0 = now_s();
             team_run(tm, mm_job, c);
             double dt = now_s() - t0;
-            best = dt < best ? dt : best;
             total += dt;
+            if (g_cpu_time)
+                dt = max_of(c->prep_s, tm->nth) + max_of(c->comp_s, tm->nth);
+            best = dt < best ? dt : best;
         }
         g[rep] = ops / best / 1e9;
-        pk[rep] = measure_peak_n(tm, isa, 1, 1000000, 3);
+        pk[rep] = measure_peak_n(tm, isa, pk_kind, 1000000, 3);
         ra[rep] = g[rep] / pk[rep];
+        mx[rep] = mix ? measure_peak_n(tm, isa, PK_MIX, 1000000, 3) : 0.0;
+        mr[rep] = mix ? g[rep] / mx[rep] : 0.0;
     }
-    bt_cell r = {median(g, BT_REPS), median(pk, BT_REPS), median(ra, BT_REPS)};
+    bt_cell r = {median(g, BT_REPS), median(pk, BT_REPS), median(ra, BT_REPS),
+                 median(mx, BT_REPS), median(mr, BT_REPS)};
     return r;
 }
 
@@ -633,7 +746,7 @@ static void usage(void)
             "[--types q4_1,q8_0,q4_0,f16,bf16,f32,q4_k,q5_k,q6_k,q2_k,q3_k,iq4_xs,iq4_nl]\n"
             "                     [--threads 1|2|1,2]\n"
             "                     [--decode-mb MB] [--no-prefill] [--no-decode] [--no-model]\n"
-            "                     [--no-batched] [--json FILE]\n");
+            "                     [--no-batched] [--cpu-time] [--json FILE]\n");
 }
 
 int main(int argc, char **argv)
@@ -685,6 +798,8 @@ int main(int argc, char **argv)
             do_model = 0;
         } else if (!strcmp(a, "--no-batched")) {
             do_batched = 0;
+        } else if (!strcmp(a, "--cpu-time")) {
+            g_cpu_time = 1;
         } else if (!strcmp(a, "--json") && v) {
             i++;
             json_path = v;
@@ -700,7 +815,8 @@ int main(int argc, char **argv)
     time_t tnow = time(NULL);
     char date[64];
     strftime(date, sizeof(date), "%Y-%m-%d %H:%M", localtime(&tnow));
-    printf("cinfer-kbench  %s\n", date);
+    printf("cinfer-kbench  %s%s\n", date,
+           g_cpu_time ? "  (floors and batched cells in thread CPU time)" : "");
     printf("cpu: %s, %ld online\n", model, (long)sysconf(_SC_NPROCESSORS_ONLN));
     printf("OPENBLAS_CORETYPE: %s\n", coretype ? coretype : "(unset)");
 
@@ -753,6 +869,19 @@ int main(int argc, char **argv)
             snprintf(label, sizeof label, "peak int8 dot, %s (%s)",
                      cinfer_cpu_isa_name((cinfer_cpu_isa)isa), dot_name((cinfer_cpu_isa)isa));
             printf("  %-41s %d thr  %7.1f GOP/s\n", label, nt, peak_dot[isa][nt]);
+        }
+    }
+    double peak_mix[MAX_THREADS + 1] = {0}, peak_bf16[MAX_THREADS + 1] = {0};
+    if (isa_on[CINFER_CPU_ISA_AVX512] && has_avx512_peaks(CINFER_CPU_ISA_AVX512)) {
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            peak_mix[nt] = measure_peak(&teams[nt], CINFER_CPU_ISA_AVX512, PK_MIX);
+            printf("  %-41s %d thr  %7.1f GOP/s\n",
+                   "int8 block mix, avx512 (dpbusd+cvt+fma)", nt, peak_mix[nt]);
+        }
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            peak_bf16[nt] = measure_peak(&teams[nt], CINFER_CPU_ISA_AVX512, PK_BF16);
+            printf("  %-41s %d thr  %7.1f GFLOP/s\n", "peak bf16 dot, avx512 (vdpbf16ps)", nt,
+                   peak_bf16[nt]);
         }
     }
 
@@ -979,9 +1108,9 @@ int main(int argc, char **argv)
         }
     }
 
-    /* Batched int8-block products (prefill, many decode streams) against
-     * the int8 dot peak, rows 16 .. 512. */
-    enum { BT_NS = 6, BT_MAX = 4 * 10 * BT_NS * MAX_THREADS };
+    /* Batched products (prefill, many decode streams) against the peak of
+     * their instructions, rows 16 .. 512. */
+    enum { BT_NS = 6, BT_MAX = 4 * 12 * BT_NS * MAX_THREADS };
     static const int64_t bt_ns[BT_NS] = {16, 32, 64, 128, 256, 512};
     struct {
         const char *variant;
@@ -989,19 +1118,22 @@ int main(int argc, char **argv)
         int nt;
         int64_t n;
         int64_t n_in;
+        const char *peak; /* what ratio is against */
         bt_cell c;
     } bt[BT_MAX];
     int n_bt = 0;
     if (do_batched) {
-        printf("\nbatched: w [%lld x %lld], n rows, prepare + compute against the int8 dot "
-               "peak measured after each timing (medians of %d rounds)\n",
+        printf("\nbatched: w [%lld x %lld], n rows, prepare + compute against the peak of "
+               "its instructions measured after each timing (int8 dot, and the int8 block mix "
+               "for avx512's Q8_0 / Q4_0 / Q4_1; bf16 dot for avx512 BF16; fp32 FMA for F16 "
+               "and avx2 BF16; medians of %d rounds)\n",
                (long long)d_out, (long long)d_in, BT_REPS);
-        printf("  %-8s %-5s %3s %4s %9s %11s %8s\n", "isa", "type", "thr", "n", "GOP/s",
-               "peak GOP/s", "% peak");
+        printf("  %-8s %-6s %3s %4s %9s %11s %8s %11s %8s\n", "isa", "type", "thr", "n",
+               "GOP/s", "peak GOP/s", "% peak", "mix GOP/s", "% mix");
         static const cinfer_dtype bt_types[] = {
             CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_K,
             CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K, CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K,
-            CINFER_DTYPE_IQ4_XS, CINFER_DTYPE_IQ4_NL};
+            CINFER_DTYPE_IQ4_XS, CINFER_DTYPE_IQ4_NL, CINFER_DTYPE_F16, CINFER_DTYPE_BF16};
         for (int t = 0; t < (int)(sizeof(bt_types) / sizeof(bt_types[0])); t++) {
             cinfer_dtype wt = bt_types[t];
             const int64_t t_in = type_in(wt, d_in);
@@ -1025,10 +1157,17 @@ int main(int argc, char **argv)
             }
             for (int64_t i = 0; i < n_max * t_in; i++)
                 x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            const int is_float = cinfer_dtype_block_elems(wt) == 1;
+            /* the int8 block mix is what the Q8_0 / Q4_0 / Q4_1 kernels run */
+            const int int8_block = cinfer_cpu_pack_rows(wt) > 0;
             for (int v = CINFER_CPU_ISA_AVX2; v <= VARIANT_PACKED; v++) {
                 int isa = variant_isa(v);
                 if (!isa_on[isa] || !has_dot((cinfer_cpu_isa)isa) || (v == VARIANT_PACKED && !wp))
                     continue;
+                const int z = has_avx512_peaks((cinfer_cpu_isa)isa);
+                const int pk_kind = !is_float                       ? PK_DOT
+                                    : wt == CINFER_DTYPE_BF16 && z ? PK_BF16
+                                                                   : PK_FMA;
                 for (int ni = 0; ni < BT_NS; ni++) {
                     for (int nt = 1; nt <= MAX_THREADS; nt++) {
                         if (!thr_on[nt] || n_bt == BT_MAX)
@@ -1039,17 +1178,24 @@ int main(int argc, char **argv)
                                     .n_in = t_in, .n = bt_ns[ni], .x = x, .act = act,
                                     .out = out, .tm = &teams[nt],
                                     .packed = v == VARIANT_PACKED};
-                        bt_cell cell = batched_cell(&c, &teams[nt], (cinfer_cpu_isa)isa);
+                        bt_cell cell = batched_cell(&c, &teams[nt], (cinfer_cpu_isa)isa, pk_kind,
+                                                    int8_block && z);
                         bt[n_bt].variant = variant_name(v);
                         bt[n_bt].wt = wt;
                         bt[n_bt].nt = nt;
                         bt[n_bt].n = bt_ns[ni];
                         bt[n_bt].n_in = t_in;
                         bt[n_bt].c = cell;
+                        bt[n_bt].peak = pk_kind == PK_DOT    ? "int8_dot"
+                                        : pk_kind == PK_BF16 ? "bf16_dot"
+                                                             : "fma";
                         n_bt++;
-                        printf("  %-8s %-5s %3d %4lld %9.1f %11.1f %7.0f%%\n", variant_name(v),
+                        printf("  %-8s %-6s %3d %4lld %9.1f %11.1f %7.0f%%", variant_name(v),
                                cinfer_dtype_name(wt), nt, (long long)bt_ns[ni], cell.gops,
                                cell.peak, 100.0 * cell.ratio);
+                        if (cell.mix > 0.0)
+                            printf(" %11.1f %7.0f%%", cell.mix, 100.0 * cell.mix_ratio);
+                        printf("\n");
                         fflush(stdout);
                     }
                 }
@@ -1081,6 +1227,7 @@ int main(int argc, char **argv)
             }
         fprintf(f, "],\n  \"openblas_coretype\": %s%s%s,\n", coretype ? "\"" : "",
                 coretype ? coretype : "null", coretype ? "\"" : "");
+        fprintf(f, "  \"clock\": \"%s\",\n", g_cpu_time ? "thread_cpu" : "wall");
         fprintf(f, "  \"floors\": [\n");
         first = 1;
         for (int nt = 1; nt <= MAX_THREADS; nt++) {
@@ -1095,17 +1242,23 @@ int main(int argc, char **argv)
                     fprintf(f, ", \"int8_dot_gops_%s\": %.2f",
                             cinfer_cpu_isa_name((cinfer_cpu_isa)isa), peak_dot[isa][nt]);
             }
+            if (peak_mix[nt] > 0.0)
+                fprintf(f, ", \"int8_mix_gops_avx512\": %.2f", peak_mix[nt]);
+            if (peak_bf16[nt] > 0.0)
+                fprintf(f, ", \"bf16_dot_gflops_avx512\": %.2f", peak_bf16[nt]);
             fprintf(f, "}");
         }
         fprintf(f, "\n  ],\n  \"batched\": [\n");
         for (int i = 0; i < n_bt; i++)
             fprintf(f,
                     "    {\"isa\": \"%s\", \"type\": \"%s\", \"threads\": %d, \"n\": %lld, "
-                    "\"n_out\": %lld, \"n_in\": %lld, \"gops\": %.2f, \"peak_gops\": %.2f, "
-                    "\"ratio\": %.4f}%s\n",
+                    "\"n_out\": %lld, \"n_in\": %lld, \"gops\": %.2f, \"peak\": \"%s\", "
+                    "\"peak_gops\": %.2f, \"ratio\": %.4f, \"mix_gops\": %.2f, "
+                    "\"mix_ratio\": %.4f}%s\n",
                     bt[i].variant, cinfer_dtype_name(bt[i].wt), bt[i].nt, (long long)bt[i].n,
-                    (long long)d_out, (long long)bt[i].n_in, bt[i].c.gops, bt[i].c.peak,
-                    bt[i].c.ratio, i + 1 < n_bt ? "," : "");
+                    (long long)d_out, (long long)bt[i].n_in, bt[i].c.gops, bt[i].peak,
+                    bt[i].c.peak, bt[i].c.ratio, bt[i].c.mix, bt[i].c.mix_ratio,
+                    i + 1 < n_bt ? "," : "");
         fprintf(f, "  ]\n}\n");
         fclose(f);
     }
