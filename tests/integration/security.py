@@ -54,7 +54,8 @@ Cases:
               HTTP ports together): new connections past them closed
               before the handshake while a running stream goes on and
               health answers; counted in /metrics by reason; a peer is
-              let in again once its connections close.
+              let in again once its connections close; with TLS the
+              refusal comes before the handshake.
   compression requests compressed by grpcio (gzip, deflate) served; a gzip
               bomb (256 MiB in 256 KB) refused RESOURCE_EXHAUSTED without
               the server's peak memory growing by more than 64 MB.
@@ -1261,6 +1262,29 @@ def case_conncap():
         for c in b_conns + c_conns:
             c.close()
         log("ok: a peer whose connections closed is let in again")
+
+    # With TLS the refusal comes before the handshake too: no
+    # ServerHello, the connection just ends.
+    import ssl
+    d = os.path.join(ARGS.work, "pki")
+    os.makedirs(d, exist_ok=True)
+    ca = make_ca(d, "ca")
+    crt = make_cert(d, "server", ca)
+    with run.Server(run.tiny_model(), name="conncap-tls", wait_serving=False,
+                    extra=["--tls-cert", crt[0], "--tls-key", crt[1],
+                           "--max-connections-per-peer", "1"]) as srv:
+        ctx = ssl.create_default_context(cafile=ca[0])
+        ctx.set_alpn_protocols(["h2"])
+        held = ctx.wrap_socket(socket.create_connection(
+            ("127.0.0.1", srv.port), timeout=10), server_hostname="127.0.0.1")
+        raw = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        try:
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+            check(False, "a TLS handshake past the per-peer cap completed")
+        except (ssl.SSLError, OSError) as e:
+            log("ok: TLS past the per-peer cap: %s" % type(e).__name__)
+        raw.close()
+        held.close()
 
 
 def case_fds():
