@@ -687,16 +687,18 @@ static void test_packed(void)
         check_packed(wt, 2560, 769, 1, 14);  /* decode */
         check_packed(wt, 800, 5125, 13, 15); /* row tiles and column blocks */
         check_packed(wt, 96, 64, 2, 16);
-        /* batches: the decoded panels (12 rows and more), partial row
-         * tiles, a last Q8_0 column tile of one group of 8 (n_out 40),
-         * 256 blocks (a panel of one group) and 257 (past the scratch) */
-        check_packed(wt, 800, 197, 12, 17);
-        check_packed(wt, 800, 197, 17, 18);
+        /* batches: the decoded panels (24 rows and more), last row
+         * tiles of 1 and 2 rows, a last Q8_0 column tile of one group of
+         * 8 (n_out 40), 256 blocks (a panel of one group) and 257 (past
+         * the scratch); 17 rows stay on the row tiles */
+        check_packed(wt, 800, 197, 24, 17);
+        check_packed(wt, 800, 197, 26, 18);
         check_packed(wt, 96, 40, 100, 19);
-        check_packed(wt, 800, 5125, 16, 20);
+        check_packed(wt, 800, 5125, 25, 20);
+        check_packed(wt, 800, 197, 17, 24);
         check_packed(wt, 32, 37, 257, 21);
-        check_packed(wt, 32 * 256, 21, 13, 22);
-        check_packed(wt, 32 * 257, 21, 13, 23);
+        check_packed(wt, 32 * 256, 21, 25, 22);
+        check_packed(wt, 32 * 257, 21, 25, 23);
     }
     CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
@@ -783,7 +785,7 @@ static void test_batched_rows(void)
             }
         }
         check_rows(wt, 32, 5, 9, 1, 4, seed++);           /* one block */
-        check_rows(wt, 32 * 256, 19, 12, 0, 19, seed++);  /* AVX-512: a panel of one group */
+        check_rows(wt, 32 * 256, 19, 25, 0, 19, seed++);  /* AVX-512: a panel of one group */
         check_rows(wt, 32 * 512, 3, 6, 0, 3, seed++);     /* a panel of one tile */
         check_rows(wt, 32 * 1025, 3, 6, 0, 3, seed++);    /* past the scratch */
     }
