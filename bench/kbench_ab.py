@@ -142,7 +142,11 @@ def main():
 
     sc = [x for x in (scaling(r) for r in old_runs + new_runs) if x is not None]
     contention = ""
-    if sc:
+    if args.cpu_time:
+        contention = (" Thread CPU time leaves out the slices other processes take, "
+                      "so the floors cannot show contention; the caches they "
+                      "disturb still count.")
+    elif sc:
         contention = (" The 2-thread FMA floor was %.2fx to %.2fx the 1-thread one "
                       "over the runs (about 2 on an idle machine): %s" % (
                           min(sc), max(sc),
