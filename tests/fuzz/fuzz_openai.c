@@ -12,6 +12,7 @@
  * the vocabulary). Every error message makes an error body that parses
  * back. Never a crash (ASan and UBSan watch), never a leak.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +46,7 @@ static const cinfer_request_limits LIM = {
     .n_ctx = 8192,
     .chat_supported = 1,
     .default_max_tokens = 256,
+    .n_embd = 8, /* prompt_embeds' rows: 8 values */
 };
 
 /* The fields an error may name. */
@@ -57,6 +59,7 @@ static const char *const PARAMS[] = {
     "n",          "priority",       "user",         "stream",
     "stream_options.include_usage", "stream_options", "ignore_eos",
     "grammar",    "regex",          "messages[0].role",
+    "prompt_embeds",
 };
 
 static void check_message(const char *msg)
@@ -115,6 +118,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_ASSERT(rp.stop[i] && rp.stop[i][0]);
         if (r.d.input == CINFER_INPUT_CHAT)
             FUZZ_ASSERT(r.d.chat && r.d.chat->n_messages >= 1);
+        /* whole rows, fewer than the context, all finite */
+        FUZZ_ASSERT(rp.n_prompt_embeds * (size_t)LIM.n_embd ==
+                    (r.d.has_embeds ? r.d.n_embeds_values : 0));
+        FUZZ_ASSERT(rp.n_prompt_embeds < (size_t)LIM.n_ctx);
+        for (size_t i = 0; i < rp.n_prompt_embeds * (size_t)LIM.n_embd; i++)
+            FUZZ_ASSERT(isfinite(rp.prompt_embeds[i]));
     }
     cinfer_openai_req_cleanup(&r);
     return 0;

@@ -106,7 +106,10 @@ static void fuzz_generate(const uint8_t *d, size_t n)
             continue;
         int32_t mt = cinfer_validate_max_tokens(r, &lim);
         FUZZ_ASSERT(mt >= 1 && mt <= lim.n_ctx);
-        FUZZ_ASSERT(r->input_case != CINFER__V1__GENERATE_REQUEST__INPUT__NOT_SET);
+        /* no input only with prompt embeddings, the whole prompt then */
+        FUZZ_ASSERT(r->input_case !=
+                        CINFER__V1__GENERATE_REQUEST__INPUT__NOT_SET ||
+                    r->prompt_embeds);
         if (r->input_case == CINFER__V1__GENERATE_REQUEST__INPUT_TOKEN_IDS) {
             FUZZ_ASSERT(r->token_ids->n_ids >= 1);
             FUZZ_ASSERT(r->token_ids->n_ids < (size_t)lim.n_ctx);
