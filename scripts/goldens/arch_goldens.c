@@ -1,7 +1,8 @@
 /*
  * arch_goldens.c - llama.cpp's goldens for the tiny models of every
  * architecture feature (tests/unit/arch_golden_models.h): each model is
- * written by cinfer's GGUF writer and run by libllama (CPU, 2 threads, F16
+ * written by cinfer's GGUF writer and run by libllama (CPU, built by
+ * build-llama-cpp.sh for an AVX-512 machine, 2 threads, F16
  * KV cache, flash attention off), the prompt in one batch with the logits
  * of every position, then ARCH_GOLDEN_GREEDY greedy tokens decoded one at a
  * time from llama.cpp's own argmax, never stopping at EOS (as
@@ -155,7 +156,8 @@ int main(int argc, char **argv)
     fprintf(txt, "# cinfer architecture goldens: made by "
                  "scripts/goldens/arch_goldens.c\n"
                  "# llama.cpp from llama-cpp-python 0.3.36 sdist (libllama, "
-                 "CPU, 2 threads, F16 KV, flash attention off)\n"
+                 "CPU AVX-512 build, 2 threads, F16 KV, flash attention "
+                 "off)\n"
                  "# M <name> <fnv64 of the gguf> <n_vocab> / T <prompt ids> / "
                  "G <greedy ids>; logits in arch_golden_logits.f32\n");
     arch_golden_model ms[ARCH_GOLDEN_MAX];

@@ -28,11 +28,17 @@
  *               vocabulary, Q8_0
  *   gemma3_q5   gemma3, 2 layers, Q5_0 projections (the real file's
  *               type for most of them), Q8_0 embeddings
+ *   llama_hd16  llama, head size 16 from key_length, GQA 4/2, Q8_0
+ *   qwen3_hd32  qwen3, head size 32 from key_length, GQA 4/2, Q8_0
  * Every model but qwen3 has a separate output (a tied one makes a random
  * model repeat its input token). The head sizes are 64, as real models'
- * are (64..256). The weight types are ones whose llama.cpp kernels cinfer
- * reproduces bit for bit here (llama.cpp's F16 and F32 prefill goes
- * through its tiled GEMM and repacks Q4_0, in other summation orders:
+ * are (64..256), but for llama_hd16 and qwen3_hd32, whose attention dot
+ * products are shorter than one of ggml_vec_dot_f16's AVX-512 steps (64
+ * halves). The goldens are from llama.cpp's AVX-512 build, which every
+ * cinfer ISA reproduces bit for bit (its AVX2 build sums in another
+ * order and parts from them in a few decode steps). The weight types are
+ * ones whose llama.cpp kernels cinfer reproduces bit for bit here
+ * (llama.cpp's F16 and F32 prefill goes through its tiled GEMM and repacks Q4_0, in other summation orders:
  * 1e-4 apart, which would blur what these check).
  *
  *     arch_golden_model ms[ARCH_GOLDEN_MAX];
@@ -47,7 +53,7 @@
 
 #include "engine/tinymodel.h"
 
-#define ARCH_GOLDEN_MAX 8
+#define ARCH_GOLDEN_MAX 10
 #define ARCH_GOLDEN_PROMPT 24 /* prompt tokens, logits at every position */
 #define ARCH_GOLDEN_GREEDY 64 /* greedy tokens decoded one at a time */
 
@@ -160,6 +166,35 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.n_layer = 2;
     p.seed = 37;
     ms[n++] = (arch_golden_model){"gemma3_q5", p};
+
+    /* head sizes under 64: KQ dot products shorter than one AVX-512
+     * ggml_vec_dot_f16 step (64 halves), summed in double */
+    p = d;
+    p.arch = "llama";
+    p.n_embd = 128;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = 16;
+    p.n_ff = 192;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
+    p.seed = 38;
+    ms[n++] = (arch_golden_model){"llama_hd16", p};
+
+    p = d;
+    p.arch = "qwen3";
+    p.pre = "qwen2";
+    p.n_embd = 128;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = 32;
+    p.n_ff = 192;
+    p.rope_theta = 1000000.0f;
+    p.norm_eps = 1e-6f;
+    p.tied_output = 0;
+    p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
+    p.seed = 39;
+    ms[n++] = (arch_golden_model){"qwen3_hd32", p};
     return n;
 }
 

@@ -6,7 +6,8 @@
  * scripts/goldens/arch-goldens.sh with llama.cpp) hold, for each model of
  * tests/unit/arch_golden_models.h (Llama 3 rope scaling, linear rope
  * scaling, a Mistral-shaped llama with attention.key_length, Qwen3 with its
- * per-head Q/K norms, twice): the FNV-1a hash of the file the GGUF writer
+ * per-head Q/K norms, twice, Gemma 3, twice, and head sizes 16 and 32):
+ * the FNV-1a hash of the file the GGUF writer
  * made, a prompt of ARCH_GOLDEN_PROMPT ids, llama.cpp's full logit vector
  * at every prompt position (the prompt in one batch) and its greedy
  * continuation of ARCH_GOLDEN_GREEDY tokens decoded one at a time. Checked
