@@ -9,7 +9,8 @@
  * model_goldens.py does for the default model). Built and run by
  * arch-goldens.sh. Writes into DIR:
  *   arch_golden.txt         per model: M name fnv64 n_vocab, T prompt ids,
- *                           G greedy ids
+ *                           G greedy ids, D the FNV-1a 64 of each decode
+ *                           step's logits (n_vocab float32 little-endian)
  *   arch_golden_logits.f32  per model, [ARCH_GOLDEN_PROMPT, n_vocab] logits,
  *                           float32 little-endian, models in file order
  * With DUMP=DIR in the environment it also writes each model's logits of
@@ -73,6 +74,7 @@ static int run(const arch_golden_model *gm, int k, FILE *txt, FILE *bin)
     struct llama_context *ctx = llama_init_from_model(lm, cp);
     const int V = (int)gm->p.n_vocab, N = ARCH_GOLDEN_PROMPT;
     int32_t toks[ARCH_GOLDEN_PROMPT], greedy[ARCH_GOLDEN_GREEDY];
+    uint64_t step_fnv[ARCH_GOLDEN_GREEDY];
     arch_golden_prompt(k, V, toks);
     struct llama_batch b = llama_batch_init(N, 0, 1);
     for (int i = 0; i < N; i++) {
@@ -108,6 +110,8 @@ static int run(const arch_golden_model *gm, int k, FILE *txt, FILE *bin)
             return 1;
         }
         tok = argmax(llama_get_logits_ith(ctx, 0), V);
+        step_fnv[g] = arch_golden_fnv(llama_get_logits_ith(ctx, 0),
+                                      sizeof(float) * (size_t)V);
         if (dump)
             fwrite(llama_get_logits_ith(ctx, 0), sizeof(float), (size_t)V,
                    dump);
@@ -120,6 +124,9 @@ static int run(const arch_golden_model *gm, int k, FILE *txt, FILE *bin)
     fprintf(txt, "\nG");
     for (int g = 0; g < ARCH_GOLDEN_GREEDY; g++)
         fprintf(txt, " %d", greedy[g]);
+    fprintf(txt, "\nD");
+    for (int g = 0; g < ARCH_GOLDEN_GREEDY; g++)
+        fprintf(txt, " %016" PRIx64, step_fnv[g]);
     fprintf(txt, "\n");
     int distinct = 0;
     for (int g = 0; g < ARCH_GOLDEN_GREEDY; g++) {
@@ -159,7 +166,8 @@ int main(int argc, char **argv)
                  "CPU AVX-512 build, 2 threads, F16 KV, flash attention "
                  "off)\n"
                  "# M <name> <fnv64 of the gguf> <n_vocab> / T <prompt ids> / "
-                 "G <greedy ids>; logits in arch_golden_logits.f32\n");
+                 "G <greedy ids> / D <fnv64 of each decode step's "
+                 "logits>; prompt logits in arch_golden_logits.f32\n");
     arch_golden_model ms[ARCH_GOLDEN_MAX];
     int n = arch_golden_models(ms), rc = 0;
     for (int k = 0; k < n && !rc; k++)
