@@ -8,18 +8,27 @@
  * match llama.cpp's CPU backend where it takes those paths). For a super-block b
  * of 256 elements with activation scale da (fp32) and weight scale dw:
  *
- *   Q4_K: d = da * f(dw); dmin = -da * f(dmin_w)
+ *   Q4_K: the order of GGML's ggml_gemv_q4_K_8x8_q8_K (x86), which
+ *     llama.cpp's CPU buffers take for every Q4_K weight whose row count
+ *     is a multiple of 8 (repack.cpp's q4_K_8x8_q8_K) and for every
+ *     token it generates: one exact int per super-block and two scalar
+ *     accumulators
+ *     dd = f(dw) * da; dm = f(dmin_w) * da (plain products)
+ *     isum = sum_k sc[k] * sum_{e<32} q[32k + e] * a[32k + e]
+ *     imin = sum_k m[k] * (bs[2k] + bs[2k + 1])
+ *     acc  = fma((float)isum, dd, acc); accm = fma((float)imin, dm, accm)
+ *   out = acc - accm
+ *     (cinfer takes this order for every Q4_K weight; llama.cpp keeps
+ *     ggml_vec_dot_q4_K_q8_K's for a weight of rows % 8 != 0)
+ *
+ *   Q5_K: d = da * f(dw); dmin = -da * f(dmin_w)
  *     isum[l] (l = 0..7, exact int32) = sum over chunks c = 0..3 of
  *         sc[2c]     * sum_{t<4} q[64c + 4l + t]      * a[64c + 4l + t]
  *       + sc[2c + 1] * sum_{t<4} q[64c + 32 + 4l + t] * a[64c + 32 + 4l + t]
- *     acc[l]  = fma(d, (float)isum[l], acc[l])
+ *     with q in 0..31, acc[l] = fma(d, (float)isum[l], acc[l]), and the
+ *     mins reduced to one integer per super-block and one accumulator:
  *     msum[k] (k = 0..3) = m[2k] * (bs[4k] + bs[4k+1])
  *                        + m[2k+1] * (bs[4k+2] + bs[4k+3])
- *     accm[k] = fma(dmin, (float)msum[k], accm[k])
- *   out = hsum8(acc) + ((accm0 + accm2) + (accm1 + accm3))
- *
- *   Q5_K: as Q4_K with q in 0..31 for isum and acc, but the mins reduced
- *     to one integer per super-block and one scalar accumulator:
  *     summs = fma(dmin, (float)(msum0 + msum1 + msum2 + msum3), summs)
  *     (GGML's source writes summs += dmin * msum; GCC fuses it, as GNU C's
  *     default -ffp-contract=fast allows, and the llama.cpp build the
@@ -82,37 +91,32 @@ static float dot_q4_k(const void *vx, const void *vy, int64_t nb)
 {
     const cinfer_block_q4_k *x = vx;
     const cinfer_block_q8_k *y = vy;
-    float acc[8] = {0}, accm[4] = {0};
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
-        const float dmin = -y[b].d * cinfer_fp16_to_fp32(x[b].dmin);
+        const float dd = cinfer_fp16_to_fp32(x[b].d) * y[b].d;
+        const float dm = cinfer_fp16_to_fp32(x[b].dmin) * y[b].d;
         uint8_t sc[8], m[8];
         for (int k = 0; k < 8; k++)
             cinfer_dtype_k4_scale_min(x[b].scales, k, &sc[k], &m[k]);
         const uint8_t *q = x[b].qs;
         const int8_t *a = y[b].qs;
-        int32_t isum[8] = {0};
-        for (int c = 0; c < 4; c++) {
-            for (int l = 0; l < 8; l++) {
-                int lo = 0, hi = 0;
-                for (int t = 0; t < 4; t++) {
-                    int byte = q[32 * c + 4 * l + t];
-                    lo += (byte & 15) * a[64 * c + 4 * l + t];
-                    hi += (byte >> 4) * a[64 * c + 32 + 4 * l + t];
-                }
-                isum[l] += sc[2 * c] * lo + sc[2 * c + 1] * hi;
-            }
-        }
-        for (int l = 0; l < 8; l++)
-            acc[l] = fmaf(d, (float)isum[l], acc[l]);
         const int16_t *bs = y[b].bsums;
-        for (int k = 0; k < 4; k++) {
-            int ms = m[2 * k] * (bs[4 * k] + bs[4 * k + 1]) +
-                     m[2 * k + 1] * (bs[4 * k + 2] + bs[4 * k + 3]);
-            accm[k] = fmaf(dmin, (float)ms, accm[k]);
+        int32_t isum = 0, imin = 0;
+        for (int c = 0; c < 4; c++) {
+            int lo = 0, hi = 0;
+            for (int i = 0; i < 32; i++) {
+                int byte = q[32 * c + i];
+                lo += (byte & 15) * a[64 * c + i];
+                hi += (byte >> 4) * a[64 * c + 32 + i];
+            }
+            isum += sc[2 * c] * lo + sc[2 * c + 1] * hi;
         }
+        for (int k = 0; k < 8; k++)
+            imin += m[k] * (bs[2 * k] + bs[2 * k + 1]);
+        acc = fmaf((float)isum, dd, acc);
+        accm = fmaf((float)imin, dm, accm);
     }
-    return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+    return acc - accm;
 }
 
 static float dot_q5_k(const void *vx, const void *vy, int64_t nb)

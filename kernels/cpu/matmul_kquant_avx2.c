@@ -56,22 +56,26 @@ static inline __m256i bcast16(const __m256i v, int k)
     return _mm256_shuffle_epi8(v, idx);
 }
 
+static inline int hsum4_epi32(__m128i v)
+{
+    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+    return _mm_cvtsi128_si32(v);
+}
+
+/* matmul_kquant.c's Q4_K order: exact ints per super-block, two scalars. */
 static float dot_q4_k(const void *vx, const void *vy, int64_t nb)
 {
     const cinfer_block_q4_k *x = vx;
     const cinfer_block_q8_k *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const float d = y[b].d * f16(x[b].d);
-        const float dmin = -y[b].d * f16(x[b].dmin);
         const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins(x[b].scales));
         const __m256i bs = _mm256_loadu_si256((const __m256i *)y[b].bsums);
         const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
                                             _mm256_extracti128_si256(bs, 1));
         const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs32);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm);
 
         const __m128i sc128 = _mm256_castsi256_si128(sm);
         const __m256i sc = _mm256_setr_m128i(sc128, sc128);
@@ -91,11 +95,12 @@ static float dot_q4_k(const void *vx, const void *vy, int64_t nb)
                                            _mm256_maddubs_epi16(hi, ah));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        const int isum = hsum4_epi32(_mm_add_epi32(_mm256_castsi256_si128(sumi),
+                                                   _mm256_extracti128_si256(sumi, 1)));
+        acc = fmaf((float)isum, f16(x[b].d) * y[b].d, acc);
+        accm = fmaf((float)hsum4_epi32(prod), f16(x[b].dmin) * y[b].d, accm);
     }
-    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
-    return hsum8(acc) + _mm_cvtss_f32(accm);
+    return acc - accm;
 }
 
 static float dot_q5_k(const void *vx, const void *vy, int64_t nb)

@@ -12,6 +12,8 @@
  * the eight int32 isum[l] of the reduction order; from there the float
  * steps (one fma per super-block and row, the final tree) are the AVX2
  * file's, on 256-bit registers, so every ISA computes the same bits.
+ *   - Q4_K sums the eight lanes too (exact) and keeps two scalar
+ *     accumulators per row: the order of llama.cpp's repacked gemv.
  *   - Q3_K's quants q - 4 are signed: the activation goes in offset by 128
  *     (a ^ 0x80, unsigned) and the weight's 128 * sum(q - 4) * scale,
  *     computed once per super-block, starts the accumulator negated.
@@ -58,6 +60,19 @@ static inline float hsum4(__m128 r)
 }
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* Integer lane sums (exact, so any order). */
+static inline int hsum4_epi32(__m128i v)
+{
+    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+    return _mm_cvtsi128_si32(v);
+}
+
+static inline int hsum8_epi32(__m256i v)
+{
+    return hsum4_epi32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
 
 /* Lanes 8..15 added onto 0..7 (exact): the eight isum[l]. */
 static inline __m256i fold(__m512i s)
@@ -166,10 +181,12 @@ INLINE void tile_q45_k(cinfer_dtype wt, const void *wrow, const void *act, size_
     __m256 acc[ROWS];
     __m128 accm[ROWS];
     float summs[ROWS];
+    float acc4[ROWS], accm4[ROWS]; /* Q4_K's two scalars per row */
     for (int r = 0; r < rt; r++) {
         acc[r] = _mm256_setzero_ps();
         accm[r] = _mm_setzero_ps();
         summs[r] = 0.0f;
+        acc4[r] = accm4[r] = 0.0f;
     }
     const int q5 = wt == CINFER_DTYPE_Q5_K;
     for (int64_t b = 0; b < nb; b++) {
@@ -198,11 +215,19 @@ INLINE void tile_q45_k(cinfer_dtype wt, const void *wrow, const void *act, size_
         #pragma GCC unroll 8
         for (int r = 0; r < rt; r++) {
             const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
-            const float d = y->d * xd, dmin = -y->d * xm;
             const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
             const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
                                                 _mm256_extracti128_si256(bs, 1));
             const __m128i prod = _mm_madd_epi16(mins, bs32);
+            if (!q5) {
+                /* matmul_kquant.c's Q4_K order: exact ints, two scalars */
+                const int imin = hsum4_epi32(prod);
+                const int isum = hsum8_epi32(dot4(w, s, y->qs));
+                acc4[r] = fmaf((float)isum, xd * y->d, acc4[r]);
+                accm4[r] = fmaf((float)imin, xm * y->d, accm4[r]);
+                continue;
+            }
+            const float d = y->d * xd, dmin = -y->d * xm;
             if (q5) {
                 const __m128i z = _mm_setzero_si128();
                 const int msum = _mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(prod, z), z));
@@ -215,7 +240,7 @@ INLINE void tile_q45_k(cinfer_dtype wt, const void *wrow, const void *act, size_
         }
     }
     for (int r = 0; r < rt; r++)
-        out[r * out_stride] = q5 ? hsum8(acc[r]) + summs[r] : hsum8(acc[r]) + hsum4(accm[r]);
+        out[r * out_stride] = q5 ? hsum8(acc[r]) + summs[r] : acc4[r] - accm4[r];
 }
 
 /* ---------------------------------------------------------------------- */

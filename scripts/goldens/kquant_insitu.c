@@ -4,8 +4,11 @@
  * (built and run by kquant-check.sh; not part of the build).
  *
  * For each K-quant and IQ4 type, a tiny model from cinfer's GGUF writer is
- * run by libllama (CPU, 1 thread, plain weight buffers: use_extra_bufts
- * off); an eval callback takes every MUL_MAT node with quantized weights,
+ * run by libllama (CPU, 1 thread; plain weight buffers, use_extra_bufts
+ * off, except for Q4_K, whose repacked buffer (q4_K_8x8, rows % 8 == 0)
+ * is the order cinfer follows: ggml_gemv_q4_K_8x8_q8_K); an eval
+ * callback takes every MUL_MAT node with quantized weights (their bytes
+ * from the file, as a repacked buffer holds another layout),
  * quantizes its F32 input with cinfer_cpu_matmul_prepare and multiplies
  * with cinfer_cpu_matmul_compute on every ISA this processor has, and
  * compares the bits with llama.cpp's output.
@@ -19,6 +22,7 @@
 #include <string.h>
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "gguf.h"
 #include "llama.h"
 #include "engine/tinymodel.h"
 #include "kernels/cpu/matmul.h"
@@ -27,6 +31,7 @@
 typedef struct {
     int nodes, bad_nodes;
     int show; /* print the first differing nodes */
+    struct ggml_context *file; /* the model's tensors, read from the file */
 } tally;
 
 static int quantized(enum ggml_type t)
@@ -50,10 +55,17 @@ static bool on_node(struct ggml_tensor *t, bool ask, void *ud)
     const size_t arb = cinfer_dtype_row_bytes(at, n_in);
     float *xf = malloc(sizeof(float) * n * n_in), *ref = malloc(sizeof(float) * n * n_out);
     float *out = malloc(sizeof(float) * n * n_out);
+    const struct ggml_tensor *fw = ggml_get_tensor(ty->file, w->name);
+    if (!fw || ggml_nbytes(fw) != ggml_nbytes(w)) {
+        printf("  %s: weight not in the file\n", w->name);
+        ty->nodes++;
+        ty->bad_nodes++;
+        return true;
+    }
     void *act = malloc(arb * n), *wd = malloc(ggml_nbytes(w));
     ggml_backend_tensor_get(x, xf, 0, sizeof(float) * n * n_in);
     ggml_backend_tensor_get(t, ref, 0, sizeof(float) * n * n_out);
-    ggml_backend_tensor_get((struct ggml_tensor *)w, wd, 0, ggml_nbytes(w));
+    memcpy(wd, fw->data, ggml_nbytes(w));
     int differ = 0;
     for (int isa = CINFER_CPU_ISA_PORTABLE; isa <= CINFER_CPU_ISA_AVX512; isa++) {
         if (!cinfer_cpu_isa_supported((cinfer_cpu_isa)isa))
@@ -82,13 +94,21 @@ static bool on_node(struct ggml_tensor *t, bool ask, void *ud)
 
 /* Runs the model at `path` one token per call (steps tokens) or as one
  * prompt of `steps` tokens; returns the tally. */
-static tally run(const char *path, int steps, int one_by_one)
+static tally run(const char *path, int steps, int one_by_one, int repack)
 {
-    tally ty = {0, 0, one_by_one};
+    tally ty = {0, 0, one_by_one, NULL};
+    struct gguf_init_params gp = {false, &ty.file};
+    struct gguf_context *gg = gguf_init_from_file(path, gp);
+    if (!gg) {
+        ty.bad_nodes = -1;
+        return ty;
+    }
     struct llama_model_params lmp = llama_model_default_params();
-    lmp.use_extra_bufts = 0;
+    lmp.use_extra_bufts = repack;
     struct llama_model *lm = llama_model_load_from_file(path, lmp);
     if (!lm) {
+        gguf_free(gg);
+        ggml_free(ty.file);
         ty.bad_nodes = -1;
         return ty;
     }
@@ -115,6 +135,8 @@ static tally run(const char *path, int steps, int one_by_one)
     llama_batch_free(b);
     llama_free(ctx);
     llama_model_free(lm);
+    gguf_free(gg);
+    ggml_free(ty.file);
     return ty;
 }
 
@@ -147,7 +169,8 @@ int main(void)
             printf("in situ %s: not run: write: %s\n", cinfer_dtype_name(ts[i]), cinfer_last_error());
             continue;
         }
-        tally d = run(path, 8, 1), p = run(path, 24, 0);
+        const int rp = ts[i] == CINFER_DTYPE_Q4_K;
+        tally d = run(path, 8, 1, rp), p = run(path, 24, 0, rp);
         remove(path);
         if (d.bad_nodes < 0 || p.bad_nodes < 0) {
             printf("in situ %s: not run: llama.cpp could not load the model\n",

@@ -6,7 +6,7 @@ How the goldens were made (re-run to regenerate):
     BIN=$(scripts/goldens/build-llama-cpp.sh)          # llama.cpp 0.3.36 sdist
     PYTHONPATH=/tmp/llcpp/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=$BIN \
         python3 scripts/goldens/model_goldens.py MODEL.gguf tests/data
-        ... model_goldens.py $(scripts/gemma-model.sh) tests/data gemma
+        ... model_goldens.py $(scripts/gemma-model.sh) tests/data gemma one-token
 
 With "gemma" the model is Gemma 3 270M and the prompts are PROMPTS_GEMMA
 (Gemma's <bos> and turn markers written out, one prompt longer than the
@@ -15,6 +15,11 @@ model_golden_gemma.txt and model_golden_gemma_last.f16.
 
 llama.cpp runs on the CPU (2 threads, F16 KV cache, flash attention off,
 n_batch 512), the whole prompt in one batch with the logits of every position.
+With "one-token" (the Gemma files) the prompt goes in one token per
+llama_decode call (n_batch = n_ubatch = 1), the path llama.cpp computes every
+generated token on: its batched path sums a repacked Q4_K weight's rows in
+gemm or gemv order by their place in the batch (and Q6_K in a tiled kernel
+from 8 rows), which a batch-invariant engine cannot follow.
 Greedy continuations decode one token at a time, taking the argmax of
 llama.cpp's logits, for 64 tokens, never stopping at EOS.
 
@@ -62,17 +67,21 @@ N_GREEDY = 64
 
 def main():
     model, outdir = sys.argv[1], sys.argv[2]
-    gemma = len(sys.argv) > 3 and sys.argv[3] == "gemma"
+    gemma = "gemma" in sys.argv[3:]
+    one_token = "one-token" in sys.argv[3:]
     prompts = PROMPTS_GEMMA if gemma else PROMPTS
     stem = "model_golden_gemma" if gemma else "model_golden"
     sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
-    llm = llama_cpp.Llama(model_path=model, n_ctx=1024, n_batch=1024,
-                          n_ubatch=512, n_threads=2, logits_all=True,
+    llm = llama_cpp.Llama(model_path=model, n_ctx=1024,
+                          n_batch=1 if one_token else 1024,
+                          n_ubatch=1 if one_token else 512, n_threads=2,
+                          logits_all=True,
                           flash_attn=False, verbose=False)
     n_vocab = llm.n_vocab()
     lines = [
         "# cinfer model goldens: made by scripts/goldens/model_goldens.py",
         f"# llama.cpp from llama-cpp-python 0.3.36 sdist; model sha256 {sha}",
+        "# prompt " + ("one token per llama_decode" if one_token else "in one batch"),
         "# P <prompt json> / T <ids> / L <pos> <id:logit>... / G <ids>",
         f"V {n_vocab} {len(prompts)} {TOPK} {N_GREEDY}",
     ]
