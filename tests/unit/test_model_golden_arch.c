@@ -11,7 +11,8 @@
  * made, a prompt of ARCH_GOLDEN_PROMPT ids, llama.cpp's full logit vector
  * at every prompt position (the prompt in one batch) and its greedy
  * continuation of ARCH_GOLDEN_GREEDY tokens decoded one at a time. Checked
- * here, per model:
+ * here, per model, on every CPU ISA the machine runs (portable, AVX2,
+ * AVX-512):
  *   - the writer still makes the same file (else the goldens are stale:
  *     the message says how to remake them);
  *   - at every position the top-10 token sets are equal and the relative L2
@@ -173,8 +174,9 @@ static int32_t argmax(const float *x, int n)
     return best;
 }
 
-/* One model against its goldens. */
-static void check_model(const arch_golden_model *gm, const golden *g)
+/* One model against its goldens, on the CPU kernels of `isa`. */
+static void check_model(const arch_golden_model *gm, const golden *g,
+                        cinfer_cpu_isa isa)
 {
     void *buf;
     size_t size;
@@ -201,6 +203,7 @@ static void check_model(const arch_golden_model *gm, const golden *g)
     mp.path = path;
     mp.n_ctx = 128;
     mp.n_threads = 2;
+    mp.isa = isa;
     cinfer_model *m = NULL;
     if (cinfer_model_create(&mp, &m) != CINFER_OK) {
         fprintf(stderr, "%s: %s\n", gm->name, cinfer_last_error());
@@ -266,10 +269,12 @@ static void check_model(const arch_golden_model *gm, const golden *g)
             first_other = k;
     }
     fprintf(stderr,
-            "%-10s %d positions: max rel L2 %.3g, %d/%d logits bit-identical, "
+            "%-10s %-8s %d positions: max rel L2 %.3g, %d/%d logits "
+            "bit-identical, "
             "top-10 mismatches %d; greedy %s over %d tokens, %d/%d decode "
             "steps' logits bit-identical (first other: %d)\n",
-            gm->name, ARCH_GOLDEN_PROMPT, worst, same_bits,
+            gm->name, cinfer_cpu_isa_name(isa), ARCH_GOLDEN_PROMPT, worst,
+            same_bits,
             ARCH_GOLDEN_PROMPT * V, mismatch,
             identical ? "identical" : "DIFFERS", ARCH_GOLDEN_GREEDY,
             steps_same, ARCH_GOLDEN_GREEDY - 1, first_other);
@@ -287,9 +292,14 @@ static void test_models_match_llama_cpp(void)
     arch_golden_model ms[ARCH_GOLDEN_MAX];
     int n = arch_golden_models(ms);
     CHECK_EQ_INT(n, n_golden);
+    static const cinfer_cpu_isa isas[] = {CINFER_CPU_ISA_PORTABLE,
+                                          CINFER_CPU_ISA_AVX2,
+                                          CINFER_CPU_ISA_AVX512};
     for (int k = 0; k < n && k < n_golden; k++) {
         CHECK(strcmp(ms[k].name, G[k].name) == 0);
-        check_model(&ms[k], &G[k]);
+        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++)
+            if (cinfer_cpu_isa_supported(isas[i]))
+                check_model(&ms[k], &G[k], isas[i]);
     }
 }
 
