@@ -51,14 +51,6 @@ static inline float hsum8(__m256 x)
     return _mm_cvtss_f32(r);
 }
 
-/* (a0 + a2) + (a1 + a3) */
-static inline float hsum4(__m128 r)
-{
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 /* Integer lane sums (exact, so any order). */
@@ -179,12 +171,10 @@ INLINE void tile_q45_k(cinfer_dtype wt, const void *wrow, const void *act, size_
                        int64_t nb, int rt, float *out, int64_t out_stride)
 {
     __m256 acc[ROWS];
-    __m128 accm[ROWS];
     float summs[ROWS];
     float acc4[ROWS], accm4[ROWS]; /* Q4_K's two scalars per row */
     for (int r = 0; r < rt; r++) {
         acc[r] = _mm256_setzero_ps();
-        accm[r] = _mm_setzero_ps();
         summs[r] = 0.0f;
         acc4[r] = accm4[r] = 0.0f;
     }
@@ -228,13 +218,7 @@ INLINE void tile_q45_k(cinfer_dtype wt, const void *wrow, const void *act, size_
                 continue;
             }
             const float d = y->d * xd, dmin = -y->d * xm;
-            if (q5) {
-                const __m128i z = _mm_setzero_si128();
-                const int msum = _mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(prod, z), z));
-                summs[r] = fmaf(dmin, (float)msum, summs[r]);
-            } else {
-                accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm[r]);
-            }
+            summs[r] = fmaf(dmin, (float)hsum4_epi32(prod), summs[r]);
             const __m256i isum = dot4(w, s, y->qs);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc[r]);
         }
