@@ -19,7 +19,8 @@ With "one-token" (the Gemma files) the prompt goes in one token per
 llama_decode call (n_batch = n_ubatch = 1), the path llama.cpp computes every
 generated token on: its batched path sums a repacked Q4_K weight's rows in
 gemm or gemv order by their place in the batch (and Q6_K in a tiled kernel
-from 8 rows), which a batch-invariant engine cannot follow.
+from 8 rows), which a batch-invariant engine cannot follow. The KV cache is also cleared
+before each prompt (llama_memory_clear), so every prompt starts at cell 0.
 Greedy continuations decode one token at a time, taking the argmax of
 llama.cpp's logits, for 64 tokens, never stopping at EOS.
 
@@ -89,6 +90,11 @@ def main():
     for text in prompts:
         ids = llm.tokenize(text.encode(), add_bos=False, special=True)
         llm.reset()
+        if one_token:
+            # an empty cache from cell 0, as cinfer's test starts: after
+            # reset() alone the next prompt's cells follow the last one's,
+            # and the padded KV length changes the attention's sum order
+            llm._ctx.kv_cache_clear()
         llm.eval(ids)
         scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
         lines.append("P " + json.dumps(text))
