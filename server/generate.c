@@ -59,6 +59,7 @@
 #include <string.h>
 
 #include "server/log.h"
+#include "server/grow.h"
 #include "server/server_impl.h"
 #include "server/status_map.h"
 #include "server/wire.h"
@@ -236,21 +237,6 @@ static grpc_byte_buffer *pack_final(srv_call *c, gen_state *g)
 /* Sink                                                                   */
 /* ---------------------------------------------------------------------- */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 1;
-    size_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return 0;
-    *p = q;
-    *cap = n;
-    return 1;
-}
-
 /* Appends one TOKENS event to its sample. Returns 0 when out of memory. */
 static int sink_append(gen_state *g, const cinfer_engine_event *ev)
 {
@@ -259,20 +245,20 @@ static int sink_append(gen_state *g, const cinfer_engine_event *ev)
     gen_sample *sm = &g->samples[ev->sample_index];
     size_t n = sm->n_ids + ev->n_ids;
     size_t cap_ids = sm->cap_ids;
-    if (!grow((void **)&sm->ids, &sm->cap_ids, n, sizeof *sm->ids))
+    if (!cinfer_grow((void **)&sm->ids, &sm->cap_ids, n, sizeof *sm->ids))
         return 0;
     if (g->want_logprobs) {
         /* lp and top follow ids' capacity. */
         size_t c1 = cap_ids, c2 = cap_ids;
-        if (!grow((void **)&sm->lp, &c1, sm->cap_ids, sizeof *sm->lp))
+        if (!cinfer_grow((void **)&sm->lp, &c1, sm->cap_ids, sizeof *sm->lp))
             return 0;
         if (g->n_top > 0 &&
-            !grow((void **)&sm->top, &c2, sm->cap_ids * (size_t)g->n_top,
-                  sizeof *sm->top))
+            !cinfer_grow((void **)&sm->top, &c2,
+                         sm->cap_ids * (size_t)g->n_top, sizeof *sm->top))
             return 0;
     }
     size_t nt = sm->n_text + ev->text_len + 1;
-    if (!grow((void **)&sm->text, &sm->cap_text, nt, 1))
+    if (!cinfer_grow((void **)&sm->text, &sm->cap_text, nt, 1))
         return 0;
     for (size_t i = 0; i < ev->n_ids; i++) {
         size_t j = sm->n_ids + i;

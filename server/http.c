@@ -51,6 +51,7 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include "server/grow.h"
 #include "server/http.h"
 #include "server/log.h"
 #include "server/openai.h"
@@ -127,21 +128,6 @@ typedef struct http_req {
 /* ---------------------------------------------------------------------- */
 /* Small pieces                                                           */
 /* ---------------------------------------------------------------------- */
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 1;
-    size_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return 0;
-    *p = q;
-    *cap = n;
-    return 1;
-}
 
 static void req_free(http_req *r)
 {
@@ -483,8 +469,8 @@ static int sample_append(http_req *r, const cinfer_engine_event *ev)
     if (ev->sample_index < 0 || ev->sample_index >= r->n_samples)
         return 1;
     http_sample *sm = &r->samples[ev->sample_index];
-    if (!grow((void **)&sm->text, &sm->cap_text, sm->n_text + ev->text_len + 1,
-              1))
+    if (!cinfer_grow((void **)&sm->text, &sm->cap_text,
+                     sm->n_text + ev->text_len + 1, 1))
         return 0;
     memcpy(sm->text + sm->n_text, ev->text, ev->text_len);
     sm->n_text += ev->text_len;
@@ -493,10 +479,11 @@ static int sample_append(http_req *r, const cinfer_engine_event *ev)
         return 1;
     size_t need = sm->n_ids + ev->n_ids;
     size_t c0 = sm->cap_ids, c1 = sm->cap_ids, c2 = sm->cap_ids;
-    if (!grow((void **)&sm->ids, &c0, need, sizeof *sm->ids) ||
-        !grow((void **)&sm->lp, &c1, need, sizeof *sm->lp) ||
-        !grow((void **)&sm->top, &c2, need * (size_t)(r->n_top ? r->n_top : 1),
-              sizeof *sm->top))
+    if (!cinfer_grow((void **)&sm->ids, &c0, need, sizeof *sm->ids) ||
+        !cinfer_grow((void **)&sm->lp, &c1, need, sizeof *sm->lp) ||
+        !cinfer_grow((void **)&sm->top, &c2,
+                     need * (size_t)(r->n_top ? r->n_top : 1),
+                     sizeof *sm->top))
         return 0;
     sm->cap_ids = c0;
     for (size_t i = 0; i < ev->n_ids; i++) {
@@ -605,7 +592,7 @@ static int out_add(http_req *r, json_t *j)
     if (!s)
         return 0;
     size_t n = strlen(s);
-    int ok = grow((void **)&r->out, &r->cap_out, r->n_out + n + 9, 1);
+    int ok = cinfer_grow((void **)&r->out, &r->cap_out, r->n_out + n + 9, 1);
     if (ok) {
         memcpy(r->out + r->n_out, "data: ", 6);
         memcpy(r->out + r->n_out + 6, s, n);
@@ -700,7 +687,8 @@ static void stream_collect(http_req *r)
         }
     }
     const char *done = "data: [DONE]\n\n";
-    if (grow((void **)&r->out, &r->cap_out, r->n_out + strlen(done) + 1, 1)) {
+    if (cinfer_grow((void **)&r->out, &r->cap_out,
+                    r->n_out + strlen(done) + 1, 1)) {
         memcpy(r->out + r->n_out, done, strlen(done));
         r->n_out += strlen(done);
     }

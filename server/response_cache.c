@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "server/response_cache.h"
+#include "server/grow.h"
 
 /* Bumped when the key's layout changes. */
 #define KEY_VERSION 1u
@@ -517,21 +518,6 @@ size_t cinfer_rcache_entry_bytes(const cinfer_rcache_entry *e)
 /* Recording (engine thread)                                              */
 /* ---------------------------------------------------------------------- */
 
-static int rec_grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 1;
-    size_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return 0;
-    *p = q;
-    *cap = n;
-    return 1;
-}
-
 /* Bytes an entry of the recorded stream would count. */
 static size_t rec_bytes(const cinfer_rcache_rec *r)
 {
@@ -580,8 +566,8 @@ static void rec_event(cinfer_rcache_rec *r, const cinfer_engine_event *ev)
     }
     size_t off = (r->n_data + 3) & ~(size_t)3;
     x.off = off;
-    if (!rec_grow((void **)&r->ev, &r->cap_ev, r->n_ev + 1, sizeof *r->ev) ||
-        !rec_grow((void **)&r->data, &r->cap_data, off + need, 1)) {
+    if (!cinfer_grow((void **)&r->ev, &r->cap_ev, r->n_ev + 1, sizeof *r->ev) ||
+        !cinfer_grow((void **)&r->data, &r->cap_data, off + need, 1)) {
         rec_abandon(r);
         return;
     }
