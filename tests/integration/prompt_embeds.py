@@ -21,14 +21,11 @@ output must be the tokens' own.
 Usage: prompt_embeds.py CASE --server-bin ... --cli-bin ... --run-bin ...
                         --mkmodel-bin ... --model PATH [--tokens N]
 """
-import argparse
 import base64
 import importlib.util
 import json
 import os
 import sys
-import tempfile
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -298,37 +295,5 @@ def case_errors():
 CASES = {"tokens": case_tokens, "errors": case_errors}
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
-    ap.add_argument("--server-bin", required=True)
-    ap.add_argument("--cli-bin", required=True)
-    ap.add_argument("--run-bin", required=True)
-    ap.add_argument("--mkmodel-bin", required=True)
-    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--work", default=None)
-    ARGS = ap.parse_args()
-    run.ARGS = ARGS
-    if ARGS.work is None:
-        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-embeds-%s-" %
-                                     ARGS.case)
-    os.makedirs(ARGS.work, exist_ok=True)
-    try:
-        run.stubs()
-        CASES[ARGS.case]()
-    except Skip as e:
-        print("SKIP: %s" % e, file=sys.stderr)
-        return SKIP
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
-              file=sys.stderr)
-        return 1
-    print("PASS: %s" % ARGS.case, file=sys.stderr)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run.case_main(__name__, CASES, "embeds", stubs=True))

@@ -2564,6 +2564,56 @@ CASES = {
 }
 
 
+
+def case_main(module, cases, prefix, extra=(), stubs=False):
+    """The case dispatch the integration scripts share: parses
+    CASE --server-bin --cli-bin --run-bin --mkmodel-bin [--model]
+    [--tokens] [--work] plus `extra` (option names defaulting to ""), sets
+    ARGS here and in `module` (the caller's __name__), makes a work
+    directory (removed after a pass unless --work was given), skips
+    without grpcio / grpcio-tools, builds the stubs when `stubs`, runs
+    cases[CASE] and returns the exit code (0, 1 or SKIP)."""
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(cases))
+    for name in ("--server-bin", "--cli-bin", "--run-bin", "--mkmodel-bin"):
+        ap.add_argument(name, required=True)
+    for name in extra:
+        ap.add_argument(name, default="")
+    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--work", default=None)
+    ARGS = ap.parse_args()
+    sys.modules[module].ARGS = ARGS
+    keep = ARGS.work is not None
+    if not keep:
+        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-%s-%s-" %
+                                     (prefix, ARGS.case))
+    os.makedirs(ARGS.work, exist_ok=True)
+    try:
+        try:
+            import grpc  # noqa: F401
+            import grpc_tools  # noqa: F401
+        except ImportError:
+            raise Skip("grpcio / grpcio-tools not installed "
+                       "(scripts/install-deps.sh installs them)")
+        if stubs:
+            globals()["stubs"]()
+        cases[ARGS.case]()
+    except Skip as e:
+        print("SKIP: %s" % e, file=sys.stderr)
+        return SKIP
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
+              file=sys.stderr)
+        return 1
+    if not keep:
+        shutil.rmtree(ARGS.work, ignore_errors=True)
+    print("PASS: %s" % ARGS.case, file=sys.stderr)
+    return 0
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
