@@ -20,11 +20,13 @@
  *
  * Lifetime: an http_req has two holders, the connection (until MHD's
  * request-completed notice) and the engine (from submit to the last
- * FINISH); the last to let go frees it. From admission until its answer
- * is out (the request-completed notice), the request counts in the
- * server's generate_open, so a drain waits for it, its last events
- * included, as for a gRPC stream; destroy cancels what the engine still
- * holds (cinfer_http_abort_all).
+ * FINISH); the last to let go frees it. From admission until both have
+ * let go, the request counts in the server's generate_open, so a drain
+ * waits for its answer and its last events, as for a gRPC stream (a
+ * connection can end before the engine's last FINISH: its client left, or
+ * the answer went out while the engine thread still logs). Destroy
+ * cancels what the engine still holds (cinfer_http_abort_all) and, should
+ * the server's bounded wait end first, waits for those requests itself.
  *
  * Metrics: each answer of an API path counts once in
  * cinfer:request_total{frontend="openai"} under its path, with the gRPC
@@ -39,6 +41,7 @@
  * Retry-After, 504 for deadlines, 500 for engine faults.
  */
 #define _GNU_SOURCE /* POLLRDHUP */
+#include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <poll.h>
@@ -59,6 +62,8 @@
 #include "server/status_map.h"
 
 #define HTTP_MAX_CONNECTIONS 256
+/* How long destroy waits for the engine's last events (s). */
+#define HTTP_DESTROY_WAIT_S 30
 #define WAIT_SLICE_MS 50
 
 struct cinfer_http {
@@ -66,6 +71,7 @@ struct cinfer_http {
     struct MHD_Daemon *daemon;
     int port;
     pthread_mutex_t mu;
+    pthread_cond_t idle;   /* live became empty (mu; CLOCK_MONOTONIC) */
     struct http_req *live; /* requests the engine holds (mu) */
     atomic_ullong next_id;
 };
@@ -145,7 +151,13 @@ static void req_free(http_req *r)
     free(r->out);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
+    cinfer_server *srv = r->s;
+    int listed = r->listed;
     free(r);
+    /* Last: once generate_open reaches 0 a drain may end and the server
+     * (and this front end) go; nothing of either is touched after. */
+    if (listed)
+        cinfer_server_stream_end(srv);
 }
 
 static void req_unref(http_req *r)
@@ -512,6 +524,8 @@ static void unlist(http_req *r)
     if (r->next)
         r->next->prev = r->prev;
     r->next = r->prev = NULL;
+    if (!h->live)
+        pthread_cond_broadcast(&h->idle);
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -907,7 +921,7 @@ static enum MHD_Result generate(http_req *r, struct MHD_Connection *c)
         return send_error(r, c, CINFER_E_UNAVAILABLE,
                           "the server is shutting down", &pb);
     }
-    r->listed = 1; /* in generate_open until its connection is done */
+    r->listed = 1; /* in generate_open until both holders let go */
     atomic_fetch_add(&r->refs, 1); /* the engine's hold */
     pthread_mutex_lock(&r->h->mu);
     r->next = r->h->live;
@@ -1105,10 +1119,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_unlock(&r->mu);
     /* An answer not counted yet never reached its end: the client left. */
     count_answer(r, CINFER_E_CANCELLED, NULL);
-    /* Counted until the answer is out, not only until the engine is done:
-     * a drain then waits for the last events of a stream too. */
-    if (r->listed)
-        cinfer_server_stream_end(r->s);
+    /* It stays counted in generate_open until both holders let go
+     * (req_free): the answer is out and the engine's last event is done,
+     * so a drain waits for both, and for the event's unlist too. */
     req_unref(r); /* the connection's hold */
 }
 
@@ -1211,6 +1224,11 @@ cinfer_status cinfer_http_create(cinfer_server *s, const char *listen,
     h->srv = s;
     h->port = port;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->idle, &ca);
+    pthread_condattr_destroy(&ca);
     h->daemon = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
             MHD_USE_ERROR_LOG,
@@ -1222,6 +1240,7 @@ cinfer_status cinfer_http_create(cinfer_server *s, const char *listen,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     if (!h->daemon) {
         close(fd);
+        pthread_cond_destroy(&h->idle);
         pthread_mutex_destroy(&h->mu);
         free(h);
         return cinfer_set_error(CINFER_E_IO,
@@ -1291,6 +1310,32 @@ void cinfer_http_destroy(cinfer_http *h)
     if (!h)
         return;
     MHD_stop_daemon(h->daemon); /* joins the connection threads */
+    /* A request whose connection ended first (its client left, or its
+     * answer went out before its last FINISH) is still held by the
+     * engine, and its last event unlists it from h: wait for those,
+     * cancelling again what started after the server's abort. The engine
+     * finishes every request it took, cancelled ones at its next step;
+     * if it does not within the bound, h is left allocated rather than
+     * freed under a request that still points to it. */
+    cinfer_http_abort_all(h);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += HTTP_DESTROY_WAIT_S;
+    int left = 0;
+    pthread_mutex_lock(&h->mu);
+    while (h->live &&
+           pthread_cond_timedwait(&h->idle, &h->mu, &until) != ETIMEDOUT)
+        ;
+    left = h->live != NULL;
+    pthread_mutex_unlock(&h->mu);
+    if (left) {
+        cinfer_log_line l;
+        if (cinfer_log_begin(&l, CINFER_LOG_ERROR,
+                             "http requests still held by the engine", NULL))
+            cinfer_log_end(&l);
+        return;
+    }
+    pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }

@@ -2565,14 +2565,15 @@ CASES = {
 
 
 
-def case_main(module, cases, prefix, extra=(), stubs=False):
+def case_main(module, cases, prefix, extra=(), stubs=False, prepare=None):
     """The case dispatch the integration scripts share: parses
     CASE --server-bin --cli-bin --run-bin --mkmodel-bin [--model]
     [--tokens] [--work] plus `extra` (option names defaulting to ""), sets
     ARGS here and in `module` (the caller's __name__), makes a work
     directory (removed after a pass unless --work was given), skips
-    without grpcio / grpcio-tools, builds the stubs when `stubs`, runs
-    cases[CASE] and returns the exit code (0, 1 or SKIP)."""
+    without grpcio / grpcio-tools, builds the stubs when `stubs`, calls
+    `prepare` (which may raise Skip), runs cases[CASE] and returns the
+    exit code (0, 1 or SKIP)."""
     global ARGS
     ap = argparse.ArgumentParser()
     ap.add_argument("case", choices=sorted(cases))
@@ -2599,6 +2600,8 @@ def case_main(module, cases, prefix, extra=(), stubs=False):
                        "(scripts/install-deps.sh installs them)")
         if stubs:
             globals()["stubs"]()
+        if prepare is not None:
+            prepare()
         cases[ARGS.case]()
     except Skip as e:
         print("SKIP: %s" % e, file=sys.stderr)
