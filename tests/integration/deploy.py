@@ -41,17 +41,14 @@ Cases:
 Reuses run.py's server and stub helpers. Exit status: 0 pass, 1 fail,
 77 skip (no grpcio, h2, prometheus_client, nginx or a checker package).
 """
-import argparse
 import base64
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -59,7 +56,6 @@ import run  # noqa: E402  (the integration helpers)
 
 from run import Skip, check, check_eq, log  # noqa: E402
 
-SKIP = 77
 ARGS = None
 ORCA_TRAILER = "endpoint-load-metrics-bin"
 ORCA_STREAM = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics"
@@ -1215,48 +1211,7 @@ CASES = {
 }
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
-    ap.add_argument("--server-bin", required=True)
-    ap.add_argument("--faulty-bin", default="")
-    ap.add_argument("--cli-bin", required=True)
-    ap.add_argument("--run-bin", required=True)
-    ap.add_argument("--mkmodel-bin", required=True)
-    ap.add_argument("--cudasim-bin", default="")
-    ap.add_argument("--nginx-bin", default="")
-    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--work", default=None)
-    ARGS = ap.parse_args()
-    run.ARGS = ARGS
-    keep = ARGS.work is not None
-    if not keep:
-        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-deploy-%s-" %
-                                     ARGS.case)
-    os.makedirs(ARGS.work, exist_ok=True)
-    try:
-        try:
-            import grpc  # noqa: F401
-            import grpc_tools  # noqa: F401
-        except ImportError:
-            raise Skip("grpcio / grpcio-tools not installed "
-                       "(scripts/install-deps.sh installs them)")
-        CASES[ARGS.case]()
-    except Skip as e:
-        print("SKIP: %s" % e, file=sys.stderr)
-        return SKIP
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
-              file=sys.stderr)
-        return 1
-    if not keep:
-        shutil.rmtree(ARGS.work, ignore_errors=True)
-    print("PASS: %s" % ARGS.case, file=sys.stderr)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run.case_main(__name__, CASES, "deploy",
+                           extra=("--faulty-bin", "--cudasim-bin",
+                                  "--nginx-bin")))

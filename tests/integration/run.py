@@ -2617,45 +2617,6 @@ def case_main(module, cases, prefix, extra=(), stubs=False, prepare=None):
     return 0
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
-    ap.add_argument("--server-bin", required=True)
-    ap.add_argument("--cli-bin", required=True)
-    ap.add_argument("--run-bin", required=True)
-    ap.add_argument("--mkmodel-bin", required=True)
-    ap.add_argument("--faulty-bin", default="")
-    ap.add_argument("--cudasim-bin", default="")
-    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--work", default=None)
-    ARGS = ap.parse_args()
-    keep = ARGS.work is not None
-    if not keep:
-        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-%s-" % ARGS.case)
-    os.makedirs(ARGS.work, exist_ok=True)
-    try:
-        try:
-            import grpc  # noqa: F401
-            import grpc_tools  # noqa: F401
-        except ImportError:
-            raise Skip("grpcio / grpcio-tools not installed "
-                       "(scripts/install-deps.sh installs them)")
-        CASES[ARGS.case]()
-    except Skip as e:
-        print("SKIP: %s" % e, file=sys.stderr)
-        return SKIP
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
-              file=sys.stderr)
-        return 1
-    if not keep:
-        shutil.rmtree(ARGS.work, ignore_errors=True)
-    print("PASS: %s" % ARGS.case, file=sys.stderr)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(case_main(__name__, CASES, "run",
+                       extra=("--faulty-bin", "--cudasim-bin")))

@@ -26,14 +26,10 @@ Reuses run.py's server and stub helpers. Exit status: 0 pass, 1 fail,
 77 skip (no grpcio or prometheus_client, or a server without
 --metrics-listen).
 """
-import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import urllib.error
 import urllib.request
 
@@ -43,7 +39,6 @@ import run  # noqa: E402  (the integration helpers)
 
 from run import Skip, check, check_eq, log  # noqa: E402
 
-SKIP = 77
 ARGS = None
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -310,50 +305,13 @@ CASES = {
 }
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=sorted(CASES))
-    ap.add_argument("--server-bin", required=True)
-    ap.add_argument("--cli-bin", required=True)
-    ap.add_argument("--run-bin", required=True)
-    ap.add_argument("--mkmodel-bin", required=True)
-    ap.add_argument("--model", default=os.environ.get("CINFER_MODEL", ""))
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--work", default=None)
-    ARGS = ap.parse_args()
-    run.ARGS = ARGS
-    keep = ARGS.work is not None
-    if not keep:
-        ARGS.work = tempfile.mkdtemp(prefix="cinfer-it-metrics-%s-" %
-                                     ARGS.case)
-    os.makedirs(ARGS.work, exist_ok=True)
+def prepare():
     try:
-        try:
-            import grpc  # noqa: F401
-            import grpc_tools  # noqa: F401
-        except ImportError:
-            raise Skip("grpcio / grpcio-tools not installed "
-                       "(scripts/install-deps.sh installs them)")
-        try:
-            import prometheus_client.parser  # noqa: F401
-        except ImportError:
-            raise Skip("prometheus_client not installed "
-                       "(scripts/install-deps.sh installs it)")
-        CASES[ARGS.case]()
-    except Skip as e:
-        print("SKIP: %s" % e, file=sys.stderr)
-        return SKIP
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        print("FAIL: %s (work dir %s)" % (ARGS.case, ARGS.work),
-              file=sys.stderr)
-        return 1
-    if not keep:
-        shutil.rmtree(ARGS.work, ignore_errors=True)
-    print("PASS: %s" % ARGS.case, file=sys.stderr)
-    return 0
+        import prometheus_client.parser  # noqa: F401
+    except ImportError:
+        raise Skip("prometheus_client not installed "
+                   "(scripts/install-deps.sh installs it)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run.case_main(__name__, CASES, "metrics", prepare=prepare))
