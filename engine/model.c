@@ -103,6 +103,11 @@ struct cinfer_model {
     float *rope_factors;    /* [rot_dim / 2] rope_freqs.weight, or NULL */
     float rope_theta_swa;   /* gemma3: local layers' rope base */
     float attn_scale;       /* scores' scale */
+    int q_prescale;         /* gemma3: attn_scale multiplies Q in F32
+                               before attention (which then scales by 1),
+                               as llama.cpp's graph does; it differs where
+                               F16 rounds the scaled Q below its normal
+                               range */
     float embd_scale;       /* embeddings' scale (gemma3: sqrt(n_embd)) */
     int gemma_window;       /* gemma3: attention.sliding_window; 0 = none */
     int gemma_pattern;      /* gemma3: every pattern-th layer is global */
@@ -685,6 +690,7 @@ static cinfer_status read_gemma(cinfer_model *m)
     m->gemma_window = window;
     m->gemma_pattern = pattern;
     m->embd_scale = sqrtf((float)I->n_embd);
+    m->q_prescale = 1;
     if (I->n_layer == 62)
         m->attn_scale = 1.0f / sqrtf((float)(I->n_embd / I->n_head));
     return CINFER_OK;
@@ -1701,6 +1707,8 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                     m->rot_dim, rope));
         TRY(cinfer_backend_rope_ext(be, m->k, m->n_kv_r, I->head_dim,
                                     m->rot_dim, rope));
+        if (m->q_prescale)
+            TRY(cinfer_backend_scale(be, m->q, scale));
         if (m->n_swa && L->window) /* the window pool (swa tables) */
             TRY(cinfer_backend_kv_store_swa(be, m->k, m->v, L->k_cache,
                                             L->v_cache));
@@ -1709,7 +1717,9 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                         L->v_cache));
         TRY(cinfer_backend_attention_window(be, m->q, L->k_cache, L->v_cache,
                                             m->n_head_r, m->n_kv_r,
-                                            I->head_dim, scale, L->window,
+                                            I->head_dim,
+                                            m->q_prescale ? 1.0f : scale,
+                                            L->window,
                                             m->att));
         const cinfer_tensor *wo[1] = {L->wo};
         cinfer_tensor *oo[1] = {m->h};
