@@ -199,14 +199,19 @@ void cinfer_cpu_op_silu_mul(cinfer_cpu_backend *cb, const float *gate,
 
 /* GGML's ggml_vec_geglu_f32 with GGML_GELU_FP16: the gate through its F16
  * table (gelu of the F16 value, rounded to F16), so each element matches
- * llama.cpp's CPU backend bit for bit. */
+ * llama.cpp's CPU backend bit for bit. The table is built by
+ * ggml_gelu_f32 compiled with FMA (as llama.cpp is on every x86-64 with
+ * AVX2), where the compiler contracts 1 + a*x*x into one fma: the one
+ * entry of (-10, 10) that the uncontracted formula rounds otherwise
+ * (gate -1.99902344) was found on Gemma 3 270M, and all 37,376 entries
+ * agree with ggml's table this way. */
 static float gelu_f16(float x)
 {
     if (x <= -10.0f)
         return 0.0f;
     const float a = 0.044715f, k = 0.79788456080286535587989211986876f;
     float h = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(x));
-    float g = 0.5f * h * (1.0f + tanhf(k * h * (1.0f + a * h * h)));
+    float g = 0.5f * h * (1.0f + tanhf(k * h * fmaf(a * h, h, 1.0f)));
     return cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(g));
 }
 

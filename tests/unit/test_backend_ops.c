@@ -2209,9 +2209,10 @@ static void test_gelu_scale(void)
     uint64_t seed = seed_for(77);
     float *g = randv(N * D, &seed, 12.0f), *u = randv(N * D, &seed, 1.0f);
     const float edges[] = {-10.0f, 10.0f, -10.001f, 9.999f, 0.0f, -0.0f,
-                           1e-8f, -3.0f};
-    for (int i = 0; i < 8; i++)
+                           1e-8f, -3.0f, -0x1.ffcp+0f};
+    for (int i = 0; i < 9; i++)
         g[i] = edges[i];
+    u[8] = 1.0f;
     float *got = malloc(sizeof(float) * N * D);
     float *first = NULL;
     for (int ci = 0; ci < g_n_factories; ci++) {
@@ -2256,6 +2257,10 @@ static void test_gelu_scale(void)
             CHECK_EQ_INT(bad, 0);
             CHECK(got[0] == 0.0f);            /* -10: cut to 0 */
             CHECK(got[1] == 10.0f * u[1]);    /* 10: the identity */
+            /* GGML's table entry for the F16 gate -1.99902344, built with
+             * FMA contraction (ops.c, gelu_f16): one F16 step from what
+             * the uncontracted formula rounds to */
+            CHECK(got[8] == -0x1.74cp-5f);
             if (!first) {
                 first = malloc(sizeof(float) * N * D);
                 memcpy(first, got, sizeof(float) * N * D);
