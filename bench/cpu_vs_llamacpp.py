@@ -16,6 +16,11 @@ cinfer-kbench: decode can not beat (weight bytes / read bandwidth) per
 token, prefill can not beat (2 * params * tokens) / peak FMA rate.
 
     bench/cpu_vs_llamacpp.py [--reps 5] [--threads 1,2] [--types q4_1,q8_0,f16]
+        [--out FILE]
+
+Types are llama-quantize's names in lower case (q4_k_m, q6_k, ...), each
+the default model converted, or `gemma`: the Gemma 3 270M Q4_K_M file
+(scripts/gemma-model.sh) as it is.
 
 Writes a markdown table to bench/results/cpu-vs-llamacpp.md (the run before
 moves to bench/results/history/) and prints it. llama.cpp is built by scripts/goldens/build-llama-cpp.sh from the
@@ -58,6 +63,16 @@ def cinfer_bench(build, model, threads):
     return row["pp_tps"], row["tg_tps"]
 
 
+def n_params(model):
+    """The weights' element count, from the GGUF's tensor table (the gguf
+    package); the default model's 134,515,008 if it is not installed."""
+    try:
+        import gguf
+    except ImportError:
+        return 134515008
+    return sum(int(t.n_elements) for t in gguf.GGUFReader(model).tensors)
+
+
 def floors(build, threads):
     """Read bandwidth (GB/s, huge pages), peak FP32 FMA rate (GFLOP/s) and
     peak int8 dot rate (GOP/s) of the best ISA, from cinfer-kbench's JSON."""
@@ -85,6 +100,9 @@ def main():
         if t == "q4_1":
             models[t] = default
             continue
+        if t == "gemma":  # the second real model, Gemma 3 270M Q4_K_M
+            models[t] = sh(["sh", os.path.join(ROOT, "scripts/gemma-model.sh")]).stdout.strip()
+            continue
         path = os.path.join(args.work, f"smollm2-135m-{t}.gguf")
         if not os.path.exists(path):
             sh([os.path.join(bin_dir, "llama-quantize"), "--allow-requantize",
@@ -97,6 +115,7 @@ def main():
         for th in [int(x) for x in args.threads.split(",")]:
             bw, fma, dot = floors(args.build, th)
             # int8-block products run on vpdpbusd, float ones on FMA
+            # (the K-quants and IQ4 types pair with Q8_K or Q8_0 blocks)
             rate = fma if t in ("f16", "bf16", "f32") else dot
             res = {"cinfer": [], "llama.cpp": []}
             for rep in range(args.reps):
@@ -108,7 +127,7 @@ def main():
                         res[who].append(llama_bench(bin_dir, model, th))
             med = {k: (statistics.median(p for p, _ in v), statistics.median(g for _, g in v))
                    for k, v in res.items()}
-            params = 134515008
+            params = n_params(model)
             rows.append({
                 "type": t, "threads": th,
                 "c_pp": med["cinfer"][0], "l_pp": med["llama.cpp"][0],
