@@ -62,14 +62,15 @@
  *     acc[l]  = fma(d, (float)isum[l], acc[l])
  *   out = hsum8(acc)
  *
- *   IQ4_NL x Q8_0 (blocks of 32): two accumulators, even blocks into acc1
- *     and odd ones into acc2 while a pair remains; d = f(da) * f(dw)
- *     (exact)
- *     isum[l] = sum_{t<4} v[4l + t] * a[4l + t]
- *     acc[l]  = fma(d, (float)isum[l], acc[l])
- *     out = hsum8(acc1 + acc2, lane by lane); for an odd count the last
- *     block adds out = fma(d, (float)sum_{e<32} v[e] * a[e], out)
- *     (GGML's scalar tail, fused as GCC compiles it)
+ *   IQ4_NL x Q8_0 (blocks of 32): the order of GGML's x86
+ *     ggml_gemv_iq4_nl_8x8_q8_0 (gemv_q4_b32_8x8_q8_0_lut_avx), which
+ *     llama.cpp's CPU buffers take on AVX2 for every IQ4_NL weight whose
+ *     row count is a multiple of 8 (repack.cpp's iq4_nl_8x8_q8_0): one
+ *     exact int and one scalar accumulator, blocks in order
+ *     isum = sum_{e<32} v[e] * a[e]
+ *     out  = fma((float)isum, f(dw) * f(da), out)
+ *     (cinfer takes this order for every IQ4_NL weight, as for Q4_K;
+ *     llama.cpp keeps ggml_vec_dot_iq4_nl_q8_0's for rows % 8 != 0)
  *
  * with bs the activation's bsums, f() fp16 -> fp32, and hsum8 the tree of
  * matmul_impl.h. The integer sums are exact, so only the float steps fix
@@ -290,28 +291,13 @@ static float dot_iq4_nl(const void *vx, const void *vy, int64_t nb)
 {
     const cinfer_block_iq4_nl *x = vx;
     const cinfer_block_q8_0 *y = vy;
-    float acc[2][8] = {{0}};
-    const int64_t pairs = nb / 2 * 2;
-    int64_t b = 0;
-    for (; b < pairs; b++) {
-        const float d = cinfer_fp16_to_fp32(y[b].d) * cinfer_fp16_to_fp32(x[b].d);
-        for (int l = 0; l < 8; l++) {
-            int s = 0;
-            for (int t = 0; t < 4; t++)
-                s += iq4_value(x[b].qs, 4 * l + t) * y[b].qs[4 * l + t];
-            acc[b & 1][l] = fmaf(d, (float)s, acc[b & 1][l]);
-        }
-    }
-    float sum[8];
-    for (int l = 0; l < 8; l++)
-        sum[l] = acc[0][l] + acc[1][l];
-    float out = hsum8(sum);
-    for (; b < nb; b++) {
-        const float d = cinfer_fp16_to_fp32(y[b].d) * cinfer_fp16_to_fp32(x[b].d);
+    float out = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = cinfer_fp16_to_fp32(x[b].d) * cinfer_fp16_to_fp32(y[b].d);
         int s = 0;
         for (int e = 0; e < 32; e++)
             s += iq4_value(x[b].qs, e) * y[b].qs[e];
-        out = fmaf(d, (float)s, out);
+        out = fmaf((float)s, d, out);
     }
     return out;
 }

@@ -409,23 +409,13 @@ static float dot_iq4_nl(const void *vx, const void *vy, int64_t nb)
     const cinfer_block_iq4_nl *x = vx;
     const cinfer_block_q8_0 *y = vy;
     const __m128i values = _mm_loadu_si128((const __m128i *)cinfer_iq4nl_values);
-    __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const __m256i p1 = iq4_nl_block(&x[b], &y[b], values);
-        const __m256i p2 = iq4_nl_block(&x[b + 1], &y[b + 1], values);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(y[b].d) * f16(x[b].d)),
-                               _mm256_cvtepi32_ps(p1), acc1);
-        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(f16(y[b + 1].d) * f16(x[b + 1].d)),
-                               _mm256_cvtepi32_ps(p2), acc2);
-    }
-    float out = hsum8(_mm256_add_ps(acc1, acc2));
-    if (b < nb) {
+    float out = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
         const __m256i p = iq4_nl_block(&x[b], &y[b], values);
         __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
         s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-        out = fmaf(f16(y[b].d) * f16(x[b].d), (float)_mm_cvtsi128_si32(s), out);
+        out = fmaf((float)_mm_cvtsi128_si32(s), f16(x[b].d) * f16(y[b].d), out);
     }
     return out;
 }

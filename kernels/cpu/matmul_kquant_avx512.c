@@ -21,8 +21,8 @@
  *     negated where v < 0 (level index bit 3 clear), as vpsignb does on
  *     AVX2 (|a| <= 127 for Q8_0 and Q8_K, so the negation is exact).
  *   - IQ4_NL x Q8_0 puts two blocks in one register, even one in the low
- *     eight lanes and odd one in the high: the float accumulator's halves
- *     are the order's acc1 and acc2.
+ *     eight lanes and odd one in the high; each half is reduced to the
+ *     block's exact int, which takes its fma in block order.
  *
  * Batches: each weight super-block is decoded once (levels, scales) and
  * reused for up to ROWS activation rows, which is what makes the prefill
@@ -491,9 +491,9 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
                         float *out, int64_t out_stride)
 {
     const cinfer_block_iq4_nl *x = wrow;
-    __m512 acc[ROWS];
+    float res[ROWS];
     for (int r = 0; r < rt; r++)
-        acc[r] = _mm512_setzero_ps();
+        res[r] = 0.0f;
     const __m512i zero = _mm512_setzero_si512();
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
@@ -508,17 +508,15 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
                 _mm256_loadu_si256((const __m256i *)y[1].qs), 1);
             av = _mm512_mask_sub_epi8(av, neg, zero, av);
             const __m512i si = _mm512_dpbusd_epi32(zero, w, av);
-            const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(f16(y[0].d) * xd0),
-                                                _mm256_set1_ps(f16(y[1].d) * xd1), 1);
-            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(si), acc[r]);
+            /* one exact int per block, then one fma each, in order */
+            const int s0 = _mm512_mask_reduce_add_epi32(0x00FF, si);
+            const int s1 = _mm512_mask_reduce_add_epi32(0xFF00, si);
+            res[r] = fmaf((float)s0, xd0 * f16(y[0].d), res[r]);
+            res[r] = fmaf((float)s1, xd1 * f16(y[1].d), res[r]);
         }
     }
-    float res[ROWS];
-    for (int r = 0; r < rt; r++)
-        res[r] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[r]),
-                                     _mm512_extractf32x8_ps(acc[r], 1)));
     if (b < nb) {
-        /* GGML's scalar tail: one fma of the block's whole integer sum */
+        /* an odd last block, the same way */
         const __m256i m4 = _mm256_set1_epi8(0xF);
         const __m128i bits = _mm_loadu_si128((const __m128i *)x[b].qs);
         const __m256i raw = _mm256_setr_m128i(bits, _mm_srli_epi16(bits, 4));
@@ -536,7 +534,7 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
             __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
             t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
             t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
-            res[r] = fmaf(f16(y->d) * xd, (float)_mm_cvtsi128_si32(t), res[r]);
+            res[r] = fmaf((float)_mm_cvtsi128_si32(t), xd * f16(y->d), res[r]);
         }
     }
     for (int r = 0; r < rt; r++)

@@ -8,11 +8,11 @@
  *    blocks and cinfer's), the activation quantization of the type's
  *    vec_dot_type (Q8_K; Q8_0 for IQ4_NL), and ggml_vec_dot_<type>_<act>
  *    against cinfer_cpu_matmul_compute on every ISA this processor has;
- *    for Q4_K (16 rows) the reference is instead a mul_mat on the
- *    CPU_REPACK buffer at 3 activation rows, all of which take
- *    ggml_gemv_q4_K_8x8_q8_K (gemm takes rows four at a time), the order
- *    llama.cpp computes a Q4_K weight of rows % 8 == 0 in. Any
- *    difference fails.
+ *    for Q4_K and IQ4_NL (16 rows) the reference is instead a mul_mat on
+ *    the CPU_REPACK buffer at 3 activation rows, all of which take
+ *    ggml_gemv_q4_K_8x8_q8_K / ggml_gemv_iq4_nl_8x8_q8_0 (gemm takes rows
+ *    four at a time), the order llama.cpp computes such a weight of
+ *    rows % 8 == 0 in on AVX2. Any difference fails.
  * 2. Through a ggml graph (mul_mat on the CPU backend): the plain buffer
  *    (the vec_dot path; for IQ4_NL at 2 rows or more llamafile's tinyBLAS,
  *    which sums all blocks in one accumulator, unlike vec_dot's two) and,
@@ -20,8 +20,8 @@
  *    processor (Q4_K and IQ4_NL on AVX2, Q2_K on AVX-512), the CPU_REPACK
  *    buffer that llama.cpp puts weights in by default (a different float
  *    order). Differences are reported, not failed: cinfer follows the
- *    vec_dot order except for Q4_K, where it follows the repacked gemv
- *    (at n=5 the repacked path's first four rows take gemm).
+ *    vec_dot order except for Q4_K and IQ4_NL, where it follows the
+ *    repacked gemv (at n=5 the repacked path's first four rows take gemm).
  */
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -89,9 +89,10 @@ static int check_kernels(void)
         const int at = ggml_get_type_traits_cpu(t)->vec_dot_type;
         for (int ni = 0; ni < (t == GGML_TYPE_IQ4_NL ? 7 : 4); ni++) {
             int n = ns[ni];
-            const int q4k = t == GGML_TYPE_Q4_K;
+            /* the types cinfer computes in ggml's repacked gemv order */
+            const int q4k = t == GGML_TYPE_Q4_K || t == GGML_TYPE_IQ4_NL;
             if (q4k && !g_repack) {
-                printf("Q4_K: no CPU_REPACK buffer here, not checked\n");
+                printf("%s: no CPU_REPACK buffer here, not checked\n", ggml_type_name(t));
                 fails++;
                 break;
             }
