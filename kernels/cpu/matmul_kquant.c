@@ -42,14 +42,17 @@
  *     acc[l]  = fma(d, (float)isum[l], acc[l])
  *   out = hsum8(acc)
  *
- *   Q2_K: d = da * f(dw); dmin = -da * f(dmin_w); sc = scales & 15,
- *     m = scales >> 4; one accumulator for both terms, mins first:
- *     msum[l] = m[2l] * bs[2l] + m[2l + 1] * bs[2l + 1]
- *     acc[l]  = fma(dmin, (float)msum[l], acc[l])
- *     isum[l] = sum over the eight 32-element parts p (elements 32p ..)
- *         sc[2p + (l >= 4)] * sum_{t<4} q[32p + 4l + t] * a[32p + 4l + t]
- *     acc[l]  = fma(d, (float)isum[l], acc[l])
- *   out = hsum8(acc)
+ *   Q2_K: the order of GGML's ggml_gemv_q2_K_8x8_q8_K (x86), which
+ *     llama.cpp's CPU buffers take on AVX-512 for every Q2_K weight whose
+ *     row count is a multiple of 8 (repack.cpp's q2_K_8x8_q8_K), with
+ *     sc = scales & 15 and m = scales >> 4 per 16-element sub-block j:
+ *     dd = f(dw) * da; dm = f(dmin_w) * da (plain products)
+ *     isum = sum_j sc[j] * sum_{e<16} q[16j + e] * a[16j + e]
+ *     imin = sum_j m[j] * bs[j]
+ *     acc  = fma((float)isum, dd, acc); accm = fma((float)imin, dm, accm)
+ *   out = acc - accm
+ *     (cinfer takes this order for every Q2_K weight; llama.cpp keeps
+ *     ggml_vec_dot_q2_K_q8_K's on AVX2 machines and for rows % 8 != 0)
  *
  *   Q3_K: d = da * f(dw); q - 4 in -4..3, s - 32 the signed scales
  *     isum[l] = as Q2_K's with (s - 32) for sc and (q - 4) for q
@@ -200,32 +203,25 @@ static float dot_q2_k(const void *vx, const void *vy, int64_t nb)
 {
     const cinfer_block_q2_k *x = vx;
     const cinfer_block_q8_k *y = vy;
-    float acc[8] = {0};
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const float d = y[b].d * cinfer_fp16_to_fp32(x[b].d);
-        const float dmin = -y[b].d * cinfer_fp16_to_fp32(x[b].dmin);
+        const float dd = cinfer_fp16_to_fp32(x[b].d) * y[b].d;
+        const float dm = cinfer_fp16_to_fp32(x[b].dmin) * y[b].d;
         const uint8_t *sc = x[b].scales;
         const int16_t *bs = y[b].bsums;
-        for (int l = 0; l < 8; l++) {
-            int ms = (sc[2 * l] >> 4) * bs[2 * l] + (sc[2 * l + 1] >> 4) * bs[2 * l + 1];
-            acc[l] = fmaf(dmin, (float)ms, acc[l]);
-        }
         const int8_t *a = y[b].qs;
-        int32_t isum[8] = {0};
-        for (int p = 0; p < 8; p++) {
-            for (int l = 0; l < 8; l++) {
-                int s = 0;
-                for (int t = 0; t < 4; t++) {
-                    int e = 32 * p + 4 * l + t;
-                    s += q2_bits(x[b].qs, e) * a[e];
-                }
-                isum[l] += (sc[2 * p + (l >= 4)] & 15) * s;
-            }
+        int32_t isum = 0, imin = 0;
+        for (int j = 0; j < 16; j++) {
+            imin += (sc[j] >> 4) * bs[j];
+            int s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                s += q2_bits(x[b].qs, e) * a[e];
+            isum += (sc[j] & 15) * s;
         }
-        for (int l = 0; l < 8; l++)
-            acc[l] = fmaf(d, (float)isum[l], acc[l]);
+        acc = fmaf((float)isum, dd, acc);
+        accm = fmaf((float)imin, dm, accm);
     }
-    return hsum8(acc);
+    return acc - accm;
 }
 
 static float dot_q3_k(const void *vx, const void *vy, int64_t nb)

@@ -251,29 +251,31 @@ static inline __m256i q2k_half(const uint8_t *q, const int8_t *a, __m256i scales
     return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
 }
 
+static inline int hsum8_i32(__m256i v)
+{
+    return hsum4_epi32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
 static float dot_q2_k(const void *vx, const void *vy, int64_t nb)
 {
     const cinfer_block_q2_k *x = vx;
     const cinfer_block_q8_k *y = vy;
     const __m128i m4 = _mm_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const float d = y[b].d * f16(x[b].d);
-        const float dmin = -y[b].d * f16(x[b].dmin);
         const __m128i ms = _mm_loadu_si128((const __m128i *)x[b].scales);
         const __m128i sc8 = _mm_and_si128(ms, m4);
         const __m128i mn8 = _mm_and_si128(_mm_srli_epi16(ms, 4), m4);
         const __m256i prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mn8),
                                                _mm256_loadu_si256((const __m256i *)y[b].bsums));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
-
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const __m128i lo = _mm256_castsi256_si128(sc16), hi = _mm256_extracti128_si256(sc16, 1);
         const __m256i s0 = q2k_half(x[b].qs, y[b].qs, _mm256_setr_m128i(lo, lo));
         const __m256i s1 = q2k_half(x[b].qs + 32, y[b].qs + 128, _mm256_setr_m128i(hi, hi));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+        acc = fmaf((float)hsum8_i32(_mm256_add_epi32(s0, s1)), f16(x[b].d) * y[b].d, acc);
+        accm = fmaf((float)hsum8_i32(prod), f16(x[b].dmin) * y[b].d, accm);
     }
-    return hsum8(acc);
+    return acc - accm;
 }
 
 /* The 16 6-bit Q3_K scales minus 32, as bytes (GGML's unpacking). */

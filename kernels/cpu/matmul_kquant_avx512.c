@@ -305,9 +305,9 @@ INLINE void q2_levels(const uint8_t *qs, __m512i w[4])
 INLINE void tile_q2_k(const void *wrow, const void *act, size_t arb, int64_t nb, int rt,
                       float *out, int64_t out_stride)
 {
-    __m256 acc[ROWS];
+    float acc[ROWS], accm[ROWS];
     for (int r = 0; r < rt; r++)
-        acc[r] = _mm256_setzero_ps();
+        acc[r] = accm[r] = 0.0f;
     const __m128i m4 = _mm_set1_epi8(0xF);
     for (int64_t b = 0; b < nb; b++) {
         const cinfer_block_q2_k *x = (const cinfer_block_q2_k *)wrow + b;
@@ -325,13 +325,14 @@ INLINE void tile_q2_k(const void *wrow, const void *act, size_t arb, int64_t nb,
             const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
             const __m256i prod =
                 _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)y->bsums));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-y->d * xm), _mm256_cvtepi32_ps(prod), acc[r]);
             const __m256i isum = dot4(w, s, y->qs);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * xd), _mm256_cvtepi32_ps(isum), acc[r]);
+            /* one exact int each per super-block (ggml's repacked gemv) */
+            acc[r] = fmaf((float)hsum8_epi32(isum), xd * y->d, acc[r]);
+            accm[r] = fmaf((float)hsum8_epi32(prod), xm * y->d, accm[r]);
         }
     }
     for (int r = 0; r < rt; r++)
-        out[r * out_stride] = hsum8(acc[r]);
+        out[r * out_stride] = acc[r] - accm[r];
 }
 
 /* The 16 6-bit Q3_K scales minus 32, as bytes (GGML's unpacking). */

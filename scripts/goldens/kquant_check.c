@@ -8,11 +8,12 @@
  *    blocks and cinfer's), the activation quantization of the type's
  *    vec_dot_type (Q8_K; Q8_0 for IQ4_NL), and ggml_vec_dot_<type>_<act>
  *    against cinfer_cpu_matmul_compute on every ISA this processor has;
- *    for Q4_K and IQ4_NL (16 rows) the reference is instead a mul_mat on
- *    the CPU_REPACK buffer at 3 activation rows, all of which take
- *    ggml_gemv_q4_K_8x8_q8_K / ggml_gemv_iq4_nl_8x8_q8_0 (gemm takes rows
- *    four at a time), the order llama.cpp computes such a weight of
- *    rows % 8 == 0 in on AVX2. Any difference fails.
+ *    for Q4_K, IQ4_NL and Q2_K (16 rows) the reference is instead a
+ *    mul_mat on the CPU_REPACK buffer at 3 activation rows, all of which
+ *    take ggml_gemv_q4_K_8x8_q8_K / _iq4_nl_8x8_q8_0 / _q2_K_8x8_q8_K
+ *    (gemm takes rows four at a time), the order llama.cpp computes such a
+ *    weight of rows % 8 == 0 in (on AVX2; Q2_K on AVX-512). Any
+ *    difference fails.
  * 2. Through a ggml graph (mul_mat on the CPU backend): the plain buffer
  *    (the vec_dot path; for IQ4_NL at 2 rows or more llamafile's tinyBLAS,
  *    which sums all blocks in one accumulator, unlike vec_dot's two) and,
@@ -20,7 +21,7 @@
  *    processor (Q4_K and IQ4_NL on AVX2, Q2_K on AVX-512), the CPU_REPACK
  *    buffer that llama.cpp puts weights in by default (a different float
  *    order). Differences are reported, not failed: cinfer follows the
- *    vec_dot order except for Q4_K and IQ4_NL, where it follows the
+ *    vec_dot order except for Q4_K, IQ4_NL and Q2_K, where it follows the
  *    repacked gemv (at n=5 the repacked path's first four rows take gemm).
  */
 #include "ggml-alloc.h"
@@ -90,7 +91,8 @@ static int check_kernels(void)
         for (int ni = 0; ni < (t == GGML_TYPE_IQ4_NL ? 7 : 4); ni++) {
             int n = ns[ni];
             /* the types cinfer computes in ggml's repacked gemv order */
-            const int q4k = t == GGML_TYPE_Q4_K || t == GGML_TYPE_IQ4_NL;
+            const int q4k = t == GGML_TYPE_Q4_K || t == GGML_TYPE_IQ4_NL ||
+                            (t == GGML_TYPE_Q2_K && ggml_cpu_has_avx512());
             if (q4k && !g_repack) {
                 printf("%s: no CPU_REPACK buffer here, not checked\n", ggml_type_name(t));
                 fails++;

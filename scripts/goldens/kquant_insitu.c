@@ -5,9 +5,9 @@
  *
  * For each K-quant and IQ4 type, a tiny model from cinfer's GGUF writer is
  * run by libllama (CPU, 1 thread; plain weight buffers, use_extra_bufts
- * off, except for Q4_K and IQ4_NL, whose repacked buffers (q4_K_8x8 and
- * iq4_nl_8x8, rows % 8 == 0) hold the order cinfer follows:
- * ggml_gemv_q4_K_8x8_q8_K, ggml_gemv_iq4_nl_8x8_q8_0); an eval
+ * off, except for Q4_K, IQ4_NL and Q2_K, whose repacked buffers (q4_K_8x8,
+ * iq4_nl_8x8, q2_K_8x8; rows % 8 == 0) hold the order cinfer follows:
+ * ggml_gemv_q4_K_8x8_q8_K, _iq4_nl_8x8_q8_0, _q2_K_8x8_q8_K); an eval
  * callback takes every MUL_MAT node with quantized weights (their bytes
  * from the file, as a repacked buffer holds another layout),
  * quantizes its F32 input with cinfer_cpu_matmul_prepare and multiplies
@@ -170,7 +170,8 @@ int main(void)
             printf("in situ %s: not run: write: %s\n", cinfer_dtype_name(ts[i]), cinfer_last_error());
             continue;
         }
-        const int rp = ts[i] == CINFER_DTYPE_Q4_K || ts[i] == CINFER_DTYPE_IQ4_NL;
+        const int rp = ts[i] == CINFER_DTYPE_Q4_K || ts[i] == CINFER_DTYPE_IQ4_NL ||
+                       ts[i] == CINFER_DTYPE_Q2_K;
         tally d = run(path, 8, 1, rp), p = run(path, 24, 0, rp);
         remove(path);
         if (d.bad_nodes < 0 || p.bad_nodes < 0) {
