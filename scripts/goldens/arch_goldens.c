@@ -85,13 +85,29 @@ static int run(const arch_golden_model *gm, int k, FILE *txt, FILE *bin)
         b.logits[i] = 1;
     }
     b.n_tokens = N;
-    if (!ctx || llama_decode(ctx, b)) {
-        fprintf(stderr, "%s: llama_decode failed\n", gm->name);
-        return 1;
+    int tok = 0;
+    if (gm->one_token) { /* one token per call: llama.cpp's decode path */
+        for (int i = 0; i < N; i++) {
+            b.token[0] = toks[i];
+            b.pos[0] = i;
+            b.logits[0] = 1;
+            b.n_tokens = 1;
+            if (!ctx || llama_decode(ctx, b)) {
+                fprintf(stderr, "%s: llama_decode failed\n", gm->name);
+                return 1;
+            }
+            fwrite(llama_get_logits_ith(ctx, 0), sizeof(float), (size_t)V, bin);
+        }
+        tok = argmax(llama_get_logits_ith(ctx, 0), V);
+    } else {
+        if (!ctx || llama_decode(ctx, b)) {
+            fprintf(stderr, "%s: llama_decode failed\n", gm->name);
+            return 1;
+        }
+        for (int i = 0; i < N; i++)
+            fwrite(llama_get_logits_ith(ctx, i), sizeof(float), (size_t)V, bin);
+        tok = argmax(llama_get_logits_ith(ctx, N - 1), V);
     }
-    for (int i = 0; i < N; i++)
-        fwrite(llama_get_logits_ith(ctx, i), sizeof(float), (size_t)V, bin);
-    int tok = argmax(llama_get_logits_ith(ctx, N - 1), V);
     /* DUMP=DIR: every decode step's logits to DIR/<name>.decode.f32 */
     FILE *dump = NULL;
     if (getenv("DUMP")) {

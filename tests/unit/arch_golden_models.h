@@ -30,6 +30,11 @@
  *               type for most of them), Q8_0 embeddings
  *   llama_hd16  llama, head size 16 from key_length, GQA 4/2, Q8_0
  *   qwen3_hd32  qwen3, head size 32 from key_length, GQA 4/2, Q8_0
+ *   q2_k .. iq4_xs  llama, 2 layers, n_embd 256, GQA 4/2, one per K-quant
+ *               and IQ4 type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+ *               IQ4_XS), weights and embeddings of that type; the prompt
+ *               one token per call (one_token), as llama.cpp computes
+ *               generated tokens
  * Every model but qwen3 has a separate output (a tied one makes a random
  * model repeat its input token). The head sizes are 64, as real models'
  * are (64..256), but for llama_hd16 and qwen3_hd32, whose attention dot
@@ -53,13 +58,14 @@
 
 #include "engine/tinymodel.h"
 
-#define ARCH_GOLDEN_MAX 10
+#define ARCH_GOLDEN_MAX 17
 #define ARCH_GOLDEN_PROMPT 24 /* prompt tokens, logits at every position */
 #define ARCH_GOLDEN_GREEDY 64 /* greedy tokens decoded one at a time */
 
 typedef struct {
     const char *name;
     cinfer_tinymodel_params p;
+    int one_token; /* the prompt fed one token per call, on both sides */
 } arch_golden_model;
 
 static inline int arch_golden_models(arch_golden_model *ms)
@@ -85,7 +91,7 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 31;
-    ms[n++] = (arch_golden_model){"llama3", p};
+    ms[n++] = (arch_golden_model){"llama3", p, 0};
 
     p = d;
     p.arch = "llama";
@@ -98,7 +104,7 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q4_1;
     p.seed = 32;
-    ms[n++] = (arch_golden_model){"linear", p};
+    ms[n++] = (arch_golden_model){"linear", p, 0};
 
     p = d;
     p.arch = "llama";
@@ -112,7 +118,7 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 33;
-    ms[n++] = (arch_golden_model){"mistral", p};
+    ms[n++] = (arch_golden_model){"mistral", p, 0};
 
     p = d;
     p.arch = "qwen3";
@@ -126,7 +132,7 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.norm_eps = 1e-6f;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 34;
-    ms[n++] = (arch_golden_model){"qwen3", p};
+    ms[n++] = (arch_golden_model){"qwen3", p, 0};
 
     p = d;
     p.arch = "qwen3";
@@ -142,7 +148,7 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q4_1;
     p.seed = 35;
-    ms[n++] = (arch_golden_model){"qwen3_3l", p};
+    ms[n++] = (arch_golden_model){"qwen3_3l", p, 0};
 
     p = d;
     p.arch = "gemma3";
@@ -159,13 +165,13 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 36;
-    ms[n++] = (arch_golden_model){"gemma3", p};
+    ms[n++] = (arch_golden_model){"gemma3", p, 0};
 
     /* Gemma 3's Q4_K_M files hold Q5_0 projections: loaded as Q8_0 */
     p.weight_dtype = CINFER_DTYPE_Q5_0;
     p.n_layer = 2;
     p.seed = 37;
-    ms[n++] = (arch_golden_model){"gemma3_q5", p};
+    ms[n++] = (arch_golden_model){"gemma3_q5", p, 0};
 
     /* head sizes under 64: KQ dot products shorter than one AVX-512
      * ggml_vec_dot_f16 step (64 halves), summed in double */
@@ -179,7 +185,7 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 38;
-    ms[n++] = (arch_golden_model){"llama_hd16", p};
+    ms[n++] = (arch_golden_model){"llama_hd16", p, 0};
 
     p = d;
     p.arch = "qwen3";
@@ -194,7 +200,33 @@ static inline int arch_golden_models(arch_golden_model *ms)
     p.tied_output = 0;
     p.weight_dtype = p.embd_dtype = CINFER_DTYPE_Q8_0;
     p.seed = 39;
-    ms[n++] = (arch_golden_model){"qwen3_hd32", p};
+    ms[n++] = (arch_golden_model){"qwen3_hd32", p, 0};
+
+    /* one per K-quant and IQ4 type: their llama.cpp prompt kernels (tiled,
+     * tinyBLAS, repacked gemm) sum in other orders than its one-token
+     * path, which cinfer follows, so both sides feed the prompt one token
+     * per call; every weight's rows are a multiple of 8 (llama.cpp's
+     * repack condition for Q4_K, Q2_K and IQ4_NL) */
+    static const struct {
+        const char *name;
+        cinfer_dtype t;
+    } kq[] = {{"q2_k", CINFER_DTYPE_Q2_K},     {"q3_k", CINFER_DTYPE_Q3_K},
+              {"q4_k", CINFER_DTYPE_Q4_K},     {"q5_k", CINFER_DTYPE_Q5_K},
+              {"q6_k", CINFER_DTYPE_Q6_K},     {"iq4_nl", CINFER_DTYPE_IQ4_NL},
+              {"iq4_xs", CINFER_DTYPE_IQ4_XS}};
+    for (int i = 0; i < (int)(sizeof kq / sizeof kq[0]); i++) {
+        p = d;
+        p.arch = "llama";
+        p.n_layer = 2;
+        p.n_embd = 256;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 512;
+        p.tied_output = 0;
+        p.weight_dtype = p.embd_dtype = kq[i].t;
+        p.seed = 40 + (uint64_t)i;
+        ms[n++] = (arch_golden_model){kq[i].name, p, 1};
+    }
     return n;
 }
 

@@ -6,10 +6,12 @@
  * scripts/goldens/arch-goldens.sh with llama.cpp) hold, for each model of
  * tests/unit/arch_golden_models.h (Llama 3 rope scaling, linear rope
  * scaling, a Mistral-shaped llama with attention.key_length, Qwen3 with its
- * per-head Q/K norms, twice, Gemma 3, twice, and head sizes 16 and 32):
- * the FNV-1a hash of the file the GGUF writer
- * made, a prompt of ARCH_GOLDEN_PROMPT ids, llama.cpp's full logit vector
- * at every prompt position (the prompt in one batch) and its greedy
+ * per-head Q/K norms, twice, Gemma 3, twice, head sizes 16 and 32, and
+ * one llama per K-quant and IQ4 type): the FNV-1a hash of the file the
+ * GGUF writer made, a prompt of ARCH_GOLDEN_PROMPT ids, llama.cpp's full
+ * logit vector at every prompt position (the prompt in one batch; one
+ * token per call for the K-quant and IQ4 models, on both sides) and its
+ * greedy
  * continuation of ARCH_GOLDEN_GREEDY tokens decoded one at a time. Checked
  * here, per model, on every CPU ISA the machine runs (portable, AVX2,
  * AVX-512):
@@ -215,8 +217,13 @@ static void check_model(const arch_golden_model *gm, const golden *g,
     int V = cinfer_model_get_info(m)->n_vocab;
     CHECK_EQ_INT(V, g->n_vocab);
     float *lg = malloc(sizeof(float) * (size_t)ARCH_GOLDEN_PROMPT * V);
-    CHECK_OK(cinfer_model_eval_single(m, g->prompt, ARCH_GOLDEN_PROMPT, 0, 1,
-                                      lg));
+    if (gm->one_token)
+        for (int i = 0; i < ARCH_GOLDEN_PROMPT; i++)
+            CHECK_OK(cinfer_model_eval_single(m, g->prompt + i, 1, i, 1,
+                                              lg + (size_t)i * V));
+    else
+        CHECK_OK(cinfer_model_eval_single(m, g->prompt, ARCH_GOLDEN_PROMPT, 0,
+                                          1, lg));
     double worst = 0;
     int mismatch = 0, same_bits = 0;
     for (int pos = 0; pos < ARCH_GOLDEN_PROMPT; pos++) {
@@ -244,8 +251,13 @@ static void check_model(const arch_golden_model *gm, const golden *g,
 
     /* greedy, one token at a time from our own argmax */
     float *last = malloc(sizeof(float) * (size_t)V);
-    CHECK_OK(cinfer_model_eval_single(m, g->prompt, ARCH_GOLDEN_PROMPT, 0, 0,
-                                      last));
+    if (gm->one_token)
+        for (int i = 0; i < ARCH_GOLDEN_PROMPT; i++)
+            CHECK_OK(cinfer_model_eval_single(m, g->prompt + i, 1, i, 0,
+                                              last));
+    else
+        CHECK_OK(cinfer_model_eval_single(m, g->prompt, ARCH_GOLDEN_PROMPT,
+                                          0, 0, last));
     int32_t tok = argmax(last, V);
     int identical = 1, steps_same = 0, first_other = -1;
     for (int k = 0; k < ARCH_GOLDEN_GREEDY; k++) {
