@@ -9,7 +9,9 @@
  * Two llama.cpp paths are compared: a 24-row prompt (llama.cpp takes its
  * tiled K-quant matmul at 8 rows or more) and one token per call (the
  * vec_dot path, or CPU_REPACK for Q4_K and IQ4_NL when extra_bufts = 1).
- * Q8_0 is the control: its logits are identical in every mode. A type the
+ * Q8_0 is the control: its logits are identical in every mode; Q4_1
+ * likewise, and Q4_0 only with extra_bufts = 0 (llama.cpp repacks it,
+ * q4_0_8x8, where cinfer keeps vec_dot's order). A type the
  * writer or the model refuses prints "not run" with the reason.
  */
 #include <stdio.h>
@@ -102,7 +104,8 @@ int main(void)
     llama_log_set(NULL, NULL);
     const cinfer_dtype ts[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K,  CINFER_DTYPE_Q6_K,
                                CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K,  CINFER_DTYPE_IQ4_XS,
-                               CINFER_DTYPE_IQ4_NL, CINFER_DTYPE_Q8_0};
+                               CINFER_DTYPE_IQ4_NL, CINFER_DTYPE_Q8_0,  CINFER_DTYPE_Q4_0,
+                               CINFER_DTYPE_Q4_1};
     for (int i = 0; i < (int)(sizeof ts / sizeof ts[0]); i++)
         for (int o = 0; o < 2; o++)
             for (int e = 0; e < 2; e++)
