@@ -497,6 +497,44 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
         res[r] = 0.0f;
     const __m512i zero = _mm512_setzero_si512();
     int64_t b = 0;
+    /* eight blocks at a time: their exact ints come out of one reduction
+     * tree (8 x 8 lanes -> 8 sums), then take their fmas in block order */
+    for (; b + 7 < nb; b += 8) {
+        __m512i w[4];
+        __mmask64 neg[4];
+        float xd[8];
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            w[k] = iq4_nl_pair(x + b + 2 * k, &neg[k]);
+        for (int k = 0; k < 8; k++)
+            xd[k] = f16(x[b + k].d);
+        #pragma GCC unroll 2
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_0 *y = (const cinfer_block_q8_0 *)row_at(act, arb, r) + b;
+            __m256i v[8];
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i av = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[2 * k].qs)),
+                    _mm256_loadu_si256((const __m256i *)y[2 * k + 1].qs), 1);
+                av = _mm512_mask_sub_epi8(av, neg[k], zero, av);
+                const __m512i si = _mm512_dpbusd_epi32(zero, w[k], av);
+                v[2 * k] = _mm512_castsi512_si256(si);
+                v[2 * k + 1] = _mm512_extracti64x4_epi64(si, 1);
+            }
+            const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+            const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+            const __m256i q0 = _mm256_hadd_epi32(h01, h23), q1 = _mm256_hadd_epi32(h45, h67);
+            const __m256i tot = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                                                 _mm256_permute2x128_si256(q0, q1, 0x31));
+            int32_t is[8];
+            _mm256_storeu_si256((__m256i *)is, tot);
+            float acc = res[r];
+            for (int k = 0; k < 8; k++)
+                acc = fmaf((float)is[k], xd[k] * f16(y[k].d), acc);
+            res[r] = acc;
+        }
+    }
     for (; b + 1 < nb; b += 2) {
         __mmask64 neg;
         const __m512i w = iq4_nl_pair(x + b, &neg);
