@@ -24,15 +24,7 @@
 #include <math.h>
 #include <string.h>
 
-static inline float hsum8(__m256 x)
-{
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+#include "matmul_kquant_x86.h"
 
 /* Sub-block scales sc[0..7] in bytes 0..7, mins in 8..15: the 12 packed
  * bytes unpacked four at a time (cinfer_dtype_k4_scale_min's layout). */
@@ -54,13 +46,6 @@ static inline __m256i bcast16(const __m256i v, int k)
 {
     const __m256i idx = _mm256_set1_epi16((short)(2 * k | (2 * k + 1) << 8));
     return _mm256_shuffle_epi8(v, idx);
-}
-
-static inline int hsum4_epi32(__m128i v)
-{
-    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-    return _mm_cvtsi128_si32(v);
 }
 
 /* matmul_kquant.c's Q4_K order: exact ints per super-block, two scalars. */
@@ -95,8 +80,7 @@ static float dot_q4_k(const void *vx, const void *vy, int64_t nb)
                                            _mm256_maddubs_epi16(hi, ah));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        const int isum = hsum4_epi32(_mm_add_epi32(_mm256_castsi256_si128(sumi),
-                                                   _mm256_extracti128_si256(sumi, 1)));
+        const int isum = hsum8_epi32(sumi);
         acc = fmaf((float)isum, f16(x[b].d) * y[b].d, acc);
         accm = fmaf((float)hsum4_epi32(prod), f16(x[b].dmin) * y[b].d, accm);
     }
@@ -251,11 +235,6 @@ static inline __m256i q2k_half(const uint8_t *q, const int8_t *a, __m256i scales
     return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
 }
 
-static inline int hsum8_i32(__m256i v)
-{
-    return hsum4_epi32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
-}
-
 static float dot_q2_k(const void *vx, const void *vy, int64_t nb)
 {
     const cinfer_block_q2_k *x = vx;
@@ -272,8 +251,8 @@ static float dot_q2_k(const void *vx, const void *vy, int64_t nb)
         const __m128i lo = _mm256_castsi256_si128(sc16), hi = _mm256_extracti128_si256(sc16, 1);
         const __m256i s0 = q2k_half(x[b].qs, y[b].qs, _mm256_setr_m128i(lo, lo));
         const __m256i s1 = q2k_half(x[b].qs + 32, y[b].qs + 128, _mm256_setr_m128i(hi, hi));
-        acc = fmaf((float)hsum8_i32(_mm256_add_epi32(s0, s1)), f16(x[b].d) * y[b].d, acc);
-        accm = fmaf((float)hsum8_i32(prod), f16(x[b].dmin) * y[b].d, accm);
+        acc = fmaf((float)hsum8_epi32(_mm256_add_epi32(s0, s1)), f16(x[b].d) * y[b].d, acc);
+        accm = fmaf((float)hsum8_epi32(prod), f16(x[b].dmin) * y[b].d, accm);
     }
     return acc - accm;
 }
@@ -419,23 +398,14 @@ static float dot_iq4_nl(const void *vx, const void *vy, int64_t nb)
         __m256i v[8];
         for (int k = 0; k < 8; k++)
             v[k] = iq4_nl_block(&x[b + k], &y[b + k], values);
-        const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
-                                             _mm256_hadd_epi32(v[2], v[3]));
-        const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
-                                             _mm256_hadd_epi32(v[6], v[7]));
-        const __m256i tot = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
-                                             _mm256_permute2x128_si256(q0, q1, 0x31));
         int32_t is[8];
-        _mm256_storeu_si256((__m256i *)is, tot);
+        hsum8x8_epi32(v, is);
         for (int k = 0; k < 8; k++)
             out = fmaf((float)is[k], f16(x[b + k].d) * f16(y[b + k].d), out);
     }
     for (; b < nb; b++) {
         const __m256i p = iq4_nl_block(&x[b], &y[b], values);
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-        out = fmaf((float)_mm_cvtsi128_si32(s), f16(x[b].d) * f16(y[b].d), out);
+        out = fmaf((float)hsum8_epi32(p), f16(x[b].d) * f16(y[b].d), out);
     }
     return out;
 }

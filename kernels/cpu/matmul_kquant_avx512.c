@@ -38,33 +38,12 @@
 #include <math.h>
 #include <string.h>
 
+#include "matmul_kquant_x86.h"
+
 /* Activation rows sharing one decoded weight super-block. */
 #define ROWS 8
 
 #define INLINE static inline __attribute__((always_inline))
-
-static inline float hsum8(__m256 x)
-{
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
-
-/* Integer lane sums (exact, so any order). */
-static inline int hsum4_epi32(__m128i v)
-{
-    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-    return _mm_cvtsi128_si32(v);
-}
-
-static inline int hsum8_epi32(__m256i v)
-{
-    return hsum4_epi32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
-}
 
 /* Lanes 8..15 added onto 0..7 (exact): the eight isum[l]. */
 static inline __m256i fold(__m512i s)
@@ -522,13 +501,8 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
                 v[2 * k] = _mm512_castsi512_si256(si);
                 v[2 * k + 1] = _mm512_extracti64x4_epi64(si, 1);
             }
-            const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
-            const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
-            const __m256i q0 = _mm256_hadd_epi32(h01, h23), q1 = _mm256_hadd_epi32(h45, h67);
-            const __m256i tot = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
-                                                 _mm256_permute2x128_si256(q0, q1, 0x31));
             int32_t is[8];
-            _mm256_storeu_si256((__m256i *)is, tot);
+            hsum8x8_epi32(v, is);
             float acc = res[r];
             for (int k = 0; k < 8; k++)
                 acc = fmaf((float)is[k], xd[k] * f16(y[k].d), acc);
@@ -570,10 +544,7 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
             __m256i av = _mm256_loadu_si256((const __m256i *)y->qs);
             av = _mm256_mask_sub_epi8(av, neg, _mm256_setzero_si256(), av);
             const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, av);
-            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-            t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
-            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 1));
-            res[r] = fmaf((float)_mm_cvtsi128_si32(t), xd * f16(y->d), res[r]);
+            res[r] = fmaf((float)hsum8_epi32(p), xd * f16(y->d), res[r]);
         }
     }
     for (int r = 0; r < rt; r++)
