@@ -402,8 +402,10 @@ cinfer_status cinfer_request_validate(const cinfer_gen_desc *d,
     int has_r = d->regex && d->regex[0];
     int has_j = d->json_schema && d->json_schema[0];
     if (has_g + has_r + has_j + (d->json_object != 0) > 1)
+        /* named: the second one set, as a field name leads every error */
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "%s, %s and %s: set at most one of them",
+                                "%s: set at most one of %s, %s and %s",
+                                has_g && has_r ? f->regex : f->json_schema,
                                 f->grammar, f->regex, f->json_schema);
     if (has_g && strlen(d->grammar) > CINFER_GRAMMAR_MAX_SOURCE)
         return cinfer_set_error(CINFER_E_INVALID_ARG,

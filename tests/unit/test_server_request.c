@@ -108,13 +108,17 @@ static void test_fields_named_per_front_end(void)
     d = text_desc();
     d.grammar = "root ::= \"a\"";
     d.regex = "a+";
-    EXPECT_BAD(d, o, "grammar, regex and response_format.json_schema");
+    /* named by the second one set, so a field name leads the message */
+    EXPECT_BAD(d, o, "regex: set at most one of grammar, regex and "
+                     "response_format.json_schema");
     d.regex = NULL;
     d.json_schema = "{\"type\":\"integer\"}";
-    EXPECT_BAD(d, g, "grammar, regex and json_schema");
+    EXPECT_BAD(d, g, "json_schema: set at most one of grammar, regex and "
+                     "json_schema");
     d.grammar = NULL;
     d.json_object = 1;
-    EXPECT_BAD(d, o, "grammar, regex and response_format.json_schema");
+    EXPECT_BAD(d, o, "response_format.json_schema: set at most one of "
+                     "grammar, regex and response_format.json_schema");
     d.json_object = 0;
     CHECK_OK(cinfer_request_validate(&d, &LIM, g));
 }
