@@ -29,6 +29,7 @@
 #include "server/http.h"
 #include "server/server_impl.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/log.h>
@@ -1054,6 +1055,32 @@ static pthread_mutex_t grpc_log_mu = PTHREAD_MUTEX_INITIALIZER;
 static cinfer_log_limit grpc_log_limit;
 static int grpc_log_limit_ready;
 
+/* Debian builds abseil without NDEBUG, and absl::Mutex then runs its
+ * deadlock detector on every lock gRPC core takes: each Lock updates a
+ * process-wide lock-order graph under one global spin lock (about 4% of the
+ * server's CPU on a unary call, and contention between the completion-queue
+ * threads). A release build of abseil never runs it. abseil's switch,
+ * absl::SetMutexDeadlockDetectionMode, is C++, so the server looks it up
+ * by its mangled name, for the inline namespaces it knows (Debian's and
+ * none), and leaves the detector as it is where the name is not found. */
+static void absl_deadlock_detection_off(void)
+{
+    static const char *const names[] = {
+        "_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+        "_ZN4absl29SetMutexDeadlockDetectionModeENS_15OnDeadlockCycleE",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *f = dlsym(RTLD_DEFAULT, names[i]);
+        if (f) {
+            /* absl::OnDeadlockCycle::kIgnore is 0; the enum is passed as an int. */
+            void (*set_mode)(int);
+            memcpy(&set_mode, &f, sizeof set_mode);
+            set_mode(0);
+            return;
+        }
+    }
+}
+
 static void grpc_log_to_json(gpr_log_func_args *a)
 {
     uint64_t suppressed = 0;
@@ -1399,6 +1426,7 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
     }
 
     gpr_set_log_function(grpc_log_to_json);
+    absl_deadlock_detection_off();
     grpc_init();
     grpc_arg args[20];
     memset(args, 0, sizeof args);
