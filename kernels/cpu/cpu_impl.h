@@ -116,7 +116,27 @@ typedef struct {
                         int n, int head_dim, float scale, float *scores);
     void (*pv_rows)(const void *const *rows, int f16, const float *p, int n,
                     int n_lanes, int head_dim, float *lanes16);
+    /* Optional: several queries of one KV head at once (the heads of a
+     * group, for one or more rows of one sequence), each with its own
+     * context length n[i] <= the rows gathered, in the 16-lane (batched)
+     * arithmetic; every query's bits are those of the per-query forms.
+     * Each K or V row is loaded (and widened) once for all of them.
+     * head_dim a multiple of 16; nq <= CINFER_CPU_ATTN_TILE.
+     * qk_tile: scores[i * cs + j] for j < n[i], as qk_*, then -INFINITY
+     * for j < lo[i]; max[i] = the largest of scores lo[i] .. n[i] - 1.
+     * head_dim <= 256.
+     * pv_tile: pv_rows with 16 lanes for each p[i] (n[i] positions),
+     * into lanes16 + i * 16 * head_dim. */
+    void (*qk_tile)(const float *const *q, int nq, const void *const *rows,
+                    int f16, const int32_t *n, const int32_t *lo,
+                    int head_dim, float scale, float *scores, size_t cs,
+                    float *max);
+    void (*pv_tile)(const void *const *rows, int f16, const float *const *p,
+                    const int32_t *n, int nq, int head_dim, float *lanes16);
 } cinfer_cpu_vec_kernels;
+
+/* The most queries qk_tile and pv_tile take at once. */
+#define CINFER_CPU_ATTN_TILE 24
 
 extern const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable;
 

@@ -658,14 +658,16 @@ const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
     qk_dot_f16_portable, softmax_exp_portable, pv_f32_portable,
     pv_f16_portable,     lanes_sum_portable,   silu_mul_portable,
     to_f16_portable,     round_f16_portable,   NULL,
-    NULL,
+    NULL,                NULL,                 NULL,
 };
 
 /*
  * Attention. The unit of work is a (row, query head) pair; a thread takes a
- * contiguous run of them (row-major) and handles the heads of a run that
- * share a KV head together. Per pair the arithmetic is fixed (cpu_impl.h):
- * it does not depend on the grouping, the thread, or the batch.
+ * contiguous run of them (KV head first, then row, then the heads of the
+ * group) and handles the heads of a run that share a KV head together,
+ * and, where the ISA has qk_tile / pv_tile, consecutive prompt rows of one
+ * sequence too. Per pair the arithmetic is fixed (cpu_impl.h): it does not
+ * depend on the grouping, the thread, or the batch.
  */
 
 /* Work of one (row, head) pair: its context length plus a fixed overhead. */
@@ -678,6 +680,7 @@ typedef struct {
     const int64_t *bounds; /* [n_parts + 1] flat (row, head) indices */
     int group;             /* query heads per KV head */
     size_t ctx_stride;     /* floats per head of scores */
+    int tile;              /* qk_tile / pv_tile serve runs of rows */
 } attn_ctx;
 
 /* Query heads [h0, h1) of row r, all of KV head h0 / group. */
@@ -781,21 +784,110 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
     }
 }
 
+/* Rows r0 .. r0 + nr - 1 of one sequence (none generated), all query
+ * heads of KV head g, through qk_tile / pv_tile: every K and V row of the
+ * context is read once for the nr * group queries. Each query's
+ * arithmetic is attend's (the batched form), so its bits do not change. */
+static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, float *ws)
+{
+    const cinfer_cpu_attn_args *a = c->a;
+    const cinfer_step *s = c->s;
+    const cinfer_cpu_vec_kernels *vk = c->cb->vec;
+    const int hd = a->head_dim, bs = s->block_size, grp = c->group;
+    const int nq = nr * grp;
+    const int32_t *bt = a->block_tables + (int64_t)s->row_seq[r0] * s->max_blocks;
+    const int64_t kv_stride = (int64_t)a->n_kv_heads * hd;
+    const int64_t block_elems = (int64_t)bs * kv_stride;
+    const size_t cs = c->ctx_stride;
+    const int k16 = a->k_dtype == CINFER_DTYPE_F16;
+    const int v16 = a->v_dtype == CINFER_DTYPE_F16;
+    const void **krows = (const void **)(void *)ws; /* [ctx_stride] */
+    const void **vrows = krows + cs;                /* [ctx_stride] */
+    float *scores = ws + 4 * cs;                    /* [nq][ctx_stride] */
+    float *lanes = scores + (size_t)nq * cs;        /* [nq][16][hd] */
+    float *qr = lanes + (size_t)nq * 16 * hd;       /* [nq][hd] */
+    int32_t n[CINFER_CPU_ATTN_TILE] = {0}, lo[CINFER_CPU_ATTN_TILE] = {0};
+    const float *qp[CINFER_CPU_ATTN_TILE] = {0}, *pp[CINFER_CPU_ATTN_TILE] = {0};
+    int32_t len = 0;
+    for (int t = 0; t < nr; t++) {
+        const int32_t lt = s->positions[r0 + t] + 1;
+        len = lt > len ? lt : len;
+        for (int i = 0; i < grp; i++) {
+            const int qi = t * grp + i;
+            n[qi] = lt;
+            lo[qi] = a->window > 0 && lt > a->window ? lt - a->window : 0;
+            const float *q = a->q + ((r0 + t) * a->n_heads + g * grp + i) * (int64_t)hd;
+            if (k16) { /* GGML multiplies F16 K by q converted to F16 */
+                memcpy(qr + (size_t)qi * hd, q, sizeof(float) * (size_t)hd);
+                vk->round_f16(qr + (size_t)qi * hd, hd);
+                q = qr + (size_t)qi * hd;
+            }
+            qp[qi] = q;
+            pp[qi] = scores + (size_t)qi * cs;
+        }
+    }
+    const size_t ke = k16 ? 2 : 4, ve = v16 ? 2 : 4;
+    for (int32_t j0 = 0, bi = 0; j0 < len; j0 += bs, bi++) {
+        const int32_t m = len - j0 < bs ? len - j0 : bs;
+        const int64_t base = (int64_t)bt[bi] * block_elems + (int64_t)g * hd;
+        for (int32_t o = 0; o < m; o++) {
+            const int64_t at = base + (int64_t)o * kv_stride;
+            krows[j0 + o] = (const char *)a->k_cache + (size_t)at * ke;
+            vrows[j0 + o] = (const char *)a->v_cache + (size_t)at * ve;
+        }
+    }
+    float maxes[CINFER_CPU_ATTN_TILE];
+    vk->qk_tile(qp, nq, krows, k16, n, lo, hd, a->scale, scores, cs, maxes);
+    for (int qi = 0; qi < nq; qi++) {
+        float *sc = scores + (size_t)qi * cs;
+        double sum = vk->softmax_exp(sc, n[qi], maxes[qi]);
+        const float inv = (float)(1.0 / sum);
+        for (int32_t j = 0; j < n[qi]; j++)
+            sc[j] *= inv;
+        if (v16)
+            vk->round_f16(sc, n[qi]);
+    }
+    vk->pv_tile(vrows, v16, pp, n, nq, hd, lanes);
+    for (int t = 0; t < nr; t++)
+        for (int i = 0; i < grp; i++)
+            vk->lanes_sum(lanes + (size_t)(t * grp + i) * 16 * hd, hd,
+                          a->out + ((r0 + t) * a->n_heads + g * grp + i) * (int64_t)hd);
+}
+
+/* The work is flattened KV head first, (g, row, head in the group), so a
+ * thread's run holds consecutive rows of each KV head: rows of one
+ * sequence's prefill chunk then go through attend_tile together. */
 static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
 {
     const attn_ctx *c = p;
+    const cinfer_step *s = c->s;
     float *ws = thread_scratch(c->cb, thread);
-    const int nh = c->a->n_heads;
+    const int grp = c->group;
+    const int64_t per_g = (int64_t)s->n_rows * grp;
+    const int max_rows = c->tile ? CINFER_CPU_ATTN_TILE / grp : 0;
     for (int64_t t = t0; t < t1; t++) {
         int64_t f = c->bounds[t], end = c->bounds[t + 1];
         while (f < end) {
-            int64_t r = f / nh;
-            int h0 = (int)(f % nh);
-            int h1 = (h0 / c->group + 1) * c->group; /* end of the KV group */
-            if (h1 - h0 > end - f)
-                h1 = h0 + (int)(end - f);
-            attend(c, r, h0, h1, ws);
-            f += h1 - h0;
+            const int g = (int)(f / per_g);
+            const int64_t r = f % per_g / grp;
+            const int i0 = (int)(f % grp);
+            int nr = 0;
+            if (i0 == 0 && max_rows > 0 && !(s->row_gen && s->row_gen[r]))
+                while (nr < max_rows && r + nr < s->n_rows &&
+                       f + (int64_t)(nr + 1) * grp <= end &&
+                       s->row_seq[r + nr] == s->row_seq[r] &&
+                       !(s->row_gen && s->row_gen[r + nr]))
+                    nr++;
+            if (nr > 0) {
+                attend_tile(c, r, nr, g, ws);
+                f += (int64_t)nr * grp;
+                continue;
+            }
+            int i1 = grp;
+            if (i1 - i0 > end - f)
+                i1 = i0 + (int)(end - f);
+            attend(c, r, g * grp + i0, g * grp + i1, ws);
+            f += i1 - i0;
         }
     }
 }
@@ -807,8 +899,14 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     int group = a->n_heads / a->n_kv_heads;
     size_t ctx = ((size_t)cb->base.max_position + 1 + 15) & ~(size_t)15;
     size_t hd = (size_t)a->head_dim;
+    /* the tiled form: a whole group fits, and head_dim suits its kernels */
+    const int tile = cb->vec->qk_tile && cb->vec->pv_tile &&
+                     group <= CINFER_CPU_ATTN_TILE && hd % 16 == 0 && hd <= 256;
+    const size_t nq = tile ? CINFER_CPU_ATTN_TILE : 0;
+    size_t per_ctx = (size_t)group > nq ? (size_t)group : nq;
+    size_t per_hd = 65 > 17 * nq ? 65 : 17 * nq;
     cinfer_status st = cinfer_cpu_thread_scratch(
-        cb, (size_t)(group + 4) * ctx + 65 * hd);
+        cb, (per_ctx + 4) * ctx + per_hd * hd);
     if (st != CINFER_OK)
         return st;
     int n_parts = cb->n_threads;
@@ -817,30 +915,33 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
         return cinfer_set_error(CINFER_E_NOMEM, "attention: no memory");
     int64_t *bounds = cb->bounds_buf.p;
 
-    /* Split the (row, head) pairs, in row-major order, into n_parts runs of
-     * about equal work: rows late in a prefill chunk see longer contexts. */
-    const int64_t nh = a->n_heads;
-    int64_t total = 0;
+    /* Split the (KV head, row, head) units, in that order, into n_parts
+     * runs of about equal work: rows late in a prefill chunk see longer
+     * contexts. */
+    const int64_t nkv = a->n_kv_heads;
+    int64_t per_g = 0;
     for (int32_t r = 0; r < s->n_rows; r++)
-        total += (s->positions[r] + 1 + ATTN_PAIR_OVERHEAD) * nh;
+        per_g += (s->positions[r] + 1 + ATTN_PAIR_OVERHEAD) * group;
+    const int64_t total = per_g * nkv;
     bounds[0] = 0;
     int part = 1;
-    int64_t before = 0; /* work of the rows before r */
-    for (int32_t r = 0; r < s->n_rows && part < n_parts; r++) {
+    int64_t before = 0; /* work of the units before (g, r) */
+    for (int64_t u = 0; u < nkv * s->n_rows && part < n_parts; u++) {
+        const int32_t r = (int32_t)(u % s->n_rows);
         int64_t cost = s->positions[r] + 1 + ATTN_PAIR_OVERHEAD;
         while (part < n_parts) {
             int64_t target = total * part / n_parts;
-            if (target > before + cost * nh)
+            if (target > before + cost * group)
                 break;
             int64_t h = (target - before + cost - 1) / cost;
-            bounds[part++] = (int64_t)r * nh + h;
+            bounds[part++] = u * group + h;
         }
-        before += cost * nh;
+        before += cost * group;
     }
     for (; part <= n_parts; part++)
-        bounds[part] = (int64_t)s->n_rows * nh;
+        bounds[part] = nkv * s->n_rows * group;
 
-    attn_ctx c = {cb, a, s, bounds, group, ctx};
+    attn_ctx c = {cb, a, s, bounds, group, ctx, tile};
     run(cb, n_parts, total * a->head_dim, attn_parts, &c);
     return CINFER_OK;
 }

@@ -448,9 +448,200 @@ static void pv_rows(const void *const *rows, int f16, const float *p, int n,
         pv_rows_t(rows, p, n, n_lanes, head_dim, lanes16, 0);
 }
 
+/* Several queries against one gathered context (cpu_impl.h: qk_tile,
+ * pv_tile). Each group of sixteen K rows is widened once into kb and then
+ * serves every query as qk_f16 / qk would: the same fma chain over the
+ * head dimension and hsum16x16; positions past a query's n are computed
+ * from repeated rows and not stored. Positions below lo[i] are set to
+ * -INFINITY and max[i] is the largest score at or above it (vmaxps keeps
+ * the running maximum where a score is NaN, as attend's comparison does;
+ * the sign of a zero maximum does not change exp(s - max)). */
+static inline __attribute__((always_inline)) void
+qk_tile_t(const float *const *q, int nq, const void *const *rows,
+          const int32_t *n, const int32_t *lo, int head_dim, float scale,
+          float *scores, size_t cs, float *max, const int f16, const int hdc)
+{
+    if (hdc) /* a constant head size: kb's rows at constant offsets */
+        head_dim = hdc;
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mx[CINFER_CPU_ATTN_TILE];
+    int32_t nmax = 0;
+    for (int i = 0; i < nq; i++) {
+        nmax = n[i] > nmax ? n[i] : nmax;
+        mx[i] = ninf;
+    }
+    float kb[16 * 256] __attribute__((aligned(64)));
+    for (int32_t j = 0; j < nmax; j += 16) {
+        const int m = nmax - j < 16 ? nmax - j : 16;
+        const float *kr[16];
+        for (int p = 0; p < 16; p++) {
+            const void *row = rows[j + (p < m ? p : 0)];
+            if (f16) {
+                float *dst = kb + p * head_dim;
+                for (int d = 0; d < head_dim; d += 16)
+                    _mm512_store_ps(dst + d, ld_f16((const uint16_t *)row + d));
+                kr[p] = dst;
+            } else {
+                kr[p] = (const float *)row;
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            if (n[i] <= j)
+                continue;
+            const float *qi = q[i];
+            __m512 acc[16];
+            UNROLL
+            for (int p = 0; p < 16; p++)
+                acc[p] = _mm512_setzero_ps();
+            for (int d = 0; d < head_dim; d += 16) {
+                const __m512 qv = _mm512_loadu_ps(qi + d);
+                UNROLL
+                for (int p = 0; p < 16; p++)
+                    acc[p] = _mm512_fmadd_ps(
+                        qv, _mm512_loadu_ps((f16 ? kb + p * head_dim : kr[p]) + d), acc[p]);
+            }
+            const int mi = n[i] - j < 16 ? n[i] - j : 16;
+            const __mmask16 keep = tail_mask(mi);
+            __m512 sc = _mm512_mul_ps(hsum16x16(acc), vs);
+            if (lo[i] > j) { /* masked by the window */
+                const int h = lo[i] - j < 16 ? lo[i] - j : 16;
+                sc = _mm512_mask_mov_ps(sc, tail_mask(h), ninf);
+            }
+            mx[i] = _mm512_mask_max_ps(mx[i], keep, sc, mx[i]);
+            _mm512_mask_storeu_ps(scores + (size_t)i * cs + j, keep, sc);
+        }
+    }
+    for (int i = 0; i < nq; i++)
+        max[i] = _mm512_reduce_max_ps(mx[i]);
+}
+
+static void qk_tile(const float *const *q, int nq, const void *const *rows,
+                    int f16, const int32_t *n, const int32_t *lo, int head_dim,
+                    float scale, float *scores, size_t cs, float *max)
+{
+    if (f16 && head_dim == 64)
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 64);
+    else if (f16 && head_dim == 128)
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 128);
+    else if (f16)
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 0);
+    else
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 0, 0);
+}
+
+/* pv_rows_t with 16 lanes for nq <= PV_TILE queries: each V row is loaded
+ * once and multiplied into every query's accumulators that still reach
+ * it, in the same order (j = l, l + 16, ...); four 16-float accumulators
+ * a query stay in registers. Specialised on nq, the element type and
+ * whole 64-float chunks; positions every query reaches run unchecked. */
+#define PV_TILE 6
+
+static inline __attribute__((always_inline)) void
+pv_tile_t(const void *const *rows, const float *const *p, const int32_t *n,
+          const int nq, int head_dim, float *lanes16, const int f16,
+          const int whole)
+{
+    int32_t nmax = 0, nmin = n[0];
+    for (int i = 0; i < nq; i++) {
+        nmax = n[i] > nmax ? n[i] : nmax;
+        nmin = n[i] < nmin ? n[i] : nmin;
+    }
+    const size_t ls = (size_t)16 * (size_t)head_dim;
+    for (int d0 = 0; d0 < head_dim; d0 += 64) {
+        const int nv = whole ? 4 : (head_dim - d0 < 64 ? head_dim - d0 : 64) / 16;
+        for (int l = 0; l < 16; l++) {
+            __m512 a[PV_TILE][4];
+            UNROLL
+            for (int i = 0; i < nq; i++)
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    a[i][v] = _mm512_setzero_ps();
+            int32_t j = l;
+            for (; j < nmin; j += 16) {
+                const void *vr = rows[j];
+                __m512 x[4];
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    x[v] = v < nv ? ld_row(vr, d0 + 16 * v, f16) : _mm512_setzero_ps();
+                UNROLL
+                for (int i = 0; i < nq; i++) {
+                    const __m512 pj = _mm512_set1_ps(p[i][j]);
+                    UNROLL
+                    for (int v = 0; v < 4; v++)
+                        if (v < nv)
+                            a[i][v] = _mm512_fmadd_ps(x[v], pj, a[i][v]);
+                }
+            }
+            for (; j < nmax; j += 16) {
+                const void *vr = rows[j];
+                __m512 x[4];
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    x[v] = v < nv ? ld_row(vr, d0 + 16 * v, f16) : _mm512_setzero_ps();
+                UNROLL
+                for (int i = 0; i < nq; i++) {
+                    if (j >= n[i])
+                        continue;
+                    const __m512 pj = _mm512_set1_ps(p[i][j]);
+                    UNROLL
+                    for (int v = 0; v < 4; v++)
+                        if (v < nv)
+                            a[i][v] = _mm512_fmadd_ps(x[v], pj, a[i][v]);
+                }
+            }
+            UNROLL
+            for (int i = 0; i < nq; i++) {
+                float *out = lanes16 + (size_t)i * ls + (size_t)l * (size_t)head_dim + d0;
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    if (v < nv)
+                        _mm512_storeu_ps(out + 16 * v, a[i][v]);
+            }
+        }
+    }
+}
+
+#define PV_TILE_CASE(NQ)                                                        \
+    case NQ:                                                                    \
+        if (f16 && whole)                                                       \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 1, 1);                 \
+        else if (f16)                                                           \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 1, 0);                 \
+        else if (whole)                                                         \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 0, 1);                 \
+        else                                                                    \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 0, 0);                 \
+        return;
+
+static void pv_tile_n(const void *const *rows, int f16, const float *const *p,
+                      const int32_t *n, int nq, int head_dim, float *lanes16)
+{
+    const int whole = head_dim % 64 == 0;
+    switch (nq) {
+        PV_TILE_CASE(1)
+        PV_TILE_CASE(2)
+        PV_TILE_CASE(3)
+        PV_TILE_CASE(4)
+        PV_TILE_CASE(5)
+        default: PV_TILE_CASE(6)
+    }
+}
+#undef PV_TILE_CASE
+
+static void pv_tile(const void *const *rows, int f16, const float *const *p,
+                    const int32_t *n, int nq, int head_dim, float *lanes16)
+{
+    const size_t ls = (size_t)16 * (size_t)head_dim;
+    for (int i = 0; i < nq; i += PV_TILE) {
+        const int c = nq - i < PV_TILE ? nq - i : PV_TILE;
+        pv_tile_n(rows, f16, p + i, n + i, c, head_dim, lanes16 + i * ls);
+    }
+}
+
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
     qk,          qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
     pv_f32,      pv_f16, lanes_sum,  silu_mul,   to_f16,
-    round_f16,   qk_dot_rows, pv_rows,
+    round_f16,   qk_dot_rows, pv_rows, qk_tile, pv_tile,
 };
 #endif
