@@ -540,24 +540,29 @@ static void qk_tile(const float *const *q, int nq, const void *const *rows,
 static inline __attribute__((always_inline)) void
 pv_tile_t(const void *const *rows, const float *const *p, const int32_t *n,
           const int nq, int head_dim, float *lanes16, const int f16,
-          const int whole)
+          const int whole, int32_t jb, int32_t je)
 {
     int32_t nmax = 0, nmin = n[0];
     for (int i = 0; i < nq; i++) {
         nmax = n[i] > nmax ? n[i] : nmax;
         nmin = n[i] < nmin ? n[i] : nmin;
     }
+    nmax = nmax < je ? nmax : je;
+    nmin = nmin < je ? nmin : je;
     const size_t ls = (size_t)16 * (size_t)head_dim;
     for (int d0 = 0; d0 < head_dim; d0 += 64) {
         const int nv = whole ? 4 : (head_dim - d0 < 64 ? head_dim - d0 : 64) / 16;
         for (int l = 0; l < 16; l++) {
             __m512 a[PV_TILE][4];
             UNROLL
-            for (int i = 0; i < nq; i++)
+            for (int i = 0; i < nq; i++) {
+                const float *in = lanes16 + (size_t)i * ls + (size_t)l * (size_t)head_dim + d0;
                 UNROLL
                 for (int v = 0; v < 4; v++)
-                    a[i][v] = _mm512_setzero_ps();
-            int32_t j = l;
+                    a[i][v] = jb == 0 || v >= nv ? _mm512_setzero_ps()
+                                                 : _mm512_loadu_ps(in + 16 * v);
+            }
+            int32_t j = jb + l;
             for (; j < nmin; j += 16) {
                 const void *vr = rows[j];
                 __m512 x[4];
@@ -605,17 +610,18 @@ pv_tile_t(const void *const *rows, const float *const *p, const int32_t *n,
 #define PV_TILE_CASE(NQ)                                                        \
     case NQ:                                                                    \
         if (f16 && whole)                                                       \
-            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 1, 1);                 \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 1, 1, jb, je);                 \
         else if (f16)                                                           \
-            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 1, 0);                 \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 1, 0, jb, je);                 \
         else if (whole)                                                         \
-            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 0, 1);                 \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 0, 1, jb, je);                 \
         else                                                                    \
-            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 0, 0);                 \
+            pv_tile_t(rows, p, n, NQ, head_dim, lanes16, 0, 0, jb, je);                 \
         return;
 
 static void pv_tile_n(const void *const *rows, int f16, const float *const *p,
-                      const int32_t *n, int nq, int head_dim, float *lanes16)
+                      const int32_t *n, int nq, int head_dim, float *lanes16,
+                      int32_t jb, int32_t je)
 {
     const int whole = head_dim % 64 == 0;
     switch (nq) {
@@ -629,14 +635,25 @@ static void pv_tile_n(const void *const *rows, int f16, const float *const *p,
 }
 #undef PV_TILE_CASE
 
+/* Positions in blocks of PV_BLOCK (a multiple of 16), each block's V rows
+ * serving every chunk of PV_TILE queries while they are in cache; the
+ * accumulators go to lanes16 between blocks, and each lane still takes
+ * its positions in order. */
+#define PV_BLOCK 256
+
 static void pv_tile(const void *const *rows, int f16, const float *const *p,
                     const int32_t *n, int nq, int head_dim, float *lanes16)
 {
     const size_t ls = (size_t)16 * (size_t)head_dim;
-    for (int i = 0; i < nq; i += PV_TILE) {
-        const int c = nq - i < PV_TILE ? nq - i : PV_TILE;
-        pv_tile_n(rows, f16, p + i, n + i, c, head_dim, lanes16 + i * ls);
-    }
+    int32_t nmax = 0;
+    for (int i = 0; i < nq; i++)
+        nmax = n[i] > nmax ? n[i] : nmax;
+    for (int32_t jb = 0; jb < nmax; jb += PV_BLOCK)
+        for (int i = 0; i < nq; i += PV_TILE) {
+            const int c = nq - i < PV_TILE ? nq - i : PV_TILE;
+            pv_tile_n(rows, f16, p + i, n + i, c, head_dim, lanes16 + i * ls,
+                      jb, jb + PV_BLOCK);
+        }
 }
 
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
