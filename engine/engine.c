@@ -883,9 +883,15 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->min_prefill = p->min_prefill_tokens > 0 ? p->min_prefill_tokens : 0;
     if (e->min_prefill > e->info->max_batch_rows - e->max_seqs)
         e->min_prefill = e->info->max_batch_rows - e->max_seqs;
+    e->max_prefill = p->max_prefill_tokens > e->max_batched ? p->max_prefill_tokens
+                                                             : e->max_batched;
+    if (e->max_prefill > e->info->max_batch_rows)
+        e->max_prefill = e->info->max_batch_rows;
     e->max_rows = e->max_seqs + e->min_prefill > e->max_batched
                       ? e->max_seqs + e->min_prefill
                       : e->max_batched;
+    if (e->max_rows < e->max_prefill)
+        e->max_rows = e->max_prefill;
     e->max_queued = p->max_queued;
     e->prefix_cache = p->prefix_cache ? 1 : 0;
     e->now_ns = p->now_ns;
@@ -1068,8 +1074,8 @@ static void refuse(cinfer_engine *e, eng_request *r, cinfer_engine_refusal kind,
 /* (mu, pred_ready) When the first token of a prompt of n_prompt tokens
  * would come, in ns from now, for a request whose turn for a slot comes
  * after `wait`. Prompts go through in chunks of the rows the running batch
- * leaves (at least min_prefill), one chunk a step beside the batch's
- * decodes, in arrival order: so the first token comes after the later of
+ * leaves (at least min_prefill; max_prefill when nothing else runs), one
+ * chunk a step beside the batch's decodes, in arrival order: so the first token comes after the later of
  * its turn plus its own chunks' steps and the steps that every prompt row
  * queued ahead (running prefills, waiting and incoming requests) takes
  * with its own. The batch then holds what runs now and what is queued
@@ -1086,7 +1092,8 @@ static int64_t first_token_ns(const cinfer_engine *e, int32_t n_prompt,
     int64_t running = (int64_t)e->pub.running + e->pub.waiting + e->n_incoming;
     if (running > e->max_seqs)
         running = e->max_seqs;
-    int64_t chunk = e->max_batched - running;
+    /* alone, a prompt takes the larger chunks of a step without decodes */
+    int64_t chunk = running == 0 ? e->max_prefill : e->max_batched - running;
     if (chunk < e->min_prefill)
         chunk = e->min_prefill;
     if (chunk < 1)
@@ -1097,8 +1104,8 @@ static int64_t first_token_ns(const cinfer_engine *e, int32_t n_prompt,
     const int64_t rows = e->pred_prefill_rows + e->incoming_rows + n_prompt;
     const int64_t all = (rows + chunk - 1) / chunk *
                         (a + (running + (rows < chunk ? rows : chunk)) * row);
-    const int64_t idle_chunk = n_prompt < e->max_batched ? n_prompt
-                                                          : e->max_batched;
+    const int64_t idle_chunk = n_prompt < e->max_prefill ? n_prompt
+                                                          : e->max_prefill;
     *idle_ns = (n_prompt + idle_chunk - 1) / idle_chunk * (a + idle_chunk * row);
     return wait + own > all ? wait + own : all;
 }

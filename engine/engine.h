@@ -72,6 +72,12 @@ typedef struct {
                                  newcomers' prompts are not starved); the
                                  model's max_batch_rows must hold max_seqs +
                                  this; 0 = prefill only within the budget */
+    int max_prefill_tokens;   /* rows a step may take when it carries no
+                                 decode row (prompts alone: an idle engine's
+                                 long prompt goes through in fewer, larger
+                                 chunks); 0 or less than max_batched_tokens
+                                 = max_batched_tokens; at most the model's
+                                 max_batch_rows */
     int max_queued;           /* waiting requests before submit refuses
                                  with CINFER_E_EXHAUSTED; 0 = unbounded */
     int prefix_cache;         /* 1 = reuse KV blocks of shared prefixes */

@@ -126,8 +126,10 @@ struct cinfer_engine {
     int max_seqs;
     int max_batched;
     int min_prefill;  /* min_prefill_tokens */
+    int max_prefill;  /* max_prefill_tokens, at least max_batched */
     int max_rows;     /* rows a step may carry: max(max_batched,
-                         max_seqs + min_prefill), within the model's */
+                         max_seqs + min_prefill, max_prefill), within the
+                         model's */
     int max_queued;
     int prefix_cache;
     int hold_for_deadlines; /* !admit_past_deadlines */

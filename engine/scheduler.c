@@ -20,7 +20,9 @@
  * Decodes go first so that a long prefill never stalls the streams already
  * producing tokens; prefills then fill the rest of max_batched_tokens, and
  * at least min_prefill_tokens rows when the decodes left fewer (a large
- * running set would otherwise starve the prompts of newcomers).
+ * running set would otherwise starve the prompts of newcomers). A step
+ * with no decode row at all takes up to max_prefill_tokens rows: with no
+ * stream waiting on it, a long prompt goes through in larger chunks.
  *
  * Blocks: a sequence holds ceil(n_computed_after_step / block_size) blocks.
  * When a running sequence needs a block and none is free (free or evictable
@@ -555,9 +557,12 @@ int sched_schedule(cinfer_engine *e, int64_t now_ns)
 
     /* 1-2: running sequences, decodes then prefills */
     for (int pass = 0; pass < 2; pass++) {
-        /* prefill gets at least min_prefill rows, whatever the decodes took */
+        /* prefill gets at least min_prefill rows, whatever the decodes took,
+         * and max_prefill in a step with no decode row */
         if (pass == 1 && budget < e->min_prefill)
             budget = e->min_prefill;
+        if (pass == 1 && e->n_sched == 0 && budget < e->max_prefill)
+            budget = e->max_prefill;
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             eng_seq *s = e->running[i];
             int32_t remaining = s->n_tokens - s->n_computed;

@@ -79,6 +79,7 @@ typedef struct {
     long max_seqs;
     long max_batched_tokens;
     long min_prefill_tokens;
+    long max_prefill_tokens;
     long max_queued;
     long ctx_size;
     long default_max_tokens;
@@ -234,6 +235,11 @@ static const flag_doc flags[] = {
      "running streams' decodes leave fewer, so that new prompts are not "
      "starved (default 32, 0 = none)",
      ARG_LONG, OFF(min_prefill_tokens), 0, (1 << 20), NULL},
+    {"max-prefill-tokens", "CINFER_MAX_PREFILL_TOKENS", "N",
+     "rows a step may take when no stream is decoding (prompts alone), so "
+     "that a long prompt on an idle server goes through in larger chunks "
+     "(default 512; at most --max-batched-tokens = off)",
+     ARG_LONG, OFF(max_prefill_tokens), 1, (1 << 20), NULL},
     {"max-queued", "CINFER_MAX_QUEUED", "N",
      "waiting requests before new ones get RESOURCE_EXHAUSTED (default 0 = "
      "no limit)",
@@ -958,14 +964,17 @@ static void model_params(const config *cfg, const char *model_path,
     mp->tensor_parallel = (int)cfg->tensor_parallel;
     mp->n_ctx = (int)cfg->ctx_size;
     mp->max_seqs = (int)cfg->max_seqs;
-    /* the engine's rows per step (engine.h: min_prefill_tokens) */
+    /* the engine's rows per step (engine.h: min_prefill_tokens,
+     * max_prefill_tokens) */
     long seqs = cfg->max_seqs < cfg->max_batched_tokens
                     ? cfg->max_seqs
                     : cfg->max_batched_tokens;
     long rows = seqs + cfg->min_prefill_tokens;
-    mp->max_batch_rows = (int)(rows > cfg->max_batched_tokens
-                                   ? rows
-                                   : cfg->max_batched_tokens);
+    if (rows < cfg->max_batched_tokens)
+        rows = cfg->max_batched_tokens;
+    if (rows < cfg->max_prefill_tokens)
+        rows = cfg->max_prefill_tokens;
+    mp->max_batch_rows = (int)rows;
     mp->n_kv_blocks = kv_blocks_for(model_path, cfg->kv_cache_mem,
                                     mp->block_size ? mp->block_size : 16);
     /* several nodes are always CUDA ranks (check_tp refused --device cpu) */
@@ -1075,6 +1084,7 @@ int cinfer_server_main(int argc, char **argv,
         .max_seqs = 64,
         .max_batched_tokens = 64,
         .min_prefill_tokens = 32,
+        .max_prefill_tokens = 512,
         .max_queued = 0,
         .ctx_size = 0,
         .default_max_tokens = 256,
@@ -1299,6 +1309,7 @@ int cinfer_server_main(int argc, char **argv,
     ep.max_seqs = (int)cfg.max_seqs;
     ep.max_batched_tokens = (int)cfg.max_batched_tokens;
     ep.min_prefill_tokens = (int)cfg.min_prefill_tokens;
+    ep.max_prefill_tokens = (int)cfg.max_prefill_tokens;
     ep.max_queued = (int)cfg.max_queued;
     ep.prefix_cache = (int)cfg.prefix_cache;
     ep.spec_ngram_k = (int)cfg.spec_ngram;

@@ -1854,8 +1854,11 @@ def case_deadline_free():
     import grpc
     need_h2()
     pb, _, _, _ = stubs()
+    # --max-prefill-tokens 16: a prompt alone goes in 16-row chunks too,
+    # so that a deadline can pass between them
     srv, faults = faulty_server("deadlines", [
         "--max-seqs", "1", "--max-batched-tokens", "16",
+        "--max-prefill-tokens", "16",
         "--max-request-time", "3", "--prefix-cache", "0"], hang_ms=200)
     with srv:
         # Idle refusal: steps take >= 200 ms, so a 100 ms deadline can not

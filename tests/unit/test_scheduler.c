@@ -378,6 +378,37 @@ static void test_prefill_floor(void)
     }
 }
 
+/* A step with no decode row takes max_prefill rows: a 40-token prompt
+ * alone goes in chunks of 16, 16 and 8 where the budget is 8; once it
+ * decodes, a newcomer's prompt gets what the 8-row budget leaves. */
+static void test_idle_prefill(void)
+{
+    int32_t p[40];
+    fill(p, 40, 100);
+    cinfer_engine *e = fake_engine(64, 4, 8, 8, 0, 64);
+    e->max_prefill = 16;
+    e->max_rows = 16;
+    int ok = 1;
+    eng_request *a = fake_request(e, p, 40, 6, 1, 0, 1);
+    CHECK_EQ_INT(iterate(e, &ok), 16);
+    CHECK_EQ_INT(iterate(e, &ok), 16);
+    CHECK_EQ_INT(iterate(e, &ok), 8);
+    CHECK_EQ_INT(a->seqs[0].n_computed, 40);
+    CHECK_EQ_INT(a->seqs[0].n_generated, 1);
+    eng_request *b = fake_request(e, p, 30, 2, 1, 0, 2);
+    CHECK_EQ_INT(iterate(e, &ok), 8); /* a's decode + 7 of b's prompt */
+    CHECK_EQ_INT(b->seqs[0].n_computed, 7);
+    while (iterate(e, &ok))
+        ;
+    CHECK(ok);
+    CHECK_EQ_INT(a->seqs[0].state, SEQ_FINISHED);
+    CHECK_EQ_INT(b->seqs[0].state, SEQ_FINISHED);
+    CHECK_EQ_INT(a->seqs[0].n_generated, 6);
+    fake_request_free(a);
+    fake_request_free(b);
+    fake_engine_free(e);
+}
+
 /* The step-time model: a line through varied step sizes, a proportional
  * guess from one size, nothing from nothing. */
 static void test_step_model_fits_line(void)
@@ -764,6 +795,7 @@ int main(void)
 {
     RUN(test_decodes_first_and_budget);
     RUN(test_prefill_floor);
+    RUN(test_idle_prefill);
     RUN(test_step_model_fits_line);
     RUN(test_deadline_holds_admission);
     RUN(test_predicts_start);
