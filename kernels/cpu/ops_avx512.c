@@ -656,9 +656,177 @@ static void pv_tile(const void *const *rows, int f16, const float *const *p,
         }
 }
 
+/* The "dot" arithmetic (generated rows) for the heads of one KV group:
+ * qk_dot_rows_t and pv_rows_t with 64 lanes, query by query, each K or V
+ * row widened or loaded once for all of them. */
+static inline __attribute__((always_inline)) void
+qk_dot_tile_t(const float *const *q, int nq, const void *const *rows,
+              const int32_t *n, const int32_t *lo, int head_dim, float scale,
+              float *scores, size_t cs, float *max, const int f16, const int hdc)
+{
+    if (hdc)
+        head_dim = hdc;
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mx[CINFER_CPU_ATTN_TILE];
+    int32_t nmax = 0;
+    for (int i = 0; i < nq; i++) {
+        nmax = n[i] > nmax ? n[i] : nmax;
+        mx[i] = ninf;
+    }
+    float kb[16 * 256] __attribute__((aligned(64)));
+    for (int32_t j = 0; j < nmax; j += 16) {
+        const int m = nmax - j < 16 ? nmax - j : 16;
+        const float *kr[16];
+        for (int p = 0; p < 16; p++) {
+            const void *row = rows[j + (p < m ? p : 0)];
+            if (f16) {
+                float *dst = kb + p * head_dim;
+                for (int d = 0; d < head_dim; d += 16)
+                    _mm512_store_ps(dst + d, ld_f16((const uint16_t *)row + d));
+                kr[p] = dst;
+            } else {
+                kr[p] = (const float *)row;
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            if (n[i] <= j)
+                continue;
+            const float *qi = q[i];
+            __m512 acc[16];
+            UNROLL
+            for (int p = 0; p < 16; p++) {
+                const float *kp = f16 ? kb + p * head_dim : kr[p];
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int d = 0; d < head_dim; d += 64) {
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(kp + d), _mm512_loadu_ps(qi + d), a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(kp + d + 16),
+                                         _mm512_loadu_ps(qi + d + 16), a1);
+                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(kp + d + 32),
+                                         _mm512_loadu_ps(qi + d + 32), a2);
+                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(kp + d + 48),
+                                         _mm512_loadu_ps(qi + d + 48), a3);
+                }
+                acc[p] = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+            }
+            const int mi = n[i] - j < 16 ? n[i] - j : 16;
+            const __mmask16 keep = tail_mask(mi);
+            __m512 sc = _mm512_mul_ps(hsum16x16(acc), vs);
+            if (lo[i] > j) {
+                const int h = lo[i] - j < 16 ? lo[i] - j : 16;
+                sc = _mm512_mask_mov_ps(sc, tail_mask(h), ninf);
+            }
+            mx[i] = _mm512_mask_max_ps(mx[i], keep, sc, mx[i]);
+            _mm512_mask_storeu_ps(scores + (size_t)i * cs + j, keep, sc);
+        }
+    }
+    for (int i = 0; i < nq; i++)
+        max[i] = _mm512_reduce_max_ps(mx[i]);
+}
+
+static void qk_dot_tile(const float *const *q, int nq, const void *const *rows,
+                        int f16, const int32_t *n, const int32_t *lo, int head_dim,
+                        float scale, float *scores, size_t cs, float *max)
+{
+    if (f16 && head_dim == 64)
+        qk_dot_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 64);
+    else if (f16 && head_dim == 128)
+        qk_dot_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 128);
+    else if (f16)
+        qk_dot_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 0);
+    else
+        qk_dot_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 0, 0);
+}
+
+/* 64 lanes: lane row l's four parts (positions l + 16 part, step 64) are
+ * accumulated one part at a time for every query, kept, and folded
+ * (r0 + r2) + (r1 + r3) as pv_rows_t folds them. */
+static inline __attribute__((always_inline)) void
+pv_dot_tile_t(const void *const *rows, const float *const *p, const int32_t *n,
+              const int nq, int head_dim, float *lanes16, const int f16)
+{
+    int32_t nmax = 0;
+    for (int i = 0; i < nq; i++)
+        nmax = n[i] > nmax ? n[i] : nmax;
+    const size_t ls = (size_t)16 * (size_t)head_dim;
+    for (int d0 = 0; d0 < head_dim; d0 += 64) {
+        for (int l = 0; l < 16; l++) {
+            __m512 r[4][PV_TILE][4];
+            for (int part = 0; part < 4; part++) {
+                __m512 a[PV_TILE][4];
+                UNROLL
+                for (int i = 0; i < nq; i++)
+                    UNROLL
+                    for (int v = 0; v < 4; v++)
+                        a[i][v] = _mm512_setzero_ps();
+                for (int32_t j = l + 16 * part; j < nmax; j += 64) {
+                    const void *vr = rows[j];
+                    __m512 x[4];
+                    UNROLL
+                    for (int v = 0; v < 4; v++)
+                        x[v] = ld_row(vr, d0 + 16 * v, f16);
+                    UNROLL
+                    for (int i = 0; i < nq; i++) {
+                        if (j >= n[i])
+                            continue;
+                        const __m512 pj = _mm512_set1_ps(p[i][j]);
+                        UNROLL
+                        for (int v = 0; v < 4; v++)
+                            a[i][v] = _mm512_fmadd_ps(x[v], pj, a[i][v]);
+                    }
+                }
+                UNROLL
+                for (int i = 0; i < nq; i++)
+                    UNROLL
+                    for (int v = 0; v < 4; v++)
+                        r[part][i][v] = a[i][v];
+            }
+            UNROLL
+            for (int i = 0; i < nq; i++) {
+                float *out = lanes16 + (size_t)i * ls + (size_t)l * (size_t)head_dim + d0;
+                UNROLL
+                for (int v = 0; v < 4; v++)
+                    _mm512_storeu_ps(out + 16 * v,
+                                     _mm512_add_ps(_mm512_add_ps(r[0][i][v], r[2][i][v]),
+                                                   _mm512_add_ps(r[1][i][v], r[3][i][v])));
+            }
+        }
+    }
+}
+
+#define PV_DOT_CASE(NQ)                                                         \
+    case NQ:                                                                    \
+        if (f16)                                                                \
+            pv_dot_tile_t(rows, pi, ni, NQ, head_dim, li, 1);                   \
+        else                                                                    \
+            pv_dot_tile_t(rows, pi, ni, NQ, head_dim, li, 0);                   \
+        break;
+
+/* head_dim a multiple of 64 */
+static void pv_dot_tile(const void *const *rows, int f16, const float *const *p,
+                        const int32_t *n, int nq, int head_dim, float *lanes16)
+{
+    const size_t ls = (size_t)16 * (size_t)head_dim;
+    for (int i = 0; i < nq; i += PV_TILE) {
+        const float *const *pi = p + i;
+        const int32_t *ni = n + i;
+        float *li = lanes16 + i * ls;
+        switch (nq - i < PV_TILE ? nq - i : PV_TILE) {
+            PV_DOT_CASE(1)
+            PV_DOT_CASE(2)
+            PV_DOT_CASE(3)
+            PV_DOT_CASE(4)
+            PV_DOT_CASE(5)
+            default: PV_DOT_CASE(6)
+        }
+    }
+}
+#undef PV_DOT_CASE
+
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
     qk,          qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
     pv_f32,      pv_f16, lanes_sum,  silu_mul,   to_f16,
     round_f16,   qk_dot_rows, pv_rows, qk_tile, pv_tile,
+    qk_dot_tile, pv_dot_tile,
 };
 #endif
