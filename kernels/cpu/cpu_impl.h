@@ -133,15 +133,6 @@ typedef struct {
                     float *max);
     void (*pv_tile)(const void *const *rows, int f16, const float *const *p,
                     const int32_t *n, int nq, int head_dim, float *lanes16);
-    /* Optional: the same in the "dot" arithmetic (qk_dot_rows, and pv_rows
-     * with 64 lanes), for the heads of one generated row; head_dim a
-     * multiple of 64. */
-    void (*qk_dot_tile)(const float *const *q, int nq, const void *const *rows,
-                        int f16, const int32_t *n, const int32_t *lo,
-                        int head_dim, float scale, float *scores, size_t cs,
-                        float *max);
-    void (*pv_dot_tile)(const void *const *rows, int f16, const float *const *p,
-                        const int32_t *n, int nq, int head_dim, float *lanes16);
 } cinfer_cpu_vec_kernels;
 
 /* The most queries qk_tile and pv_tile take at once. */

@@ -659,7 +659,6 @@ const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
     pv_f16_portable,     lanes_sum_portable,   silu_mul_portable,
     to_f16_portable,     round_f16_portable,   NULL,
     NULL,                NULL,                 NULL,
-    NULL,                NULL,
 };
 
 /*
@@ -682,7 +681,6 @@ typedef struct {
     int group;             /* query heads per KV head */
     size_t ctx_stride;     /* floats per head of scores */
     int tile;              /* qk_tile / pv_tile serve runs of rows */
-    int dot_tile;          /* qk_dot_tile / pv_dot_tile serve generated rows */
 } attn_ctx;
 
 /* Query heads [h0, h1) of row r, all of KV head h0 / group. */
@@ -789,11 +787,8 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
 /* Rows r0 .. r0 + nr - 1 of one sequence (none generated), all query
  * heads of KV head g, through qk_tile / pv_tile: every K and V row of the
  * context is read once for the nr * group queries. Each query's
- * arithmetic is attend's (the batched form), so its bits do not change.
- * dot: one generated row (nr = 1), its group's heads through
- * qk_dot_tile / pv_dot_tile in the "dot" arithmetic. */
-static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, int dot,
-                        float *ws)
+ * arithmetic is attend's (the batched form), so its bits do not change. */
+static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, float *ws)
 {
     const cinfer_cpu_attn_args *a = c->a;
     const cinfer_step *s = c->s;
@@ -842,8 +837,7 @@ static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, int dot,
         }
     }
     float maxes[CINFER_CPU_ATTN_TILE];
-    (dot ? vk->qk_dot_tile : vk->qk_tile)(qp, nq, krows, k16, n, lo, hd, a->scale,
-                                          scores, cs, maxes);
+    vk->qk_tile(qp, nq, krows, k16, n, lo, hd, a->scale, scores, cs, maxes);
     for (int qi = 0; qi < nq; qi++) {
         float *sc = scores + (size_t)qi * cs;
         double sum = vk->softmax_exp(sc, n[qi], maxes[qi]);
@@ -853,7 +847,7 @@ static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, int dot,
         if (v16)
             vk->round_f16(sc, n[qi]);
     }
-    (dot ? vk->pv_dot_tile : vk->pv_tile)(vrows, v16, pp, n, nq, hd, lanes);
+    vk->pv_tile(vrows, v16, pp, n, nq, hd, lanes);
     for (int t = 0; t < nr; t++)
         for (int i = 0; i < grp; i++)
             vk->lanes_sum(lanes + (size_t)(t * grp + i) * 16 * hd, hd,
@@ -885,15 +879,8 @@ static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
                        !(s->row_gen && s->row_gen[r + nr]))
                     nr++;
             if (nr > 0) {
-                attend_tile(c, r, nr, g, 0, ws);
+                attend_tile(c, r, nr, g, ws);
                 f += (int64_t)nr * grp;
-                continue;
-            }
-            /* a generated row's whole group */
-            if (i0 == 0 && c->dot_tile && s->row_gen && s->row_gen[r] &&
-                f + grp <= end) {
-                attend_tile(c, r, 1, g, 1, ws);
-                f += grp;
                 continue;
             }
             int i1 = grp;
@@ -954,9 +941,7 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     for (; part <= n_parts; part++)
         bounds[part] = nkv * s->n_rows * group;
 
-    const int dot_tile = tile && cb->vec->qk_dot_tile && cb->vec->pv_dot_tile &&
-                         hd % 64 == 0;
-    attn_ctx c = {cb, a, s, bounds, group, ctx, tile, dot_tile};
+    attn_ctx c = {cb, a, s, bounds, group, ctx, tile};
     run(cb, n_parts, total * a->head_dim, attn_parts, &c);
     return CINFER_OK;
 }

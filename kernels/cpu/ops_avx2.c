@@ -324,6 +324,6 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2 = {
     qk_f32, qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
     pv_f32, pv_f16, lanes_sum,  silu_mul,   to_f16,
-    round_f16, NULL, NULL, NULL, NULL, NULL, NULL,
+    round_f16, NULL, NULL, NULL, NULL,
 };
 #endif
