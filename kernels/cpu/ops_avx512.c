@@ -537,6 +537,30 @@ static void qk_tile(const float *const *q, int nq, const void *const *rows,
  * whole 64-float chunks; positions every query reaches run unchecked. */
 #define PV_TILE 6
 
+/* One V row j into the accumulators of pv_tile_t's queries; `checked`:
+ * only those whose n reaches past j (positions every query reaches skip
+ * the test). */
+static inline __attribute__((always_inline)) void
+pv_tile_row(__m512 a[][4], const void *vr, const float *const *p, const int32_t *n,
+            int32_t j, const int nq, const int nv, int d0, const int f16,
+            const int checked)
+{
+    __m512 x[4];
+    UNROLL
+    for (int v = 0; v < 4; v++)
+        x[v] = v < nv ? ld_row(vr, d0 + 16 * v, f16) : _mm512_setzero_ps();
+    UNROLL
+    for (int i = 0; i < nq; i++) {
+        if (checked && j >= n[i])
+            continue;
+        const __m512 pj = _mm512_set1_ps(p[i][j]);
+        UNROLL
+        for (int v = 0; v < 4; v++)
+            if (v < nv)
+                a[i][v] = _mm512_fmadd_ps(x[v], pj, a[i][v]);
+    }
+}
+
 static inline __attribute__((always_inline)) void
 pv_tile_t(const void *const *rows, const float *const *p, const int32_t *n,
           const int nq, int head_dim, float *lanes16, const int f16,
@@ -563,38 +587,10 @@ pv_tile_t(const void *const *rows, const float *const *p, const int32_t *n,
                                                  : _mm512_loadu_ps(in + 16 * v);
             }
             int32_t j = jb + l;
-            for (; j < nmin; j += 16) {
-                const void *vr = rows[j];
-                __m512 x[4];
-                UNROLL
-                for (int v = 0; v < 4; v++)
-                    x[v] = v < nv ? ld_row(vr, d0 + 16 * v, f16) : _mm512_setzero_ps();
-                UNROLL
-                for (int i = 0; i < nq; i++) {
-                    const __m512 pj = _mm512_set1_ps(p[i][j]);
-                    UNROLL
-                    for (int v = 0; v < 4; v++)
-                        if (v < nv)
-                            a[i][v] = _mm512_fmadd_ps(x[v], pj, a[i][v]);
-                }
-            }
-            for (; j < nmax; j += 16) {
-                const void *vr = rows[j];
-                __m512 x[4];
-                UNROLL
-                for (int v = 0; v < 4; v++)
-                    x[v] = v < nv ? ld_row(vr, d0 + 16 * v, f16) : _mm512_setzero_ps();
-                UNROLL
-                for (int i = 0; i < nq; i++) {
-                    if (j >= n[i])
-                        continue;
-                    const __m512 pj = _mm512_set1_ps(p[i][j]);
-                    UNROLL
-                    for (int v = 0; v < 4; v++)
-                        if (v < nv)
-                            a[i][v] = _mm512_fmadd_ps(x[v], pj, a[i][v]);
-                }
-            }
+            for (; j < nmin; j += 16)
+                pv_tile_row(a, rows[j], p, n, j, nq, nv, d0, f16, 0);
+            for (; j < nmax; j += 16)
+                pv_tile_row(a, rows[j], p, n, j, nq, nv, d0, f16, 1);
             UNROLL
             for (int i = 0; i < nq; i++) {
                 float *out = lanes16 + (size_t)i * ls + (size_t)l * (size_t)head_dim + d0;
