@@ -105,6 +105,9 @@ typedef struct {
     void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
     /* x[i] = the float value of x[i]'s f16 (rounded to nearest even) */
     void (*round_f16)(float *x, int64_t n);
+    /* x[i] *= s (one float multiply), then, where `f16` is set, rounded
+     * as round_f16 does: a softmax's normalisation */
+    void (*scale_rows)(float *x, int64_t n, float s, int f16);
     /* Optional (NULL: the per-block forms above serve). The same arithmetic
      * over a gathered context: K or V row j is rows[j], F16 where `f16` is
      * set, else F32.

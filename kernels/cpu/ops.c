@@ -653,12 +653,21 @@ static void round_f16_portable(float *x, int64_t n)
         x[i] = cinfer_fp16_to_fp32(cinfer_fp32_to_fp16(x[i]));
 }
 
+static void scale_rows_portable(float *x, int64_t n, float s, int f16)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
+    if (f16)
+        round_f16_portable(x, n);
+}
+
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_portable = {
     qk_f32_portable,     qk_f16_portable,      qk_dot_f32_portable,
     qk_dot_f16_portable, softmax_exp_portable, pv_f32_portable,
     pv_f16_portable,     lanes_sum_portable,   silu_mul_portable,
-    to_f16_portable,     round_f16_portable,   NULL,
+    to_f16_portable,     round_f16_portable,   scale_rows_portable,
     NULL,                NULL,                 NULL,
+    NULL,
 };
 
 /*
@@ -750,11 +759,8 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
         for (int32_t j = lo; j < len; j++)
             max = sc[j] > max ? sc[j] : max;
         double sum = vk->softmax_exp(sc, len, max);
-        const float inv = (float)(1.0 / sum);
-        for (int32_t j = 0; j < len; j++)
-            sc[j] *= inv;
-        if (v16) /* GGML multiplies F16 V by the probabilities in F16 */
-            vk->round_f16(sc, len);
+        /* GGML multiplies F16 V by the probabilities in F16 */
+        vk->scale_rows(sc, len, (float)(1.0 / sum), v16);
 
         if (pv_rows) {
             vk->pv_rows(vrows, v16, sc, len, n_lanes, hd, lanes);
@@ -841,11 +847,7 @@ static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, float *ws)
     for (int qi = 0; qi < nq; qi++) {
         float *sc = scores + (size_t)qi * cs;
         double sum = vk->softmax_exp(sc, n[qi], maxes[qi]);
-        const float inv = (float)(1.0 / sum);
-        for (int32_t j = 0; j < n[qi]; j++)
-            sc[j] *= inv;
-        if (v16)
-            vk->round_f16(sc, n[qi]);
+        vk->scale_rows(sc, n[qi], (float)(1.0 / sum), v16);
     }
     vk->pv_tile(vrows, v16, pp, n, nq, hd, lanes);
     for (int t = 0; t < nr; t++)

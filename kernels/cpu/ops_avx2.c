@@ -305,6 +305,23 @@ static void round_f16(float *x, int64_t n)
         x[i] = _cvtsh_ss(_cvtss_sh(x[i], F16_RNE));
 }
 
+static void scale_rows(float *x, int64_t n, float s, int f16)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        if (f16)
+            v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, F16_RNE));
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (; i < n; i++) {
+        x[i] *= s;
+        if (f16)
+            x[i] = _cvtsh_ss(_cvtss_sh(x[i], F16_RNE));
+    }
+}
+
 static void to_f16(const float *src, uint16_t *dst, int64_t n)
 {
     int64_t i = 0;
@@ -324,6 +341,6 @@ static void to_f16(const float *src, uint16_t *dst, int64_t n)
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx2 = {
     qk_f32, qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
     pv_f32, pv_f16, lanes_sum,  silu_mul,   to_f16,
-    round_f16, NULL, NULL, NULL, NULL,
+    round_f16, scale_rows, NULL, NULL, NULL, NULL,
 };
 #endif

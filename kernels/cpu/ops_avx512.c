@@ -347,6 +347,19 @@ static void round_f16(float *x, int64_t n)
     }
 }
 
+static void scale_rows(float *x, int64_t n, float s, int f16)
+{
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        if (f16)
+            v = _mm512_cvtph_ps(_mm512_cvtps_ph(
+                v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_mask_storeu_ps(x + i, m, v);
+    }
+}
+
 /* Gathered context (cpu_impl.h). QK in the "dot" arithmetic, sixteen
  * positions at a time: each position's four accumulators are folded
  * (a0 + a2) + (a1 + a3) at once, and the sixteen folded vectors reduced
@@ -655,6 +668,6 @@ static void pv_tile(const void *const *rows, int f16, const float *const *p,
 const cinfer_cpu_vec_kernels cinfer_cpu_vec_avx512 = {
     qk,          qk_f16, qk_dot_f32, qk_dot_f16, softmax_exp,
     pv_f32,      pv_f16, lanes_sum,  silu_mul,   to_f16,
-    round_f16,   qk_dot_rows, pv_rows, qk_tile, pv_tile,
+    round_f16,   scale_rows, qk_dot_rows, pv_rows, qk_tile, pv_tile,
 };
 #endif
