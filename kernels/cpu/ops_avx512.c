@@ -461,21 +461,120 @@ static void pv_rows(const void *const *rows, int f16, const float *p, int n,
         pv_rows_t(rows, p, n, n_lanes, head_dim, lanes16, 0);
 }
 
+/* In place: r[p] lane d becomes r[d] lane p. */
+static inline __attribute__((always_inline)) void tr16x16(__m512 r[16])
+{
+    __m512 t[16];
+    UNROLL
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    UNROLL
+    for (int i = 0; i < 2; i++)
+        UNROLL
+        for (int k = 0; k < 4; k++) {
+            t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+            t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xdd);
+        }
+    UNROLL
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
+    }
+}
+
+/* The lane sums of qk for QN queries, sixteen positions in the lanes:
+ * kt[d] holds element d of the sixteen K rows, so lane l of qk's
+ * accumulator (the fma chain over d = l, l + 16, ...) is u(l) here, and
+ * hsum16x16's tree ((l + l+8) + (l+4 + l+12)) + ... is the same tree of
+ * vertical adds: every score keeps qk's bits, without a shuffle. */
+static inline __attribute__((always_inline)) void
+qk_t_lanes(__m512 *u, const float *const *q, const float *kt, int l,
+           const int qn, const int nc)
+{
+    UNROLL
+    for (int i = 0; i < qn; i++)
+        u[i] = _mm512_setzero_ps();
+    for (int c = 0; c < nc; c++) {
+        const __m512 k = _mm512_load_ps(kt + (size_t)(16 * c + l) * 16);
+        UNROLL
+        for (int i = 0; i < qn; i++)
+            u[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][16 * c + l]), k, u[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+qk_t_pair(__m512 *o, const float *const *q, const float *kt, int l,
+          const int qn, const int nc)
+{
+    __m512 b[4];
+    qk_t_lanes(o, q, kt, l, qn, nc);
+    qk_t_lanes(b, q, kt, l + 8, qn, nc);
+    UNROLL
+    for (int i = 0; i < qn; i++)
+        o[i] = _mm512_add_ps(o[i], b[i]);
+}
+
+static inline __attribute__((always_inline)) void
+qk_t_quad(__m512 *o, const float *const *q, const float *kt, int l,
+          const int qn, const int nc)
+{
+    __m512 b[4];
+    qk_t_pair(o, q, kt, l, qn, nc);
+    qk_t_pair(b, q, kt, l + 4, qn, nc);
+    UNROLL
+    for (int i = 0; i < qn; i++)
+        o[i] = _mm512_add_ps(o[i], b[i]);
+}
+
+static inline __attribute__((always_inline)) void
+qk_t_oct(__m512 *o, const float *const *q, const float *kt, int l,
+         const int qn, const int nc)
+{
+    __m512 b[4];
+    qk_t_quad(o, q, kt, l, qn, nc);
+    qk_t_quad(b, q, kt, l + 2, qn, nc);
+    UNROLL
+    for (int i = 0; i < qn; i++)
+        o[i] = _mm512_add_ps(o[i], b[i]);
+}
+
+static inline __attribute__((always_inline)) void
+qk_t_tree(__m512 *o, const float *const *q, const float *kt, const int qn,
+          const int nc)
+{
+    __m512 b[4];
+    qk_t_oct(o, q, kt, 0, qn, nc);
+    qk_t_oct(b, q, kt, 1, qn, nc);
+    UNROLL
+    for (int i = 0; i < qn; i++)
+        o[i] = _mm512_add_ps(o[i], b[i]);
+}
+
 /* Several queries against one gathered context (cpu_impl.h: qk_tile,
- * pv_tile). Each group of sixteen K rows is widened once into kb and then
- * serves every query as qk_f16 / qk would: the same fma chain over the
- * head dimension and hsum16x16; positions past a query's n are computed
- * from repeated rows and not stored. Positions below lo[i] are set to
- * -INFINITY and max[i] is the largest score at or above it (vmaxps keeps
- * the running maximum where a score is NaN, as attend's comparison does;
- * the sign of a zero maximum does not change exp(s - max)). */
+ * pv_tile). Each group of sixteen K rows is widened and transposed once
+ * into kt and then serves every query, up to four at a time, as
+ * qk_f16 / qk would (qk_t_lanes); positions past a query's n are
+ * computed from repeated rows and not stored. Positions below lo[i] are
+ * set to -INFINITY and max[i] is the largest score at or above it (vmaxps
+ * keeps the running maximum where a score is NaN, as attend's comparison
+ * does; the sign of a zero maximum does not change exp(s - max)). */
 static inline __attribute__((always_inline)) void
 qk_tile_t(const float *const *q, int nq, const void *const *rows,
           const int32_t *n, const int32_t *lo, int head_dim, float scale,
           float *scores, size_t cs, float *max, const int f16, const int hdc)
 {
-    if (hdc) /* a constant head size: kb's rows at constant offsets */
+    if (hdc) /* a constant head size: kt's rows at constant offsets */
         head_dim = hdc;
+    const int nc = head_dim / 16;
     const __m512 vs = _mm512_set1_ps(scale);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 mx[CINFER_CPU_ATTN_TILE];
@@ -484,45 +583,50 @@ qk_tile_t(const float *const *q, int nq, const void *const *rows,
         nmax = n[i] > nmax ? n[i] : nmax;
         mx[i] = ninf;
     }
-    float kb[16 * 256] __attribute__((aligned(64)));
+    float kt[256 * 16] __attribute__((aligned(64)));
     for (int32_t j = 0; j < nmax; j += 16) {
         const int m = nmax - j < 16 ? nmax - j : 16;
-        const float *kr[16];
-        for (int p = 0; p < 16; p++) {
-            const void *row = rows[j + (p < m ? p : 0)];
-            if (f16) {
-                float *dst = kb + p * head_dim;
-                for (int d = 0; d < head_dim; d += 16)
-                    _mm512_store_ps(dst + d, ld_f16((const uint16_t *)row + d));
-                kr[p] = dst;
-            } else {
-                kr[p] = (const float *)row;
-            }
-        }
-        for (int i = 0; i < nq; i++) {
-            if (n[i] <= j)
-                continue;
-            const float *qi = q[i];
-            __m512 acc[16];
+        for (int c = 0; c < nc; c++) {
+            __m512 r[16];
             UNROLL
-            for (int p = 0; p < 16; p++)
-                acc[p] = _mm512_setzero_ps();
-            for (int d = 0; d < head_dim; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(qi + d);
-                UNROLL
-                for (int p = 0; p < 16; p++)
-                    acc[p] = _mm512_fmadd_ps(
-                        qv, _mm512_loadu_ps((f16 ? kb + p * head_dim : kr[p]) + d), acc[p]);
+            for (int p = 0; p < 16; p++) {
+                const void *row = rows[j + (p < m ? p : 0)];
+                r[p] = f16 ? ld_f16((const uint16_t *)row + 16 * c)
+                           : _mm512_loadu_ps((const float *)row + 16 * c);
             }
-            const int mi = n[i] - j < 16 ? n[i] - j : 16;
-            const __mmask16 keep = tail_mask(mi);
-            __m512 sc = _mm512_mul_ps(hsum16x16(acc), vs);
-            if (lo[i] > j) { /* masked by the window */
-                const int h = lo[i] - j < 16 ? lo[i] - j : 16;
-                sc = _mm512_mask_mov_ps(sc, tail_mask(h), ninf);
+            tr16x16(r);
+            UNROLL
+            for (int d = 0; d < 16; d++)
+                _mm512_store_ps(kt + (size_t)(16 * c + d) * 16, r[d]);
+        }
+        int i0 = 0;
+        while (i0 < nq && n[i0] <= j)
+            i0++;
+        for (int i = i0; i < nq; i += 4) {
+            __m512 sc[4];
+            const int qn = nq - i < 4 ? nq - i : 4;
+            if (qn == 4)
+                qk_t_tree(sc, q + i, kt, 4, nc);
+            else if (qn == 3)
+                qk_t_tree(sc, q + i, kt, 3, nc);
+            else if (qn == 2)
+                qk_t_tree(sc, q + i, kt, 2, nc);
+            else
+                qk_t_tree(sc, q + i, kt, 1, nc);
+            for (int t = 0; t < qn; t++) {
+                const int k = i + t;
+                if (n[k] <= j)
+                    continue;
+                const int mi = n[k] - j < 16 ? n[k] - j : 16;
+                const __mmask16 keep = tail_mask(mi);
+                __m512 v = _mm512_mul_ps(sc[t], vs);
+                if (lo[k] > j) { /* masked by the window */
+                    const int h = lo[k] - j < 16 ? lo[k] - j : 16;
+                    v = _mm512_mask_mov_ps(v, tail_mask(h), ninf);
+                }
+                mx[k] = _mm512_mask_max_ps(mx[k], keep, v, mx[k]);
+                _mm512_mask_storeu_ps(scores + (size_t)k * cs + j, keep, v);
             }
-            mx[i] = _mm512_mask_max_ps(mx[i], keep, sc, mx[i]);
-            _mm512_mask_storeu_ps(scores + (size_t)i * cs + j, keep, sc);
         }
     }
     for (int i = 0; i < nq; i++)
