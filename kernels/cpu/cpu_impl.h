@@ -127,13 +127,19 @@ typedef struct {
      * head_dim a multiple of 16; nq <= CINFER_CPU_ATTN_TILE.
      * qk_tile: scores[i * cs + j] for j < n[i], as qk_*, then -INFINITY
      * for j < lo[i]; max[i] = the largest of scores lo[i] .. n[i] - 1.
-     * head_dim <= 256.
+     * head_dim <= 256. kt, where not NULL, holds the K rows as the
+     * kernel widens and reorders them, head_dim * 16 floats per sixteen
+     * positions (rows[0] .. rows[n_max - 1] rounded up to 16): the first
+     * *kt_done positions (a multiple of 16) are already there from an
+     * earlier call with the same rows, and *kt_done grows to the whole
+     * blocks this call wrote, so calls for more queries of one context
+     * reorder each K row once.
      * pv_tile: pv_rows with 16 lanes for each p[i] (n[i] positions),
      * into lanes16 + i * 16 * head_dim. */
     void (*qk_tile)(const float *const *q, int nq, const void *const *rows,
                     int f16, const int32_t *n, const int32_t *lo,
                     int head_dim, float scale, float *scores, size_t cs,
-                    float *max);
+                    float *max, float *kt, int32_t *kt_done);
     void (*pv_tile)(const void *const *rows, int f16, const float *const *p,
                     const int32_t *n, int nq, int head_dim, float *lanes16);
 } cinfer_cpu_vec_kernels;

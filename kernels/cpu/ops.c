@@ -690,7 +690,15 @@ typedef struct {
     int group;             /* query heads per KV head */
     size_t ctx_stride;     /* floats per head of scores */
     int tile;              /* qk_tile / pv_tile serve runs of rows */
+    size_t kt_offset;      /* floats from a thread's scratch to its kt */
 } attn_ctx;
+
+/* A thread's reordered K rows (qk_tile's kt) for one sequence's KV head
+ * in one attention call: the tiles of a prefill chunk share them. */
+typedef struct {
+    float *kt;
+    int32_t seq, g, done;
+} attn_kt;
 
 /* Query heads [h0, h1) of row r, all of KV head h0 / group. */
 static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
@@ -794,7 +802,8 @@ static void attend(const attn_ctx *c, int64_t r, int h0, int h1, float *ws)
  * heads of KV head g, through qk_tile / pv_tile: every K and V row of the
  * context is read once for the nr * group queries. Each query's
  * arithmetic is attend's (the batched form), so its bits do not change. */
-static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, float *ws)
+static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, float *ws,
+                        attn_kt *kc)
 {
     const cinfer_cpu_attn_args *a = c->a;
     const cinfer_step *s = c->s;
@@ -843,7 +852,13 @@ static void attend_tile(const attn_ctx *c, int64_t r0, int nr, int g, float *ws)
         }
     }
     float maxes[CINFER_CPU_ATTN_TILE];
-    vk->qk_tile(qp, nq, krows, k16, n, lo, hd, a->scale, scores, cs, maxes);
+    if (kc->seq != s->row_seq[r0] || kc->g != g) {
+        kc->seq = s->row_seq[r0];
+        kc->g = g;
+        kc->done = 0;
+    }
+    vk->qk_tile(qp, nq, krows, k16, n, lo, hd, a->scale, scores, cs, maxes,
+                kc->kt, &kc->done);
     for (int qi = 0; qi < nq; qi++) {
         float *sc = scores + (size_t)qi * cs;
         double sum = vk->softmax_exp(sc, n[qi], maxes[qi]);
@@ -864,6 +879,8 @@ static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
     const attn_ctx *c = p;
     const cinfer_step *s = c->s;
     float *ws = thread_scratch(c->cb, thread);
+    attn_kt kc = {(float *)(((uintptr_t)(ws + c->kt_offset) + 63) & ~(uintptr_t)63),
+                  -1, -1, 0};
     const int grp = c->group;
     const int64_t per_g = (int64_t)s->n_rows * grp;
     const int max_rows = c->tile ? CINFER_CPU_ATTN_TILE / grp : 0;
@@ -881,7 +898,7 @@ static void attn_parts(void *p, int64_t t0, int64_t t1, int thread)
                        !(s->row_gen && s->row_gen[r + nr]))
                     nr++;
             if (nr > 0) {
-                attend_tile(c, r, nr, g, ws);
+                attend_tile(c, r, nr, g, ws, &kc);
                 f += (int64_t)nr * grp;
                 continue;
             }
@@ -907,8 +924,10 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     const size_t nq = tile ? CINFER_CPU_ATTN_TILE : 0;
     size_t per_ctx = (size_t)group > nq ? (size_t)group : nq;
     size_t per_hd = 65 > 17 * nq ? 65 : 17 * nq;
+    const size_t kt_offset = (per_ctx + 4) * ctx + per_hd * hd;
+    /* the tiles' kt: every context position's K row, 64-byte aligned */
     cinfer_status st = cinfer_cpu_thread_scratch(
-        cb, (per_ctx + 4) * ctx + per_hd * hd);
+        cb, kt_offset + (tile ? ctx * hd + 16 : 0));
     if (st != CINFER_OK)
         return st;
     int n_parts = cb->n_threads;
@@ -943,7 +962,7 @@ cinfer_status cinfer_cpu_op_attention(cinfer_cpu_backend *cb,
     for (; part <= n_parts; part++)
         bounds[part] = nkv * s->n_rows * group;
 
-    attn_ctx c = {cb, a, s, bounds, group, ctx, tile};
+    attn_ctx c = {cb, a, s, bounds, group, ctx, tile, kt_offset};
     run(cb, n_parts, total * a->head_dim, attn_parts, &c);
     return CINFER_OK;
 }

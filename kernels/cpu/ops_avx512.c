@@ -561,7 +561,8 @@ qk_t_tree(__m512 *o, const float *const *q, const float *kt, const int qn,
 
 /* Several queries against one gathered context (cpu_impl.h: qk_tile,
  * pv_tile). Each group of sixteen K rows is widened and transposed once
- * into kt and then serves every query, up to four at a time, as
+ * into kt (the caller's, kept for its next call on the same rows, or a
+ * block on the stack) and then serves every query, up to four at a time, as
  * qk_f16 / qk would (qk_t_lanes); positions past a query's n are
  * computed from repeated rows and not stored. Positions below lo[i] are
  * set to -INFINITY and max[i] is the largest score at or above it (vmaxps
@@ -570,7 +571,8 @@ qk_t_tree(__m512 *o, const float *const *q, const float *kt, const int qn,
 static inline __attribute__((always_inline)) void
 qk_tile_t(const float *const *q, int nq, const void *const *rows,
           const int32_t *n, const int32_t *lo, int head_dim, float scale,
-          float *scores, size_t cs, float *max, const int f16, const int hdc)
+          float *scores, size_t cs, float *max, float *ktc, int32_t *kt_done,
+          const int f16, const int hdc)
 {
     if (hdc) /* a constant head size: kt's rows at constant offsets */
         head_dim = hdc;
@@ -583,10 +585,12 @@ qk_tile_t(const float *const *q, int nq, const void *const *rows,
         nmax = n[i] > nmax ? n[i] : nmax;
         mx[i] = ninf;
     }
-    float kt[256 * 16] __attribute__((aligned(64)));
+    float kt1[256 * 16] __attribute__((aligned(64)));
+    const int32_t done = ktc ? *kt_done : 0;
     for (int32_t j = 0; j < nmax; j += 16) {
         const int m = nmax - j < 16 ? nmax - j : 16;
-        for (int c = 0; c < nc; c++) {
+        float *kt = ktc ? ktc + (size_t)j * (size_t)head_dim : kt1;
+        for (int c = 0; j >= done && c < nc; c++) {
             __m512 r[16];
             UNROLL
             for (int p = 0; p < 16; p++) {
@@ -631,20 +635,27 @@ qk_tile_t(const float *const *q, int nq, const void *const *rows,
     }
     for (int i = 0; i < nq; i++)
         max[i] = _mm512_reduce_max_ps(mx[i]);
+    if (ktc && nmax / 16 * 16 > done)
+        *kt_done = nmax / 16 * 16;
 }
 
 static void qk_tile(const float *const *q, int nq, const void *const *rows,
                     int f16, const int32_t *n, const int32_t *lo, int head_dim,
-                    float scale, float *scores, size_t cs, float *max)
+                    float scale, float *scores, size_t cs, float *max,
+                    float *kt, int32_t *kt_done)
 {
     if (f16 && head_dim == 64)
-        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 64);
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, kt,
+                  kt_done, 1, 64);
     else if (f16 && head_dim == 128)
-        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 128);
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, kt,
+                  kt_done, 1, 128);
     else if (f16)
-        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 1, 0);
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, kt,
+                  kt_done, 1, 0);
     else
-        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, 0, 0);
+        qk_tile_t(q, nq, rows, n, lo, head_dim, scale, scores, cs, max, kt,
+                  kt_done, 0, 0);
 }
 
 /* pv_rows_t with 16 lanes for nq <= PV_TILE queries: each V row is loaded
