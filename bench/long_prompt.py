@@ -10,7 +10,7 @@ prompt of --input-len tokens with one output token (cinfer-bench over gRPC,
 greedy, ignore_eos) and records its time to first token; the two servers
 alternate, the order flipping every round, one running at a time. Beside
 them, llama-bench (scripts/goldens/build-llama-cpp.sh) processes a prompt
-of the same length with flash attention on and off; its time is the
+of the same length (flash attention on; --llama-fa on,off adds off); its time is the
 prompt's tokens over its tokens/s.
 
 Reports the median TTFT per server, the median old/new ratio of rounds
@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quiet-wait", type=float, default=30)
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--llama-fa", default="on",
+                    help="llama-bench's flash attention settings to run: on, off or on,off")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     base = svl.sh(["git", "-C", ROOT, "rev-parse", "--short", args.base]).stdout.strip()
@@ -94,12 +96,14 @@ def main():
                 who, base if who == "old" else new, i, t))
             got[who].append(t)
         if bin_dir:
-            for fa in ("on", "off"):
+            for fa in args.llama_fa.split(","):
                 svl.wait_quiet(args.quiet_wait)
                 t = llama_prompt_s(bin_dir, model, args.input_len, args.threads, fa)
                 svl.log("llama-bench -fa %s round %d: %.2f s" % (fa, i, t))
                 got["fa " + fa].append(t)
 
+    with open(os.path.join(work, "rounds.json"), "w") as f:
+        json.dump(got, f)
     info = benchlib.cpu_info()
     med = {k: statistics.median(v) for k, v in got.items() if v}
     ratio = statistics.median(o / n for o, n in zip(got["old"], got["new"]))
@@ -114,9 +118,9 @@ def main():
         "(nothing cached, nothing else running), one synthetic prompt of %d "
         "tokens and one output token over gRPC (cinfer-bench, greedy); the "
         "servers in alternation, medians of %d rounds. llama.cpp: "
-        "`llama-bench -p %d -n 0 -t %d -fa on|off`, the prompt's tokens over "
+        "`llama-bench -p %d -n 0 -t %d -fa on` (and `off` where listed), the prompt's tokens over "
         "its tokens/s, in the same rounds. The machine was shared." % (
-            args.input_len, datetime.date.today().isoformat(), info["model"],
+            datetime.date.today().isoformat(), info["model"],
             info["cpus"], info["flags"],
             os.environ.get("OPENBLAS_CORETYPE", "(unset)"), base, new,
             args.input_len, args.rounds, args.threads,
@@ -137,9 +141,10 @@ def main():
                 ", ".join("%.2f" % t for t in got[k])))
     lines += ["", "%s's time to first token is %.2fx shorter than %s's "
               "(median of the rounds' ratios)." % (new, ratio, base)]
-    if "fa on" in med:
-        lines[-1] += " Against llama.cpp: %.2fx (flash attention on), %.2fx " \
-                     "(off)." % (med["fa on"] / med["new"], med["fa off"] / med["new"])
+    for fa in ("on", "off"):
+        if "fa " + fa in med:
+            lines[-1] += " llama.cpp's prompt with flash attention %s takes " \
+                         "%.2fx as long." % (fa, med["fa " + fa] / med["new"])
     text = "\n".join(lines) + "\n"
     print(text)
     out = args.out or benchlib.current_result(

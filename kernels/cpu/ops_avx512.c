@@ -496,6 +496,10 @@ static inline __attribute__((always_inline)) void tr16x16(__m512 r[16])
  * accumulator (the fma chain over d = l, l + 16, ...) is u(l) here, and
  * hsum16x16's tree ((l + l+8) + (l+4 + l+12)) + ... is the same tree of
  * vertical adds: every score keeps qk's bits, without a shuffle. */
+/* The most queries qk_t_tree takes at once: its five levels of partial
+ * sums stay in registers. */
+#define QK_T_QN 6
+
 static inline __attribute__((always_inline)) void
 qk_t_lanes(__m512 *u, const float *const *q, const float *kt, int l,
            const int qn, const int nc)
@@ -515,7 +519,7 @@ static inline __attribute__((always_inline)) void
 qk_t_pair(__m512 *o, const float *const *q, const float *kt, int l,
           const int qn, const int nc)
 {
-    __m512 b[4];
+    __m512 b[QK_T_QN];
     qk_t_lanes(o, q, kt, l, qn, nc);
     qk_t_lanes(b, q, kt, l + 8, qn, nc);
     UNROLL
@@ -527,7 +531,7 @@ static inline __attribute__((always_inline)) void
 qk_t_quad(__m512 *o, const float *const *q, const float *kt, int l,
           const int qn, const int nc)
 {
-    __m512 b[4];
+    __m512 b[QK_T_QN];
     qk_t_pair(o, q, kt, l, qn, nc);
     qk_t_pair(b, q, kt, l + 4, qn, nc);
     UNROLL
@@ -539,7 +543,7 @@ static inline __attribute__((always_inline)) void
 qk_t_oct(__m512 *o, const float *const *q, const float *kt, int l,
          const int qn, const int nc)
 {
-    __m512 b[4];
+    __m512 b[QK_T_QN];
     qk_t_quad(o, q, kt, l, qn, nc);
     qk_t_quad(b, q, kt, l + 2, qn, nc);
     UNROLL
@@ -551,7 +555,7 @@ static inline __attribute__((always_inline)) void
 qk_t_tree(__m512 *o, const float *const *q, const float *kt, const int qn,
           const int nc)
 {
-    __m512 b[4];
+    __m512 b[QK_T_QN];
     qk_t_oct(o, q, kt, 0, qn, nc);
     qk_t_oct(b, q, kt, 1, qn, nc);
     UNROLL
@@ -562,7 +566,7 @@ qk_t_tree(__m512 *o, const float *const *q, const float *kt, const int qn,
 /* Several queries against one gathered context (cpu_impl.h: qk_tile,
  * pv_tile). Each group of sixteen K rows is widened and transposed once
  * into kt (the caller's, kept for its next call on the same rows, or a
- * block on the stack) and then serves every query, up to four at a time, as
+ * block on the stack) and then serves every query, up to QK_T_QN at a time, as
  * qk_f16 / qk would (qk_t_lanes); positions past a query's n are
  * computed from repeated rows and not stored. Positions below lo[i] are
  * set to -INFINITY and max[i] is the largest score at or above it (vmaxps
@@ -606,10 +610,14 @@ qk_tile_t(const float *const *q, int nq, const void *const *rows,
         int i0 = 0;
         while (i0 < nq && n[i0] <= j)
             i0++;
-        for (int i = i0; i < nq; i += 4) {
-            __m512 sc[4];
-            const int qn = nq - i < 4 ? nq - i : 4;
-            if (qn == 4)
+        for (int i = i0; i < nq; i += QK_T_QN) {
+            __m512 sc[QK_T_QN];
+            const int qn = nq - i < QK_T_QN ? nq - i : QK_T_QN;
+            if (qn == 6)
+                qk_t_tree(sc, q + i, kt, 6, nc);
+            else if (qn == 5)
+                qk_t_tree(sc, q + i, kt, 5, nc);
+            else if (qn == 4)
                 qk_t_tree(sc, q + i, kt, 4, nc);
             else if (qn == 3)
                 qk_t_tree(sc, q + i, kt, 3, nc);
