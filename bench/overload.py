@@ -652,7 +652,7 @@ unset multiplot
     with open(gp, "w") as f:
         f.write(script)
     if not shutil.which("gnuplot"):
-        log("gnuplot is not installed: no plot (its script is %s)" % gp)
+        log("gnuplot is not installed (scripts/install-bench-deps.sh installs it): no plot (its script is %s)" % gp)
         return False
     sh(["gnuplot", gp])
     return True

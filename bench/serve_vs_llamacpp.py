@@ -311,7 +311,7 @@ unset multiplot
                        capture_output=True)
         return True
     except (OSError, subprocess.CalledProcessError) as e:
-        log("gnuplot failed, no plot:", e)
+        log("gnuplot failed (scripts/install-bench-deps.sh installs it), no plot:", e)
         return False
 
 

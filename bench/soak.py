@@ -462,7 +462,7 @@ def write_results(args, cap, service_s, idle, samples, load, server_codes,
         have_png = subprocess.run(["gnuplot", gp],
                                   capture_output=True).returncode == 0
     except FileNotFoundError:
-        log("gnuplot not installed: no plot")
+        log("gnuplot not installed (scripts/install-bench-deps.sh installs it): no plot")
         have_png = False
 
     cpu = benchlib.cpu_info()
