@@ -209,10 +209,10 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
         return cinfer_set_error(CINFER_E_NOMEM,
                                 "tensor_create_weight: no memory");
     t->base.data = (void *)data; /* never written: is_weight */
-    /* Q8_0 / Q4_0 / Q4_1 matrices for the AVX-512 kernels are packed into
-     * the backend's own memory (matmul.h): Q8_0 decode about 1.6 times as
-     * fast at one thread. The caller may then free `data`
-     * (weight_borrows). */
+    /* Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K matrices for the AVX-512 kernels
+     * are packed into the backend's own memory (matmul.h): Q8_0 decode
+     * about 1.6 times as fast at one thread. The caller may then free
+     * `data` (weight_borrows). */
     const int gr = cinfer_cpu_pack_rows(desc->dtype);
     if (gr && desc->n_dims == 2 && desc->shape[0] >= gr &&
         cpu(be)->isa == CINFER_CPU_ISA_AVX512) {
@@ -269,13 +269,13 @@ static cinfer_status cpu_download(cinfer_backend *be, const cinfer_tensor *t,
     const cinfer_dtype wt = t->desc.dtype;
     const int64_t n_in = t->desc.shape[1];
     const size_t rb = cinfer_dtype_row_bytes(wt, n_in);
-    const size_t bs = cinfer_dtype_row_bytes(wt, CINFER_QK);
+    const size_t bs = cinfer_dtype_row_bytes(wt, cinfer_dtype_block_elems(wt));
     uint8_t *d = dst;
     for (size_t at = offset; at < offset + n_bytes;) {
         const int64_t row = (int64_t)(at / rb);
         const size_t in_row = at % rb;
         const int64_t b = (int64_t)(in_row / bs);
-        cinfer_block_q8_0 blk; /* the largest packable block */
+        cinfer_block_q5_k blk; /* the largest packable block */
         cinfer_cpu_packed_row(wt, t->data, t->desc.shape[0], n_in, row, b, b + 1,
                               &blk);
         size_t from = in_row - (size_t)b * bs;

@@ -29,7 +29,7 @@ extern "C" {
 /* A CPU tensor: base.data is 64-byte aligned unless a borrowed weight. */
 typedef struct {
     struct cinfer_tensor base;    /* first: backend.c reads it */
-    int packed;                   /* an int8-block weight packed (matmul.h) */
+    int packed;                   /* a weight packed (matmul.h) */
     struct cinfer_cpu_slab *slab; /* where a packed weight's data lives */
 } cinfer_cpu_tensor;
 

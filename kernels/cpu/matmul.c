@@ -384,10 +384,77 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
         return 8;
     case CINFER_DTYPE_Q4_0:
     case CINFER_DTYPE_Q4_1:
+    case CINFER_DTYPE_Q4_K:
+    case CINFER_DTYPE_Q5_K:
         return 16;
     default:
         return 0;
     }
+}
+
+/* Q4_K / Q5_K (matmul.h): block b of a group of G rows is G * bb bytes at
+ * (group * nb + b) * G * bb; in it, row k's f16 d at 2k, its dmin at 2G +
+ * 2k, and 4-byte word i of the rest of its block (scales, [qh,] qs) at
+ * 4G + 4G i + 4k. kq_block moves one block of row k in (pack) or out. */
+static int is_kq_packed(cinfer_dtype wt)
+{
+    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K;
+}
+
+static void kq_block(uint8_t *grp, uint8_t *blk, size_t bb, int g, int k, int pack)
+{
+    uint8_t *at[2] = {grp + 2 * k, grp + 2 * g + 2 * k};
+    for (int h = 0; h < 2; h++) {
+        if (pack)
+            memcpy(at[h], blk + 2 * h, 2);
+        else
+            memcpy(blk + 2 * h, at[h], 2);
+    }
+    for (size_t i = 0; 4 + 4 * i < bb; i++) {
+        uint8_t *word = grp + 4 * (size_t)g * (i + 1) + 4 * (size_t)k;
+        if (pack)
+            memcpy(word, blk + 4 + 4 * i, 4);
+        else
+            memcpy(blk + 4 + 4 * i, word, 4);
+    }
+}
+
+static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
+                          int64_t n_in, void *dst, int64_t p0, int64_t p1)
+{
+    const int g = cinfer_cpu_pack_rows(wt);
+    const int64_t nb = n_in / CINFER_QK_K, n_groups = n_out / g;
+    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK_K), rb = bb * (size_t)nb;
+    const int64_t g1 = p1 < n_groups ? p1 : n_groups;
+    for (int64_t grp = p0; grp < g1; grp++)
+        for (int k = 0; k < g; k++) {
+            const uint8_t *src = (const uint8_t *)w + (size_t)(grp * g + k) * rb;
+            for (int64_t b = 0; b < nb; b++)
+                kq_block((uint8_t *)dst + ((size_t)(grp * nb + b) * (size_t)g) * bb,
+                         (uint8_t *)src + (size_t)b * bb, bb, g, k, 1);
+        }
+    if (p1 > n_groups) /* the last part: the tail */
+        memcpy((uint8_t *)dst + (size_t)(n_groups * g) * rb,
+               (const uint8_t *)w + (size_t)(n_groups * g) * rb,
+               (size_t)(n_out - n_groups * g) * rb);
+}
+
+static void kq_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
+                          int64_t n_in, int64_t row, int64_t b0, int64_t b1,
+                          void *dst)
+{
+    const int g = cinfer_cpu_pack_rows(wt);
+    const int64_t nb = n_in / CINFER_QK_K, n_full = n_out / g * g;
+    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK_K), rb = bb * (size_t)nb;
+    uint8_t *out = dst;
+    if (row >= n_full) {
+        memcpy(out, (const uint8_t *)p + (size_t)row * rb + (size_t)b0 * bb,
+               (size_t)(b1 - b0) * bb);
+        return;
+    }
+    for (int64_t b = b0; b < b1; b++)
+        kq_block((uint8_t *)p + ((size_t)(row / g * nb + b) * (size_t)g) * bb,
+                 out + (size_t)(b - b0) * bb, bb, g, (int)(row % g), 0);
 }
 
 /* Where a packed matrix's pieces are. */
@@ -451,6 +518,10 @@ void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
 void cinfer_cpu_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
                            int64_t n_in, void *dst, int64_t p0, int64_t p1)
 {
+    if (is_kq_packed(wt)) {
+        kq_pack_range(wt, w, n_out, n_in, dst, p0, p1);
+        return;
+    }
     pack_geom m = geom(wt, dst, n_out, n_in);
     uint8_t *quants = dst, *scales = (uint8_t *)m.scales;
     const int64_t n_groups = m.n_full / m.g;
@@ -474,6 +545,10 @@ void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
                            int64_t n_in, int64_t row, int64_t b0, int64_t b1,
                            void *dst)
 {
+    if (is_kq_packed(wt)) {
+        kq_packed_row(wt, p, n_out, n_in, row, b0, b1, dst);
+        return;
+    }
     pack_geom m = geom(wt, p, n_out, n_in);
     uint8_t *out = dst;
     if (row >= m.n_full) {

@@ -55,7 +55,7 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
                                float *out, int64_t out_stride, int64_t o0,
                                int64_t o1);
 
-/* ---- int8-block weights packed for the AVX-512 kernels -----------------
+/* ---- weights packed for the AVX-512 kernels ------------------------------
  *
  * The same bytes as a [n_out, n_in] Q8_0, Q4_0 or Q4_1 matrix, reordered so
  * that the weight rows a decode tile reads side by side (G = 8 for Q8_0,
@@ -69,7 +69,15 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
  *           b * G * SB + SB * k;
  *   tail    rows n_full .. n_out - 1 unchanged.
  * The size is n_out * cinfer_dtype_row_bytes(wt, n_in), as unpacked.
- * Products over packed weights give the same bits as over the rows. */
+ * Products over packed weights give the same bits as over the rows.
+ *
+ * Q4_K and Q5_K (G = 16) are packed block by block for kernels whose
+ * vector lanes are the G weight rows: with bb the block's bytes and nb =
+ * n_in / 256, block b of group j is G * bb bytes at (j * nb + b) * G * bb,
+ * holding the G rows' f16 d (row k at 2k), then their dmin (at 2G + 2k),
+ * then, for each 4-byte word i of the block after those two (12 scale
+ * bytes, Q5_K's 32 qh bytes, then the 128 qs bytes), the G rows' word i
+ * side by side (row k at 4G + 4G i + 4k). The tail is as above. */
 
 /* G for a packable type, 0 for the others. */
 int cinfer_cpu_pack_rows(cinfer_dtype wt);

@@ -1144,6 +1144,11 @@ void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
                                              float *out, int64_t out_stride,
                                              int64_t o0, int64_t o1)
 {
+    if (wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K) {
+        cinfer_cpu_matmul_compute_kquant_packed_avx512(wt, w, n_out, act, n, n_in, out,
+                                                       out_stride, o0, o1);
+        return;
+    }
     static const tile_fn q8[4] = {q8p_r1, q8p_r2, q8p_r3, q8p_r4};
     static const tile_fn q41[4] = {q41p_r1, q41p_r2, q41p_r3, q41p_r4};
     static const tile_fn q40[4] = {q40p_r1, q40p_r2, q40p_r3, q40p_r4};

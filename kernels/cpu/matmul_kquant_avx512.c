@@ -552,6 +552,249 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
 }
 
 /* ---------------------------------------------------------------------- */
+/* Q4_K and Q5_K packed (matmul.h): one int32 lane per weight row         */
+/* ---------------------------------------------------------------------- */
+
+/* In the packed layout a register holds one 4-byte word of 16 weight rows,
+ * so the rows' scales, mins and d are vectors too, unpacked once per
+ * group block instead of once per row, and the Q8_K block sums meet the
+ * mins in four vpdpwssd for the 16 rows. Word t of qs holds elements 4l ..
+ * 4l + 3 (l = t % 8) of sub-blocks 2 (t / 8) (low nibbles) and 2 (t / 8) +
+ * 1 (high); against the activation's same four bytes, broadcast, one
+ * vpmaddubsw + vpdpwssd gives every row's sum of those four products times
+ * the sub-block's scale: the isum[l] of the row order, each lane its row's.
+ * Q5_K keeps its eight float accumulators per row as eight vectors (lane =
+ * row) and ends in the 8-lane tree done vertically; Q4_K's two scalars per
+ * row are one vector each. Same bits as tile_q45_k. */
+
+#define KG 16 /* rows of a packed group */
+#define KR 4  /* activation rows sharing a decoded group block */
+
+/* pshufb control: int32 lane (row) k gets int16 pair (byte j0, byte j1) of
+ * its own lane, zero-extended. */
+static inline __m512i pair_ctl(int j0, int j1)
+{
+    const __m512i t = _mm512_set_epi32(0xC000C, 0x80008, 0x40004, 0, 0xC000C, 0x80008, 0x40004, 0,
+                                       0xC000C, 0x80008, 0x40004, 0, 0xC000C, 0x80008, 0x40004, 0);
+    return _mm512_add_epi32(t, _mm512_set1_epi32((int)(0x80008000u | (unsigned)j0 |
+                                                        ((unsigned)j1 << 16))));
+}
+
+INLINE void kqp_group(const int q5, const int rt, const uint8_t *grp, int64_t nb, size_t bb,
+                      const uint8_t *act, size_t arb, float *out, int64_t out_stride)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(63), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    __m512 acc[KR][8], summs[KR];
+    for (int r = 0; r < rt; r++) {
+        summs[r] = _mm512_setzero_ps();
+        for (int l = 0; l < 8; l++)
+            acc[r][l] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = grp + (size_t)b * KG * bb;
+        const __m512 xd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        const __m512 xm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        const __m512i p0 = _mm512_loadu_si512((const void *)(gb + 64));
+        const __m512i p1 = _mm512_loadu_si512((const void *)(gb + 128));
+        const __m512i p2 = _mm512_loadu_si512((const void *)(gb + 192));
+        /* the k4 6-bit fields (k4_scales_mins), byte j of each row's lane */
+        const __m512i scl = _mm512_and_si512(p0, m6);
+        const __m512i sch = _mm512_or_si512(_mm512_and_si512(p2, m4),
+                                            _mm512_and_si512(_mm512_srli_epi16(p0, 2), m30));
+        const __m512i mnl = _mm512_and_si512(p1, m6);
+        const __m512i mnh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p2, 4), m4),
+                                            _mm512_and_si512(_mm512_srli_epi16(p1, 2), m30));
+        __m512i s[8];
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            s[j] = _mm512_shuffle_epi8(scl, pair_ctl(j, j));
+            s[j + 4] = _mm512_shuffle_epi8(sch, pair_ctl(j, j));
+        }
+        const __m512i mp[4] = {_mm512_shuffle_epi8(mnl, pair_ctl(0, 1)),
+                               _mm512_shuffle_epi8(mnl, pair_ctl(2, 3)),
+                               _mm512_shuffle_epi8(mnh, pair_ctl(0, 1)),
+                               _mm512_shuffle_epi8(mnh, pair_ctl(2, 3))};
+        const int8_t *aq[KR];
+        __m512 dr[KR];
+        __m512i itot[KR];
+        #pragma GCC unroll 4
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+            int32_t bp[4];
+            _mm_storeu_si128((__m128i *)bp, _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+                                                           _mm256_extracti128_si256(bs, 1)));
+            __m512i im = zero;
+            #pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                im = _mm512_dpwssd_epi32(im, mp[p], _mm512_set1_epi32(bp[p]));
+            const __m512 imf = _mm512_cvtepi32_ps(im);
+            if (q5) {
+                summs[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-y->d), xm), imf, summs[r]);
+                dr[r] = _mm512_mul_ps(_mm512_set1_ps(y->d), xd);
+            } else {
+                /* Q4_K: accm4 in summs, acc4 in acc[r][0] */
+                summs[r] = _mm512_fmadd_ps(imf, _mm512_mul_ps(xm, _mm512_set1_ps(y->d)), summs[r]);
+                dr[r] = _mm512_mul_ps(xd, _mm512_set1_ps(y->d));
+            }
+            aq[r] = y->qs;
+            itot[r] = zero;
+        }
+        const uint8_t *qh = gb + 256, *qs = gb + (q5 ? 768 : 256);
+        if (rt == 1) {
+            /* one row (decode): the words in memory order, eight
+             * independent isum[l] chains */
+            __m512i isum[8];
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; l++)
+                isum[l] = zero;
+            #pragma GCC unroll 4
+            for (int j2 = 0; j2 < 4; j2++) {
+                #pragma GCC unroll 8
+                for (int l = 0; l < 8; l++) {
+                    const __m512i q = _mm512_loadu_si512((const void *)(qs + 64 * (8 * j2 + l)));
+                    __m512i w0 = _mm512_and_si512(q, m4);
+                    __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                    if (q5) {
+                        const __m512i hb = _mm512_loadu_si512((const void *)(qh + 64 * l));
+                        w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << (2 * j2)))),
+                                                  w0, sixteen);
+                        w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << (2 * j2 + 1)))),
+                                                  w1, sixteen);
+                    }
+                    int32_t a0, a1;
+                    memcpy(&a0, aq[0] + 64 * j2 + 4 * l, 4);
+                    memcpy(&a1, aq[0] + 64 * j2 + 32 + 4 * l, 4);
+                    isum[l] = _mm512_dpwssd_epi32(isum[l], _mm512_maddubs_epi16(w0, _mm512_set1_epi32(a0)),
+                                                  s[2 * j2]);
+                    isum[l] = _mm512_dpwssd_epi32(isum[l], _mm512_maddubs_epi16(w1, _mm512_set1_epi32(a1)),
+                                                  s[2 * j2 + 1]);
+                }
+            }
+            if (q5) {
+                #pragma GCC unroll 8
+                for (int l = 0; l < 8; l++)
+                    acc[0][l] = _mm512_fmadd_ps(dr[0], _mm512_cvtepi32_ps(isum[l]), acc[0][l]);
+            } else {
+                const __m512i t = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_add_epi32(isum[0], isum[1]), _mm512_add_epi32(isum[2], isum[3])),
+                    _mm512_add_epi32(_mm512_add_epi32(isum[4], isum[5]), _mm512_add_epi32(isum[6], isum[7])));
+                acc[0][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), dr[0], acc[0][0]);
+            }
+            continue;
+        }
+        #pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) {
+            __m512i hb = zero, isum[KR];
+            if (q5)
+                hb = _mm512_loadu_si512((const void *)(qh + 64 * l));
+            for (int r = 0; r < rt; r++)
+                isum[r] = zero;
+            #pragma GCC unroll 4
+            for (int j2 = 0; j2 < 4; j2++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(qs + 64 * (8 * j2 + l)));
+                __m512i w0 = _mm512_and_si512(q, m4);
+                __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                if (q5) {
+                    w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << (2 * j2)))),
+                                              w0, sixteen);
+                    w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << (2 * j2 + 1)))),
+                                              w1, sixteen);
+                }
+                #pragma GCC unroll 4
+                for (int r = 0; r < rt; r++) {
+                    int32_t a0, a1;
+                    memcpy(&a0, aq[r] + 64 * j2 + 4 * l, 4);
+                    memcpy(&a1, aq[r] + 64 * j2 + 32 + 4 * l, 4);
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(w0, _mm512_set1_epi32(a0)),
+                                                  s[2 * j2]);
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(w1, _mm512_set1_epi32(a1)),
+                                                  s[2 * j2 + 1]);
+                }
+            }
+            #pragma GCC unroll 4
+            for (int r = 0; r < rt; r++) {
+                if (q5)
+                    acc[r][l] = _mm512_fmadd_ps(dr[r], _mm512_cvtepi32_ps(isum[r]), acc[r][l]);
+                else
+                    itot[r] = _mm512_add_epi32(itot[r], isum[r]); /* exact */
+            }
+        }
+        if (!q5)
+            for (int r = 0; r < rt; r++)
+                acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(itot[r]), dr[r], acc[r][0]);
+    }
+    for (int r = 0; r < rt; r++) {
+        __m512 v;
+        if (q5) {
+            /* hsum8's tree, lane by lane */
+            const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
+                                            _mm512_add_ps(acc[r][6], acc[r][2]));
+            const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
+                                            _mm512_add_ps(acc[r][7], acc[r][3]));
+            v = _mm512_add_ps(_mm512_add_ps(u0, u1), summs[r]);
+        } else {
+            v = _mm512_sub_ps(acc[r][0], summs[r]);
+        }
+        _mm512_storeu_ps(out + r * out_stride, v);
+    }
+}
+
+INLINE void kqp_rows(const int q5, const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
+                     size_t arb, int64_t n, float *out, int64_t out_stride)
+{
+    int64_t r = 0;
+    for (; r + KR <= n; r += KR)
+        kqp_group(q5, KR, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);
+    switch (n - r) {
+    case 3: kqp_group(q5, 3, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
+    case 2: kqp_group(q5, 2, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
+    case 1: kqp_group(q5, 1, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
+    default: break;
+    }
+}
+
+static void kqp_rows_q4(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
+                        size_t arb, int64_t n, float *out, int64_t out_stride)
+{
+    kqp_rows(0, grp, nb, bb, act, arb, n, out, out_stride);
+}
+
+static void kqp_rows_q5(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
+                        size_t arb, int64_t n, float *out, int64_t out_stride)
+{
+    kqp_rows(1, grp, nb, bb, act, arb, n, out, out_stride);
+}
+
+void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void *w,
+                                                    int64_t n_out, const void *act, int64_t n,
+                                                    int64_t n_in, float *out,
+                                                    int64_t out_stride, int64_t o0, int64_t o1)
+{
+    const int64_t nb = n_in / CINFER_QK_K, n_full = n_out / KG * KG;
+    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK_K), rb = bb * (size_t)nb;
+    const size_t arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_K, n_in);
+    const uint8_t *base = w;
+    const int64_t e = o1 < n_full ? o1 : n_full;
+    for (int64_t o = o0; o < e; o += KG) {
+        const uint8_t *grp = base + (size_t)(o / KG * nb) * KG * bb;
+        if (wt == CINFER_DTYPE_Q5_K)
+            kqp_rows_q5(grp, nb, bb, act, arb, n, out + o, out_stride);
+        else
+            kqp_rows_q4(grp, nb, bb, act, arb, n, out + o, out_stride);
+    }
+    /* The rows past the last whole group keep their layout. */
+    if (o1 > n_full) {
+        const int64_t t0 = o0 > n_full ? o0 : n_full;
+        cinfer_cpu_matmul_compute_kquant_avx512(wt, base + (size_t)n_full * rb, rb, act, n, n_in,
+                                                out + n_full, out_stride, t0 - n_full,
+                                                o1 - n_full);
+    }
+}
+
+/* ---------------------------------------------------------------------- */
 /* entry                                                                  */
 /* ---------------------------------------------------------------------- */
 

@@ -83,15 +83,14 @@ static void embed_rows(void *p, int64_t r0, int64_t r1, int thread)
         }
         /* A packed table (matmul.h): unpack the row a run of blocks at a
          * time. */
-        cinfer_block_q8_0 blk[16]; /* the largest packable block */
-        const int64_t nb = c->d / CINFER_QK;
-        for (int64_t b = 0; b < nb; b += 16) {
-            int64_t e = b + 16 < nb ? b + 16 : nb;
+        _Alignas(64) uint8_t blk[16 * sizeof(cinfer_block_q5_k)]; /* 16 of the largest packable block */
+        const int64_t be = cinfer_dtype_block_elems(c->dt);
+        const int64_t nb = c->d / be, step = (int64_t)sizeof blk / (int64_t)cinfer_dtype_row_bytes(c->dt, be);
+        for (int64_t b = 0; b < nb; b += step) {
+            int64_t e = b + step < nb ? b + step : nb;
             cinfer_cpu_packed_row(c->dt, c->table, c->vocab, c->d, c->tokens[r],
                                   b, e, blk);
-            cinfer_dequantize_row(c->dt, blk,
-                                  c->out + r * c->d + b * CINFER_QK,
-                                  (e - b) * CINFER_QK);
+            cinfer_dequantize_row(c->dt, blk, c->out + r * c->d + b * be, (e - b) * be);
         }
     }
 }
