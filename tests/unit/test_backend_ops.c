@@ -814,14 +814,14 @@ static void test_embed(void)
     free(sb);
 }
 
-/* Q8_0 / Q4_0 / Q4_1 matrices are packed into the backend's own memory on
- * the AVX-512 path (weight_borrows 0): they read back as the bytes they
- * were created from, and keep working after the caller's copy is
- * overwritten. Other weights are used in place (weight_borrows 1).
- * CPU only: the packing is the CPU backend's. */
-static void check_weight_copies(cinfer_dtype wt)
+/* Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K matrices are packed into the
+ * backend's own memory on the AVX-512 path (weight_borrows 0): they read
+ * back as the bytes they were created from, and keep working after the
+ * caller's copy is overwritten. Other weights are used in place
+ * (weight_borrows 1). CPU only: the packing is the CPU backend's. */
+static void check_weight_copies(cinfer_dtype wt, int64_t d)
 {
-    const int64_t rows = 37, d = 800;
+    const int64_t rows = 37;
     const size_t rb = cinfer_dtype_row_bytes(wt, d);
     const size_t nbytes = rb * (size_t)rows;
     uint64_t seed = seed_for(5);
@@ -883,9 +883,12 @@ static void check_weight_copies(cinfer_dtype wt)
 
 static void test_weight_copies(void)
 {
-    check_weight_copies(CINFER_DTYPE_Q8_0);
-    check_weight_copies(CINFER_DTYPE_Q4_0);
-    check_weight_copies(CINFER_DTYPE_Q4_1);
+    check_weight_copies(CINFER_DTYPE_Q8_0, 800);
+    check_weight_copies(CINFER_DTYPE_Q4_0, 800);
+    check_weight_copies(CINFER_DTYPE_Q4_1, 800);
+    /* 29 super-blocks: embed unpacks a Q4_K row in two runs */
+    check_weight_copies(CINFER_DTYPE_Q4_K, 29 * 256);
+    check_weight_copies(CINFER_DTYPE_Q5_K, 29 * 256);
 }
 
 /* ---------------------------------------------------------------------- */
