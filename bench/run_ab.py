@@ -4,13 +4,17 @@
 Builds cinfer-run at BASE and at NEW (default HEAD), each in a git worktree
 under build/ab-<commit> (committed code only: what others have not
 committed stays out of both), then runs `cinfer-run --bench PP,TG -r 1` on
-the default model with each in turn, --rounds times per thread count, the
+the default model (or --models) with each in turn, --rounds times per thread count, the
 order flipping every round. Reports medians and the median of the new/old
 ratios of rounds run back to back: on a shared machine the ratio of two
 runs seconds apart holds better than either rate.
 
     bench/run_ab.py BASE [--new HEAD] [--rounds 7] [--threads 1,2]
-                         [--tests 128,0:512,0:0,64] [--out FILE]
+                         [--tests 128,0:512,0:0,64] [--models A.gguf,B.gguf]
+                         [--out FILE]
+
+--models runs the same cells on each GGUF file named (default: the
+default model), one table row per model, test and thread count.
 """
 import argparse
 import datetime
@@ -56,29 +60,33 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--tests", default="128,0:512,0:0,64",
                     help="PP,TG pairs separated by ':' (one of the two 0)")
+    ap.add_argument("--models", default="",
+                    help="GGUF files separated by ',' (default: the default model)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results",
                                                   "cinfer-run-ab.md"))
     args = ap.parse_args()
     base = sh(["git", "-C", ROOT, "rev-parse", "--short", args.base]).stdout.strip()
     new = sh(["git", "-C", ROOT, "rev-parse", "--short", args.new]).stdout.strip()
-    model = sh(["sh", os.path.join(ROOT, "scripts", "default-model.sh")]).stdout.strip()
+    models = [m for m in args.models.split(",") if m] or [
+        sh(["sh", os.path.join(ROOT, "scripts", "default-model.sh")]).stdout.strip()]
     print("building cinfer-run at %s and %s" % (base, new), file=sys.stderr)
     runs = {"old": build_run(base), "new": build_run(new)}
     tests = [tuple(int(v) for v in t.split(",")) for t in args.tests.split(":")]
 
     rows = []
-    for th in [int(x) for x in args.threads.split(",")]:
-        for pp, tg in tests:
-            got = {"old": [], "new": []}
-            for i in range(args.rounds):
-                order = ["old", "new"] if i % 2 == 0 else ["new", "old"]
-                for who in order:
-                    got[who].append(bench(runs[who], model, pp, tg, th))
-            ratios = [n / o for n, o in zip(got["new"], got["old"])]
-            name = ("pp%d" % pp) if pp else ("tg%d" % tg)
-            rows.append((name, th, statistics.median(got["old"]),
-                         statistics.median(got["new"]), statistics.median(ratios)))
-            print("%s %d thr: %.1f -> %.1f tok/s (%.2fx)" % rows[-1], file=sys.stderr)
+    for model in models:
+        for th in [int(x) for x in args.threads.split(",")]:
+            for pp, tg in tests:
+                got = {"old": [], "new": []}
+                for i in range(args.rounds):
+                    order = ["old", "new"] if i % 2 == 0 else ["new", "old"]
+                    for who in order:
+                        got[who].append(bench(runs[who], model, pp, tg, th))
+                ratios = [n / o for n, o in zip(got["new"], got["old"])]
+                name = ("pp%d" % pp) if pp else ("tg%d" % tg)
+                rows.append((os.path.basename(model), name, th, statistics.median(got["old"]),
+                             statistics.median(got["new"]), statistics.median(ratios)))
+                print("%s %s %d thr: %.1f -> %.1f tok/s (%.2fx)" % rows[-1], file=sys.stderr)
 
     info = benchlib.cpu_info()
     lines = [
@@ -86,19 +94,20 @@ def main():
         "",
         "Measured %s on %s (%d online CPUs; vector flags: %s); "
         "OPENBLAS_CORETYPE=%s. `bench/run_ab.py %s --new %s --rounds %d --threads %s "
-        "--tests %s`: the default model (%s), `cinfer-run --bench PP,TG -r 1`, the "
+        "--tests %s%s`: `cinfer-run --bench PP,TG -r 1`, the "
         "two builds in alternation; medians of %d rounds, 'x old' the median of "
         "the ratios of rounds run back to back. The machine was shared with "
         "other work while this ran." % (
             datetime.date.today().isoformat(), info["model"], info["cpus"],
             info["flags"], os.environ.get("OPENBLAS_CORETYPE", "(unset)"), base, new,
-            args.rounds, args.threads, args.tests, os.path.basename(model), args.rounds),
+            args.rounds, args.threads, args.tests,
+            (" --models " + args.models) if args.models else "", args.rounds),
         "",
-        "| test | threads | old tok/s | new tok/s | x old |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| model | test | threads | old tok/s | new tok/s | x old |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, th, o, n, r in rows:
-        lines.append("| %s | %d | %.1f | %.1f | %.2fx |" % (name, th, o, n, r))
+    for m, name, th, o, n, r in rows:
+        lines.append("| %s | %s | %d | %.1f | %.1f | %.2fx |" % (m, name, th, o, n, r))
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as f:

@@ -26,9 +26,15 @@
  *
  * Batches: each weight super-block is decoded once (levels, scales) and
  * reused for up to ROWS activation rows, which is what makes the prefill
- * products faster than AVX2's, which decode it for every row. The weights
- * keep the file's layout: no repacking (bench/results/
- * kernels-kquant-avx512.md).
+ * products faster than AVX2's, which decode it for every row.
+ *
+ * Q4_K and Q5_K weights are packed by the backend (matmul.h) and take the
+ * lane-per-row kernels below (kqp_*), with the same bits; the tiles above
+ * serve the other types, the rows past a packed matrix's last group of
+ * 16, and callers with the file's layout. Q6_K stays unpacked: its tile
+ * decodes one row at about two thirds of the read bandwidth, and a
+ * lane-per-row Q6_K kernel measured slower there (bench/results/
+ * kernels-kquant-packed.md).
  */
 #include "matmul_impl.h"
 
