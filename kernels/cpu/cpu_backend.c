@@ -275,7 +275,7 @@ static cinfer_status cpu_download(cinfer_backend *be, const cinfer_tensor *t,
         const int64_t row = (int64_t)(at / rb);
         const size_t in_row = at % rb;
         const int64_t b = (int64_t)(in_row / bs);
-        cinfer_block_q5_k blk; /* the largest packable block */
+        cinfer_block_q6_k blk; /* the largest packable block */
         cinfer_cpu_packed_row(wt, t->data, t->desc.shape[0], n_in, row, b, b + 1,
                               &blk);
         size_t from = in_row - (size_t)b * bs;

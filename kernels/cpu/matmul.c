@@ -386,37 +386,60 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
     case CINFER_DTYPE_Q4_1:
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
+    case CINFER_DTYPE_Q6_K:
         return 16;
     default:
         return 0;
     }
 }
 
-/* Q4_K / Q5_K (matmul.h): block b of a group of G rows is G * bb bytes at
- * (group * nb + b) * G * bb; in it, row k's f16 d at 2k, its dmin at 2G +
- * 2k, and 4-byte word i of the rest of its block (scales, [qh,] qs) at
- * 4G + 4G i + 4k. kq_block moves one block of row k in (pack) or out. */
+/* Q4_K / Q5_K / Q6_K (matmul.h): block b of a group of G rows is G * bb
+ * bytes at (group * nb + b) * G * bb: the rows' leading f16 fields (Q4_K,
+ * Q5_K: d, dmin), each field's G values side by side, then each 4-byte
+ * word of the rest, the G rows' word side by side, then the trailing f16
+ * fields (Q6_K: d). kq_block moves one block of row k in (pack) or out. */
 static int is_kq_packed(cinfer_dtype wt)
 {
-    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K;
+    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K;
 }
 
-static void kq_block(uint8_t *grp, uint8_t *blk, size_t bb, int g, int k, int pack)
+static void kq_move(uint8_t *grp, uint8_t *blk, size_t n, int pack)
 {
-    uint8_t *at[2] = {grp + 2 * k, grp + 2 * g + 2 * k};
-    for (int h = 0; h < 2; h++) {
-        if (pack)
-            memcpy(at[h], blk + 2 * h, 2);
-        else
-            memcpy(blk + 2 * h, at[h], 2);
-    }
-    for (size_t i = 0; 4 + 4 * i < bb; i++) {
-        uint8_t *word = grp + 4 * (size_t)g * (i + 1) + 4 * (size_t)k;
-        if (pack)
-            memcpy(word, blk + 4 + 4 * i, 4);
-        else
-            memcpy(blk + 4 + 4 * i, word, 4);
-    }
+    if (pack)
+        memcpy(grp, blk, n);
+    else
+        memcpy(blk, grp, n);
+}
+
+/* The plane of word i of a block (the order the kernels read them in):
+ * Q4_K and Q5_K keep the block's order. Q6_K puts its 4 scale words
+ * first, then for h = 0..1, n = 0..1, j = 0..3 (l = 4h + j) the ql words
+ * 16n + l and 16n + 8 + l and the qh word 8n + l. */
+static size_t kq_plane(cinfer_dtype wt, size_t i)
+{
+    if (wt != CINFER_DTYPE_Q6_K)
+        return i;
+    if (i >= 48) /* scales */
+        return i - 48;
+    const size_t n = i < 32 ? i / 16 : (i - 32) / 8;
+    const size_t kind = i < 32 ? i % 16 / 8 : 2;
+    const size_t l = i < 32 ? i % 8 : (i - 32) % 8;
+    return 4 + ((l / 4 * 2 + n) * 4 + l % 4) * 3 + kind;
+}
+
+static void kq_block(cinfer_dtype wt, uint8_t *grp, uint8_t *blk, size_t bb, int g, int k,
+                     int pack)
+{
+    const size_t head = wt == CINFER_DTYPE_Q6_K ? 0 : 2, tail = wt == CINFER_DTYPE_Q6_K;
+    const size_t words = (bb - 2 * (head + tail)) / 4, G = (size_t)g, K = (size_t)k;
+    for (size_t h = 0; h < head; h++)
+        kq_move(grp + 2 * G * h + 2 * K, blk + 2 * h, 2, pack);
+    uint8_t *wp = grp + 2 * G * head;
+    for (size_t i = 0; i < words; i++)
+        kq_move(wp + 4 * G * kq_plane(wt, i) + 4 * K, blk + 2 * head + 4 * i, 4, pack);
+    for (size_t t = 0; t < tail; t++)
+        kq_move(wp + 4 * G * words + 2 * G * t + 2 * K, blk + 2 * head + 4 * words + 2 * t, 2,
+                pack);
 }
 
 static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
@@ -430,7 +453,7 @@ static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
         for (int k = 0; k < g; k++) {
             const uint8_t *src = (const uint8_t *)w + (size_t)(grp * g + k) * rb;
             for (int64_t b = 0; b < nb; b++)
-                kq_block((uint8_t *)dst + ((size_t)(grp * nb + b) * (size_t)g) * bb,
+                kq_block(wt, (uint8_t *)dst + ((size_t)(grp * nb + b) * (size_t)g) * bb,
                          (uint8_t *)src + (size_t)b * bb, bb, g, k, 1);
         }
     if (p1 > n_groups) /* the last part: the tail */
@@ -453,7 +476,7 @@ static void kq_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
         return;
     }
     for (int64_t b = b0; b < b1; b++)
-        kq_block((uint8_t *)p + ((size_t)(row / g * nb + b) * (size_t)g) * bb,
+        kq_block(wt, (uint8_t *)p + ((size_t)(row / g * nb + b) * (size_t)g) * bb,
                  out + (size_t)(b - b0) * bb, bb, g, (int)(row % g), 0);
 }
 

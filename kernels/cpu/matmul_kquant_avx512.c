@@ -28,12 +28,12 @@
  * reused for up to ROWS activation rows, which is what makes the prefill
  * products faster than AVX2's, which decode it for every row.
  *
- * Q4_K and Q5_K weights are packed by the backend (matmul.h) and take the
- * lane-per-row kernels below (kqp_*), with the same bits; the tiles above
- * serve the other types, the rows past a packed matrix's last group of
- * 16, and callers with the file's layout. Q6_K stays unpacked: its tile
- * decodes one row at about two thirds of the read bandwidth, and a
- * lane-per-row Q6_K kernel measured slower there (bench/results/
+ * Q4_K, Q5_K and Q6_K weights are packed by the backend (matmul.h) and
+ * take the lane-per-row kernels below (kqp_*), with the same bits; the
+ * tiles above serve the other types, the rows past a packed matrix's last
+ * group of 16, and callers with the file's layout. The packed planes are
+ * laid out in the order one decode row reads them: read out of order,
+ * the same kernels decoded at half the speed or less (bench/results/
  * kernels-kquant-packed.md).
  */
 #include "matmul_impl.h"
@@ -558,7 +558,7 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
 }
 
 /* ---------------------------------------------------------------------- */
-/* Q4_K and Q5_K packed (matmul.h): one int32 lane per weight row         */
+/* Q4_K, Q5_K and Q6_K packed (matmul.h): one int32 lane per weight row  */
 /* ---------------------------------------------------------------------- */
 
 /* In the packed layout a register holds one 4-byte word of 16 weight rows,
@@ -748,6 +748,172 @@ INLINE void kqp_group(const int q5, const int rt, const uint8_t *grp, int64_t nb
     }
 }
 
+/* pshufb control: int32 lane (row) k gets int16 pair (byte j0 << 8, byte
+ * j1 << 8) of its own lane; an arithmetic shift right by 8 then
+ * sign-extends the bytes (Q6_K's scales are signed). */
+static inline __m512i pair_ctl_hi(int j0, int j1)
+{
+    const __m512i t = _mm512_set_epi32(0xC000C00, 0x8000800, 0x4000400, 0, 0xC000C00, 0x8000800,
+                                       0x4000400, 0, 0xC000C00, 0x8000800, 0x4000400, 0,
+                                       0xC000C00, 0x8000800, 0x4000400, 0);
+    return _mm512_add_epi32(t, _mm512_set1_epi32((int)(0x00800080u | ((unsigned)j0 << 8) |
+                                                        ((unsigned)j1 << 24))));
+}
+
+/* Where ql words 16n + l, 16n + 8 + l and qh word 8n + l (l = 4h + j) of
+ * a packed Q6_K group block are: three planes side by side. */
+static inline const uint8_t *q6p_plane(const uint8_t *gb, int h, int n, int j)
+{
+    return gb + 64 * (4 + 3 * ((2 * h + n) * 4 + j));
+}
+
+/* Q6_K's four parts 4n .. 4n + 3 at elements 4l .. 4l + 3, from the ql
+ * words (a, b) and qh word (h) at pl: q6_levels' fields, one row a lane. */
+INLINE void q6p_levels(const uint8_t *pl, __m512i w[4])
+{
+    const __m512i a = _mm512_loadu_si512((const void *)pl);
+    const __m512i b = _mm512_loadu_si512((const void *)(pl + 64));
+    const __m512i h = _mm512_loadu_si512((const void *)(pl + 128));
+    const __m512i m15 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    w[0] = _mm512_or_si512(_mm512_and_si512(a, m15), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+    w[1] = _mm512_or_si512(_mm512_and_si512(b, m15), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+    w[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m15), _mm512_and_si512(h, m30));
+    w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m15),
+                           _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+}
+
+/* Q6_K packed: scale planes 0..3, the quant planes in reading order
+ * (matmul.h; q6p_plane), then d.
+ * isum[l] starts at -32 (sc[2l] bs[2l] + sc[2l + 1] bs[2l + 1]), the
+ * lane's correction in tile_q6_k; same bits as tile_q6_k. */
+INLINE void kqp_group6(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                       size_t arb, float *out, int64_t out_stride)
+{
+    const size_t gbb = KG * sizeof(cinfer_block_q6_k);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[KR][8];
+    for (int r = 0; r < rt; r++)
+        for (int l = 0; l < 8; l++)
+            acc[r][l] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = grp + (size_t)b * gbb;
+        const __m512 xd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 64 * 52)));
+        __m512i pl[4];
+        #pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            pl[q] = _mm512_loadu_si512((const void *)(gb + 64 * q));
+        const int8_t *aq[KR];
+        const uint8_t *bsp[KR];
+        __m512 dr[KR];
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            aq[r] = y->qs;
+            bsp[r] = (const uint8_t *)y->bsums;
+            dr[r] = _mm512_mul_ps(_mm512_set1_ps(y->d), xd);
+        }
+        /* lanes l = 4h .. 4h + 3 share the scales sc[2p + h] of parts p */
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m512i sh[8];
+            #pragma GCC unroll 8
+            for (int p = 0; p < 8; p++)
+                sh[p] = _mm512_srai_epi16(
+                    _mm512_shuffle_epi8(pl[(2 * p + h) / 4], pair_ctl_hi((2 * p + h) % 4, (2 * p + h) % 4)), 8);
+            if (rt == 1) {
+                /* one row (decode): four isum chains, one per lane */
+                __m512i isum[4];
+                #pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    const int l = 4 * h + i;
+                    const __m512i subp = _mm512_srai_epi16(
+                        _mm512_shuffle_epi8(pl[l / 2], pair_ctl_hi(2 * (l % 2), 2 * (l % 2) + 1)), 8);
+                    int32_t bs;
+                    memcpy(&bs, bsp[0] + 4 * l, 4);
+                    isum[i] = _mm512_sub_epi32(
+                        zero, _mm512_slli_epi32(_mm512_dpwssd_epi32(zero, subp, _mm512_set1_epi32(bs)), 5));
+                }
+                #pragma GCC unroll 2
+                for (int n = 0; n < 2; n++) {
+                    #pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++) {
+                        const int l = 4 * h + i;
+                        __m512i w[4];
+                        q6p_levels(q6p_plane(gb, h, n, i), w);
+                        #pragma GCC unroll 4
+                        for (int m = 0; m < 4; m++) {
+                            const int p = 4 * n + m;
+                            int32_t a;
+                            memcpy(&a, aq[0] + 32 * p + 4 * l, 4);
+                            isum[i] = _mm512_dpwssd_epi32(
+                                isum[i], _mm512_maddubs_epi16(w[m], _mm512_set1_epi32(a)), sh[p]);
+                        }
+                    }
+                }
+                #pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    acc[0][4 * h + i] =
+                        _mm512_fmadd_ps(dr[0], _mm512_cvtepi32_ps(isum[i]), acc[0][4 * h + i]);
+                continue;
+            }
+            #pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const int l = 4 * h + i;
+                const __m512i subp = _mm512_srai_epi16(
+                    _mm512_shuffle_epi8(pl[l / 2], pair_ctl_hi(2 * (l % 2), 2 * (l % 2) + 1)), 8);
+                __m512i isum[KR];
+                #pragma GCC unroll 4
+                for (int r = 0; r < rt; r++) {
+                    int32_t bs;
+                    memcpy(&bs, bsp[r] + 4 * l, 4);
+                    isum[r] = _mm512_sub_epi32(
+                        zero, _mm512_slli_epi32(_mm512_dpwssd_epi32(zero, subp, _mm512_set1_epi32(bs)), 5));
+                }
+                #pragma GCC unroll 2
+                for (int n = 0; n < 2; n++) {
+                    __m512i w[4];
+                    q6p_levels(q6p_plane(gb, h, n, i), w);
+                    #pragma GCC unroll 4
+                    for (int m = 0; m < 4; m++) {
+                        const int p = 4 * n + m;
+                        #pragma GCC unroll 4
+                        for (int r = 0; r < rt; r++) {
+                            int32_t a;
+                            memcpy(&a, aq[r] + 32 * p + 4 * l, 4);
+                            isum[r] = _mm512_dpwssd_epi32(
+                                isum[r], _mm512_maddubs_epi16(w[m], _mm512_set1_epi32(a)), sh[p]);
+                        }
+                    }
+                }
+                #pragma GCC unroll 4
+                for (int r = 0; r < rt; r++)
+                    acc[r][l] = _mm512_fmadd_ps(dr[r], _mm512_cvtepi32_ps(isum[r]), acc[r][l]);
+            }
+        }
+    }
+    for (int r = 0; r < rt; r++) {
+        const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
+                                        _mm512_add_ps(acc[r][6], acc[r][2]));
+        const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
+                                        _mm512_add_ps(acc[r][7], acc[r][3]));
+        _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(u0, u1));
+    }
+}
+
+static void kqp_rows_q6(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
+                        size_t arb, int64_t n, float *out, int64_t out_stride)
+{
+    (void)bb;
+    int64_t r = 0;
+    for (; r + KR <= n; r += KR)
+        kqp_group6(KR, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);
+    switch (n - r) {
+    case 3: kqp_group6(3, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
+    case 2: kqp_group6(2, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
+    case 1: kqp_group6(1, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
+    default: break;
+    }
+}
+
 INLINE void kqp_rows(const int q5, const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
                      size_t arb, int64_t n, float *out, int64_t out_stride)
 {
@@ -786,7 +952,9 @@ void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void 
     const int64_t e = o1 < n_full ? o1 : n_full;
     for (int64_t o = o0; o < e; o += KG) {
         const uint8_t *grp = base + (size_t)(o / KG * nb) * KG * bb;
-        if (wt == CINFER_DTYPE_Q5_K)
+        if (wt == CINFER_DTYPE_Q6_K)
+            kqp_rows_q6(grp, nb, bb, act, arb, n, out + o, out_stride);
+        else if (wt == CINFER_DTYPE_Q5_K)
             kqp_rows_q5(grp, nb, bb, act, arb, n, out + o, out_stride);
         else
             kqp_rows_q4(grp, nb, bb, act, arb, n, out + o, out_stride);

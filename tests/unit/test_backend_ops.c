@@ -814,7 +814,7 @@ static void test_embed(void)
     free(sb);
 }
 
-/* Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K matrices are packed into the
+/* Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K matrices are packed into the
  * backend's own memory on the AVX-512 path (weight_borrows 0): they read
  * back as the bytes they were created from, and keep working after the
  * caller's copy is overwritten. Other weights are used in place
@@ -886,9 +886,10 @@ static void test_weight_copies(void)
     check_weight_copies(CINFER_DTYPE_Q8_0, 800);
     check_weight_copies(CINFER_DTYPE_Q4_0, 800);
     check_weight_copies(CINFER_DTYPE_Q4_1, 800);
-    /* 29 super-blocks: embed unpacks a Q4_K row in two runs */
+    /* 29 super-blocks: embed unpacks each row in two runs or more */
     check_weight_copies(CINFER_DTYPE_Q4_K, 29 * 256);
     check_weight_copies(CINFER_DTYPE_Q5_K, 29 * 256);
+    check_weight_copies(CINFER_DTYPE_Q6_K, 29 * 256);
 }
 
 /* ---------------------------------------------------------------------- */

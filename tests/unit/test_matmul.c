@@ -591,12 +591,13 @@ static void check_packed(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n
     const int64_t be = cinfer_dtype_block_elems(wt);
     const size_t bb = cinfer_dtype_row_bytes(wt, be);
     uint8_t *w = make_weights(wt, n_out, n_in, &seed);
-    if (wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K)
-        /* every 6-bit scale and min, not only the quantizer's: random
-         * scale bytes in a third of the rows (bytes 4..15 of a block) */
+    /* every scale (Q4_K / Q5_K: and min), not only the quantizer's: random
+     * scale bytes in a third of the rows */
+    const int sc0 = wt == CINFER_DTYPE_Q6_K ? 192 : 4, sc1 = wt == CINFER_DTYPE_Q6_K ? 208 : 16;
+    if (wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K)
         for (int64_t o = 1; o < n_out; o += 3)
             for (int64_t b = 0; b < n_in / be; b++)
-                for (int i = 4; i < 16; i++)
+                for (int i = sc0; i < sc1; i++)
                     w[wrb * (size_t)o + bb * (size_t)b + (size_t)i] = (uint8_t)harness_rand(&seed);
     uint8_t *packed = aligned_alloc(64, (wrb * (size_t)n_out + 63) / 64 * 64);
     uint8_t *row = malloc(wrb);
@@ -708,11 +709,11 @@ static void test_packed(void)
         check_packed(wt, 32 * 256, 21, 25, 22);
         check_packed(wt, 32 * 257, 21, 25, 23);
     }
-    /* Q4_K and Q5_K (one lane per weight row): all tail, whole groups,
+    /* Q4_K, Q5_K and Q6_K (one lane per weight row): all tail, whole groups,
      * one super-block, decode, and batches of 1 .. 4 rows a pass with
      * their remainders */
-    static const cinfer_dtype kq[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K};
-    for (int i = 0; i < 2; i++) {
+    static const cinfer_dtype kq[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K};
+    for (int i = 0; i < 3; i++) {
         cinfer_dtype wt = kq[i];
         CHECK_EQ_INT(cinfer_cpu_pack_rows(wt), 16);
         check_packed(wt, 768, 7, 3, 31);
@@ -724,7 +725,7 @@ static void test_packed(void)
         check_packed(wt, 1280, 48, 7, 37);
         check_packed(wt, 256, 40, 100, 38);
     }
-    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_Q6_K), 0);
+    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_Q2_K), 0);
     CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
 
