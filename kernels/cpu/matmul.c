@@ -387,20 +387,24 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
     case CINFER_DTYPE_Q4_K:
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
+    case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_IQ4_XS:
         return 16;
     default:
         return 0;
     }
 }
 
-/* Q4_K / Q5_K / Q6_K (matmul.h): block b of a group of G rows is G * bb
- * bytes at (group * nb + b) * G * bb: the rows' leading f16 fields (Q4_K,
- * Q5_K: d, dmin), each field's G values side by side, then each 4-byte
- * word of the rest, the G rows' word side by side, then the trailing f16
- * fields (Q6_K: d). kq_block moves one block of row k in (pack) or out. */
+/* The K-quants and IQ4_XS (matmul.h): block b of a group of G rows is G *
+ * bb bytes at (group * nb + b) * G * bb: the rows' 2-byte fields (Q4_K,
+ * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h), each field's G values side
+ * by side, then each 4-byte word of the rest, the G rows' word side by
+ * side; Q6_K's d comes after its words. kq_block moves one block of row
+ * k in (pack) or out. */
 static int is_kq_packed(cinfer_dtype wt)
 {
-    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K;
+    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K ||
+           wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_IQ4_XS;
 }
 
 static void kq_move(uint8_t *grp, uint8_t *blk, size_t n, int pack)
@@ -430,16 +434,18 @@ static size_t kq_plane(cinfer_dtype wt, size_t i)
 static void kq_block(cinfer_dtype wt, uint8_t *grp, uint8_t *blk, size_t bb, int g, int k,
                      int pack)
 {
-    const size_t head = wt == CINFER_DTYPE_Q6_K ? 0 : 2, tail = wt == CINFER_DTYPE_Q6_K;
-    const size_t words = (bb - 2 * (head + tail)) / 4, G = (size_t)g, K = (size_t)k;
-    for (size_t h = 0; h < head; h++)
-        kq_move(grp + 2 * G * h + 2 * K, blk + 2 * h, 2, pack);
-    uint8_t *wp = grp + 2 * G * head;
+    /* the block's f16 fields: before the words, or (Q6_K, Q2_K) after */
+    const size_t nf = wt == CINFER_DTYPE_Q6_K ? 1 : 2;
+    const int after = wt == CINFER_DTYPE_Q6_K || wt == CINFER_DTYPE_Q2_K;
+    const size_t words = (bb - 2 * nf) / 4, G = (size_t)g, K = (size_t)k;
+    const size_t w0 = after ? 0 : 2 * nf, f0 = after ? 4 * words : 0;
+    /* the packed planes: Q6_K's d last, every other type's fields first */
+    const size_t pw = wt == CINFER_DTYPE_Q6_K ? 0 : 2 * G * nf;
+    const size_t pf = wt == CINFER_DTYPE_Q6_K ? 4 * G * words : 0;
+    for (size_t h = 0; h < nf; h++)
+        kq_move(grp + pf + 2 * G * h + 2 * K, blk + f0 + 2 * h, 2, pack);
     for (size_t i = 0; i < words; i++)
-        kq_move(wp + 4 * G * kq_plane(wt, i) + 4 * K, blk + 2 * head + 4 * i, 4, pack);
-    for (size_t t = 0; t < tail; t++)
-        kq_move(wp + 4 * G * words + 2 * G * t + 2 * K, blk + 2 * head + 4 * words + 2 * t, 2,
-                pack);
+        kq_move(grp + pw + 4 * G * kq_plane(wt, i) + 4 * K, blk + w0 + 4 * i, 4, pack);
 }
 
 static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,

@@ -899,6 +899,211 @@ INLINE void kqp_group6(const int rt, const uint8_t *grp, int64_t nb, const uint8
     }
 }
 
+/* Q2_K packed: d and dmin, scale planes 1..4 (sc | m << 4 per 16-element
+ * sub-block), then qs planes 5..20. Qs word t, shift 2m holds elements
+ * 128 (t / 8) + 32m + 4 (t % 8) .. + 3, sub-block 8 (t / 8) + 2m + (t % 8
+ * >= 4). One exact int per row and super-block (ggml's repacked gemv
+ * order, tile_q2_k); same bits. */
+INLINE void kqp_group2(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                       size_t arb, float *out, int64_t out_stride)
+{
+    const size_t gbb = KG * sizeof(cinfer_block_q2_k);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    __m512 acc[KR], accm[KR];
+    for (int r = 0; r < rt; r++)
+        acc[r] = accm[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = grp + (size_t)b * gbb;
+        const __m512 xd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        const __m512 xm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        __m512i sv[16], mp[8];
+        #pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            const __m512i pq = _mm512_loadu_si512((const void *)(gb + 64 * (1 + q)));
+            const __m512i sc = _mm512_and_si512(pq, m4);
+            const __m512i mn = _mm512_and_si512(_mm512_srli_epi16(pq, 4), m4);
+            #pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                sv[4 * q + j] = _mm512_shuffle_epi8(sc, pair_ctl(j, j));
+            mp[2 * q] = _mm512_shuffle_epi8(mn, pair_ctl(0, 1));
+            mp[2 * q + 1] = _mm512_shuffle_epi8(mn, pair_ctl(2, 3));
+        }
+        const int8_t *aq[KR];
+        __m512 dd[KR];
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            __m512i im = zero;
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                int32_t bs;
+                memcpy(&bs, (const uint8_t *)y->bsums + 4 * i, 4);
+                im = _mm512_dpwssd_epi32(im, mp[i], _mm512_set1_epi32(bs));
+            }
+            accm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(xm, _mm512_set1_ps(y->d)),
+                                      accm[r]);
+            dd[r] = _mm512_mul_ps(xd, _mm512_set1_ps(y->d));
+            aq[r] = y->qs;
+        }
+        /* two chains a row (eight for one row), summed exactly */
+        __m512i isum[KR][8];
+        const int nc = rt == 1 ? 8 : 2;
+        for (int r = 0; r < rt; r++)
+            for (int c = 0; c < nc; c++)
+                isum[r][c] = zero;
+        #pragma GCC unroll 16
+        for (int t = 0; t < 16; t++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(gb + 64 * (5 + t)));
+            const int n = t / 8, u = t % 8, c = rt == 1 ? u : u >= 4;
+            #pragma GCC unroll 4
+            for (int m = 0; m < 4; m++) {
+                const __m512i w = _mm512_and_si512(_mm512_srli_epi16(q, 2 * m), m3);
+                const __m512i s = sv[8 * n + 2 * m + (u >= 4)];
+                #pragma GCC unroll 4
+                for (int r = 0; r < rt; r++) {
+                    int32_t a;
+                    memcpy(&a, aq[r] + 128 * n + 32 * m + 4 * u, 4);
+                    isum[r][c] = _mm512_dpwssd_epi32(
+                        isum[r][c], _mm512_maddubs_epi16(w, _mm512_set1_epi32(a)), s);
+                }
+            }
+        }
+        for (int r = 0; r < rt; r++) {
+            __m512i tot = isum[r][0];
+            for (int c = 1; c < nc; c++)
+                tot = _mm512_add_epi32(tot, isum[r][c]); /* exact */
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), dd[r], acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        _mm512_storeu_ps(out + r * out_stride, _mm512_sub_ps(acc[r], accm[r]));
+}
+
+/* IQ4_XS packed: d and scales_h planes, the scales_l plane, then qs planes
+ * 1..32: qs word t holds elements 32 (t / 4) + 4 (t % 4) .. + 3 (low
+ * nibbles, lane l = t % 4) and the same + 16 (high, lane 4 + t % 4). The
+ * levels go in as |v| against the activation negated where v < 0, as in
+ * tile_iq4_xs; same bits. */
+INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                         size_t arb, float *out, int64_t out_stride)
+{
+    const size_t gbb = KG * sizeof(cinfer_block_iq4_xs);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    const __m512i absval = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+    __m512 acc[KR][8];
+    for (int r = 0; r < rt; r++)
+        for (int l = 0; l < 8; l++)
+            acc[r][l] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = grp + (size_t)b * gbb;
+        const __m512 xd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        const __m512i sl = _mm512_loadu_si512((const void *)(gb + 64));
+        __m512i sv[8];
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            /* ls_j - 32 as the int16 pair (s, s) */
+            const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(sl, 8 * (j / 2) + 4 * (j % 2)),
+                                                _mm512_set1_epi32(15));
+            const __m512i hi = _mm512_slli_epi32(
+                _mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4);
+            const __m512i v = _mm512_sub_epi32(_mm512_or_si512(lo, hi), _mm512_set1_epi32(32));
+            sv[j] = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)),
+                                    _mm512_slli_epi32(v, 16));
+        }
+        const int8_t *aq[KR];
+        __m512 dr[KR];
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            aq[r] = y->qs;
+            dr[r] = _mm512_mul_ps(xd, _mm512_set1_ps(y->d));
+        }
+        if (rt == 1) {
+            /* one row: planes in memory order, eight isum[l] chains */
+            __m512i isum[8];
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; l++)
+                isum[l] = zero;
+            #pragma GCC unroll 32
+            for (int t = 0; t < 32; t++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(gb + 64 * (2 + t)));
+                const int j = t / 4, v = t % 4;
+                #pragma GCC unroll 2
+                for (int hf = 0; hf < 2; hf++) {
+                    const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, m4);
+                    const __mmask64 neg = _mm512_testn_epi8_mask(idx, eight);
+                    int32_t a;
+                    memcpy(&a, aq[0] + 32 * j + 16 * hf + 4 * v, 4);
+                    __m512i av = _mm512_set1_epi32(a);
+                    av = _mm512_mask_sub_epi8(av, neg, zero, av);
+                    isum[4 * hf + v] = _mm512_dpwssd_epi32(
+                        isum[4 * hf + v], _mm512_maddubs_epi16(_mm512_shuffle_epi8(absval, idx), av), sv[j]);
+                }
+            }
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; l++)
+                acc[0][l] = _mm512_fmadd_ps(dr[0], _mm512_cvtepi32_ps(isum[l]), acc[0][l]);
+            continue;
+        }
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m512i isum[KR][2];
+            for (int r = 0; r < rt; r++)
+                isum[r][0] = isum[r][1] = zero;
+            #pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(gb + 64 * (2 + 4 * j + v)));
+                #pragma GCC unroll 2
+                for (int hf = 0; hf < 2; hf++) {
+                    const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, m4);
+                    const __mmask64 neg = _mm512_testn_epi8_mask(idx, eight);
+                    const __m512i w = _mm512_shuffle_epi8(absval, idx);
+                    #pragma GCC unroll 4
+                    for (int r = 0; r < rt; r++) {
+                        int32_t a;
+                        memcpy(&a, aq[r] + 32 * j + 16 * hf + 4 * v, 4);
+                        __m512i av = _mm512_set1_epi32(a);
+                        av = _mm512_mask_sub_epi8(av, neg, zero, av);
+                        isum[r][hf] = _mm512_dpwssd_epi32(isum[r][hf], _mm512_maddubs_epi16(w, av), sv[j]);
+                    }
+                }
+            }
+            for (int r = 0; r < rt; r++) {
+                acc[r][v] = _mm512_fmadd_ps(dr[r], _mm512_cvtepi32_ps(isum[r][0]), acc[r][v]);
+                acc[r][4 + v] = _mm512_fmadd_ps(dr[r], _mm512_cvtepi32_ps(isum[r][1]), acc[r][4 + v]);
+            }
+        }
+    }
+    for (int r = 0; r < rt; r++) {
+        const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
+                                        _mm512_add_ps(acc[r][6], acc[r][2]));
+        const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
+                                        _mm512_add_ps(acc[r][7], acc[r][3]));
+        _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(u0, u1));
+    }
+}
+
+/* One packed group's rows, KR activation rows a pass, then the rest. */
+#define KQP_ROWS(NAME, GROUP)                                                                  \
+    static void NAME(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,            \
+                     size_t arb, int64_t n, float *out, int64_t out_stride)                    \
+    {                                                                                          \
+        (void)bb;                                                                              \
+        int64_t r = 0;                                                                         \
+        for (; r + KR <= n; r += KR)                                                           \
+            GROUP(KR, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);  \
+        switch (n - r) {                                                                       \
+        case 3: GROUP(3, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
+        case 2: GROUP(2, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
+        case 1: GROUP(1, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
+        default: break;                                                                        \
+        }                                                                                      \
+    }
+KQP_ROWS(kqp_rows_q2, kqp_group2)
+KQP_ROWS(kqp_rows_xs, kqp_group_xs)
+
 static void kqp_rows_q6(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
                         size_t arb, int64_t n, float *out, int64_t out_stride)
 {
@@ -954,6 +1159,10 @@ void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void 
         const uint8_t *grp = base + (size_t)(o / KG * nb) * KG * bb;
         if (wt == CINFER_DTYPE_Q6_K)
             kqp_rows_q6(grp, nb, bb, act, arb, n, out + o, out_stride);
+        else if (wt == CINFER_DTYPE_Q2_K)
+            kqp_rows_q2(grp, nb, bb, act, arb, n, out + o, out_stride);
+        else if (wt == CINFER_DTYPE_IQ4_XS)
+            kqp_rows_xs(grp, nb, bb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q5_K)
             kqp_rows_q5(grp, nb, bb, act, arb, n, out + o, out_stride);
         else
