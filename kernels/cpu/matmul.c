@@ -388,6 +388,7 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
     case CINFER_DTYPE_Q5_K:
     case CINFER_DTYPE_Q6_K:
     case CINFER_DTYPE_Q2_K:
+    case CINFER_DTYPE_Q3_K:
     case CINFER_DTYPE_IQ4_XS:
         return 16;
     default:
@@ -399,12 +400,12 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
  * bb bytes at (group * nb + b) * G * bb: the rows' 2-byte fields (Q4_K,
  * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h), each field's G values side
  * by side, then each 4-byte word of the rest, the G rows' word side by
- * side; Q6_K's d comes after its words. kq_block moves one block of row
- * k in (pack) or out. */
+ * side; Q6_K's and Q3_K's d come after their words. kq_block moves one
+ * block of row k in (pack) or out. */
 static int is_kq_packed(cinfer_dtype wt)
 {
     return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K ||
-           wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_IQ4_XS;
+           wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_Q3_K || wt == CINFER_DTYPE_IQ4_XS;
 }
 
 static void kq_move(uint8_t *grp, uint8_t *blk, size_t n, int pack)
@@ -416,11 +417,20 @@ static void kq_move(uint8_t *grp, uint8_t *blk, size_t n, int pack)
 }
 
 /* The plane of word i of a block (the order the kernels read them in):
- * Q4_K and Q5_K keep the block's order. Q6_K puts its 4 scale words
+ * Q2_K, Q4_K, Q5_K and IQ4_XS keep the block's order. Q3_K puts its 3
+ * scale words first, then hmask word u and qs word u by turns (u = 0..7),
+ * then qs words 8..15. Q6_K puts its 4 scale words
  * first, then for h = 0..1, n = 0..1, j = 0..3 (l = 4h + j) the ql words
  * 16n + l and 16n + 8 + l and the qh word 8n + l. */
 static size_t kq_plane(cinfer_dtype wt, size_t i)
 {
+    if (wt == CINFER_DTYPE_Q3_K) { /* hmask 0..7, qs 8..23, scales 24..26 */
+        if (i >= 24)
+            return i - 24;
+        if (i < 8)
+            return 3 + 2 * i;
+        return i < 16 ? 4 + 2 * (i - 8) : 11 + (i - 8);
+    }
     if (wt != CINFER_DTYPE_Q6_K)
         return i;
     if (i >= 48) /* scales */
@@ -435,13 +445,15 @@ static void kq_block(cinfer_dtype wt, uint8_t *grp, uint8_t *blk, size_t bb, int
                      int pack)
 {
     /* the block's f16 fields: before the words, or (Q6_K, Q2_K) after */
-    const size_t nf = wt == CINFER_DTYPE_Q6_K ? 1 : 2;
-    const int after = wt == CINFER_DTYPE_Q6_K || wt == CINFER_DTYPE_Q2_K;
+    const int d_only = wt == CINFER_DTYPE_Q6_K || wt == CINFER_DTYPE_Q3_K;
+    const size_t nf = d_only ? 1 : 2;
+    const int after = d_only || wt == CINFER_DTYPE_Q2_K;
     const size_t words = (bb - 2 * nf) / 4, G = (size_t)g, K = (size_t)k;
     const size_t w0 = after ? 0 : 2 * nf, f0 = after ? 4 * words : 0;
-    /* the packed planes: Q6_K's d last, every other type's fields first */
-    const size_t pw = wt == CINFER_DTYPE_Q6_K ? 0 : 2 * G * nf;
-    const size_t pf = wt == CINFER_DTYPE_Q6_K ? 4 * G * words : 0;
+    /* the packed planes: Q6_K's and Q3_K's d last, the other types' fields
+     * first */
+    const size_t pw = d_only ? 0 : 2 * G * nf;
+    const size_t pf = d_only ? 4 * G * words : 0;
     for (size_t h = 0; h < nf; h++)
         kq_move(grp + pf + 2 * G * h + 2 * K, blk + f0 + 2 * h, 2, pack);
     for (size_t i = 0; i < words; i++)

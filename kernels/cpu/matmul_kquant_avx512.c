@@ -1085,6 +1085,128 @@ INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uin
     }
 }
 
+/* Q3_K packed: scale planes 0..2, hmask plane u at 3 + 2u and qs plane u
+ * at 4 + 2u (u = 0..7), qs planes 8..15 at 19..26, then d. Qs word t, shift 2m holds elements 32p + 4u .. + 3 of part p =
+ * 4 (t / 8) + m (u = t % 8, the lane), whose high bits are bit p of
+ * hmask word u; scale 2p + (u >= 4). One row: (q - 4) a as q2 a - 4 (1 -
+ * h) a; batches: (a + 128) (q - 4) less the weights' 128 (q - 4) s,
+ * once per group block, as tile_q3_k; same bits. */
+static inline const uint8_t *q3p_hm(const uint8_t *gb, int u) { return gb + 64 * (3 + 2 * u); }
+
+static inline const uint8_t *q3p_qs(const uint8_t *gb, int t)
+{
+    return gb + 64 * (t < 8 ? 4 + 2 * t : 11 + t);
+}
+
+INLINE void kqp_group3(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                       size_t arb, float *out, int64_t out_stride)
+{
+    const size_t gbb = KG * sizeof(cinfer_block_q3_k);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[KR][8];
+    for (int r = 0; r < rt; r++)
+        for (int l = 0; l < 8; l++)
+            acc[r][l] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = grp + (size_t)b * gbb;
+        const __m512 xd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 64 * 27)));
+        /* GGML's 6-bit unpacking of the 16 scales, word by word, minus 32 */
+        const __m512i w0 = _mm512_loadu_si512((const void *)gb);
+        const __m512i w1 = _mm512_loadu_si512((const void *)(gb + 64));
+        const __m512i w2 = _mm512_loadu_si512((const void *)(gb + 128));
+        const __m512i k2 = _mm512_set1_epi32(0x03030303), k4 = _mm512_set1_epi32(0x0f0f0f0f);
+        const __m512i s32 = _mm512_set1_epi8(32);
+        const __m512i sp[4] = {
+            _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(w0, k4),
+                                            _mm512_slli_epi32(_mm512_and_si512(w2, k2), 4)), s32),
+            _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(w1, k4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 2), k2), 4)), s32),
+            _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w0, 4), k4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 4), k2), 4)), s32),
+            _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w1, 4), k4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 6), k2), 4)), s32)};
+        __m512i sv[16];
+        #pragma GCC unroll 16
+        for (int c = 0; c < 16; c++)
+            sv[c] = _mm512_srai_epi16(_mm512_shuffle_epi8(sp[c / 4], pair_ctl_hi(c % 4, c % 4)), 8);
+        const int8_t *aq[KR];
+        __m512 dr[KR];
+        for (int r = 0; r < rt; r++) {
+            const cinfer_block_q8_k *y = (const cinfer_block_q8_k *)row_at(act, arb, r) + b;
+            aq[r] = y->qs;
+            dr[r] = _mm512_mul_ps(_mm512_set1_ps(y->d), xd);
+        }
+        if (rt == 1) {
+            __m512i isum[8];
+            #pragma GCC unroll 8
+            for (int u = 0; u < 8; u++)
+                isum[u] = zero;
+            #pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) {
+                const int n = t / 8, u = t % 8;
+                const __m512i q = _mm512_loadu_si512((const void *)q3p_qs(gb, t));
+                const __m512i hb = _mm512_loadu_si512((const void *)q3p_hm(gb, u));
+                #pragma GCC unroll 4
+                for (int m = 0; m < 4; m++) {
+                    const int p = 4 * n + m;
+                    const __m512i w = _mm512_and_si512(_mm512_srli_epi16(q, 2 * m), m3);
+                    const __m512i h4 = _mm512_maskz_mov_epi8(
+                        _mm512_testn_epi8_mask(hb, _mm512_set1_epi8((char)(1 << p))), four);
+                    int32_t a;
+                    memcpy(&a, aq[0] + 32 * p + 4 * u, 4);
+                    const __m512i av = _mm512_set1_epi32(a);
+                    const __m512i prod = _mm512_sub_epi16(_mm512_maddubs_epi16(w, av),
+                                                          _mm512_maddubs_epi16(h4, av));
+                    isum[u] = _mm512_dpwssd_epi32(isum[u], prod, sv[2 * p + (u >= 4)]);
+                }
+            }
+            #pragma GCC unroll 8
+            for (int u = 0; u < 8; u++)
+                acc[0][u] = _mm512_fmadd_ps(dr[0], _mm512_cvtepi32_ps(isum[u]), acc[0][u]);
+            continue;
+        }
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            const __m512i hb = _mm512_loadu_si512((const void *)q3p_hm(gb, u));
+            __m512i corr = zero, isum[KR];
+            for (int r = 0; r < rt; r++)
+                isum[r] = zero;
+            #pragma GCC unroll 2
+            for (int n = 0; n < 2; n++) {
+                const __m512i q = _mm512_loadu_si512((const void *)q3p_qs(gb, 8 * n + u));
+                #pragma GCC unroll 4
+                for (int m = 0; m < 4; m++) {
+                    const int p = 4 * n + m;
+                    const __m512i s = sv[2 * p + (u >= 4)];
+                    __m512i w = _mm512_and_si512(_mm512_srli_epi16(q, 2 * m), m3);
+                    w = _mm512_mask_sub_epi8(w, _mm512_testn_epi8_mask(hb, _mm512_set1_epi8((char)(1 << p))),
+                                             w, four);
+                    corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(bias, w), s);
+                    #pragma GCC unroll 4
+                    for (int r = 0; r < rt; r++) {
+                        int32_t a;
+                        memcpy(&a, aq[r] + 32 * p + 4 * u, 4);
+                        const __m512i av = _mm512_xor_si512(_mm512_set1_epi32(a), bias);
+                        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(av, w), s);
+                    }
+                }
+            }
+            for (int r = 0; r < rt; r++)
+                acc[r][u] = _mm512_fmadd_ps(dr[r], _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r], corr)),
+                                            acc[r][u]);
+        }
+    }
+    for (int r = 0; r < rt; r++) {
+        const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
+                                        _mm512_add_ps(acc[r][6], acc[r][2]));
+        const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
+                                        _mm512_add_ps(acc[r][7], acc[r][3]));
+        _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(u0, u1));
+    }
+}
+
 /* One packed group's rows, KR activation rows a pass, then the rest. */
 #define KQP_ROWS(NAME, GROUP)                                                                  \
     static void NAME(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,            \
@@ -1102,6 +1224,7 @@ INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uin
         }                                                                                      \
     }
 KQP_ROWS(kqp_rows_q2, kqp_group2)
+KQP_ROWS(kqp_rows_q3, kqp_group3)
 KQP_ROWS(kqp_rows_xs, kqp_group_xs)
 
 static void kqp_rows_q6(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
@@ -1161,6 +1284,8 @@ void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void 
             kqp_rows_q6(grp, nb, bb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q2_K)
             kqp_rows_q2(grp, nb, bb, act, arb, n, out + o, out_stride);
+        else if (wt == CINFER_DTYPE_Q3_K)
+            kqp_rows_q3(grp, nb, bb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_IQ4_XS)
             kqp_rows_xs(grp, nb, bb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q5_K)

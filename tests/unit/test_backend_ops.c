@@ -814,8 +814,8 @@ static void test_embed(void)
     free(sb);
 }
 
-/* Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K matrices are packed into the
- * backend's own memory on the AVX-512 path (weight_borrows 0): they read
+/* Q8_0 / Q4_0 / Q4_1 matrices, the K-quants and IQ4_XS are packed into
+ * the backend's own memory on the AVX-512 path (weight_borrows 0): they read
  * back as the bytes they were created from, and keep working after the
  * caller's copy is overwritten. Other weights are used in place
  * (weight_borrows 1). CPU only: the packing is the CPU backend's. */
@@ -890,6 +890,9 @@ static void test_weight_copies(void)
     check_weight_copies(CINFER_DTYPE_Q4_K, 29 * 256);
     check_weight_copies(CINFER_DTYPE_Q5_K, 29 * 256);
     check_weight_copies(CINFER_DTYPE_Q6_K, 29 * 256);
+    check_weight_copies(CINFER_DTYPE_Q2_K, 29 * 256);
+    check_weight_copies(CINFER_DTYPE_Q3_K, 29 * 256);
+    check_weight_copies(CINFER_DTYPE_IQ4_XS, 29 * 256);
 }
 
 /* ---------------------------------------------------------------------- */

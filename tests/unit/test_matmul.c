@@ -591,10 +591,17 @@ static void check_packed(cinfer_dtype wt, int64_t n_in, int64_t n_out, int64_t n
     const int64_t be = cinfer_dtype_block_elems(wt);
     const size_t bb = cinfer_dtype_row_bytes(wt, be);
     uint8_t *w = make_weights(wt, n_out, n_in, &seed);
-    /* every scale (Q4_K / Q5_K: and min), not only the quantizer's: random
-     * scale bytes in a third of the rows */
-    const int sc0 = wt == CINFER_DTYPE_Q6_K ? 192 : wt == CINFER_DTYPE_Q2_K ? 0 : wt == CINFER_DTYPE_IQ4_XS ? 2 : 4;
-    const int sc1 = wt == CINFER_DTYPE_Q6_K ? 208 : wt == CINFER_DTYPE_IQ4_XS ? 8 : 16;
+    /* every scale (and min), not only the quantizer's: random scale bytes
+     * in a third of the rows */
+    const int sc0 = wt == CINFER_DTYPE_Q6_K   ? 192
+                    : wt == CINFER_DTYPE_Q3_K   ? 96
+                    : wt == CINFER_DTYPE_Q2_K   ? 0
+                    : wt == CINFER_DTYPE_IQ4_XS ? 2
+                                                : 4;
+    const int sc1 = wt == CINFER_DTYPE_Q6_K   ? 208
+                    : wt == CINFER_DTYPE_Q3_K   ? 108
+                    : wt == CINFER_DTYPE_IQ4_XS ? 8
+                                                : 16;
     if (cinfer_cpu_pack_rows(wt) && cinfer_dtype_block_elems(wt) == 256)
         for (int64_t o = 1; o < n_out; o += 3)
             for (int64_t b = 0; b < n_in / be; b++)
@@ -714,8 +721,8 @@ static void test_packed(void)
      * one super-block, decode, and batches of 1 .. 4 rows a pass with
      * their remainders */
     static const cinfer_dtype kq[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K,
-                                      CINFER_DTYPE_Q2_K, CINFER_DTYPE_IQ4_XS};
-    for (int i = 0; i < 5; i++) {
+                                      CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS};
+    for (int i = 0; i < 6; i++) {
         cinfer_dtype wt = kq[i];
         CHECK_EQ_INT(cinfer_cpu_pack_rows(wt), 16);
         check_packed(wt, 768, 7, 3, 31);
@@ -727,7 +734,7 @@ static void test_packed(void)
         check_packed(wt, 1280, 48, 7, 37);
         check_packed(wt, 256, 40, 100, 38);
     }
-    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_Q3_K), 0);
+    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_IQ4_NL), 0);
     CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
 
