@@ -390,22 +390,24 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
     case CINFER_DTYPE_Q2_K:
     case CINFER_DTYPE_Q3_K:
     case CINFER_DTYPE_IQ4_XS:
+    case CINFER_DTYPE_IQ4_NL:
         return 16;
     default:
         return 0;
     }
 }
 
-/* The K-quants and IQ4_XS (matmul.h): block b of a group of G rows is G *
- * bb bytes at (group * nb + b) * G * bb: the rows' 2-byte fields (Q4_K,
- * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h), each field's G values side
+/* The K-quants and IQ4 (matmul.h): block b of a group of G rows is G * bb
+ * bytes at (group * nb + b) * G * bb: the rows' 2-byte fields (Q4_K,
+ * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h; IQ4_NL: d), each field's G values side
  * by side, then each 4-byte word of the rest, the G rows' word side by
  * side; Q6_K's and Q3_K's d come after their words. kq_block moves one
  * block of row k in (pack) or out. */
 static int is_kq_packed(cinfer_dtype wt)
 {
     return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K ||
-           wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_Q3_K || wt == CINFER_DTYPE_IQ4_XS;
+           wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_Q3_K || wt == CINFER_DTYPE_IQ4_XS ||
+           wt == CINFER_DTYPE_IQ4_NL;
 }
 
 static void kq_move(uint8_t *grp, uint8_t *blk, size_t n, int pack)
@@ -446,7 +448,7 @@ static void kq_block(cinfer_dtype wt, uint8_t *grp, uint8_t *blk, size_t bb, int
 {
     /* the block's f16 fields: before the words, or (Q6_K, Q2_K) after */
     const int d_only = wt == CINFER_DTYPE_Q6_K || wt == CINFER_DTYPE_Q3_K;
-    const size_t nf = d_only ? 1 : 2;
+    const size_t nf = d_only || wt == CINFER_DTYPE_IQ4_NL ? 1 : 2;
     const int after = d_only || wt == CINFER_DTYPE_Q2_K;
     const size_t words = (bb - 2 * nf) / 4, G = (size_t)g, K = (size_t)k;
     const size_t w0 = after ? 0 : 2 * nf, f0 = after ? 4 * words : 0;
@@ -464,8 +466,8 @@ static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
                           int64_t n_in, void *dst, int64_t p0, int64_t p1)
 {
     const int g = cinfer_cpu_pack_rows(wt);
-    const int64_t nb = n_in / CINFER_QK_K, n_groups = n_out / g;
-    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK_K), rb = bb * (size_t)nb;
+    const int64_t be = cinfer_dtype_block_elems(wt), nb = n_in / be, n_groups = n_out / g;
+    const size_t bb = cinfer_dtype_row_bytes(wt, be), rb = bb * (size_t)nb;
     const int64_t g1 = p1 < n_groups ? p1 : n_groups;
     for (int64_t grp = p0; grp < g1; grp++)
         for (int k = 0; k < g; k++) {
@@ -485,8 +487,8 @@ static void kq_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
                           void *dst)
 {
     const int g = cinfer_cpu_pack_rows(wt);
-    const int64_t nb = n_in / CINFER_QK_K, n_full = n_out / g * g;
-    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK_K), rb = bb * (size_t)nb;
+    const int64_t be = cinfer_dtype_block_elems(wt), nb = n_in / be, n_full = n_out / g * g;
+    const size_t bb = cinfer_dtype_row_bytes(wt, be), rb = bb * (size_t)nb;
     uint8_t *out = dst;
     if (row >= n_full) {
         memcpy(out, (const uint8_t *)p + (size_t)row * rb + (size_t)b0 * bb,

@@ -71,16 +71,17 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
  * The size is n_out * cinfer_dtype_row_bytes(wt, n_in), as unpacked.
  * Products over packed weights give the same bits as over the rows.
  *
- * The K-quants and IQ4_XS (G = 16) are packed block by block for
+ * The K-quants, IQ4_XS and IQ4_NL (G = 16) are packed block by block for
  * kernels whose vector lanes are the G weight rows: with bb the block's
- * bytes and nb = n_in / 256, block b of group j is G * bb bytes at (j * nb
- * + b) * G * bb. In it come the 2-byte fields (Q2_K, Q4_K, Q5_K: d, then
- * dmin; IQ4_XS: d, then scales_h), each the G rows' values side by side
+ * bytes and nb the blocks a row (n_in / 256; IQ4_NL n_in / 32), block b of
+ * group j is G * bb bytes at (j * nb + b) * G * bb. In it come the 2-byte
+ * fields (Q2_K, Q4_K, Q5_K: d, then dmin; IQ4_XS: d, then scales_h;
+ * IQ4_NL: d), each the G rows' values side by side
  * (row k's at 2k of the field's 2G bytes); then planes of 4G bytes, each
  * one 4-byte word of the rest of the block for the G rows side by side
  * (row k's at 4k): in the block's order (Q2_K: 16 scale bytes, 64 qs;
  * Q4_K: 12 scale bytes, 128 qs; Q5_K: 12 scale bytes, 32 qh, 128 qs;
- * IQ4_XS: 4 scales_l bytes, 128 qs), but Q3_K's and Q6_K's in their
+ * IQ4_XS: 4 scales_l bytes, 128 qs; IQ4_NL: 16 qs), but Q3_K's and Q6_K's in their
  * kernels' reading order (Q3_K: its 3 scale words, hmask word u and qs
  * word u by turns for u = 0..7, qs words 8..15; Q6_K: its 4
  * scale words, then for h = 0..1, n = 0..1, j = 0..3 and l = 4h + j: ql

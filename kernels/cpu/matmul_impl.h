@@ -95,7 +95,7 @@ void cinfer_cpu_matmul_compute_kquant_avx512(cinfer_dtype wt, const void *w,
                                              int64_t out_stride, int64_t o0,
                                              int64_t o1);
 
-/* Q4_K / Q5_K / Q6_K over weights packed as matmul.h says, o0 a multiple of 16
+/* The K-quants and IQ4 over weights packed as matmul.h says, o0 a multiple of 16
  * (matmul_kquant_avx512.c). */
 void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void *w,
                                                     int64_t n_out, const void *act,

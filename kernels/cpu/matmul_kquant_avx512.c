@@ -1207,6 +1207,56 @@ INLINE void kqp_group3(const int rt, const uint8_t *grp, int64_t nb, const uint8
     }
 }
 
+/* IQ4_NL packed, a group block of 32 elements: d, then qs planes 0..3:
+ * word v holds elements 4v .. 4v + 3 (low nibbles) and 16 + 4v .. (high).
+ * One exact int per row and block, its fma in block order (ggml's
+ * repacked gemv, tile_iq4_nl); same bits. */
+INLINE void kqp_group_nl(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                         size_t arb, float *out, int64_t out_stride)
+{
+    const size_t gbb = KG * sizeof(cinfer_block_iq4_nl);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    const __m512i absval = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+    __m512 acc[KR];
+    for (int r = 0; r < rt; r++)
+        acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = grp + (size_t)b * gbb;
+        const __m512 xd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        __m512i isum[KR][2];
+        const cinfer_block_q8_0 *y[KR];
+        for (int r = 0; r < rt; r++) {
+            y[r] = (const cinfer_block_q8_0 *)row_at(act, arb, r) + b;
+            isum[r][0] = isum[r][1] = zero;
+        }
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(gb + 32 + 64 * v));
+            #pragma GCC unroll 2
+            for (int hf = 0; hf < 2; hf++) {
+                const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, m4);
+                const __mmask64 neg = _mm512_testn_epi8_mask(idx, eight);
+                const __m512i w = _mm512_shuffle_epi8(absval, idx);
+                #pragma GCC unroll 4
+                for (int r = 0; r < rt; r++) {
+                    int32_t a;
+                    memcpy(&a, y[r]->qs + 16 * hf + 4 * v, 4);
+                    __m512i av = _mm512_set1_epi32(a);
+                    av = _mm512_mask_sub_epi8(av, neg, zero, av);
+                    isum[r][hf] = _mm512_dpbusd_epi32(isum[r][hf], w, av);
+                }
+            }
+        }
+        for (int r = 0; r < rt; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1])),
+                                     _mm512_mul_ps(xd, _mm512_set1_ps(f16(y[r]->d))), acc[r]);
+    }
+    for (int r = 0; r < rt; r++)
+        _mm512_storeu_ps(out + r * out_stride, acc[r]);
+}
+
 /* One packed group's rows, KR activation rows a pass, then the rest. */
 #define KQP_ROWS(NAME, GROUP)                                                                  \
     static void NAME(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,            \
@@ -1226,6 +1276,7 @@ INLINE void kqp_group3(const int rt, const uint8_t *grp, int64_t nb, const uint8
 KQP_ROWS(kqp_rows_q2, kqp_group2)
 KQP_ROWS(kqp_rows_q3, kqp_group3)
 KQP_ROWS(kqp_rows_xs, kqp_group_xs)
+KQP_ROWS(kqp_rows_nl, kqp_group_nl)
 
 static void kqp_rows_q6(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
                         size_t arb, int64_t n, float *out, int64_t out_stride)
@@ -1273,9 +1324,9 @@ void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void 
                                                     int64_t n_in, float *out,
                                                     int64_t out_stride, int64_t o0, int64_t o1)
 {
-    const int64_t nb = n_in / CINFER_QK_K, n_full = n_out / KG * KG;
-    const size_t bb = cinfer_dtype_row_bytes(wt, CINFER_QK_K), rb = bb * (size_t)nb;
-    const size_t arb = cinfer_dtype_row_bytes(CINFER_DTYPE_Q8_K, n_in);
+    const int64_t be = cinfer_dtype_block_elems(wt), nb = n_in / be, n_full = n_out / KG * KG;
+    const size_t bb = cinfer_dtype_row_bytes(wt, be), rb = bb * (size_t)nb;
+    const size_t arb = cinfer_dtype_row_bytes(cinfer_cpu_matmul_act_type(wt), n_in);
     const uint8_t *base = w;
     const int64_t e = o1 < n_full ? o1 : n_full;
     for (int64_t o = o0; o < e; o += KG) {
@@ -1288,6 +1339,8 @@ void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void 
             kqp_rows_q3(grp, nb, bb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_IQ4_XS)
             kqp_rows_xs(grp, nb, bb, act, arb, n, out + o, out_stride);
+        else if (wt == CINFER_DTYPE_IQ4_NL)
+            kqp_rows_nl(grp, nb, bb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q5_K)
             kqp_rows_q5(grp, nb, bb, act, arb, n, out + o, out_stride);
         else

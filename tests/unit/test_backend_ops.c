@@ -814,7 +814,7 @@ static void test_embed(void)
     free(sb);
 }
 
-/* Q8_0 / Q4_0 / Q4_1 matrices, the K-quants and IQ4_XS are packed into
+/* Q8_0 / Q4_0 / Q4_1 matrices, the K-quants and IQ4 are packed into
  * the backend's own memory on the AVX-512 path (weight_borrows 0): they read
  * back as the bytes they were created from, and keep working after the
  * caller's copy is overwritten. Other weights are used in place
@@ -893,6 +893,7 @@ static void test_weight_copies(void)
     check_weight_copies(CINFER_DTYPE_Q2_K, 29 * 256);
     check_weight_copies(CINFER_DTYPE_Q3_K, 29 * 256);
     check_weight_copies(CINFER_DTYPE_IQ4_XS, 29 * 256);
+    check_weight_copies(CINFER_DTYPE_IQ4_NL, 29 * 256 + 32);
 }
 
 /* ---------------------------------------------------------------------- */

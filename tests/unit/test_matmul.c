@@ -721,10 +721,16 @@ static void test_packed(void)
      * one super-block, decode, and batches of 1 .. 4 rows a pass with
      * their remainders */
     static const cinfer_dtype kq[] = {CINFER_DTYPE_Q4_K, CINFER_DTYPE_Q5_K, CINFER_DTYPE_Q6_K,
-                                      CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS};
-    for (int i = 0; i < 6; i++) {
+                                      CINFER_DTYPE_Q2_K, CINFER_DTYPE_Q3_K, CINFER_DTYPE_IQ4_XS,
+                                      CINFER_DTYPE_IQ4_NL};
+    for (int i = 0; i < 7; i++) {
         cinfer_dtype wt = kq[i];
         CHECK_EQ_INT(cinfer_cpu_pack_rows(wt), 16);
+        if (wt == CINFER_DTYPE_IQ4_NL) { /* blocks of 32: rows of no whole 256 */
+            check_packed(wt, 800, 197, 24, 39);
+            check_packed(wt, 640, 37, 1, 40);
+            check_packed(wt, 32, 37, 5, 41);
+        }
         check_packed(wt, 768, 7, 3, 31);
         check_packed(wt, 768, 16, 1, 32);
         check_packed(wt, 256, 37, 5, 33);
@@ -734,7 +740,7 @@ static void test_packed(void)
         check_packed(wt, 1280, 48, 7, 37);
         check_packed(wt, 256, 40, 100, 38);
     }
-    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_IQ4_NL), 0);
+    CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_Q5_0), 0);
     CHECK_EQ_INT(cinfer_cpu_pack_rows(CINFER_DTYPE_F16), 0);
 }
 
