@@ -586,6 +586,32 @@ static inline __m512i pair_ctl(int j0, int j1)
                                                         ((unsigned)j1 << 16))));
 }
 
+/* hsum8's tree (matmul_kquant_x86.h), lane by lane: acc[l] holds lane l
+ * of the eight-lane accumulator of each of 16 rows. */
+static inline __m512 hsum8_lanes(const __m512 acc[8])
+{
+    const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[4], acc[0]), _mm512_add_ps(acc[6], acc[2]));
+    const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[5], acc[1]), _mm512_add_ps(acc[7], acc[3]));
+    return _mm512_add_ps(u0, u1);
+}
+
+/* One packed group's rows, KR activation rows a pass, then the rest;
+ * GROUP(rt, grp, nb, act, arb, out, out_stride) with rt constant. */
+#define KQP_ROWS(NAME, GROUP)                                                                  \
+    static void NAME(const uint8_t *grp, int64_t nb, const uint8_t *act, size_t arb,           \
+                     int64_t n, float *out, int64_t out_stride)                                \
+    {                                                                                          \
+        int64_t r = 0;                                                                         \
+        for (; r + KR <= n; r += KR)                                                           \
+            GROUP(KR, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);  \
+        switch (n - r) {                                                                       \
+        case 3: GROUP(3, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
+        case 2: GROUP(2, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
+        case 1: GROUP(1, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
+        default: break;                                                                        \
+        }                                                                                      \
+    }
+
 INLINE void kqp_group(const int q5, const int rt, const uint8_t *grp, int64_t nb, size_t bb,
                       const uint8_t *act, size_t arb, float *out, int64_t out_stride)
 {
@@ -735,12 +761,7 @@ INLINE void kqp_group(const int q5, const int rt, const uint8_t *grp, int64_t nb
     for (int r = 0; r < rt; r++) {
         __m512 v;
         if (q5) {
-            /* hsum8's tree, lane by lane */
-            const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
-                                            _mm512_add_ps(acc[r][6], acc[r][2]));
-            const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
-                                            _mm512_add_ps(acc[r][7], acc[r][3]));
-            v = _mm512_add_ps(_mm512_add_ps(u0, u1), summs[r]);
+            v = _mm512_add_ps(hsum8_lanes(acc[r]), summs[r]);
         } else {
             v = _mm512_sub_ps(acc[r][0], summs[r]);
         }
@@ -890,13 +911,8 @@ INLINE void kqp_group6(const int rt, const uint8_t *grp, int64_t nb, const uint8
             }
         }
     }
-    for (int r = 0; r < rt; r++) {
-        const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
-                                        _mm512_add_ps(acc[r][6], acc[r][2]));
-        const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
-                                        _mm512_add_ps(acc[r][7], acc[r][3]));
-        _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(u0, u1));
-    }
+    for (int r = 0; r < rt; r++)
+        _mm512_storeu_ps(out + r * out_stride, hsum8_lanes(acc[r]));
 }
 
 /* Q2_K packed: d and dmin, scale planes 1..4 (sc | m << 4 per 16-element
@@ -979,6 +995,17 @@ INLINE void kqp_group2(const int rt, const uint8_t *grp, int64_t nb, const uint8
         _mm512_storeu_ps(out + r * out_stride, _mm512_sub_ps(acc[r], accm[r]));
 }
 
+/* |level| of the low (hf 0) or high (hf 1) nibbles of a packed IQ4 plane,
+ * and in *neg the bytes whose level is negative (iq4_abs, one row a lane). */
+static inline __m512i iq4p_abs(__m512i q, int hf, __mmask64 *neg)
+{
+    const __m512i absval = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+    const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, _mm512_set1_epi8(0x0F));
+    *neg = _mm512_testn_epi8_mask(idx, _mm512_set1_epi8(8));
+    return _mm512_shuffle_epi8(absval, idx);
+}
+
 /* IQ4_XS packed: d and scales_h planes, the scales_l plane, then qs planes
  * 1..32: qs word t holds elements 32 (t / 4) + 4 (t % 4) .. + 3 (low
  * nibbles, lane l = t % 4) and the same + 16 (high, lane 4 + t % 4). The
@@ -989,9 +1016,6 @@ INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uin
 {
     const size_t gbb = KG * sizeof(cinfer_block_iq4_xs);
     const __m512i zero = _mm512_setzero_si512();
-    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-    const __m512i absval = _mm512_broadcast_i32x4(_mm_setr_epi8(
-        127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
     __m512 acc[KR][8];
     for (int r = 0; r < rt; r++)
         for (int l = 0; l < 8; l++)
@@ -1032,14 +1056,13 @@ INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uin
                 const int j = t / 4, v = t % 4;
                 #pragma GCC unroll 2
                 for (int hf = 0; hf < 2; hf++) {
-                    const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, m4);
-                    const __mmask64 neg = _mm512_testn_epi8_mask(idx, eight);
+                    __mmask64 neg;
+                    const __m512i w = iq4p_abs(q, hf, &neg);
                     int32_t a;
                     memcpy(&a, aq[0] + 32 * j + 16 * hf + 4 * v, 4);
                     __m512i av = _mm512_set1_epi32(a);
                     av = _mm512_mask_sub_epi8(av, neg, zero, av);
-                    isum[4 * hf + v] = _mm512_dpwssd_epi32(
-                        isum[4 * hf + v], _mm512_maddubs_epi16(_mm512_shuffle_epi8(absval, idx), av), sv[j]);
+                    isum[4 * hf + v] = _mm512_dpwssd_epi32(isum[4 * hf + v], _mm512_maddubs_epi16(w, av), sv[j]);
                 }
             }
             #pragma GCC unroll 8
@@ -1057,9 +1080,8 @@ INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uin
                 const __m512i q = _mm512_loadu_si512((const void *)(gb + 64 * (2 + 4 * j + v)));
                 #pragma GCC unroll 2
                 for (int hf = 0; hf < 2; hf++) {
-                    const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, m4);
-                    const __mmask64 neg = _mm512_testn_epi8_mask(idx, eight);
-                    const __m512i w = _mm512_shuffle_epi8(absval, idx);
+                    __mmask64 neg;
+                    const __m512i w = iq4p_abs(q, hf, &neg);
                     #pragma GCC unroll 4
                     for (int r = 0; r < rt; r++) {
                         int32_t a;
@@ -1076,13 +1098,8 @@ INLINE void kqp_group_xs(const int rt, const uint8_t *grp, int64_t nb, const uin
             }
         }
     }
-    for (int r = 0; r < rt; r++) {
-        const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
-                                        _mm512_add_ps(acc[r][6], acc[r][2]));
-        const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
-                                        _mm512_add_ps(acc[r][7], acc[r][3]));
-        _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(u0, u1));
-    }
+    for (int r = 0; r < rt; r++)
+        _mm512_storeu_ps(out + r * out_stride, hsum8_lanes(acc[r]));
 }
 
 /* Q3_K packed: scale planes 0..2, hmask plane u at 3 + 2u and qs plane u
@@ -1198,13 +1215,8 @@ INLINE void kqp_group3(const int rt, const uint8_t *grp, int64_t nb, const uint8
                                             acc[r][u]);
         }
     }
-    for (int r = 0; r < rt; r++) {
-        const __m512 u0 = _mm512_add_ps(_mm512_add_ps(acc[r][4], acc[r][0]),
-                                        _mm512_add_ps(acc[r][6], acc[r][2]));
-        const __m512 u1 = _mm512_add_ps(_mm512_add_ps(acc[r][5], acc[r][1]),
-                                        _mm512_add_ps(acc[r][7], acc[r][3]));
-        _mm512_storeu_ps(out + r * out_stride, _mm512_add_ps(u0, u1));
-    }
+    for (int r = 0; r < rt; r++)
+        _mm512_storeu_ps(out + r * out_stride, hsum8_lanes(acc[r]));
 }
 
 /* IQ4_NL packed, a group block of 32 elements: d, then qs planes 0..3:
@@ -1216,9 +1228,6 @@ INLINE void kqp_group_nl(const int rt, const uint8_t *grp, int64_t nb, const uin
 {
     const size_t gbb = KG * sizeof(cinfer_block_iq4_nl);
     const __m512i zero = _mm512_setzero_si512();
-    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-    const __m512i absval = _mm512_broadcast_i32x4(_mm_setr_epi8(
-        127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
     __m512 acc[KR];
     for (int r = 0; r < rt; r++)
         acc[r] = _mm512_setzero_ps();
@@ -1236,9 +1245,8 @@ INLINE void kqp_group_nl(const int rt, const uint8_t *grp, int64_t nb, const uin
             const __m512i q = _mm512_loadu_si512((const void *)(gb + 32 + 64 * v));
             #pragma GCC unroll 2
             for (int hf = 0; hf < 2; hf++) {
-                const __m512i idx = _mm512_and_si512(hf ? _mm512_srli_epi16(q, 4) : q, m4);
-                const __mmask64 neg = _mm512_testn_epi8_mask(idx, eight);
-                const __m512i w = _mm512_shuffle_epi8(absval, idx);
+                __mmask64 neg;
+                const __m512i w = iq4p_abs(q, hf, &neg);
                 #pragma GCC unroll 4
                 for (int r = 0; r < rt; r++) {
                     int32_t a;
@@ -1257,67 +1265,26 @@ INLINE void kqp_group_nl(const int rt, const uint8_t *grp, int64_t nb, const uin
         _mm512_storeu_ps(out + r * out_stride, acc[r]);
 }
 
-/* One packed group's rows, KR activation rows a pass, then the rest. */
-#define KQP_ROWS(NAME, GROUP)                                                                  \
-    static void NAME(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,            \
-                     size_t arb, int64_t n, float *out, int64_t out_stride)                    \
-    {                                                                                          \
-        (void)bb;                                                                              \
-        int64_t r = 0;                                                                         \
-        for (; r + KR <= n; r += KR)                                                           \
-            GROUP(KR, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);  \
-        switch (n - r) {                                                                       \
-        case 3: GROUP(3, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
-        case 2: GROUP(2, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
-        case 1: GROUP(1, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break; \
-        default: break;                                                                        \
-        }                                                                                      \
-    }
+KQP_ROWS(kqp_rows_q6, kqp_group6)
 KQP_ROWS(kqp_rows_q2, kqp_group2)
 KQP_ROWS(kqp_rows_q3, kqp_group3)
 KQP_ROWS(kqp_rows_xs, kqp_group_xs)
 KQP_ROWS(kqp_rows_nl, kqp_group_nl)
 
-static void kqp_rows_q6(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
-                        size_t arb, int64_t n, float *out, int64_t out_stride)
+INLINE void kqp_group4(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                       size_t arb, float *out, int64_t out_stride)
 {
-    (void)bb;
-    int64_t r = 0;
-    for (; r + KR <= n; r += KR)
-        kqp_group6(KR, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);
-    switch (n - r) {
-    case 3: kqp_group6(3, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
-    case 2: kqp_group6(2, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
-    case 1: kqp_group6(1, grp, nb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
-    default: break;
-    }
+    kqp_group(0, rt, grp, nb, sizeof(cinfer_block_q4_k), act, arb, out, out_stride);
 }
 
-INLINE void kqp_rows(const int q5, const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
-                     size_t arb, int64_t n, float *out, int64_t out_stride)
+INLINE void kqp_group5(const int rt, const uint8_t *grp, int64_t nb, const uint8_t *act,
+                       size_t arb, float *out, int64_t out_stride)
 {
-    int64_t r = 0;
-    for (; r + KR <= n; r += KR)
-        kqp_group(q5, KR, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride);
-    switch (n - r) {
-    case 3: kqp_group(q5, 3, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
-    case 2: kqp_group(q5, 2, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
-    case 1: kqp_group(q5, 1, grp, nb, bb, act + (size_t)r * arb, arb, out + r * out_stride, out_stride); break;
-    default: break;
-    }
+    kqp_group(1, rt, grp, nb, sizeof(cinfer_block_q5_k), act, arb, out, out_stride);
 }
 
-static void kqp_rows_q4(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
-                        size_t arb, int64_t n, float *out, int64_t out_stride)
-{
-    kqp_rows(0, grp, nb, bb, act, arb, n, out, out_stride);
-}
-
-static void kqp_rows_q5(const uint8_t *grp, int64_t nb, size_t bb, const uint8_t *act,
-                        size_t arb, int64_t n, float *out, int64_t out_stride)
-{
-    kqp_rows(1, grp, nb, bb, act, arb, n, out, out_stride);
-}
+KQP_ROWS(kqp_rows_q4, kqp_group4)
+KQP_ROWS(kqp_rows_q5, kqp_group5)
 
 void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void *w,
                                                     int64_t n_out, const void *act, int64_t n,
@@ -1332,19 +1299,19 @@ void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void 
     for (int64_t o = o0; o < e; o += KG) {
         const uint8_t *grp = base + (size_t)(o / KG * nb) * KG * bb;
         if (wt == CINFER_DTYPE_Q6_K)
-            kqp_rows_q6(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_q6(grp, nb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q2_K)
-            kqp_rows_q2(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_q2(grp, nb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q3_K)
-            kqp_rows_q3(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_q3(grp, nb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_IQ4_XS)
-            kqp_rows_xs(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_xs(grp, nb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_IQ4_NL)
-            kqp_rows_nl(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_nl(grp, nb, act, arb, n, out + o, out_stride);
         else if (wt == CINFER_DTYPE_Q5_K)
-            kqp_rows_q5(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_q5(grp, nb, act, arb, n, out + o, out_stride);
         else
-            kqp_rows_q4(grp, nb, bb, act, arb, n, out + o, out_stride);
+            kqp_rows_q4(grp, nb, act, arb, n, out + o, out_stride);
     }
     /* The rows past the last whole group keep their layout. */
     if (o1 > n_full) {
