@@ -401,21 +401,12 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
  * bytes at (group * nb + b) * G * bb: the rows' 2-byte fields (Q4_K,
  * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h; IQ4_NL: d), each field's G values side
  * by side, then each 4-byte word of the rest, the G rows' word side by
- * side; Q6_K's and Q3_K's d come after their words. kq_block moves one
- * block of row k in (pack) or out. */
+ * side; Q6_K's and Q3_K's d come after their words (kq_layout). */
 static int is_kq_packed(cinfer_dtype wt)
 {
     return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K ||
            wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_Q3_K || wt == CINFER_DTYPE_IQ4_XS ||
            wt == CINFER_DTYPE_IQ4_NL;
-}
-
-static void kq_move(uint8_t *grp, uint8_t *blk, size_t n, int pack)
-{
-    if (pack)
-        memcpy(grp, blk, n);
-    else
-        memcpy(blk, grp, n);
 }
 
 /* The plane of word i of a block (the order the kernels read them in):
@@ -443,23 +434,35 @@ static size_t kq_plane(cinfer_dtype wt, size_t i)
     return 4 + ((l / 4 * 2 + n) * 4 + l % 4) * 3 + kind;
 }
 
-static void kq_block(cinfer_dtype wt, uint8_t *grp, uint8_t *blk, size_t bb, int g, int k,
-                     int pack)
+/* Where the pieces of row 0's block go in its packed group block: f16
+ * field i from fb[i] of the block to fg[i], 4-byte word i from wb[i] to
+ * wg[i]; row k's go 2k (fields) and 4k (words) further. */
+typedef struct {
+    int nf, nw;
+    size_t fb[2], fg[2], wb[64], wg[64];
+} kq_map;
+
+static kq_map kq_layout(cinfer_dtype wt, size_t bb, int g)
 {
-    /* the block's f16 fields: before the words, or (Q6_K, Q2_K) after */
+    kq_map m;
+    /* the block's f16 fields: before the words, or (Q6_K, Q3_K, Q2_K) after */
     const int d_only = wt == CINFER_DTYPE_Q6_K || wt == CINFER_DTYPE_Q3_K;
-    const size_t nf = d_only || wt == CINFER_DTYPE_IQ4_NL ? 1 : 2;
     const int after = d_only || wt == CINFER_DTYPE_Q2_K;
-    const size_t words = (bb - 2 * nf) / 4, G = (size_t)g, K = (size_t)k;
-    const size_t w0 = after ? 0 : 2 * nf, f0 = after ? 4 * words : 0;
-    /* the packed planes: Q6_K's and Q3_K's d last, the other types' fields
-     * first */
-    const size_t pw = d_only ? 0 : 2 * G * nf;
-    const size_t pf = d_only ? 4 * G * words : 0;
-    for (size_t h = 0; h < nf; h++)
-        kq_move(grp + pf + 2 * G * h + 2 * K, blk + f0 + 2 * h, 2, pack);
-    for (size_t i = 0; i < words; i++)
-        kq_move(grp + pw + 4 * G * kq_plane(wt, i) + 4 * K, blk + w0 + 4 * i, 4, pack);
+    m.nf = d_only || wt == CINFER_DTYPE_IQ4_NL ? 1 : 2;
+    m.nw = (int)((bb - 2 * (size_t)m.nf) / 4);
+    const size_t G = (size_t)g, nf = (size_t)m.nf, nw = (size_t)m.nw;
+    /* the packed planes: Q6_K's and Q3_K's d last, the other types'
+     * fields first */
+    const size_t pw = d_only ? 0 : 2 * G * nf, pf = d_only ? 4 * G * nw : 0;
+    for (size_t i = 0; i < nf; i++) {
+        m.fb[i] = (after ? 4 * nw : 0) + 2 * i;
+        m.fg[i] = pf + 2 * G * i;
+    }
+    for (size_t i = 0; i < nw; i++) {
+        m.wb[i] = (after ? 0 : 2 * nf) + 4 * i;
+        m.wg[i] = pw + 4 * G * kq_plane(wt, i);
+    }
+    return m;
 }
 
 static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
@@ -469,12 +472,18 @@ static void kq_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
     const int64_t be = cinfer_dtype_block_elems(wt), nb = n_in / be, n_groups = n_out / g;
     const size_t bb = cinfer_dtype_row_bytes(wt, be), rb = bb * (size_t)nb;
     const int64_t g1 = p1 < n_groups ? p1 : n_groups;
+    const kq_map m = kq_layout(wt, bb, g);
     for (int64_t grp = p0; grp < g1; grp++)
         for (int k = 0; k < g; k++) {
             const uint8_t *src = (const uint8_t *)w + (size_t)(grp * g + k) * rb;
-            for (int64_t b = 0; b < nb; b++)
-                kq_block(wt, (uint8_t *)dst + ((size_t)(grp * nb + b) * (size_t)g) * bb,
-                         (uint8_t *)src + (size_t)b * bb, bb, g, k, 1);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *to = (uint8_t *)dst + ((size_t)(grp * nb + b) * (size_t)g) * bb;
+                const uint8_t *from = src + (size_t)b * bb;
+                for (int i = 0; i < m.nf; i++)
+                    memcpy(to + m.fg[i] + 2 * (size_t)k, from + m.fb[i], 2);
+                for (int i = 0; i < m.nw; i++)
+                    memcpy(to + m.wg[i] + 4 * (size_t)k, from + m.wb[i], 4);
+            }
         }
     if (p1 > n_groups) /* the last part: the tail */
         memcpy((uint8_t *)dst + (size_t)(n_groups * g) * rb,
@@ -495,9 +504,16 @@ static void kq_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
                (size_t)(b1 - b0) * bb);
         return;
     }
-    for (int64_t b = b0; b < b1; b++)
-        kq_block(wt, (uint8_t *)p + ((size_t)(row / g * nb + b) * (size_t)g) * bb,
-                 out + (size_t)(b - b0) * bb, bb, g, (int)(row % g), 0);
+    const kq_map m = kq_layout(wt, bb, g);
+    const size_t k = (size_t)(row % g);
+    for (int64_t b = b0; b < b1; b++) {
+        const uint8_t *from = (const uint8_t *)p + ((size_t)(row / g * nb + b) * (size_t)g) * bb;
+        uint8_t *to = out + (size_t)(b - b0) * bb;
+        for (int i = 0; i < m.nf; i++)
+            memcpy(to + m.fb[i], from + m.fg[i] + 2 * k, 2);
+        for (int i = 0; i < m.nw; i++)
+            memcpy(to + m.wb[i], from + m.wg[i] + 4 * k, 4);
+    }
 }
 
 /* Where a packed matrix's pieces are. */
