@@ -558,13 +558,14 @@ INLINE void tile_iq4_nl(const void *wrow, const void *act, size_t arb, int64_t n
 }
 
 /* ---------------------------------------------------------------------- */
-/* Q4_K, Q5_K and Q6_K packed (matmul.h): one int32 lane per weight row  */
+/* K-quants and IQ4 packed (matmul.h): one int32 lane per weight row     */
 /* ---------------------------------------------------------------------- */
 
 /* In the packed layout a register holds one 4-byte word of 16 weight rows,
  * so the rows' scales, mins and d are vectors too, unpacked once per
  * group block instead of once per row, and the Q8_K block sums meet the
- * mins in four vpdpwssd for the 16 rows. Word t of qs holds elements 4l ..
+ * mins in a few vpdpwssd for the 16 rows. Each type's kernel below says
+ * its planes; Q4_K and Q5_K first (kqp_group). Word t of qs holds elements 4l ..
  * 4l + 3 (l = t % 8) of sub-blocks 2 (t / 8) (low nibbles) and 2 (t / 8) +
  * 1 (high); against the activation's same four bytes, broadcast, one
  * vpmaddubsw + vpdpwssd gives every row's sum of those four products times
