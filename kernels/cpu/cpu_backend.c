@@ -209,9 +209,10 @@ static cinfer_status cpu_tensor_create_weight(cinfer_backend *be,
         return cinfer_set_error(CINFER_E_NOMEM,
                                 "tensor_create_weight: no memory");
     t->base.data = (void *)data; /* never written: is_weight */
-    /* Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K matrices for the AVX-512 kernels
-     * are packed into the backend's own memory (matmul.h): Q8_0 decode
-     * about 1.6 times as fast at one thread. The caller may then free
+    /* Q8_0 / Q4_0 / Q4_1, K-quant and IQ4 matrices for the AVX-512
+     * kernels are packed into the backend's own memory (matmul.h): Q8_0
+     * decode about 1.6 times as fast at one thread, Q4_K about twice
+     * (bench/results/kernels-kquant-packed.md). The caller may then free
      * `data` (weight_borrows). */
     const int gr = cinfer_cpu_pack_rows(desc->dtype);
     if (gr && desc->n_dims == 2 && desc->shape[0] >= gr &&

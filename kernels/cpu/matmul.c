@@ -48,8 +48,7 @@ int cinfer_cpu_matmul_supported(cinfer_dtype wt)
     }
 }
 
-/* The types whose products live in matmul_kquant*.c. */
-static int is_kquant(cinfer_dtype wt)
+int cinfer_cpu_matmul_is_kquant(cinfer_dtype wt)
 {
     switch (wt) {
     case CINFER_DTYPE_Q2_K:
@@ -139,7 +138,7 @@ void cinfer_cpu_matmul_compute(cinfer_cpu_isa isa, cinfer_dtype wt,
     if (n <= 0 || o1 <= o0)
         return;
     cinfer_cpu_isa use = resolve_isa(isa);
-    if (is_kquant(wt)) {
+    if (cinfer_cpu_matmul_is_kquant(wt)) {
         cinfer_cpu_matmul_compute_kquant(use, wt, w, w_row_bytes, act, n, n_in,
                                          out, out_stride, o0, o1);
         return;
@@ -397,17 +396,13 @@ int cinfer_cpu_pack_rows(cinfer_dtype wt)
     }
 }
 
-/* The K-quants and IQ4 (matmul.h): block b of a group of G rows is G * bb
+/* The K-quants and IQ4 (matmul.h; every type of
+ * cinfer_cpu_matmul_is_kquant): block b of a group of G rows is G * bb
  * bytes at (group * nb + b) * G * bb: the rows' 2-byte fields (Q4_K,
- * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h; IQ4_NL: d), each field's G values side
- * by side, then each 4-byte word of the rest, the G rows' word side by
- * side; Q6_K's and Q3_K's d come after their words (kq_layout). */
-static int is_kq_packed(cinfer_dtype wt)
-{
-    return wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K ||
-           wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_Q3_K || wt == CINFER_DTYPE_IQ4_XS ||
-           wt == CINFER_DTYPE_IQ4_NL;
-}
+ * Q5_K, Q2_K: d, dmin; IQ4_XS: d, scales_h; IQ4_NL: d), each field's G
+ * values side by side, then each 4-byte word of the rest, the G rows'
+ * word side by side; Q6_K's and Q3_K's d come after their words
+ * (kq_layout). */
 
 /* The plane of word i of a block (the order the kernels read them in):
  * Q2_K, Q4_K, Q5_K and IQ4_XS keep the block's order. Q3_K puts its 3
@@ -577,7 +572,7 @@ void cinfer_cpu_pack(cinfer_dtype wt, const void *w, int64_t n_out,
 void cinfer_cpu_pack_range(cinfer_dtype wt, const void *w, int64_t n_out,
                            int64_t n_in, void *dst, int64_t p0, int64_t p1)
 {
-    if (is_kq_packed(wt)) {
+    if (cinfer_cpu_matmul_is_kquant(wt)) {
         kq_pack_range(wt, w, n_out, n_in, dst, p0, p1);
         return;
     }
@@ -604,7 +599,7 @@ void cinfer_cpu_packed_row(cinfer_dtype wt, const void *p, int64_t n_out,
                            int64_t n_in, int64_t row, int64_t b0, int64_t b1,
                            void *dst)
 {
-    if (is_kq_packed(wt)) {
+    if (cinfer_cpu_matmul_is_kquant(wt)) {
         kq_packed_row(wt, p, n_out, n_in, row, b0, b1, dst);
         return;
     }

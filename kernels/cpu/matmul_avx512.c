@@ -1144,9 +1144,7 @@ void cinfer_cpu_matmul_compute_packed_avx512(cinfer_dtype wt, const void *w,
                                              float *out, int64_t out_stride,
                                              int64_t o0, int64_t o1)
 {
-    if (wt == CINFER_DTYPE_Q4_K || wt == CINFER_DTYPE_Q5_K || wt == CINFER_DTYPE_Q6_K ||
-        wt == CINFER_DTYPE_Q2_K || wt == CINFER_DTYPE_Q3_K || wt == CINFER_DTYPE_IQ4_XS ||
-        wt == CINFER_DTYPE_IQ4_NL) {
+    if (cinfer_cpu_matmul_is_kquant(wt)) {
         cinfer_cpu_matmul_compute_kquant_packed_avx512(wt, w, n_out, act, n, n_in, out,
                                                        out_stride, o0, o1);
         return;

@@ -71,6 +71,10 @@ void cinfer_cpu_matmul_compute_portable(cinfer_dtype wt, const void *w,
                                         int64_t out_stride, int64_t o0,
                                         int64_t o1);
 
+/* 1 for the types whose products live in matmul_kquant*.c: the K-quants,
+ * IQ4_XS and IQ4_NL (matmul.c). */
+int cinfer_cpu_matmul_is_kquant(cinfer_dtype wt);
+
 /* K-quant and IQ4 weights x Q8_K / Q8_0 activations (matmul_kquant.c). */
 void cinfer_cpu_matmul_compute_kquant_portable(cinfer_dtype wt, const void *w,
                                                size_t w_row_bytes,
@@ -95,8 +99,8 @@ void cinfer_cpu_matmul_compute_kquant_avx512(cinfer_dtype wt, const void *w,
                                              int64_t out_stride, int64_t o0,
                                              int64_t o1);
 
-/* The K-quants and IQ4 over weights packed as matmul.h says, o0 a multiple of 16
- * (matmul_kquant_avx512.c). */
+/* The K-quants and IQ4 over weights packed as matmul.h says, o0 a
+ * multiple of 16 (matmul_kquant_avx512.c). */
 void cinfer_cpu_matmul_compute_kquant_packed_avx512(cinfer_dtype wt, const void *w,
                                                     int64_t n_out, const void *act,
                                                     int64_t n, int64_t n_in, float *out,

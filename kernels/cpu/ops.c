@@ -83,9 +83,10 @@ static void embed_rows(void *p, int64_t r0, int64_t r1, int thread)
         }
         /* A packed table (matmul.h): unpack the row a run of blocks at a
          * time. */
-        _Alignas(64) uint8_t blk[4096]; /* a run of blocks (the largest 210 bytes) */
+        _Alignas(64) uint8_t blk[4096]; /* a run of blocks (at most 210 bytes each) */
         const int64_t be = cinfer_dtype_block_elems(c->dt);
-        const int64_t nb = c->d / be, step = (int64_t)sizeof blk / (int64_t)cinfer_dtype_row_bytes(c->dt, be);
+        const int64_t nb = c->d / be;
+        const int64_t step = (int64_t)sizeof blk / (int64_t)cinfer_dtype_row_bytes(c->dt, be);
         for (int64_t b = 0; b < nb; b += step) {
             int64_t e = b + step < nb ? b + step : nb;
             cinfer_cpu_packed_row(c->dt, c->table, c->vocab, c->d, c->tokens[r],
