@@ -3,7 +3,7 @@
 without keys, measured with h2load (Debian nghttp2-client).
 
     bench/tokenize_rate.py [--build build/release] [--model PATH] \\
-        [--rounds 5] [--seconds 5] [--clients 8] [--streams 32] \\
+        [--rounds 25] [--seconds 2] [--clients 8] [--streams 32] \\
         [--out bench/results]
 
 Starts cinfer-server processes on the same model (the tiny random model
@@ -12,17 +12,19 @@ baseline), one with --tls-cert/--tls-key (a CA and certificate made here
 with the openssl CLI) and --api-keys, and (unless --no-split) one with
 TLS only and one with keys only, to say which costs what. Then, round
 after round, runs h2load against each in turn (the order turning each
-round) with a prebuilt gRPC
-message body (a length-prefixed TokenizeRequest), content-type
-application/grpc, te: trailers and, for the second, authorization: Bearer
-KEY. Prints each run's requests/s and every call's status check, the
-medians and the ratio TLS+keys / plaintext, and writes
+round) with a prebuilt gRPC message body (a length-prefixed
+TokenizeRequest), content-type application/grpc, te: trailers and, where
+keys are on, authorization: Bearer KEY (which h2load, like nghttp2 for
+every short authorization value, sends never indexed: the server decodes
+it on every call). Prints each run's requests/s and every call's status
+check; the headline is the median over rounds of TLS+keys / plaintext in
+the same round (runs seconds apart, where the machine's other load has
+had little time to change), beside the ratio of the medians; writes
 OUT/tokenize-rate.md (an older one moves to OUT/history/).
 
 h2load runs on the same cores as the server: the figures are the
-server's rate under a client that takes its share of the CPU, the same
-share in both configurations. The ratio is what the issue's bound
-("within 10%") is about.
+server's rate under a client that takes its share of the CPU, its TLS
+work included, as a client on the same host would.
 """
 import argparse
 import datetime
@@ -44,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 TOKENIZE = "/cinfer.v1.Inference/Tokenize"
+BASE, BOTH = "plaintext, no keys", "TLS + API key"
 KEY = "bench-key-0123456789abcdef"
 
 
@@ -186,6 +189,13 @@ def grpcurl_check(port, tls, ca, key):
     return out
 
 
+def quartiles(v):
+    if len(v) < 4:
+        return "-"
+    q = statistics.quantiles(v, n=4)
+    return "%.3f-%.3f" % (q[0], q[2])
+
+
 def uptime():
     return subprocess.run(["uptime"], capture_output=True,
                           text=True).stdout.strip()
@@ -195,8 +205,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     ap.add_argument("--model", default="")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--seconds", type=int, default=2)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--no-split", dest="split", action="store_false",
@@ -248,6 +258,11 @@ def main():
         raise
     rates = {c[0]: [] for c in configs}
     cpu_us = {c[0]: [] for c in configs}
+    # Each run's rate (and CPU a call) over the plaintext run of the same
+    # round: the machine's load drifts over minutes, and a ratio of runs
+    # seconds apart is disturbed less than a ratio of medians.
+    paired = {c[0]: [] for c in configs}
+    paired_cpu = {c[0]: [] for c in configs}
     try:
         for name, srv, url, hdrs in configs:  # warm-up, not measured
             h2load(url, body, 1, args.clients, args.streams, hdrs)
@@ -269,13 +284,18 @@ def main():
                 log("round %d %-20s %9.0f req/s (%d calls, %.1f us of "
                     "server CPU a call)" % (rnd + 1, name, rate, done,
                                             cpu_us[name][-1]))
+            b, bc = rates[BASE][-1], cpu_us[BASE][-1]
+            for name, _, _, _ in configs:
+                paired[name].append(rates[name][-1] / b)
+                paired_cpu[name].append(cpu_us[name][-1] / bc)
     finally:
         for srv in servers:
             srv.stop()
     after = uptime()
 
     med = {k: statistics.median(v) for k, v in rates.items()}
-    ratio = med["TLS + API key"] / med["plaintext, no keys"]
+    pmed = {k: statistics.median(v) for k, v in paired.items()}
+    ratio = pmed[BOTH]
     cpu = benchlib.cpu_info()
     lines = [
         "# Tokenize unary rate: TLS and API keys against plaintext",
@@ -305,22 +325,24 @@ def main():
         "call); one call each through grpcurl first: %s" % "; ".join(
             "%s %s" % (k, v) for k, v in checks.items()),
         "",
-        "| configuration | runs (req/s) | median req/s | / plaintext | "
-        "server CPU a call (median) | / plaintext |",
+        "| configuration | runs (req/s) | median req/s | / plaintext, "
+        "same round (median [quartiles]) | server CPU a call (median) | "
+        "/ plaintext, same round |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    base = med["plaintext, no keys"]
     cmed = {k: statistics.median(v) for k, v in cpu_us.items()}
     for name, _, _, _ in configs:
-        lines.append("| %s | %s | %.0f | %.3f | %.1f us | %.3f |" % (
+        lines.append("| %s | %s | %.0f | %.3f [%s] | %.1f us | %.3f |" % (
             name, ", ".join("%.0f" % r for r in rates[name]), med[name],
-            med[name] / base, cmed[name], cmed[name] /
-            cmed["plaintext, no keys"]))
+            pmed[name], quartiles(paired[name]), cmed[name],
+            statistics.median(paired_cpu[name])))
     lines += ["", "TLS + API key / plaintext: **%.3f** (%+.1f%%) in "
-              "requests a second; the server's CPU time a call (from "
-              "/proc) is the figure the other work on the machine "
+              "requests a second, the median of the %d rounds' ratios (the "
+              "ratio of the medians: %.3f). The server's CPU time a call "
+              "(from /proc) is the figure the other work on the machine "
               "disturbs least." %
-              (ratio, (ratio - 1) * 100), ""]
+              (ratio, (ratio - 1) * 100, args.rounds,
+               med[BOTH] / med[BASE]), ""]
     text = "\n".join(lines)
     print(text)
     if args.out:
