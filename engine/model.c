@@ -1686,9 +1686,13 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
         TRY(put_row_embds(m, step));
     if (m->embd_scale != 1.0f)
         TRY(cinfer_backend_scale(be, m->x, m->embd_scale));
+    /* Each residual add and the norm after it go through add_rms_norm (one
+     * launch on CUDA); the first layer's attention norm has no add before
+     * it, and the last add is followed by the output norm of the rows kept. */
+    TRY(cinfer_backend_rms_norm(be, m->x, m->layers[0].attn_norm,
+                                I->norm_eps, m->h));
     for (int il = 0; il <= last; il++) {
         layer *L = &m->layers[il];
-        TRY(cinfer_backend_rms_norm(be, m->x, L->attn_norm, I->norm_eps, m->h));
         const cinfer_tensor *wqkv[3] = {L->wq, L->wk, L->wv};
         cinfer_tensor *oqkv[3] = {m->q, m->k, m->v};
         TRY(cinfer_backend_matmul(be, 3, wqkv, m->h, oqkv));
@@ -1740,8 +1744,7 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
             x = m->xo;
             h = m->ho;
         }
-        TRY(cinfer_backend_add(be, x, h, x));
-        TRY(cinfer_backend_rms_norm(be, x, L->ffn_norm, I->norm_eps, h));
+        TRY(cinfer_backend_add_rms_norm(be, x, h, L->ffn_norm, I->norm_eps, h));
         const cinfer_tensor *wgu[2] = {L->w_gate, L->w_up};
         cinfer_tensor *ogu[2] = {m->gate, m->up};
         TRY(cinfer_backend_matmul(be, 2, wgu, h, ogu));
@@ -1757,7 +1760,12 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
         if (L->ffn_post_norm)
             TRY(cinfer_backend_rms_norm(be, h, L->ffn_post_norm, I->norm_eps,
                                         h));
-        TRY(cinfer_backend_add(be, x, h, x));
+        if (il < last) /* x = m->x, h = m->h */
+            TRY(cinfer_backend_add_rms_norm(be, x, h,
+                                            m->layers[il + 1].attn_norm,
+                                            I->norm_eps, h));
+        else
+            TRY(cinfer_backend_add(be, x, h, x));
     }
     TRY(cinfer_backend_rms_norm(be, m->xo, m->out_norm, I->norm_eps, m->xo));
     const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};

@@ -830,6 +830,36 @@ cinfer_status cinfer_backend_add(cinfer_backend *be, const cinfer_tensor *a,
     return be->ops->add(be, a, b, out);
 }
 
+cinfer_status cinfer_backend_add_rms_norm(cinfer_backend *be, cinfer_tensor *x,
+                                          const cinfer_tensor *d,
+                                          const cinfer_tensor *w, float eps,
+                                          cinfer_tensor *out)
+{
+    const char *op = "add_rms_norm";
+    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    TRY(need_same_shape(op, "d", d, "x", x));
+    TRY(need_writable(op, "x", x));
+    TRY(need_tensor(op, "w", w));
+    int64_t g = w->desc.n_dims == 1 ? w->desc.shape[0] : 0;
+    TRY(need_f32_vector(op, "w", w,
+                        g >= 1 && t_cols(x) % g == 0 ? g : t_cols(x)));
+    TRY(need_same_shape(op, "out", out, "x", x));
+    TRY(need_writable(op, "out", out));
+    if (out == x || out->data == x->data)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "add_rms_norm: out must not alias x (x "
+                                "keeps the sum)");
+    if (!(eps >= 0.0f) || isinf(eps))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "add_rms_norm: eps %g is not a finite value "
+                                ">= 0",
+                                (double)eps);
+    if (be->ops->add_rms_norm)
+        return be->ops->add_rms_norm(be, x, d, w, eps, out);
+    TRY(be->ops->add(be, x, d, x));
+    return be->ops->rms_norm(be, x, w, eps, out);
+}
+
 cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
                               int n_heads, int head_dim, int rot_dim,
                               float theta, cinfer_rope_mode mode)

@@ -242,6 +242,16 @@ cinfer_status cinfer_backend_add_bias(cinfer_backend *be, cinfer_tensor *x,
 cinfer_status cinfer_backend_add(cinfer_backend *be, const cinfer_tensor *a,
                                  const cinfer_tensor *b, cinfer_tensor *out);
 
+/* The residual add and the norm after it: x = x + d, then out =
+ * rms_norm(x, w, eps), with the bits of cinfer_backend_add(x, d, x)
+ * followed by cinfer_backend_rms_norm(x, w, eps, out); a backend may run
+ * them as one kernel (CUDA does for a whole-row w). x, d, out: [n, k] F32,
+ * w as rms_norm's. out may alias d but not x (x keeps the sum). */
+cinfer_status cinfer_backend_add_rms_norm(cinfer_backend *be, cinfer_tensor *x,
+                                          const cinfer_tensor *d,
+                                          const cinfer_tensor *w, float eps,
+                                          cinfer_tensor *out);
+
 /* Rotary embedding in place at each row's step position.
  * x: [n, n_heads * head_dim]; the first rot_dim dims of each head are
  * rotated with frequency theta^(-2i/rot_dim). */

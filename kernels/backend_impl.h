@@ -167,6 +167,12 @@ struct cinfer_backend_ops {
                               const cinfer_tensor *up, cinfer_tensor *out);
     /* (optional) NULL: CINFER_E_UNSUPPORTED. */
     cinfer_status (*scale)(cinfer_backend *be, cinfer_tensor *x, float s);
+    /* (optional) add then rms_norm in one pass, the same bits as the two
+     * ops; NULL: backend.c runs add, then rms_norm. */
+    cinfer_status (*add_rms_norm)(cinfer_backend *be, cinfer_tensor *x,
+                                  const cinfer_tensor *d,
+                                  const cinfer_tensor *w, float eps,
+                                  cinfer_tensor *out);
 
     /* (optional) The collectives over be->comm. all_reduce_sum is called
      * only with more than one rank (backend.c makes it a no-op

@@ -448,6 +448,25 @@ static cinfer_status cuda_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
                                          g));
 }
 
+/* One launch for a whole-row weight; a per-group one takes the two ops. */
+static cinfer_status cuda_add_rms_norm(cinfer_backend *be, cinfer_tensor *x,
+                                       const cinfer_tensor *d,
+                                       const cinfer_tensor *w, float eps,
+                                       cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    const int64_t g = w->desc.shape[0], cols = cinfer_tensor_cols(x);
+    if (g != cols) {
+        cinfer_status st = seen(
+            cb, cinfer_cuda_add(cb->stream, x->data, d->data, x->data,
+                                cinfer_tensor_desc_nelems(&x->desc)));
+        return st != CINFER_OK ? st : cuda_rms_norm(be, x, w, eps, out);
+    }
+    return seen(cb, cinfer_cuda_add_rms_norm(cb->stream, x->data, d->data,
+                                             w->data, eps, out->data,
+                                             cinfer_tensor_rows(x), cols));
+}
+
 static cinfer_status cuda_matmul(cinfer_backend *be, int n_w,
                                  const cinfer_tensor *const *w,
                                  const cinfer_tensor *x,
@@ -623,6 +642,7 @@ static const struct cinfer_backend_ops cuda_ops = {
     .matmul = cuda_matmul,
     .add_bias = cuda_add_bias,
     .add = cuda_add,
+    .add_rms_norm = cuda_add_rms_norm,
     .rope = cuda_rope,
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,

@@ -44,26 +44,43 @@ static __device__ float block_sum(float v)
 }
 
 // Grid: (n), block (threads, a multiple of 32, <= MAX_THREADS): one block
-// per row. VEC 4: d % 4 == 0 and x, w, out 16-byte aligned. x and out are
-// not __restrict__ because out may alias x; each element is read (twice)
-// and then written by the same thread.
-template <int VEC>
-__global__ void rms_norm_kernel(const float *x,              // [n, d]
+// per row. VEC 4: d % 4 == 0 and x, dx, w, out 16-byte aligned. ADD: the
+// residual add first, x[r] += dx[r], stored back to x, the norm then taken
+// of the sum (add_rms_norm: the same arithmetic as the add kernel followed
+// by this one without ADD, so the same bits). No pointer is __restrict__:
+// out may alias x (without ADD) or dx (with it); each element is read and
+// then written by the same thread.
+template <int VEC, int ADD>
+__global__ void rms_norm_kernel(float *x,        // [n, d]
+                                const float *dx, // [n, d] (ADD)
                                 const float *__restrict__ w, // [d]
                                 float eps,
                                 float *out, // [n, d]
                                 int d)
 {
-    const float *xr = x + (int64_t)blockIdx.x * d;
+    float *xr = x + (int64_t)blockIdx.x * d;
+    const float *dr = ADD ? dx + (int64_t)blockIdx.x * d : nullptr;
     float *yr = out + (int64_t)blockIdx.x * d;
     const int nv = d / VEC;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < nv; i += blockDim.x) {
         if (VEC == 4) {
-            const float4 v = reinterpret_cast<const float4 *>(xr)[i];
+            float4 v = reinterpret_cast<const float4 *>(xr)[i];
+            if (ADD) {
+                const float4 e = reinterpret_cast<const float4 *>(dr)[i];
+                v.x = v.x + e.x;
+                v.y = v.y + e.y;
+                v.z = v.z + e.z;
+                v.w = v.w + e.w;
+                reinterpret_cast<float4 *>(xr)[i] = v;
+            }
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         } else {
-            const float v = xr[i];
+            float v = xr[i];
+            if (ADD) {
+                v = v + dr[i];
+                xr[i] = v;
+            }
             ss += v * v;
         }
     }
@@ -85,48 +102,71 @@ __global__ void rms_norm_kernel(const float *x,              // [n, d]
     }
 }
 
+/* Both launchers: checks, then one block per row. */
+static cinfer_status norm_launch(cudaStream_t stream, const char *name,
+                                 float *x, const float *dx, const float *w,
+                                 float eps, float *out, int64_t n, int64_t d)
+{
+    if (n < 0 || n > INT_MAX)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda %s: n %lld is not in 0..%d", name,
+                                (long long)n, INT_MAX);
+    if (d < 1 || d > INT_MAX)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda %s: d %lld is not in 1..%d", name,
+                                (long long)d, INT_MAX);
+    if (!(eps >= 0.0f) || isinf(eps))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda %s: eps %g is not finite and >= 0", name,
+                                (double)eps);
+    if (n == 0)
+        return CINFER_OK;
+    const int add = dx != nullptr;
+    if (!x || !w || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG, "cuda %s: %s is NULL",
+                                name, !x ? "x" : !w ? "w" : "out");
+    const int vec = d % 4 == 0 && aligned16(x) && (!add || aligned16(dx)) &&
+                            aligned16(w) && aligned16(out)
+                        ? 4
+                        : 1;
+    int64_t threads = (d / vec + 31) / 32 * 32;
+    if (threads > MAX_THREADS)
+        threads = MAX_THREADS;
+    const dim3 grid((unsigned)n), block((unsigned)threads);
+    if (vec == 4 && add)
+        CINFER_LAUNCH((rms_norm_kernel<4, 1>), grid, block, 0, stream, x, dx,
+                      w, eps, out, (int)d);
+    else if (vec == 4)
+        CINFER_LAUNCH((rms_norm_kernel<4, 0>), grid, block, 0, stream, x, dx,
+                      w, eps, out, (int)d);
+    else if (add)
+        CINFER_LAUNCH((rms_norm_kernel<1, 1>), grid, block, 0, stream, x, dx,
+                      w, eps, out, (int)d);
+    else
+        CINFER_LAUNCH((rms_norm_kernel<1, 0>), grid, block, 0, stream, x, dx,
+                      w, eps, out, (int)d);
+    CINFER_CUDA_TRY_LAUNCH("rms_norm_kernel");
+    return CINFER_OK;
+}
+
 extern "C" cinfer_status cinfer_cuda_rms_norm(cudaStream_t stream,
                                               const float *x, const float *w,
                                               float eps, float *out, int64_t n,
                                               int64_t d)
 {
-    if (n < 0 || n > INT_MAX)
+    /* without ADD the kernel only reads x */
+    return norm_launch(stream, "rms_norm", (float *)x, nullptr, w, eps, out,
+                       n, d);
+}
+
+extern "C" cinfer_status cinfer_cuda_add_rms_norm(cudaStream_t stream,
+                                                  float *x, const float *dx,
+                                                  const float *w, float eps,
+                                                  float *out, int64_t n,
+                                                  int64_t d)
+{
+    if (!dx)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda rms_norm: n %lld is not in 0..%d",
-                                (long long)n, INT_MAX);
-    if (d < 1 || d > INT_MAX)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda rms_norm: d %lld is not in 1..%d",
-                                (long long)d, INT_MAX);
-    if (!(eps >= 0.0f) || isinf(eps))
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda rms_norm: eps %g is not finite and >= 0",
-                                (double)eps);
-    if (n == 0)
-        return CINFER_OK;
-    if (!x || !w || !out)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda rms_norm: %s is NULL",
-                                !x ? "x" : !w ? "w" : "out");
-    const int vec =
-        d % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(out) ? 4 : 1;
-    int64_t threads = (d / vec + 31) / 32 * 32;
-    if (threads > MAX_THREADS)
-        threads = MAX_THREADS;
-    const dim3 grid((unsigned)n), block((unsigned)threads);
-    switch (vec) {
-    case 4:
-        CINFER_LAUNCH(rms_norm_kernel<4>, grid, block, 0, stream, x, w, eps,
-                      out, (int)d);
-        break;
-    case 1:
-        CINFER_LAUNCH(rms_norm_kernel<1>, grid, block, 0, stream, x, w, eps,
-                      out, (int)d);
-        break;
-    default:
-        return cinfer_set_error(CINFER_E_INTERNAL,
-                                "cuda rms_norm: vector width %d", vec);
-    }
-    CINFER_CUDA_TRY_LAUNCH("rms_norm_kernel");
-    return CINFER_OK;
+                                "cuda add_rms_norm: dx is NULL");
+    return norm_launch(stream, "add_rms_norm", x, dx, w, eps, out, n, d);
 }

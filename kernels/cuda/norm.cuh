@@ -17,6 +17,9 @@
  *
  *     cinfer_status s = cinfer_cuda_rms_norm(stream, x, attn_norm_w, 1e-5f,
  *                                             h, n_rows, n_embd);
+ *     // the residual add and the next norm, one launch:
+ *     s = cinfer_cuda_add_rms_norm(stream, x, h, ffn_norm_w, 1e-5f, h,
+ *                                  n_rows, n_embd);
  */
 #ifndef CINFER_CUDA_NORM_CUH
 #define CINFER_CUDA_NORM_CUH
@@ -35,6 +38,14 @@ extern "C" {
 cinfer_status cinfer_cuda_rms_norm(cudaStream_t stream, const float *x,
                                    const float *w, float eps, float *out,
                                    int64_t n, int64_t d);
+
+/* The residual add and the norm after it, in one launch: x[r] += dx[r],
+ * then out[r] = rms_norm(x[r]) * w, the bits of cinfer_cuda_add followed
+ * by cinfer_cuda_rms_norm. out may alias dx, not x. */
+cinfer_status cinfer_cuda_add_rms_norm(cudaStream_t stream, float *x,
+                                       const float *dx, const float *w,
+                                       float eps, float *out, int64_t n,
+                                       int64_t d);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,10 @@
  *     tables (800, 5152: whole blocks), the reference decoding the blocks;
  *   - rms_norm, add, add_bias, silu_mul, gather_rows at widths 769 and 5125,
  *     rms_norm per group (a weight of 128 or 37 over rows of 5 groups: the
- *     per-head Q/K norm), silu over the whole float range, rope (NORM and
+ *     per-head Q/K norm), add_rms_norm bit for bit against add then
+ *     rms_norm (widths 576, 769, 5120 and per group; out aliasing d or
+ *     not: CUDA's one-launch kernel), silu over the whole float range,
+ *     rope (NORM and
  *     NEOX, full and partial rotation, positions to 4095, with linear
  *     scaling and per-pair frequency factors, the CPU's cached table
  *     rebuilt when they change), kv_store into F16 and F32 caches
@@ -1098,6 +1101,76 @@ static void test_rowwise(void)
 {
     rowwise_case(769);
     rowwise_case(5125);
+}
+
+/* add_rms_norm against add then rms_norm on the same backend: the same
+ * bits for the sum left in x and for the norm, out aliasing d or not
+ * (CUDA runs it as one kernel for a whole-row weight; a weight of g
+ * elements, d = 5 * g, takes the two ops); out aliasing x is refused.
+ * The two ops themselves are checked against the reference above. */
+static void add_norm_case(int64_t d, int64_t g)
+{
+    const int64_t n = 6, nd = n * d;
+    uint64_t seed = seed_for(313 + (uint64_t)d + (uint64_t)g);
+    float *x = randv(nd, &seed, 3.0f);
+    float *y = randv(nd, &seed, 3.0f);
+    float *w = randv(g, &seed, 1.5f);
+    float *sum0 = malloc(sizeof(float) * (size_t)nd);
+    float *out0 = malloc(sizeof(float) * (size_t)nd);
+    float *got = malloc(sizeof(float) * (size_t)nd);
+    for (int fi = 0; fi < g_n_factories; fi++) {
+        const factory *f = &g_factories[fi];
+        cinfer_backend *be = make_backend(f);
+        cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
+        cinfer_tensor *ty = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
+        cinfer_tensor *to = tnew(be, CINFER_DTYPE_F32, 2, n, d, 0, 0);
+        cinfer_tensor *tw = wnew(be, CINFER_DTYPE_F32, 1, g, 0, w);
+        put(be, tx, x);
+        put(be, ty, y);
+        CHECK_OK(cinfer_backend_add(be, tx, ty, tx));
+        CHECK_OK(cinfer_backend_rms_norm(be, tx, tw, 1e-5f, to));
+        get(be, tx, sum0);
+        get(be, to, out0);
+        for (int alias = 0; alias < 2; alias++) {
+            cinfer_tensor *out = alias ? ty : to;
+            put(be, tx, x);
+            put(be, ty, y);
+            poison(be, to);
+            CHECK_OK(cinfer_backend_add_rms_norm(be, tx, ty, tw, 1e-5f, out));
+            get(be, tx, got);
+            int sum_eq = memcmp(got, sum0, sizeof(float) * (size_t)nd) == 0;
+            get(be, out, got);
+            int out_eq = memcmp(got, out0, sizeof(float) * (size_t)nd) == 0;
+            if (!sum_eq || !out_eq)
+                fprintf(stderr, "%s: add_rms_norm d%lld g%lld%s: the %s "
+                        "differs from the two ops'\n",
+                        f->name, (long long)d, (long long)g,
+                        alias ? " aliasing d" : "", !sum_eq ? "sum" : "norm");
+            CHECK(sum_eq && out_eq);
+        }
+        CHECK_EQ_INT(cinfer_backend_add_rms_norm(be, tx, ty, tw, 1e-5f, tx),
+                     CINFER_E_INVALID_ARG);
+        CHECK(strstr(cinfer_last_error(), "add_rms_norm") != NULL);
+        cinfer_backend_tensor_destroy(be, tx);
+        cinfer_backend_tensor_destroy(be, ty);
+        cinfer_backend_tensor_destroy(be, to);
+        cinfer_backend_tensor_destroy(be, tw);
+        cinfer_backend_destroy(be);
+    }
+    free(x);
+    free(y);
+    free(w);
+    free(sum0);
+    free(out0);
+    free(got);
+}
+
+static void test_add_rms_norm(void)
+{
+    add_norm_case(576, 576);  /* float4 loads */
+    add_norm_case(769, 769);  /* scalar */
+    add_norm_case(5120, 5120); /* more than 1024 threads' worth */
+    add_norm_case(640, 128);  /* per group: the two ops */
 }
 
 /* Large batches take the threaded paths of the elementwise ops; on the
@@ -2769,6 +2842,7 @@ int main(void)
     RUN(test_tensors);
     RUN(test_embed);
     RUN(test_rowwise);
+    RUN(test_add_rms_norm);
     RUN(test_rms_norm_groups);
     RUN(test_rowwise_large);
     RUN(test_silu_range);

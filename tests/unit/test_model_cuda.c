@@ -96,6 +96,10 @@
  * the backend frees every device allocation (cudasim_live_allocations).
  * The sticky check runs last: cuda_check.c keeps a process-wide "a sticky
  * error was seen" flag, as a real process would after such a fault.
+ *
+ * Launch count (the harness build only): the kernel launches of one decode
+ * step at 2 and 3 layers, printed, and the per-layer count held to
+ * DECODE_LAUNCHES_PER_LAYER.
  */
 #include <math.h>
 #include <stdio.h>
@@ -670,6 +674,49 @@ static void test_transient_fault_fails_the_step_only(void)
     remove(path);
 }
 
+/* Kernel launches of one decode step (the harness counts them), for the
+ * fault shape at 2 and 3 layers: the difference is one layer's, the rest
+ * the step's work outside the layers (embedding, output norm and head,
+ * the step's metadata). Printed for the record; the per-layer count is
+ * held to what the fused ops give (DECODE_LAUNCHES_PER_LAYER), so a change
+ * that adds launches to every layer shows here. */
+#define DECODE_LAUNCHES_PER_LAYER 18
+static void test_decode_launches_per_layer(void)
+{
+    long long step[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        shape s = fault_shape;
+        s.n_layer = 2 + i;
+        char tag[16];
+        snprintf(tag, sizeof tag, "launch%d", s.n_layer);
+        const char *path = tmp_path(tag);
+        CHECK(write_tiny(&s, path) == 0);
+        cinfer_backend *be = NULL;
+        CHECK_OK(open_cuda(&be));
+        cinfer_model *m = be ? load(path, be, 0, 64) : NULL;
+        CHECK(m != NULL);
+        if (m) {
+            float *logits = malloc(sizeof(float) * (size_t)s.n_vocab);
+            int32_t prompt[6] = {11, 42, 7, 200, 3, 99}, tok = 5;
+            CHECK_OK(cinfer_model_eval_single(m, prompt, 6, 0, 0, logits));
+            long long before = cudasim_get_stats().launches;
+            CHECK_OK(cinfer_model_eval_single(m, &tok, 1, 6, 0, logits));
+            step[i] = cudasim_get_stats().launches - before;
+            free(logits);
+        }
+        cinfer_model_destroy(m);
+        cinfer_backend_destroy(be);
+        remove(path);
+    }
+    const long long per_layer = step[1] - step[0];
+    fprintf(stderr,
+            "  decode step: %lld kernel launches at 2 layers, %lld at 3: "
+            "%lld a layer, %lld outside the layers\n",
+            step[0], step[1], per_layer, step[0] - 2 * per_layer);
+    CHECK(per_layer > 0);
+    CHECK(per_layer <= DECODE_LAUNCHES_PER_LAYER);
+}
+
 /* A sticky fault: the step fails, the backend says it is unhealthy, later
  * steps fail with CINFER_E_DEVICE (no crash, no abort), and destroy still
  * frees every allocation. Last: the sticky flag stays set. */
@@ -713,6 +760,7 @@ int main(void)
     RUN(test_default_model_matches_cpu);
 #ifdef CINFER_TEST_CUDASIM
     RUN(test_transient_fault_fails_the_step_only);
+    RUN(test_decode_launches_per_layer);
     RUN(test_sticky_fault_marks_backend_unhealthy); /* last: see above */
 #endif
     return harness_done();
