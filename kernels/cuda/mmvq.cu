@@ -5,6 +5,7 @@
 #include "kernels/cuda/mmvq.cuh"
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_compat.cuh"
@@ -24,16 +25,27 @@ __device__ __forceinline__ int mmvq_int_b2(const uint16_t *__restrict__ p)
     return (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
 }
 
-// Grid: (n_out), block (MMVQ_THREADS). CTA o computes out[0..NR)[o]. Thread t
+/* The weights of one launch: CTA c computes row c - start[i] of weight i,
+ * start[i] <= c < start[i + 1]. */
+struct mmvq_set {
+    const uint16_t *w[CINFER_CUDA_MMVQ_MAX_W];
+    float *out[CINFER_CUDA_MMVQ_MAX_W];
+    int64_t n_out[CINFER_CUDA_MMVQ_MAX_W];
+    int64_t start[CINFER_CUDA_MMVQ_MAX_W + 1];
+    int nw;
+};
+
+// Grid: (sum of n_out), block (MMVQ_THREADS). CTA o of weight i computes
+// out_i[0..NR)[o]; every weight of the set takes the same code. Thread t
 // is slot t / 4 (blocks t / 4, t / 4 + 32, ...) and quarter t % 4 of each
 // block: qs ints q, q + 4 for Q8_0, nibble int q for Q4_x (elements 4q..4q+3
 // and 16+4q..16+4q+3), against activation ints q and q + 4.
 template <cinfer_dtype T, int NR>
 __global__ void __launch_bounds__(MMVQ_THREADS)
-mmvq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
-            const int *__restrict__ xq,     // [NR, nb * 9] Q8_1 blocks
-            float *__restrict__ out,        // [NR, n_out]
-            int64_t n_out, int64_t nb)
+mmvq_kernel(const mmvq_set set,          // w_i: [n_out_i, nb * U16] of T,
+                                         // out_i: [NR, n_out_i]
+            const int *__restrict__ xq, // [NR, nb * 9] Q8_1 blocks
+            int64_t nb)
 {
     typedef mm_block_traits<T> tr;
     CINFER_SHARED(float, red, [MMVQ_WARPS][NR][8]);
@@ -43,8 +55,13 @@ mmvq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
     const int warp = tid / 32;
     const int slot = tid / MMVQ_LANES_PER_BLOCK; /* 8 * warp + lane / 4 */
     const int q = tid % MMVQ_LANES_PER_BLOCK;
-    const int64_t o = blockIdx.x;
-    const uint16_t *wrow = w + o * nb * tr::U16;
+    int wi = 0;
+    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.start[wi + 1])
+        wi++;
+    const int64_t o = (int64_t)blockIdx.x - set.start[wi];
+    const int64_t n_out = set.n_out[wi];
+    float *__restrict__ out = set.out[wi];
+    const uint16_t *wrow = set.w[wi] + o * nb * tr::U16;
 
     float acc[NR];
 #pragma unroll
@@ -126,16 +143,15 @@ mmvq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
 #define MAX_GRID_X 2147483647LL
 
 template <cinfer_dtype T>
-static cinfer_status launch_rows(cudaStream_t stream, const uint16_t *w,
-                                 int64_t n_out, const int *xq, int32_t n,
-                                 int64_t nb, float *out)
+static cinfer_status launch_rows(cudaStream_t stream, const mmvq_set &set,
+                                 const int *xq, int32_t n, int64_t nb)
 {
-    const dim3 grid((unsigned)n_out), block(MMVQ_THREADS);
+    const dim3 grid((unsigned)set.start[set.nw]), block(MMVQ_THREADS);
     switch (n) {
 #define MMVQ_CASE(NR)                                                          \
     case NR:                                                                   \
-        CINFER_LAUNCH((mmvq_kernel<T, NR>), grid, block, 0, stream, w, xq,     \
-                      out, n_out, nb);                                         \
+        CINFER_LAUNCH((mmvq_kernel<T, NR>), grid, block, 0, stream, set, xq,   \
+                      nb);                                                     \
         break;
         MMVQ_CASE(1)
         MMVQ_CASE(2)
@@ -154,22 +170,22 @@ static cinfer_status launch_rows(cudaStream_t stream, const uint16_t *w,
     return CINFER_OK;
 }
 
-extern "C" cinfer_status cinfer_cuda_mmvq(cudaStream_t stream,
-                                          cinfer_dtype w_type, const void *w,
-                                          int64_t n_out, const void *xq,
-                                          int32_t n, int64_t k, float *out)
+extern "C" cinfer_status cinfer_cuda_mmvq_set(cudaStream_t stream,
+                                              cinfer_dtype w_type, int n_w,
+                                              const void *const *w,
+                                              const int64_t *n_out,
+                                              const void *xq, int32_t n,
+                                              int64_t k, float *const *out)
 {
-    if (w == NULL || xq == NULL || out == NULL)
+    if (n_w < 1 || n_w > CINFER_CUDA_MMVQ_MAX_W || !w || !n_out || !out)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq w, xq and out must be set");
-    if ((uintptr_t)w % 2 != 0 || (uintptr_t)xq % 4 != 0)
+                                "cuda matmul: mmvq takes 1..%d weights, got "
+                                "%d",
+                                CINFER_CUDA_MMVQ_MAX_W, n_w);
+    if (xq == NULL || (uintptr_t)xq % 4 != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq w must be 2-byte and xq "
-                                "4-byte aligned");
-    if (n_out < 1 || n_out > MAX_GRID_X)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq n_out = %lld out of range",
-                                (long long)n_out);
+                                "cuda matmul: mmvq xq must be set and 4-byte "
+                                "aligned");
     if (k < CINFER_QK || k % CINFER_QK != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmvq k = %lld (need a positive "
@@ -178,23 +194,47 @@ extern "C" cinfer_status cinfer_cuda_mmvq(cudaStream_t stream,
     if (n < 1 || n > CINFER_CUDA_MMVQ_MAX_ROWS)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmvq n = %d (1..8)", (int)n);
+    mmvq_set set;
+    memset(&set, 0, sizeof set);
+    set.nw = n_w;
+    for (int i = 0; i < n_w; i++) {
+        if (w[i] == NULL || out[i] == NULL || (uintptr_t)w[i] % 2 != 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda matmul: mmvq w[%d] and out[%d] "
+                                    "must be set, w 2-byte aligned",
+                                    i, i);
+        if (n_out[i] < 1 || n_out[i] > MAX_GRID_X - set.start[i])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda matmul: mmvq n_out[%d] = %lld out "
+                                    "of range",
+                                    i, (long long)n_out[i]);
+        set.w[i] = (const uint16_t *)w[i];
+        set.out[i] = out[i];
+        set.n_out[i] = n_out[i];
+        set.start[i + 1] = set.start[i] + n_out[i];
+    }
     const int64_t nb = k / CINFER_QK;
-    const uint16_t *w16 = (const uint16_t *)w;
     const int *x32 = (const int *)xq;
     switch (w_type) {
     case CINFER_DTYPE_Q8_0:
-        return launch_rows<CINFER_DTYPE_Q8_0>(stream, w16, n_out, x32, n, nb,
-                                              out);
+        return launch_rows<CINFER_DTYPE_Q8_0>(stream, set, x32, n, nb);
     case CINFER_DTYPE_Q4_0:
-        return launch_rows<CINFER_DTYPE_Q4_0>(stream, w16, n_out, x32, n, nb,
-                                              out);
+        return launch_rows<CINFER_DTYPE_Q4_0>(stream, set, x32, n, nb);
     case CINFER_DTYPE_Q4_1:
-        return launch_rows<CINFER_DTYPE_Q4_1>(stream, w16, n_out, x32, n, nb,
-                                              out);
+        return launch_rows<CINFER_DTYPE_Q4_1>(stream, set, x32, n, nb);
     default:
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
                                 "cuda matmul: mmvq w_type %s (Q8_0, Q4_0 or "
                                 "Q4_1)",
                                 cinfer_dtype_name(w_type));
     }
+}
+
+extern "C" cinfer_status cinfer_cuda_mmvq(cudaStream_t stream,
+                                          cinfer_dtype w_type, const void *w,
+                                          int64_t n_out, const void *xq,
+                                          int32_t n, int64_t k, float *out)
+{
+    return cinfer_cuda_mmvq_set(stream, w_type, 1, &w, &n_out, xq, n, k,
+                                &out);
 }

@@ -47,6 +47,9 @@ extern "C" {
 /* Most activation rows the matrix-vector kernel takes. */
 #define CINFER_CUDA_MMVQ_MAX_ROWS 8
 
+/* Most weights one launch takes (cinfer_cuda_mmvq_set). */
+#define CINFER_CUDA_MMVQ_MAX_W 4
+
 /* out[r][o] = dot(x[r], w[o]) for r < n, o < n_out.
  * w: [n_out, k / 32] blocks of w_type (Q8_0, Q4_0 or Q4_1; GGML's layout),
  * 2-byte aligned; xq: [n, k / 32] cinfer_block_q8_1, 4-byte aligned;
@@ -54,6 +57,15 @@ extern "C" {
 cinfer_status cinfer_cuda_mmvq(cudaStream_t stream, cinfer_dtype w_type,
                                const void *w, int64_t n_out, const void *xq,
                                int32_t n, int64_t k, float *out);
+
+/* cinfer_cuda_mmvq for n_w (1..CINFER_CUDA_MMVQ_MAX_W) weights of one type
+ * that share the input xq (Q, K and V; gate and up), in one launch: out[i]
+ * = x * w[i]^T, [n, n_out[i]], each element the bits cinfer_cuda_mmvq
+ * gives it alone. */
+cinfer_status cinfer_cuda_mmvq_set(cudaStream_t stream, cinfer_dtype w_type,
+                                   int n_w, const void *const *w,
+                                   const int64_t *n_out, const void *xq,
+                                   int32_t n, int64_t k, float *const *out);
 
 #ifdef __cplusplus
 }

@@ -45,8 +45,9 @@
  *   - matmul for every weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_1) at
  *     n = 1, 7, 8, 9, 64 rows (decode kernels and tiled ones), several
  *     weights per call: float weights at n_in 769 and 5125, quantized ones
- *     at n_out 769 and 5125 (n_in must be whole blocks), and calls mixing
- *     types (activation formats);
+ *     at n_out 769 and 5125 (n_in must be whole blocks), calls mixing
+ *     types (activation formats), and runs of one quantized type (one
+ *     CUDA launch), each weight's bits equal to its own call's;
  *   - paged attention, GQA ratios 1, 3 and 4, F16 and F32 caches, head
  *     sizes 20..136, block sizes 2..16 with contexts that are not a multiple
  *     of them, block tables drawn from a shuffled pool (non-contiguous):
@@ -1897,6 +1898,21 @@ static void test_matmul(void)
     for (int ni = 1; ni < 5; ni += 3) { /* n = 7, 64 */
         matmul_case(ns[ni], 800, 4, mix_a, out_a, 1, salt++);
         matmul_case(ns[ni], 800, 2, mix_b, out_b, 1, salt++);
+    }
+    /* Runs of one quantized type (Q, K, V; gate and up) go to the CUDA
+     * matrix-vector kernel in one launch: each weight gives the bits it
+     * gives alone, whatever its place in the run. */
+    const cinfer_dtype run4[4] = {CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_1,
+                                  CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_1};
+    const cinfer_dtype run3[3] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q8_0,
+                                  CINFER_DTYPE_Q8_0};
+    const cinfer_dtype split[4] = {CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_0,
+                                   CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_0};
+    const int64_t out_q[3] = {96, 32, 32};
+    for (int ni = 0; ni < 3; ni += 2) { /* n = 1, 8 */
+        matmul_case(ns[ni], 800, 4, run4, out_a, 1, salt++);
+        matmul_case(ns[ni], 96, 3, run3, out_q, 1, salt++);
+        matmul_case(ns[ni], 800, 4, split, out_a, 1, salt++);
     }
     /* Batches of the int8-block types take the CPU's register-tiled
      * kernels: a row count and output widths off every tile, split over 1

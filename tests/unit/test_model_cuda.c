@@ -680,7 +680,7 @@ static void test_transient_fault_fails_the_step_only(void)
  * the step's metadata). Printed for the record; the per-layer count is
  * held to what the fused ops give (DECODE_LAUNCHES_PER_LAYER), so a change
  * that adds launches to every layer shows here. */
-#define DECODE_LAUNCHES_PER_LAYER 18
+#define DECODE_LAUNCHES_PER_LAYER 15
 static void test_decode_launches_per_layer(void)
 {
     long long step[2] = {0, 0};
