@@ -1707,18 +1707,21 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
         }
         const cinfer_rope_params *rope = L->window ? &rope_local
                                                    : &rope_global;
-        TRY(cinfer_backend_rope_ext(be, m->q, m->n_head_r, I->head_dim,
-                                    m->rot_dim, rope));
-        TRY(cinfer_backend_rope_ext(be, m->k, m->n_kv_r, I->head_dim,
-                                    m->rot_dim, rope));
-        if (m->q_prescale)
-            TRY(cinfer_backend_scale(be, m->q, scale));
-        if (m->n_swa && L->window) /* the window pool (swa tables) */
+        if (m->n_swa && L->window) { /* the window pool (swa tables) */
+            TRY(cinfer_backend_rope_ext(be, m->q, m->n_head_r, I->head_dim,
+                                        m->rot_dim, rope));
+            TRY(cinfer_backend_rope_ext(be, m->k, m->n_kv_r, I->head_dim,
+                                        m->rot_dim, rope));
             TRY(cinfer_backend_kv_store_swa(be, m->k, m->v, L->k_cache,
                                             L->v_cache));
-        else
-            TRY(cinfer_backend_kv_store(be, m->k, m->v, L->k_cache,
-                                        L->v_cache));
+        } else {
+            TRY(cinfer_backend_rope_kv_store(be, m->q, m->n_head_r, m->k,
+                                             m->n_kv_r, m->v, I->head_dim,
+                                             m->rot_dim, rope, L->k_cache,
+                                             L->v_cache));
+        }
+        if (m->q_prescale)
+            TRY(cinfer_backend_scale(be, m->q, scale));
         TRY(cinfer_backend_attention_window(be, m->q, L->k_cache, L->v_cache,
                                             m->n_head_r, m->n_kv_r,
                                             I->head_dim,
@@ -1745,13 +1748,15 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
             h = m->ho;
         }
         TRY(cinfer_backend_add_rms_norm(be, x, h, L->ffn_norm, I->norm_eps, h));
-        const cinfer_tensor *wgu[2] = {L->w_gate, L->w_up};
-        cinfer_tensor *ogu[2] = {m->gate, m->up};
-        TRY(cinfer_backend_matmul(be, 2, wgu, h, ogu));
-        if (m->arch->gemma)
+        if (m->arch->gemma) {
+            const cinfer_tensor *wgu[2] = {L->w_gate, L->w_up};
+            cinfer_tensor *ogu[2] = {m->gate, m->up};
+            TRY(cinfer_backend_matmul(be, 2, wgu, h, ogu));
             TRY(cinfer_backend_gelu_mul(be, m->gate, m->up, m->gate));
-        else
-            TRY(cinfer_backend_silu_mul(be, m->gate, m->up, m->gate));
+        } else {
+            TRY(cinfer_backend_matmul_silu_mul(be, L->w_gate, L->w_up, h,
+                                               m->gate, m->up));
+        }
         const cinfer_tensor *wd[1] = {L->w_down};
         cinfer_tensor *od[1] = {h};
         TRY(cinfer_backend_matmul(be, 1, wd, m->gate, od));

@@ -743,10 +743,11 @@ cinfer_status cinfer_backend_rms_norm(cinfer_backend *be, const cinfer_tensor *x
     return be->ops->rms_norm(be, x, w, eps, out);
 }
 
-cinfer_status cinfer_backend_matmul(cinfer_backend *be, int n_w,
-                                const cinfer_tensor *const *w,
-                                const cinfer_tensor *x,
-                                cinfer_tensor *const *out)
+/* matmul's checks. */
+static cinfer_status check_matmul(cinfer_backend *be, int n_w,
+                                  const cinfer_tensor *const *w,
+                                  const cinfer_tensor *x,
+                                  cinfer_tensor *const *out)
 {
     const char *op = "matmul";
     if (n_w < 1 || n_w > 4)
@@ -800,7 +801,38 @@ cinfer_status cinfer_backend_matmul(cinfer_backend *be, int n_w,
                                         "same tensor",
                                         j, i);
     }
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_matmul(cinfer_backend *be, int n_w,
+                                const cinfer_tensor *const *w,
+                                const cinfer_tensor *x,
+                                cinfer_tensor *const *out)
+{
+    TRY(check_matmul(be, n_w, w, x, out));
     return be->ops->matmul(be, n_w, w, x, out);
+}
+
+cinfer_status cinfer_backend_matmul_silu_mul(cinfer_backend *be,
+                                             const cinfer_tensor *w_gate,
+                                             const cinfer_tensor *w_up,
+                                             const cinfer_tensor *x,
+                                             cinfer_tensor *gate,
+                                             cinfer_tensor *up)
+{
+    const cinfer_tensor *w[2] = {w_gate, w_up};
+    cinfer_tensor *out[2] = {gate, up};
+    TRY(check_matmul(be, 2, w, x, out));
+    if (w_gate->desc.shape[0] != w_up->desc.shape[0])
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "matmul_silu_mul: w_gate has %lld rows and "
+                                "w_up %lld",
+                                (long long)w_gate->desc.shape[0],
+                                (long long)w_up->desc.shape[0]);
+    if (be->ops->matmul_silu_mul)
+        return be->ops->matmul_silu_mul(be, w_gate, w_up, x, gate, up);
+    TRY(be->ops->matmul(be, 2, w, x, out));
+    return be->ops->silu_mul(be, gate, up, gate);
 }
 
 cinfer_status cinfer_backend_add_bias(cinfer_backend *be, cinfer_tensor *x,
@@ -869,12 +901,12 @@ cinfer_status cinfer_backend_rope(cinfer_backend *be, cinfer_tensor *x,
     return cinfer_backend_rope_ext(be, x, n_heads, head_dim, rot_dim, &p);
 }
 
-cinfer_status cinfer_backend_rope_ext(cinfer_backend *be, cinfer_tensor *x,
-                                      int n_heads, int head_dim, int rot_dim,
-                                      const cinfer_rope_params *p)
+/* rope_ext's checks. */
+static cinfer_status check_rope(const char *op, const cinfer_backend *cb,
+                                const char *arg, const cinfer_tensor *x,
+                                int n_heads, int head_dim, int rot_dim,
+                                const cinfer_rope_params *p)
 {
-    const cinfer_backend *cb = be;
-    const char *op = "rope";
     TRY(need_step(op, cb));
     if (!p)
         return cinfer_set_error(CINFER_E_INVALID_ARG, "rope: params is NULL");
@@ -909,9 +941,16 @@ cinfer_status cinfer_backend_rope_ext(cinfer_backend *be, cinfer_tensor *x,
                                 "rope: mode %d is neither NORM (0) nor NEOX "
                                 "(2)",
                                 (int)p->mode);
-    TRY(need_f32_matrix(op, "x", x, cb->step.n_rows,
+    TRY(need_f32_matrix(op, arg, x, cb->step.n_rows,
                         (int64_t)n_heads * head_dim));
-    TRY(need_writable(op, "x", x));
+    return need_writable(op, arg, x);
+}
+
+cinfer_status cinfer_backend_rope_ext(cinfer_backend *be, cinfer_tensor *x,
+                                      int n_heads, int head_dim, int rot_dim,
+                                      const cinfer_rope_params *p)
+{
+    TRY(check_rope("rope", be, "x", x, n_heads, head_dim, rot_dim, p));
     return be->ops->rope(be, x, n_heads, head_dim, rot_dim, p);
 }
 
@@ -958,6 +997,29 @@ cinfer_status cinfer_backend_kv_store(cinfer_backend *be, const cinfer_tensor *k
                                   cinfer_tensor *v_cache)
 {
     TRY(check_kv_store("kv_store", be, k, v, k_cache, v_cache, be->max_slot));
+    return be->ops->kv_store(be, k, v, k_cache, v_cache);
+}
+
+cinfer_status cinfer_backend_rope_kv_store(
+    cinfer_backend *be, cinfer_tensor *q, int n_heads, cinfer_tensor *k,
+    int n_kv_heads, const cinfer_tensor *v, int head_dim, int rot_dim,
+    const cinfer_rope_params *p, cinfer_tensor *k_cache,
+    cinfer_tensor *v_cache)
+{
+    const char *op = "rope_kv_store";
+    TRY(check_rope(op, be, "q", q, n_heads, head_dim, rot_dim, p));
+    TRY(check_rope(op, be, "k", k, n_kv_heads, head_dim, rot_dim, p));
+    TRY(check_kv_store(op, be, k, v, k_cache, v_cache, be->max_slot));
+    if (q == k || q->data == k->data || k == v || k->data == v->data ||
+        q->data == v->data)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "rope_kv_store: q, k and v must be three "
+                                "tensors");
+    if (be->ops->rope_kv_store)
+        return be->ops->rope_kv_store(be, q, n_heads, k, n_kv_heads, v,
+                                      head_dim, rot_dim, p, k_cache, v_cache);
+    TRY(be->ops->rope(be, q, n_heads, head_dim, rot_dim, p));
+    TRY(be->ops->rope(be, k, n_kv_heads, head_dim, rot_dim, p));
     return be->ops->kv_store(be, k, v, k_cache, v_cache);
 }
 

@@ -234,6 +234,19 @@ cinfer_status cinfer_backend_matmul(cinfer_backend *be, int n_w,
                                     const cinfer_tensor *x,
                                     cinfer_tensor *const *out);
 
+/* The feed-forward block's gate and up products and SwiGLU:
+ * cinfer_backend_matmul of w_gate and w_up into gate and up, then
+ * cinfer_backend_silu_mul(gate, up, gate), the same bits; a backend may run
+ * them as one kernel (CUDA does for decode rows of a quantized type), and
+ * then leaves up unwritten: after the call gate holds the result and up
+ * nothing the caller may read. w_gate, w_up: [n_ff, n_in] of one shape. */
+cinfer_status cinfer_backend_matmul_silu_mul(cinfer_backend *be,
+                                             const cinfer_tensor *w_gate,
+                                             const cinfer_tensor *w_up,
+                                             const cinfer_tensor *x,
+                                             cinfer_tensor *gate,
+                                             cinfer_tensor *up);
+
 /* x[r] += b.  x: [n, d]; b: [d] F32. */
 cinfer_status cinfer_backend_add_bias(cinfer_backend *be, cinfer_tensor *x,
                                       const cinfer_tensor *b);
@@ -272,6 +285,16 @@ cinfer_status cinfer_backend_kv_store(cinfer_backend *be,
                                       const cinfer_tensor *v,
                                       cinfer_tensor *k_cache,
                                       cinfer_tensor *v_cache);
+
+/* The rotary embedding of q (n_heads) and k (n_kv_heads), both in place,
+ * then kv_store of the roped k and of v: the bits of rope_ext(q),
+ * rope_ext(k) and kv_store; a backend may run them as one kernel (CUDA
+ * does). q, k and v are three tensors. */
+cinfer_status cinfer_backend_rope_kv_store(
+    cinfer_backend *be, cinfer_tensor *q, int n_heads, cinfer_tensor *k,
+    int n_kv_heads, const cinfer_tensor *v, int head_dim, int rot_dim,
+    const cinfer_rope_params *p, cinfer_tensor *k_cache,
+    cinfer_tensor *v_cache);
 
 /* kv_store into the sliding-window layers' own pool, at the step's
  * swa_slots (which must be set). Optional: CINFER_E_UNSUPPORTED where a

@@ -167,6 +167,22 @@ struct cinfer_backend_ops {
                               const cinfer_tensor *up, cinfer_tensor *out);
     /* (optional) NULL: CINFER_E_UNSUPPORTED. */
     cinfer_status (*scale)(cinfer_backend *be, cinfer_tensor *x, float s);
+    /* (optional) matmul of gate and up, then silu_mul, the same bits
+     * (backend.h); NULL: backend.c runs the two ops. */
+    cinfer_status (*matmul_silu_mul)(cinfer_backend *be,
+                                     const cinfer_tensor *w_gate,
+                                     const cinfer_tensor *w_up,
+                                     const cinfer_tensor *x,
+                                     cinfer_tensor *gate, cinfer_tensor *up);
+    /* (optional) rope of q and k, then kv_store of k and v, the same bits
+     * as the three ops; NULL: backend.c runs them. */
+    cinfer_status (*rope_kv_store)(cinfer_backend *be, cinfer_tensor *q,
+                                   int n_heads, cinfer_tensor *k,
+                                   int n_kv_heads, const cinfer_tensor *v,
+                                   int head_dim, int rot_dim,
+                                   const cinfer_rope_params *p,
+                                   cinfer_tensor *k_cache,
+                                   cinfer_tensor *v_cache);
     /* (optional) add then rms_norm in one pass, the same bits as the two
      * ops; NULL: backend.c runs add, then rms_norm. */
     cinfer_status (*add_rms_norm)(cinfer_backend *be, cinfer_tensor *x,

@@ -490,6 +490,29 @@ static cinfer_status cuda_matmul(cinfer_backend *be, int n_w,
                                        cb->scratch_bytes, cb->invariant));
 }
 
+static cinfer_status cuda_matmul_silu_mul(cinfer_backend *be,
+                                          const cinfer_tensor *w_gate,
+                                          const cinfer_tensor *w_up,
+                                          const cinfer_tensor *x,
+                                          cinfer_tensor *gate,
+                                          cinfer_tensor *up)
+{
+    cuda_backend *cb = cu(be);
+    int32_t n = (int32_t)cinfer_tensor_rows(x);
+    int64_t k = cinfer_tensor_cols(x);
+    cinfer_status st = seen(cb, need_scratch(cb, cinfer_cuda_matmul_scratch_bytes(n, k)));
+    if (st != CINFER_OK)
+        return st;
+    cinfer_cuda_mm_weight mw[2] = {
+        {w_gate->desc.dtype, w_gate->data, w_gate->desc.shape[0], gate->data},
+        {w_up->desc.dtype, w_up->data, w_up->desc.shape[0], up->data},
+    };
+    return seen(cb, cinfer_cuda_matmul_silu_mul(cb->stream, cb->cublas, mw,
+                                                x->data, n, k, cb->scratch,
+                                                cb->scratch_bytes,
+                                                cb->invariant));
+}
+
 static cinfer_status cuda_add_bias(cinfer_backend *be, cinfer_tensor *x,
                                    const cinfer_tensor *b)
 {
@@ -530,6 +553,24 @@ static cinfer_status cuda_kv_store(cinfer_backend *be, const cinfer_tensor *k,
                                          k_cache->data, k_cache->desc.dtype,
                                          v_cache->data,
                                          v_cache->desc.dtype));
+}
+
+static cinfer_status cuda_rope_kv_store(cinfer_backend *be, cinfer_tensor *q,
+                                        int n_heads, cinfer_tensor *k,
+                                        int n_kv_heads, const cinfer_tensor *v,
+                                        int head_dim, int rot_dim,
+                                        const cinfer_rope_params *p,
+                                        cinfer_tensor *k_cache,
+                                        cinfer_tensor *v_cache)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_rope_kv_store(
+                        cb->stream, q->data, k->data, v->data,
+                        cb->d_positions, cb->d_slots, be->step.n_rows,
+                        n_heads, n_kv_heads, head_dim, rot_dim, p->theta,
+                        p->freq_scale, p->freq_factors, (int)p->mode,
+                        k_cache->data, k_cache->desc.dtype, v_cache->data,
+                        v_cache->desc.dtype));
 }
 
 static cinfer_status cuda_attention(cinfer_backend *be, const cinfer_tensor *q,
@@ -642,9 +683,11 @@ static const struct cinfer_backend_ops cuda_ops = {
     .matmul = cuda_matmul,
     .add_bias = cuda_add_bias,
     .add = cuda_add,
+    .matmul_silu_mul = cuda_matmul_silu_mul,
     .add_rms_norm = cuda_add_rms_norm,
     .rope = cuda_rope,
     .kv_store = cuda_kv_store,
+    .rope_kv_store = cuda_rope_kv_store,
     .attention = cuda_attention,
     .silu_mul = cuda_silu_mul,
     .gather_rows = cuda_gather_rows,

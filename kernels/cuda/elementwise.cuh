@@ -46,4 +46,15 @@ cinfer_status cinfer_cuda_silu_mul(cudaStream_t stream, const float *gate,
 #ifdef __cplusplus
 }
 #endif
+
+/* Device side, shared with mmvq.cu's fused gate-up product: silu(g) * u
+ * (expf, not the fast __expf). */
+#if defined(__cplusplus) && (defined(__CUDACC__) || defined(CINFER_CUDASIM))
+#include "kernels/cuda/cuda_compat.cuh"
+
+static __device__ __forceinline__ float cinfer_silu_mul(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
+}
+#endif
 #endif /* CINFER_CUDA_ELEMENTWISE_CUH */

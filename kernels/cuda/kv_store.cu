@@ -17,21 +17,6 @@
 #define THREADS 256
 #define MAX_BLOCKS 65535
 
-static __device__ __forceinline__ void store(float *p, float v) { *p = v; }
-
-static __device__ __forceinline__ void store(__half *p, float v)
-{
-    if (isnan(v)) {
-        /* the quiet NaN cinfer_fp32_to_fp16 writes, rather than the
-         * conversion's canonical one */
-        __half_raw h;
-        h.x = signbit(v) ? (unsigned short)0xfe00u : (unsigned short)0x7e00u;
-        *p = __half(h);
-    } else {
-        *p = __float2half_rn(v);
-    }
-}
-
 // Grid: (n, min(ceil(width / THREADS), MAX_BLOCKS)), block (THREADS).
 // KT, VT: float or __half, the caches' element types.
 template <typename KT, typename VT>
@@ -50,8 +35,8 @@ __global__ void kv_store_kernel(const float *__restrict__ k,       // [n, width]
     const int64_t stride = (int64_t)gridDim.y * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; i < width;
          i += stride) {
-        store(kc + i, kr[i]);
-        store(vc + i, vr[i]);
+        cinfer_kv_put(kc + i, kr[i]);
+        cinfer_kv_put(vc + i, vr[i]);
     }
 }
 

@@ -43,4 +43,28 @@ cinfer_status cinfer_cuda_kv_store(cudaStream_t stream, const float *k,
 #ifdef __cplusplus
 }
 #endif
+
+/* Device side, shared with rope.cu's fused rope and store: one element
+ * into a cache of float or __half. */
+#if defined(__cplusplus) && (defined(__CUDACC__) || defined(CINFER_CUDASIM))
+#include "kernels/cuda/cuda_compat.cuh"
+
+static __device__ __forceinline__ void cinfer_kv_put(float *p, float v)
+{
+    *p = v;
+}
+
+static __device__ __forceinline__ void cinfer_kv_put(__half *p, float v)
+{
+    if (isnan(v)) {
+        /* the quiet NaN cinfer_fp32_to_fp16 writes, rather than the
+         * conversion's canonical one */
+        __half_raw h;
+        h.x = signbit(v) ? (unsigned short)0xfe00u : (unsigned short)0x7e00u;
+        *p = __half(h);
+    } else {
+        *p = __float2half_rn(v);
+    }
+}
+#endif
 #endif /* CINFER_CUDA_KV_STORE_CUH */

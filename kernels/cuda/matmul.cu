@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense.cuh"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/quantize.cuh"
@@ -253,4 +254,37 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
             return st;
     }
     return CINFER_OK;
+}
+
+extern "C" cinfer_status cinfer_cuda_matmul_silu_mul(
+    cudaStream_t stream, cublasHandle_t cublas, const cinfer_cuda_mm_weight *w,
+    const float *x, int32_t n, int64_t k, void *scratch, size_t scratch_bytes,
+    int batch_invariant)
+{
+    cinfer_status st = check_args(cublas, 2, w, x, n, k, scratch,
+                                  scratch_bytes, batch_invariant);
+    if (st != CINFER_OK)
+        return st;
+    if (n <= CINFER_CUDA_MMVQ_MAX_ROWS && is_quantized(w[0].dtype) &&
+        w[1].dtype == w[0].dtype && w[1].n_out == w[0].n_out) {
+        const scratch_layout l = layout_for(n, k);
+        void *xq = (uint8_t *)scratch + l.q8_1;
+        st = cinfer_cuda_quantize_q8_1(stream, x, xq, n, k);
+        if (st != CINFER_OK)
+            return st;
+        return cinfer_cuda_mmvq_silu_mul(stream, w[0].dtype, w[0].data,
+                                         w[1].data, w[0].n_out, xq, n, k,
+                                         w[0].out);
+    }
+    if (w[1].n_out != w[0].n_out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul_silu_mul: gate n_out %lld != up "
+                                "n_out %lld",
+                                (long long)w[0].n_out, (long long)w[1].n_out);
+    st = cinfer_cuda_matmul(stream, cublas, 2, w, x, n, k, scratch,
+                            scratch_bytes, batch_invariant);
+    if (st != CINFER_OK)
+        return st;
+    return cinfer_cuda_silu_mul(stream, w[0].out, w[1].out, w[0].out,
+                                (int64_t)n * w[0].n_out);
 }

@@ -67,6 +67,19 @@ cinfer_status cinfer_cuda_matmul(cudaStream_t stream, cublasHandle_t cublas,
                                  void *scratch, size_t scratch_bytes,
                                  int batch_invariant);
 
+/* The gate and up products and SwiGLU after them: cinfer_cuda_matmul of
+ * w[0] (gate) and w[1] (up) followed by cinfer_cuda_silu_mul(w[0].out,
+ * w[1].out, w[0].out), the same bits. With n <= 8 rows and both weights of
+ * one quantized type and shape, one launch after the activations'
+ * quantization, and w[1].out is not written. */
+cinfer_status cinfer_cuda_matmul_silu_mul(cudaStream_t stream,
+                                          cublasHandle_t cublas,
+                                          const cinfer_cuda_mm_weight *w,
+                                          const float *x, int32_t n,
+                                          int64_t k, void *scratch,
+                                          size_t scratch_bytes,
+                                          int batch_invariant);
+
 /* Scratch cinfer_cuda_matmul needs for n rows of k inputs, whatever the
  * weight types (0 for n < 1 or k < 1). */
 size_t cinfer_cuda_matmul_scratch_bytes(int32_t n, int64_t k);

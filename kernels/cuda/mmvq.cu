@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_compat.cuh"
+#include "kernels/cuda/elementwise.cuh"
 
 #define MMVQ_WARPS 4
 #define MMVQ_THREADS (32 * MMVQ_WARPS)
@@ -35,38 +36,29 @@ struct mmvq_set {
     int nw;
 };
 
-// Grid: (sum of n_out), block (MMVQ_THREADS). CTA o of weight i computes
-// out_i[0..NR)[o]; every weight of the set takes the same code. Thread t
-// is slot t / 4 (blocks t / 4, t / 4 + 32, ...) and quarter t % 4 of each
-// block: qs ints q, q + 4 for Q8_0, nibble int q for Q4_x (elements 4q..4q+3
-// and 16+4q..16+4q+3), against activation ints q and q + 4.
+// One weight row against NR activation rows, by the CTA (MMVQ_THREADS):
+// thread t is slot t / 4 (blocks t / 4, t / 4 + 32, ...) and quarter t % 4
+// of each block: qs ints q, q + 4 for Q8_0, nibble int q for Q4_x
+// (elements 4q..4q+3 and 16+4q..16+4q+3), against activation ints q and
+// q + 4. The row's NR results land in v of warp 0's lane 0; every thread
+// of the CTA calls it (red is the CTA's shared scratch).
 template <cinfer_dtype T, int NR>
-__global__ void __launch_bounds__(MMVQ_THREADS)
-mmvq_kernel(const mmvq_set set,          // w_i: [n_out_i, nb * U16] of T,
-                                         // out_i: [NR, n_out_i]
-            const int *__restrict__ xq, // [NR, nb * 9] Q8_1 blocks
-            int64_t nb)
+static __device__ __forceinline__ void
+mmvq_row(const uint16_t *__restrict__ wrow, // [nb * U16] blocks of T
+         const int *__restrict__ xq,        // [NR, nb * 9] Q8_1 blocks
+         int64_t nb, float (&red)[MMVQ_WARPS][NR][8], float (&v)[NR])
 {
     typedef mm_block_traits<T> tr;
-    CINFER_SHARED(float, red, [MMVQ_WARPS][NR][8]);
-
     const int tid = (int)threadIdx.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
     const int slot = tid / MMVQ_LANES_PER_BLOCK; /* 8 * warp + lane / 4 */
     const int q = tid % MMVQ_LANES_PER_BLOCK;
-    int wi = 0;
-    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.start[wi + 1])
-        wi++;
-    const int64_t o = (int64_t)blockIdx.x - set.start[wi];
-    const int64_t n_out = set.n_out[wi];
-    float *__restrict__ out = set.out[wi];
-    const uint16_t *wrow = set.w[wi] + o * nb * tr::U16;
 
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
-        acc[r] = 0.0f;
+        acc[r] = v[r] = 0.0f; /* v: set below in warp 0 */
 
     /* b0 is uniform over the CTA, so every lane reaches the shuffles */
     for (int64_t b0 = 0; b0 < nb; b0 += CINFER_MM_SLOTS) {
@@ -125,14 +117,64 @@ mmvq_kernel(const mmvq_set set,          // w_i: [n_out_i, nb * U16] of T,
         const int g = lane % 8;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            float v = (red[0][r][g] + red[2][r][g]) +
+            float t = (red[0][r][g] + red[2][r][g]) +
                       (red[1][r][g] + red[3][r][g]);
-            v += __shfl_xor_sync(FULL_MASK, v, 4);
-            v += __shfl_xor_sync(FULL_MASK, v, 2);
-            v += __shfl_xor_sync(FULL_MASK, v, 1);
-            if (lane == 0)
-                out[r * n_out + o] = v;
+            t += __shfl_xor_sync(FULL_MASK, t, 4);
+            t += __shfl_xor_sync(FULL_MASK, t, 2);
+            t += __shfl_xor_sync(FULL_MASK, t, 1);
+            v[r] = t;
         }
+    }
+}
+
+// Grid: (sum of n_out), block (MMVQ_THREADS). CTA o of weight i computes
+// out_i[0..NR)[o]; every weight of the set takes the same code.
+template <cinfer_dtype T, int NR>
+__global__ void __launch_bounds__(MMVQ_THREADS)
+mmvq_kernel(const mmvq_set set,          // w_i: [n_out_i, nb * U16] of T,
+                                         // out_i: [NR, n_out_i]
+            const int *__restrict__ xq, // [NR, nb * 9] Q8_1 blocks
+            int64_t nb)
+{
+    typedef mm_block_traits<T> tr;
+    CINFER_SHARED(float, red, [MMVQ_WARPS][NR][8]);
+    int wi = 0;
+    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.start[wi + 1])
+        wi++;
+    const int64_t o = (int64_t)blockIdx.x - set.start[wi];
+    const int64_t n_out = set.n_out[wi];
+    float v[NR];
+    mmvq_row<T, NR>(set.w[wi] + o * nb * tr::U16, xq, nb, red, v);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            set.out[wi][r * n_out + o] = v[r];
+    }
+}
+
+// Grid: (n_out), block (MMVQ_THREADS). CTA o computes row o of the gate
+// and of the up weight as mmvq_kernel does, then out[r][o] = silu(gate) *
+// up as the silu_mul kernel does: the bits of the two launches and the
+// third, in one.
+template <cinfer_dtype T, int NR>
+__global__ void __launch_bounds__(MMVQ_THREADS)
+mmvq_glu_kernel(const uint16_t *__restrict__ wg, // [n_out, nb * U16] of T
+                const uint16_t *__restrict__ wu, // [n_out, nb * U16] of T
+                const int *__restrict__ xq,      // [NR, nb * 9] Q8_1 blocks
+                float *__restrict__ out,         // [NR, n_out]
+                int64_t n_out, int64_t nb)
+{
+    typedef mm_block_traits<T> tr;
+    CINFER_SHARED(float, red, [MMVQ_WARPS][NR][8]);
+    const int64_t o = blockIdx.x;
+    float g[NR], u[NR];
+    mmvq_row<T, NR>(wg + o * nb * tr::U16, xq, nb, red, g);
+    __syncthreads(); /* warp 0 has read red */
+    mmvq_row<T, NR>(wu + o * nb * tr::U16, xq, nb, red, u);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            out[r * n_out + o] = cinfer_silu_mul(g[r], u[r]);
     }
 }
 
@@ -222,6 +264,79 @@ extern "C" cinfer_status cinfer_cuda_mmvq_set(cudaStream_t stream,
         return launch_rows<CINFER_DTYPE_Q4_0>(stream, set, x32, n, nb);
     case CINFER_DTYPE_Q4_1:
         return launch_rows<CINFER_DTYPE_Q4_1>(stream, set, x32, n, nb);
+    default:
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "cuda matmul: mmvq w_type %s (Q8_0, Q4_0 or "
+                                "Q4_1)",
+                                cinfer_dtype_name(w_type));
+    }
+}
+
+template <cinfer_dtype T>
+static cinfer_status launch_glu(cudaStream_t stream, const uint16_t *wg,
+                                const uint16_t *wu, const int *xq, int32_t n,
+                                int64_t nb, float *out, int64_t n_out)
+{
+    const dim3 grid((unsigned)n_out), block(MMVQ_THREADS);
+    switch (n) {
+#define MMVQ_CASE(NR)                                                          \
+    case NR:                                                                   \
+        CINFER_LAUNCH((mmvq_glu_kernel<T, NR>), grid, block, 0, stream, wg,    \
+                      wu, xq, out, n_out, nb);                                 \
+        break;
+        MMVQ_CASE(1)
+        MMVQ_CASE(2)
+        MMVQ_CASE(3)
+        MMVQ_CASE(4)
+        MMVQ_CASE(5)
+        MMVQ_CASE(6)
+        MMVQ_CASE(7)
+        MMVQ_CASE(8)
+#undef MMVQ_CASE
+    default:
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+    }
+    CINFER_CUDA_TRY_LAUNCH("mmvq_glu_kernel");
+    return CINFER_OK;
+}
+
+extern "C" cinfer_status cinfer_cuda_mmvq_silu_mul(
+    cudaStream_t stream, cinfer_dtype w_type, const void *w_gate,
+    const void *w_up, int64_t n_out, const void *xq, int32_t n, int64_t k,
+    float *out)
+{
+    if (!w_gate || !w_up || !xq || !out || (uintptr_t)w_gate % 2 != 0 ||
+        (uintptr_t)w_up % 2 != 0 || (uintptr_t)xq % 4 != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq_silu_mul w_gate, w_up "
+                                "(2-byte aligned), xq (4-byte) and out must "
+                                "be set");
+    if (n_out < 1 || n_out > MAX_GRID_X)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq n_out = %lld out of range",
+                                (long long)n_out);
+    if (k < CINFER_QK || k % CINFER_QK != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq k = %lld (need a positive "
+                                "multiple of 32)",
+                                (long long)k);
+    if (n < 1 || n > CINFER_CUDA_MMVQ_MAX_ROWS)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+    const int64_t nb = k / CINFER_QK;
+    const uint16_t *g16 = (const uint16_t *)w_gate, *u16 = (const uint16_t *)w_up;
+    const int *x32 = (const int *)xq;
+    switch (w_type) {
+    case CINFER_DTYPE_Q8_0:
+        return launch_glu<CINFER_DTYPE_Q8_0>(stream, g16, u16, x32, n, nb, out,
+                                             n_out);
+    case CINFER_DTYPE_Q4_0:
+        return launch_glu<CINFER_DTYPE_Q4_0>(stream, g16, u16, x32, n, nb, out,
+                                             n_out);
+    case CINFER_DTYPE_Q4_1:
+        return launch_glu<CINFER_DTYPE_Q4_1>(stream, g16, u16, x32, n, nb, out,
+                                             n_out);
     default:
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
                                 "cuda matmul: mmvq w_type %s (Q8_0, Q4_0 or "

@@ -67,6 +67,15 @@ cinfer_status cinfer_cuda_mmvq_set(cudaStream_t stream, cinfer_dtype w_type,
                                    const int64_t *n_out, const void *xq,
                                    int32_t n, int64_t k, float *const *out);
 
+/* out = silu(x * w_gate^T) * (x * w_up^T), [n, n_out], in one launch, the
+ * bits of cinfer_cuda_mmvq_set on the two weights followed by
+ * cinfer_cuda_silu_mul (elementwise.cuh). */
+cinfer_status cinfer_cuda_mmvq_silu_mul(cudaStream_t stream,
+                                        cinfer_dtype w_type,
+                                        const void *w_gate, const void *w_up,
+                                        int64_t n_out, const void *xq,
+                                        int32_t n, int64_t k, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,17 @@ cinfer_status cinfer_cuda_rope(cudaStream_t stream, float *x,
                                int n_heads, int head_dim, int rot_dim,
                                float theta, float freq_scale,
                                const float *freq_factors, int mode);
+
+/* cinfer_cuda_rope of q (n_heads) and of k (n_kv_heads), then
+ * cinfer_cuda_kv_store of the roped k and of v, in one launch with the
+ * same bits: k: [n, n_kv_heads * head_dim], roped in place and stored with
+ * v at cache rows slots[r]; kdt / vdt F16 or F32 (kv_store.cuh). */
+cinfer_status cinfer_cuda_rope_kv_store(
+    cudaStream_t stream, float *q, float *k, const float *v,
+    const int32_t *positions, const int32_t *slots, int32_t n, int n_heads,
+    int n_kv_heads, int head_dim, int rot_dim, float theta, float freq_scale,
+    const float *freq_factors, int mode, void *k_cache, cinfer_dtype kdt,
+    void *v_cache, cinfer_dtype vdt);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,9 @@
  *     rms_norm per group (a weight of 128 or 37 over rows of 5 groups: the
  *     per-head Q/K norm), add_rms_norm bit for bit against add then
  *     rms_norm (widths 576, 769, 5120 and per group; out aliasing d or
- *     not: CUDA's one-launch kernel), silu over the whole float range,
+ *     not: CUDA's one-launch kernel), rope_kv_store bit for bit against
+ *     rope of q and k then kv_store (both modes, partial rotation, F16 and
+ *     F32 caches), silu over the whole float range,
  *     rope (NORM and
  *     NEOX, full and partial rotation, positions to 4095, with linear
  *     scaling and per-pair frequency factors, the CPU's cached table
@@ -47,7 +49,9 @@
  *     weights per call: float weights at n_in 769 and 5125, quantized ones
  *     at n_out 769 and 5125 (n_in must be whole blocks), calls mixing
  *     types (activation formats), and runs of one quantized type (one
- *     CUDA launch), each weight's bits equal to its own call's;
+ *     CUDA launch), each weight's bits equal to its own call's; the
+ *     gate-up product with SwiGLU (matmul_silu_mul, one CUDA launch for
+ *     decode rows) bit for bit against matmul then silu_mul;
  *   - paged attention, GQA ratios 1, 3 and 4, F16 and F32 caches, head
  *     sizes 20..136, block sizes 2..16 with contexts that are not a multiple
  *     of them, block tables drawn from a shuffled pool (non-contiguous):
@@ -1698,6 +1702,104 @@ static void test_kv_store(void)
     kv_store_case(1, 769);
 }
 
+/* rope_kv_store against rope_ext(q), rope_ext(k) and kv_store on the same
+ * backend: the same bits in q, k and both caches (CUDA runs one kernel). */
+static void rope_kv_case(cinfer_rope_mode mode, int n_heads, int n_kv,
+                         int hd, int rot, int f16)
+{
+    const int bs = 4, n_blocks = 6, n = 6;
+    const int64_t width = (int64_t)n_kv * hd, qw = (int64_t)n_heads * hd;
+    const cinfer_dtype dt = f16 ? CINFER_DTYPE_F16 : CINFER_DTYPE_F32;
+    float ff[64];
+    for (int i = 0; i < 64; i++)
+        ff[i] = 1.0f + (float)((i * 3) % 5) * 1.75f;
+    const cinfer_rope_params p = {.theta = 500000.0f, .freq_scale = 0.5f,
+                                  .freq_factors = ff, .mode = mode};
+    step_buf *sb = step_new();
+    step_init(sb, 2, bs);
+    sb->tables[0] = 4; /* seq 0: blocks 4, 1 */
+    sb->tables[1] = 1;
+    sb->tables[MAX_BLOCKS] = 3; /* seq 1: block 3 */
+    step_row(sb, 0, 2, 0);
+    step_row(sb, 1, 0, 0);
+    step_row(sb, 0, 3, 0);
+    step_row(sb, 0, 4, 0);
+    step_row(sb, 1, 1, 0);
+    step_row(sb, 0, 7, 0);
+    uint64_t seed = seed_for(77 + (uint64_t)(hd * 8 + rot + f16));
+    float *q = randv(n * qw, &seed, 4.0f);
+    float *k = randv(n * width, &seed, 4.0f);
+    float *v = randv(n * width, &seed, 4.0f);
+    for (int ci = 0; ci < g_n_factories; ci++) {
+        const factory *c = &g_factories[ci];
+        cinfer_backend *be = make_backend(c);
+        CHECK_OK(cinfer_backend_set_step(be, &sb->s));
+        cinfer_tensor *tq = tnew(be, CINFER_DTYPE_F32, 2, n, qw, 0, 0);
+        cinfer_tensor *tk = tnew(be, CINFER_DTYPE_F32, 2, n, width, 0, 0);
+        cinfer_tensor *tv = tnew(be, CINFER_DTYPE_F32, 2, n, width, 0, 0);
+        cinfer_tensor *kc = tnew(be, dt, 4, n_blocks, bs, n_kv, hd);
+        cinfer_tensor *vc = tnew(be, dt, 4, n_blocks, bs, n_kv, hd);
+        uint8_t *got[2][4];
+        size_t nb[4] = {tbytes(tq), tbytes(tk), tbytes(kc), tbytes(vc)};
+        for (int fused = 0; fused < 2; fused++) {
+            put(be, tq, q);
+            put(be, tk, k);
+            put(be, tv, v);
+            CHECK_OK(cinfer_backend_fill_zero(be, kc));
+            CHECK_OK(cinfer_backend_fill_zero(be, vc));
+            if (fused) {
+                CHECK_OK(cinfer_backend_rope_kv_store(be, tq, n_heads, tk,
+                                                      n_kv, tv, hd, rot, &p,
+                                                      kc, vc));
+            } else {
+                CHECK_OK(cinfer_backend_rope_ext(be, tq, n_heads, hd, rot, &p));
+                CHECK_OK(cinfer_backend_rope_ext(be, tk, n_kv, hd, rot, &p));
+                CHECK_OK(cinfer_backend_kv_store(be, tk, tv, kc, vc));
+            }
+            const cinfer_tensor *ts[4] = {tq, tk, kc, vc};
+            for (int t = 0; t < 4; t++) {
+                got[fused][t] = malloc(nb[t]);
+                get(be, ts[t], got[fused][t]);
+            }
+        }
+        static const char *names[4] = {"q", "k", "k_cache", "v_cache"};
+        for (int t = 0; t < 4; t++) {
+            int eq = memcmp(got[0][t], got[1][t], nb[t]) == 0;
+            if (!eq)
+                fprintf(stderr, "%s: rope_kv_store %s hd%d rot%d %s: %s "
+                        "differs from the three ops'\n",
+                        c->name, mode == CINFER_ROPE_NEOX ? "neox" : "norm",
+                        hd, rot, cinfer_dtype_name(dt), names[t]);
+            CHECK(eq);
+            free(got[0][t]);
+            free(got[1][t]);
+        }
+        /* q, k, v must be three tensors */
+        CHECK_EQ_INT(cinfer_backend_rope_kv_store(be, tk, n_kv, tk, n_kv, tv,
+                                                  hd, rot, &p, kc, vc),
+                     CINFER_E_INVALID_ARG);
+        CHECK(strstr(cinfer_last_error(), "rope_kv_store") != NULL);
+        cinfer_backend_tensor_destroy(be, tq);
+        cinfer_backend_tensor_destroy(be, tk);
+        cinfer_backend_tensor_destroy(be, tv);
+        cinfer_backend_tensor_destroy(be, kc);
+        cinfer_backend_tensor_destroy(be, vc);
+        cinfer_backend_destroy(be);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(sb);
+}
+
+static void test_rope_kv_store(void)
+{
+    rope_kv_case(CINFER_ROPE_NORM, 4, 2, 64, 64, 1);
+    rope_kv_case(CINFER_ROPE_NEOX, 6, 2, 40, 24, 0);
+    rope_kv_case(CINFER_ROPE_NEOX, 3, 3, 128, 128, 1);
+    rope_kv_case(CINFER_ROPE_NORM, 1, 1, 20, 20, 0);
+}
+
 /* ---------------------------------------------------------------------- */
 /* matmul                                                                  */
 /* ---------------------------------------------------------------------- */
@@ -1861,6 +1963,87 @@ static void matmul_case(int n, int64_t n_in, int n_w, const cinfer_dtype *dts,
         free(want[i]);
     }
     free(x);
+}
+
+/* matmul_silu_mul against matmul of the two weights then silu_mul, on
+ * the same backend: the same bits in gate (CUDA takes one launch for n <=
+ * 8 rows of a quantized type). */
+static void glu_case(cinfer_dtype dt, int n, int64_t n_in, int64_t n_ff,
+                     uint64_t salt)
+{
+    uint64_t seed = seed_for(salt);
+    float *x = randv(n * n_in, &seed, 2.0f);
+    size_t rb = cinfer_dtype_row_bytes(dt, n_in);
+    uint8_t *wb[2];
+    for (int i = 0; i < 2; i++) {
+        float *src = randv(n_ff * n_in, &seed, 0.5f);
+        wb[i] = malloc(rb * (size_t)n_ff);
+        for (int64_t o = 0; o < n_ff; o++)
+            cinfer_quantize_row(dt, src + o * n_in, wb[i] + o * rb, n_in);
+        free(src);
+    }
+    const int64_t ne = n * n_ff;
+    float *want = malloc(sizeof(float) * (size_t)ne);
+    float *got = malloc(sizeof(float) * (size_t)ne);
+    for (int ci = 0; ci < g_n_factories; ci++) {
+        const factory *c = &g_factories[ci];
+        cinfer_backend *be = make_backend(c);
+        cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, n, n_in, 0, 0);
+        put(be, tx, x);
+        const cinfer_tensor *tw[2];
+        cinfer_tensor *to[2];
+        for (int i = 0; i < 2; i++) {
+            tw[i] = wnew(be, dt, 2, n_ff, n_in, wb[i]);
+            to[i] = tnew(be, CINFER_DTYPE_F32, 2, n, n_ff, 0, 0);
+        }
+        CHECK_OK(cinfer_backend_matmul(be, 2, tw, tx, to));
+        CHECK_OK(cinfer_backend_silu_mul(be, to[0], to[1], to[0]));
+        get(be, to[0], want);
+        poison(be, to[0]);
+        poison(be, to[1]);
+        CHECK_OK(cinfer_backend_matmul_silu_mul(be, tw[0], tw[1], tx, to[0],
+                                                to[1]));
+        get(be, to[0], got);
+        int eq = memcmp(got, want, sizeof(float) * (size_t)ne) == 0;
+        if (!eq)
+            fprintf(stderr, "%s: matmul_silu_mul %s n%d n_in%lld n_ff%lld "
+                    "differs from matmul then silu_mul\n",
+                    c->name, cinfer_dtype_name(dt), n, (long long)n_in,
+                    (long long)n_ff);
+        CHECK(eq);
+        /* gate and up of different shapes are refused */
+        cinfer_tensor *t1 = tnew(be, CINFER_DTYPE_F32, 2, n, 1, 0, 0);
+        const cinfer_tensor *w1 = wnew(be, dt, 2, 1, n_in, wb[0]);
+        CHECK_EQ_INT(cinfer_backend_matmul_silu_mul(be, tw[0], w1, tx, to[0],
+                                                    t1),
+                     CINFER_E_INVALID_ARG);
+        CHECK(strstr(cinfer_last_error(), "matmul_silu_mul") != NULL);
+        cinfer_backend_tensor_destroy(be, (cinfer_tensor *)w1);
+        cinfer_backend_tensor_destroy(be, t1);
+        for (int i = 0; i < 2; i++) {
+            cinfer_backend_tensor_destroy(be, (cinfer_tensor *)tw[i]);
+            cinfer_backend_tensor_destroy(be, to[i]);
+        }
+        cinfer_backend_tensor_destroy(be, tx);
+        cinfer_backend_destroy(be);
+    }
+    free(want);
+    free(got);
+    free(wb[0]);
+    free(wb[1]);
+    free(x);
+}
+
+static void test_matmul_silu_mul(void)
+{
+    static const cinfer_dtype q[3] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
+                                      CINFER_DTYPE_Q4_1};
+    static const int ns[4] = {1, 5, 8, 9};
+    uint64_t salt = 4000;
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < 4; i++)
+            glu_case(q[t], ns[i], 800, 97, salt++);
+    glu_case(CINFER_DTYPE_F16, 3, 96, 40, salt++); /* the two ops */
 }
 
 static void test_matmul(void)
@@ -2859,6 +3042,7 @@ int main(void)
     RUN(test_embed);
     RUN(test_rowwise);
     RUN(test_add_rms_norm);
+    RUN(test_rope_kv_store);
     RUN(test_rms_norm_groups);
     RUN(test_rowwise_large);
     RUN(test_silu_range);
@@ -2866,6 +3050,7 @@ int main(void)
     RUN(test_rope);
     RUN(test_kv_store);
     RUN(test_matmul);
+    RUN(test_matmul_silu_mul);
     RUN(test_attention);
     RUN(test_gelu_scale);
     RUN(test_validation);

@@ -679,8 +679,12 @@ static void test_transient_fault_fails_the_step_only(void)
  * the step's work outside the layers (embedding, output norm and head,
  * the step's metadata). Printed for the record; the per-layer count is
  * held to what the fused ops give (DECODE_LAUNCHES_PER_LAYER), so a change
- * that adds launches to every layer shows here. */
-#define DECODE_LAUNCHES_PER_LAYER 15
+ * that adds launches to every layer shows here. A layer at a context of
+ * one attention partition: add_rms_norm; quantize, Q/K/V (one mmvq
+ * launch); rope_kv_store; attention; quantize, output projection;
+ * add_rms_norm; quantize, gate and up with SwiGLU (one launch); quantize,
+ * down projection (20 before the fusions). */
+#define DECODE_LAUNCHES_PER_LAYER 12
 static void test_decode_launches_per_layer(void)
 {
     long long step[2] = {0, 0};
