@@ -3,7 +3,8 @@
  * (cinfer_backend_cuda_params.batch_invariant): a sequence's logits are
  * bit-identical run alone and run beside other sequences, in one step
  * with their prefills (its own prompt split into chunks there) and in
- * decode steps of 2 and 7 rows of mixed lengths, for F32, F16, BF16
+ * decode steps of 2, 7, 64 and 200 rows of mixed lengths (1 to 44
+ * positions; 64 and 200 rows take the tiled kernels), for F32, F16, BF16
  * and Q4_1 weights; and the mode's logits agree with the CPU backend's
  * within test_model_cuda's bounds for each type (relative L2 of a step's
  * logits; F16 KV cache), so its float kernel (kernels/cuda/dense.cu) is
@@ -27,7 +28,8 @@
 
 #define BS 16      /* KV block size */
 #define MAXB 8     /* blocks per sequence */
-#define NSEQ 8     /* sequences in the cache */
+#define NSEQ 202   /* sequences in the cache: A twice, 200 others */
+#define MAXROWS 256 /* rows of a step */
 #define PROMPT 9   /* sequence A's prompt */
 #define DECODE 4   /* its decode steps */
 
@@ -40,7 +42,7 @@ static cinfer_model *open_cpu(const char *path)
     p.block_size = BS;
     p.n_kv_blocks = NSEQ * MAXB;
     p.max_seqs = NSEQ;
-    p.max_batch_rows = 128;
+    p.max_batch_rows = MAXROWS;
     cinfer_model *m = NULL;
     CHECK_OK(cinfer_model_create(&p, &m));
     return m;
@@ -72,7 +74,7 @@ static cinfer_model *open_model(const char *path, cinfer_backend **be)
     p.block_size = BS;
     p.n_kv_blocks = NSEQ * MAXB;
     p.max_seqs = NSEQ;
-    p.max_batch_rows = 128;
+    p.max_batch_rows = MAXROWS;
     cinfer_model *m = NULL;
     CHECK_OK(cinfer_model_create(&p, &m));
     return m;
@@ -81,8 +83,9 @@ static cinfer_model *open_model(const char *path, cinfer_backend **be)
 /* A step under construction: rows of several sequences, sequence s owning
  * blocks s * MAXB ... */
 typedef struct {
-    int32_t tok[128], pos[128], seq[128], slot[128], out[128];
-    uint8_t gen[128];
+    int32_t tok[MAXROWS], pos[MAXROWS], seq[MAXROWS], slot[MAXROWS],
+        out[MAXROWS];
+    uint8_t gen[MAXROWS];
     int32_t tables[NSEQ * MAXB];
     int n, n_out, n_seqs;
     int32_t seq_id[NSEQ]; /* step sequence index -> cache sequence */
@@ -182,11 +185,18 @@ static void run_together(cinfer_model *m, const int32_t *toks, int others,
     int oa = sb_rows(&b, 1, prompt_a + 4, 4, 5, 0, 1);
     sb_run(m, &b, scratch);
     memcpy(a_logits, scratch + (size_t)oa * V, sizeof(float) * (size_t)V);
-    /* the others' contexts: 13, 7 and 21 tokens so far, more per step */
-    int len[NSEQ] = {0, 0, 13, 7, 21, 3, 30, 17};
-    for (int s = 5; s < NSEQ; s++) {
+    /* the others' contexts: 13, 7 and 21 tokens so far, then 1 to 40,
+     * more per step */
+    int len[NSEQ] = {0, 0, 13, 7, 21};
+    for (int s = 5; s < NSEQ; s++)
+        len[s] = 1 + (s * 13) % 40;
+    /* the prefills of the ones that decode below, packed into steps */
+    for (int s = 5; s < 2 + others && s < NSEQ;) {
         sb_init(&b);
-        sb_rows(&b, s, filler, 0, len[s], 0, 1);
+        while (s < 2 + others && s < NSEQ && b.n + len[s] <= MAXROWS) {
+            sb_rows(&b, s, filler, 0, len[s], 0, 1);
+            s++;
+        }
         sb_run(m, &b, scratch);
     }
     for (int d = 0; d < DECODE; d++) {
@@ -229,11 +239,11 @@ static void check_type(cinfer_dtype wt, const char *name, double bound)
         int V = cinfer_model_get_info(m)->n_vocab;
         size_t sz = sizeof(float) * (size_t)(DECODE + 1) * (size_t)V;
         float *alone = malloc(sz), *tog = malloc(sz);
-        float *scratch = malloc(sizeof(float) * 16 * (size_t)V);
+        float *scratch = malloc(sizeof(float) * MAXROWS * (size_t)V);
         int32_t toks[DECODE];
         run_alone(m, alone, toks);
-        static const int others[] = {1, 6};
-        for (int i = 0; i < 2; i++) {
+        static const int others[] = {1, 6, 63, 199};
+        for (int i = 0; i < 4; i++) {
             run_together(m, toks, others[i], tog, scratch);
             int diff = -1;
             for (size_t j = 0; j < sz / sizeof(float) && diff < 0; j++)
@@ -246,7 +256,8 @@ static void check_type(cinfer_dtype wt, const char *name, double bound)
             CHECK_EQ_INT(diff, -1);
         }
         fprintf(stderr, "  %s: logits bit-identical alone and in steps of "
-                        "2 and 7 decode rows and chunked prefills\n",
+                        "2, 7, 64 and 200 decode rows and chunked "
+                        "prefills\n",
                 name);
         /* the CPU backend, same steps: close, and the same greedy path */
         cinfer_model *cpu = open_cpu(path);
