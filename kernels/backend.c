@@ -723,11 +723,11 @@ cinfer_status cinfer_backend_embed(cinfer_backend *be, const cinfer_tensor *tabl
     return be->ops->embed(be, table, out);
 }
 
-cinfer_status cinfer_backend_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
-                                  const cinfer_tensor *w, float eps,
-                                  cinfer_tensor *out)
+/* rms_norm's checks. */
+static cinfer_status check_rms_norm(const char *op, const cinfer_tensor *x,
+                                    const cinfer_tensor *w, float eps,
+                                    const cinfer_tensor *out)
 {
-    const char *op = "rms_norm";
     TRY(need_f32_matrix(op, "x", x, -1, -1));
     TRY(need_tensor(op, "w", w));
     /* w covers the row, or a group of elements that divides it */
@@ -738,8 +738,16 @@ cinfer_status cinfer_backend_rms_norm(cinfer_backend *be, const cinfer_tensor *x
     TRY(need_writable(op, "out", out));
     if (!(eps >= 0.0f) || isinf(eps))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "rms_norm: eps %g is not a finite value >= 0",
+                                "%s: eps %g is not a finite value >= 0", op,
                                 (double)eps);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_rms_norm(cinfer_backend *be, const cinfer_tensor *x,
+                                  const cinfer_tensor *w, float eps,
+                                  cinfer_tensor *out)
+{
+    TRY(check_rms_norm("rms_norm", x, w, eps, out));
     return be->ops->rms_norm(be, x, w, eps, out);
 }
 
@@ -868,24 +876,13 @@ cinfer_status cinfer_backend_add_rms_norm(cinfer_backend *be, cinfer_tensor *x,
                                           cinfer_tensor *out)
 {
     const char *op = "add_rms_norm";
-    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    TRY(check_rms_norm(op, x, w, eps, out));
     TRY(need_same_shape(op, "d", d, "x", x));
     TRY(need_writable(op, "x", x));
-    TRY(need_tensor(op, "w", w));
-    int64_t g = w->desc.n_dims == 1 ? w->desc.shape[0] : 0;
-    TRY(need_f32_vector(op, "w", w,
-                        g >= 1 && t_cols(x) % g == 0 ? g : t_cols(x)));
-    TRY(need_same_shape(op, "out", out, "x", x));
-    TRY(need_writable(op, "out", out));
     if (out == x || out->data == x->data)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "add_rms_norm: out must not alias x (x "
                                 "keeps the sum)");
-    if (!(eps >= 0.0f) || isinf(eps))
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "add_rms_norm: eps %g is not a finite value "
-                                ">= 0",
-                                (double)eps);
     if (be->ops->add_rms_norm)
         return be->ops->add_rms_norm(be, x, d, w, eps, out);
     TRY(be->ops->add(be, x, d, x));

@@ -467,26 +467,39 @@ static cinfer_status cuda_add_rms_norm(cinfer_backend *be, cinfer_tensor *x,
                                              cinfer_tensor_rows(x), cols));
 }
 
+/* The scratch of a matmul of x, and its weights as the kernels take them
+ * (mw[n_w]). */
+static cinfer_status mm_prepare(cuda_backend *cb, int n_w,
+                                const cinfer_tensor *const *w,
+                                const cinfer_tensor *x,
+                                cinfer_tensor *const *out,
+                                cinfer_cuda_mm_weight *mw)
+{
+    int32_t n = (int32_t)cinfer_tensor_rows(x);
+    int64_t k = cinfer_tensor_cols(x);
+    cinfer_status st = seen(cb, need_scratch(cb, cinfer_cuda_matmul_scratch_bytes(n, k)));
+    for (int i = 0; st == CINFER_OK && i < n_w; i++) {
+        mw[i].dtype = w[i]->desc.dtype;
+        mw[i].data = w[i]->data;
+        mw[i].n_out = w[i]->desc.shape[0];
+        mw[i].out = out[i]->data;
+    }
+    return st;
+}
+
 static cinfer_status cuda_matmul(cinfer_backend *be, int n_w,
                                  const cinfer_tensor *const *w,
                                  const cinfer_tensor *x,
                                  cinfer_tensor *const *out)
 {
     cuda_backend *cb = cu(be);
-    int32_t n = (int32_t)cinfer_tensor_rows(x);
-    int64_t k = cinfer_tensor_cols(x);
-    cinfer_status st = seen(cb, need_scratch(cb, cinfer_cuda_matmul_scratch_bytes(n, k)));
+    cinfer_cuda_mm_weight mw[4];
+    cinfer_status st = mm_prepare(cb, n_w, w, x, out, mw);
     if (st != CINFER_OK)
         return st;
-    cinfer_cuda_mm_weight mw[4];
-    for (int i = 0; i < n_w; i++) {
-        mw[i].dtype = w[i]->desc.dtype;
-        mw[i].data = w[i]->data;
-        mw[i].n_out = w[i]->desc.shape[0];
-        mw[i].out = out[i]->data;
-    }
     return seen(cb, cinfer_cuda_matmul(cb->stream, cb->cublas, n_w, mw,
-                                       x->data, n, k, cb->scratch,
+                                       x->data, (int32_t)cinfer_tensor_rows(x),
+                                       cinfer_tensor_cols(x), cb->scratch,
                                        cb->scratch_bytes, cb->invariant));
 }
 
@@ -498,15 +511,14 @@ static cinfer_status cuda_matmul_silu_mul(cinfer_backend *be,
                                           cinfer_tensor *up)
 {
     cuda_backend *cb = cu(be);
-    int32_t n = (int32_t)cinfer_tensor_rows(x);
-    int64_t k = cinfer_tensor_cols(x);
-    cinfer_status st = seen(cb, need_scratch(cb, cinfer_cuda_matmul_scratch_bytes(n, k)));
+    const cinfer_tensor *w[2] = {w_gate, w_up};
+    cinfer_tensor *out[2] = {gate, up};
+    cinfer_cuda_mm_weight mw[2];
+    cinfer_status st = mm_prepare(cb, 2, w, x, out, mw);
     if (st != CINFER_OK)
         return st;
-    cinfer_cuda_mm_weight mw[2] = {
-        {w_gate->desc.dtype, w_gate->data, w_gate->desc.shape[0], gate->data},
-        {w_up->desc.dtype, w_up->data, w_up->desc.shape[0], up->data},
-    };
+    int32_t n = (int32_t)cinfer_tensor_rows(x);
+    int64_t k = cinfer_tensor_cols(x);
     return seen(cb, cinfer_cuda_matmul_silu_mul(cb->stream, cb->cublas, mw,
                                                 x->data, n, k, cb->scratch,
                                                 cb->scratch_bytes,

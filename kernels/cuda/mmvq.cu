@@ -184,6 +184,15 @@ mmvq_glu_kernel(const uint16_t *__restrict__ wg, // [n_out, nb * U16] of T
 
 #define MAX_GRID_X 2147483647LL
 
+/* The activation row counts the kernels are made for: X(NR) for each. */
+#define MMVQ_FOR_ROWS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+
+static cinfer_status rows_unsupported(int32_t n)
+{
+    return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                            "cuda matmul: mmvq n = %d (1..8)", (int)n);
+}
+
 template <cinfer_dtype T>
 static cinfer_status launch_rows(cudaStream_t stream, const mmvq_set &set,
                                  const int *xq, int32_t n, int64_t nb)
@@ -195,18 +204,10 @@ static cinfer_status launch_rows(cudaStream_t stream, const mmvq_set &set,
         CINFER_LAUNCH((mmvq_kernel<T, NR>), grid, block, 0, stream, set, xq,   \
                       nb);                                                     \
         break;
-        MMVQ_CASE(1)
-        MMVQ_CASE(2)
-        MMVQ_CASE(3)
-        MMVQ_CASE(4)
-        MMVQ_CASE(5)
-        MMVQ_CASE(6)
-        MMVQ_CASE(7)
-        MMVQ_CASE(8)
+        MMVQ_FOR_ROWS(MMVQ_CASE)
 #undef MMVQ_CASE
     default:
-        return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+        return rows_unsupported(n);
     }
     CINFER_CUDA_TRY_LAUNCH("mmvq_kernel");
     return CINFER_OK;
@@ -284,18 +285,10 @@ static cinfer_status launch_glu(cudaStream_t stream, const uint16_t *wg,
         CINFER_LAUNCH((mmvq_glu_kernel<T, NR>), grid, block, 0, stream, wg,    \
                       wu, xq, out, n_out, nb);                                 \
         break;
-        MMVQ_CASE(1)
-        MMVQ_CASE(2)
-        MMVQ_CASE(3)
-        MMVQ_CASE(4)
-        MMVQ_CASE(5)
-        MMVQ_CASE(6)
-        MMVQ_CASE(7)
-        MMVQ_CASE(8)
+        MMVQ_FOR_ROWS(MMVQ_CASE)
 #undef MMVQ_CASE
     default:
-        return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+        return rows_unsupported(n);
     }
     CINFER_CUDA_TRY_LAUNCH("mmvq_glu_kernel");
     return CINFER_OK;

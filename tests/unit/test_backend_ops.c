@@ -1569,6 +1569,22 @@ static void test_rope(void)
 /* kv_store                                                                */
 /* ---------------------------------------------------------------------- */
 
+/* kv_store's step: 6 rows of two sequences (seq 0 in blocks 4, 1; seq 1 in
+ * block 3), out of order, in blocks of bs. */
+static void kv_step(step_buf *sb, int bs)
+{
+    step_init(sb, 2, bs);
+    sb->tables[0] = 4;
+    sb->tables[1] = 1;
+    sb->tables[MAX_BLOCKS] = 3;
+    step_row(sb, 0, 2, 0);
+    step_row(sb, 1, 0, 0);
+    step_row(sb, 0, 3, 0);
+    step_row(sb, 0, 4, 0);
+    step_row(sb, 1, 1, 0);
+    step_row(sb, 0, 7, 0);
+}
+
 static void kv_store_case(int n_kv, int hd)
 {
     const int bs = 4, n_blocks = 6, n = 6;
@@ -1577,16 +1593,7 @@ static void kv_store_case(int n_kv, int hd)
     for (int f16 = 0; f16 < 2; f16++) {
         cinfer_dtype dt = f16 ? CINFER_DTYPE_F16 : CINFER_DTYPE_F32;
         size_t es = f16 ? 2 : 4;
-        step_init(sb, 2, bs);
-        sb->tables[0] = 4; /* seq 0: blocks 4, 1 */
-        sb->tables[1] = 1;
-        sb->tables[MAX_BLOCKS] = 3; /* seq 1: block 3 */
-        step_row(sb, 0, 2, 0);
-        step_row(sb, 1, 0, 0);
-        step_row(sb, 0, 3, 0);
-        step_row(sb, 0, 4, 0);
-        step_row(sb, 1, 1, 0);
-        step_row(sb, 0, 7, 0);
+        kv_step(sb, bs);
         uint64_t seed = seed_for(3 + (uint64_t)(f16 * 1000 + hd));
         float *k = randv(n * width, &seed, 100.0f);
         float *v = randv(n * width, &seed, 0.01f);
@@ -1716,16 +1723,7 @@ static void rope_kv_case(cinfer_rope_mode mode, int n_heads, int n_kv,
     const cinfer_rope_params p = {.theta = 500000.0f, .freq_scale = 0.5f,
                                   .freq_factors = ff, .mode = mode};
     step_buf *sb = step_new();
-    step_init(sb, 2, bs);
-    sb->tables[0] = 4; /* seq 0: blocks 4, 1 */
-    sb->tables[1] = 1;
-    sb->tables[MAX_BLOCKS] = 3; /* seq 1: block 3 */
-    step_row(sb, 0, 2, 0);
-    step_row(sb, 1, 0, 0);
-    step_row(sb, 0, 3, 0);
-    step_row(sb, 0, 4, 0);
-    step_row(sb, 1, 1, 0);
-    step_row(sb, 0, 7, 0);
+    kv_step(sb, bs);
     uint64_t seed = seed_for(77 + (uint64_t)(hd * 8 + rot + f16));
     float *q = randv(n * qw, &seed, 4.0f);
     float *k = randv(n * width, &seed, 4.0f);
