@@ -60,6 +60,8 @@
  *     query tile); 257 sequences in one step, decode rows and 3-row prefill
  *     chunks interleaved, one with a 600-token context (decode split into
  *     partitions and reduced).
+ * On CUDA factories, the tensor-core building blocks (int8 mma m16n8k32,
+ * ldmatrix x4: kernels/cuda/mma.cuh) against the PTX ISA's semantics.
  * Bad arguments (dtype, shape, step indices, read-only outputs) return
  * CINFER_E_INVALID_ARG naming the op and leave the backend usable, on every
  * backend (the checks live in backend.c). CPU only: the ISAs and thread
@@ -74,6 +76,11 @@
 
 #include "harness.h"
 #include "kernels/backend.h"
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/mma.cuh"
+#endif
 
 /* ---------------------------------------------------------------------- */
 /* backend factories                                                        */
@@ -1790,6 +1797,92 @@ static void rope_kv_case(cinfer_rope_mode mode, int n_heads, int n_kv,
     free(sb);
 }
 
+/* The tensor-core building blocks (kernels/cuda/mma.cuh) on each CUDA
+ * factory, against a scalar reference of the PTX ISA's m16n8k32 .s8 and
+ * ldmatrix x4 semantics: under the harness that checks the emulation's
+ * fragment layouts, on a device the instructions themselves (and so that
+ * the two agree). */
+static void test_mma_fragments(void)
+{
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+    uint64_t seed = seed_for(909);
+    int8_t a[16 * 32], b[8 * 32];
+    int32_t c[16 * 8], d[16 * 8], perm[8];
+    uint16_t m[4 * 8 * 8];
+    uint32_t r[32 * 4];
+    for (int i = 0; i < 16 * 32; i++)
+        a[i] = (int8_t)(rand_below(&seed, 256) - 128);
+    for (int i = 0; i < 8 * 32; i++)
+        b[i] = (int8_t)(rand_below(&seed, 256) - 128);
+    a[0] = b[0] = -128; /* the extremes multiply exactly */
+    a[1] = b[1] = 127;
+    for (int i = 0; i < 16 * 8; i++)
+        c[i] = (int32_t)rand_below(&seed, 2000001) - 1000000;
+    for (int i = 0; i < 4 * 8 * 8; i++)
+        m[i] = (uint16_t)rand_below(&seed, 65536);
+    for (int i = 0; i < 8; i++)
+        perm[i] = i;
+    for (int i = 7; i > 0; i--) {
+        int j = (int)rand_below(&seed, (uint64_t)i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int fi = 0; fi < g_n_factories; fi++) {
+        const factory *f = &g_factories[fi];
+        if (f->kind != KIND_CUDA)
+            continue;
+        cinfer_backend *be = make_backend(f); /* selects the device */
+        void *da, *db, *dc, *dd, *dm, *dp, *dr;
+        CHECK_EQ_INT(cudaMalloc(&da, sizeof a), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&db, sizeof b), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&dc, sizeof c), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&dd, sizeof d), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&dm, sizeof m), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&dp, sizeof perm), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&dr, sizeof r), cudaSuccess);
+        cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+        cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+        cudaMemcpy(dc, c, sizeof c, cudaMemcpyHostToDevice);
+        cudaMemcpy(dm, m, sizeof m, cudaMemcpyHostToDevice);
+        cudaMemcpy(dp, perm, sizeof perm, cudaMemcpyHostToDevice);
+        CHECK_OK(cinfer_cuda_mma_check(0, da, db, dc, dd, dm, dp, dr));
+        memset(d, 0, sizeof d);
+        memset(r, 0, sizeof r);
+        cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost);
+        cudaMemcpy(r, dr, sizeof r, cudaMemcpyDeviceToHost);
+        int bad_d = 0, bad_r = 0;
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 8; j++) {
+                int64_t want = c[i * 8 + j];
+                for (int k = 0; k < 32; k++)
+                    want += (int64_t)a[i * 32 + k] * b[j * 32 + k];
+                bad_d += d[i * 8 + j] != (int32_t)want;
+            }
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < 4; i++) {
+                const uint16_t *row = m + (i * 8 + perm[l / 4]) * 8;
+                uint32_t want = (uint32_t)row[2 * (l % 4)] |
+                                (uint32_t)row[2 * (l % 4) + 1] << 16;
+                bad_r += r[l * 4 + i] != want;
+            }
+        if (bad_d || bad_r)
+            fprintf(stderr, "%s: mma m16n8k32 s8: %d of 128 outputs wrong; "
+                    "ldmatrix x4: %d of 128 registers wrong\n",
+                    f->name, bad_d, bad_r);
+        CHECK_EQ_INT(bad_d, 0);
+        CHECK_EQ_INT(bad_r, 0);
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dc);
+        cudaFree(dd);
+        cudaFree(dm);
+        cudaFree(dp);
+        cudaFree(dr);
+        cinfer_backend_destroy(be);
+    }
+#endif
+}
+
 static void test_rope_kv_store(void)
 {
     rope_kv_case(CINFER_ROPE_NORM, 4, 2, 64, 64, 1);
@@ -3041,6 +3134,7 @@ int main(void)
     RUN(test_rowwise);
     RUN(test_add_rms_norm);
     RUN(test_rope_kv_store);
+    RUN(test_mma_fragments);
     RUN(test_rms_norm_groups);
     RUN(test_rowwise_large);
     RUN(test_silu_range);

@@ -1,0 +1,154 @@
+/*
+ * mma.cuh - the tensor-core building blocks the batched kernels are to be
+ * written on: int8 mma.sync m16n8k32 and ldmatrix x4, as device functions
+ * that are the PTX instructions under nvcc (sm_80 and later) and, under
+ * the CUDA harness (tests/cudasim/), the same results from the PTX ISA's
+ * fragment layouts through warp shuffles (the harness's per-warp
+ * exchange; on a GPU older than sm_80 too), so a kernel that uses them is
+ * checked in CI like any other.
+ *
+ * Fragments of mma m16n8k32 .s8 (lane = the warp lane, gid = lane / 4,
+ * tid = lane % 4; four int8 in a register, the lowest k in the low byte):
+ *   A 16x32, row-major:  a[0] = A[gid][4 tid .. 4 tid + 3]
+ *                        a[1] = A[gid + 8][4 tid ..]
+ *                        a[2] = A[gid][16 + 4 tid ..]
+ *                        a[3] = A[gid + 8][16 + 4 tid ..]
+ *   B 32x8, column-major: b[0] = B[4 tid .. 4 tid + 3][gid]
+ *                         b[1] = B[16 + 4 tid ..][gid]
+ *   C, D 16x8 (int32):   d[0] = D[gid][2 tid], d[1] = D[gid][2 tid + 1],
+ *                        d[2] = D[gid + 8][2 tid], d[3] = D[gid + 8][2 tid + 1]
+ * ldmatrix .x4 .b16: lane l gives the address of row l % 8 of matrix l / 8
+ * (16 bytes, in shared memory); r[i] of lane l is then the two 16-bit
+ * elements (2 (l % 4), 2 (l % 4) + 1) of row l / 4 of matrix i.
+ *
+ * Every lane of the warp must call them together (mask 0xffffffff), as
+ * the instructions require.
+ *
+ *     unsigned a[4], b[2];  int d[4] = {0, 0, 0, 0};
+ *     cinfer_ldmatrix_x4(a, &tile_a[row_of_this_lane][col0]);
+ *     ...b from the activation tile...
+ *     cinfer_mma_s8_16832(d, a, b);   // d += A * B
+ *
+ * cinfer_cuda_mma_check (host) runs both on a device or the harness for
+ * the tests (test_backend_ops): one warp, one product and one load.
+ */
+#ifndef CINFER_CUDA_MMA_CUH
+#define CINFER_CUDA_MMA_CUH
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One warp on `stream`: d = A * B + C through cinfer_mma_s8_16832, with A
+ * [16][32] int8 row-major, B [8][32] int8 (column n, k contiguous), C and
+ * d [16][8] int32; and r [32][4] = cinfer_ldmatrix_x4 over m [4][8][8]
+ * uint16 (matrix, row, column) staged in shared memory, lane l pointing at
+ * row perm[l % 8] of matrix l / 8 (perm [8]: a permutation), so r[l][i] =
+ * m[i][perm[l / 4]][2 (l % 4)] | m[i][perm[l / 4]][2 (l % 4) + 1] << 16.
+ * Device pointers; synchronises the stream. */
+cinfer_status cinfer_cuda_mma_check(cudaStream_t stream, const int8_t *a,
+                                    const int8_t *b, const int32_t *c,
+                                    int32_t *d, const uint16_t *m,
+                                    const int32_t *perm, uint32_t *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#if defined(__cplusplus) && (defined(__CUDACC__) || defined(CINFER_CUDASIM))
+#include "kernels/cuda/cuda_compat.cuh"
+
+/* The lane of the calling thread in its warp (linear thread id % 32). */
+static __device__ __forceinline__ int cinfer_lane(void)
+{
+    return (int)((threadIdx.x + blockDim.x * (threadIdx.y +
+                                              blockDim.y * threadIdx.z)) %
+                 32u);
+}
+
+/* The instructions where the target has them (nvcc for sm_80 and later:
+ * mma m16n8k32 .s8 needs sm_80, ldmatrix sm_75); the shuffles elsewhere,
+ * on older targets as under the harness. */
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CINFER_MMA_PTX 1
+#else
+#define CINFER_MMA_PTX 0
+#endif
+
+/* The signed dot product of two registers of four int8, added to acc
+ * modulo 2^32 as the s32 accumulator does. */
+static __device__ __forceinline__ unsigned cinfer_mma_dot4(unsigned x,
+                                                           unsigned y,
+                                                           unsigned acc)
+{
+    for (int i = 0; i < 4; i++)
+        acc += (unsigned)((int)(int8_t)(x >> (8 * i)) *
+                          (int)(int8_t)(y >> (8 * i)));
+    return acc;
+}
+
+/* d += A * B over one warp's fragments (the layouts above). */
+static __device__ __forceinline__ void
+cinfer_mma_s8_16832(int (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2])
+{
+#if CINFER_MMA_PTX
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                   "r"(b[1]));
+#else
+    const unsigned full = 0xffffffffu;
+    const int lane = cinfer_lane(), gid = lane / 4, tid = lane % 4;
+    unsigned acc[4] = {(unsigned)d[0], (unsigned)d[1], (unsigned)d[2],
+                       (unsigned)d[3]};
+    /* k = 4q..4q+3 and 16+4q..: rows gid, gid + 8 from lane 4 gid + q,
+     * columns 2 tid, 2 tid + 1 from lanes 4 (2 tid) + q, 4 (2 tid + 1) + q */
+    for (int q = 0; q < 4; q++) {
+        unsigned ra[4], rb[2][2];
+        for (int i = 0; i < 4; i++)
+            ra[i] = __shfl_sync(full, a[i], 4 * gid + q);
+        for (int c = 0; c < 2; c++)
+            for (int i = 0; i < 2; i++)
+                rb[c][i] = __shfl_sync(full, b[i], 4 * (2 * tid + c) + q);
+        for (int c = 0; c < 2; c++) {
+            acc[c] = cinfer_mma_dot4(ra[0], rb[c][0],
+                                     cinfer_mma_dot4(ra[2], rb[c][1], acc[c]));
+            acc[2 + c] = cinfer_mma_dot4(
+                ra[1], rb[c][0], cinfer_mma_dot4(ra[3], rb[c][1], acc[2 + c]));
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        d[i] = (int)acc[i];
+#endif
+}
+
+/* Four 8x8 matrices of 16-bit elements from shared memory (p: this lane's
+ * row, 16-byte aligned), in the layout above. */
+static __device__ __forceinline__ void cinfer_ldmatrix_x4(unsigned (&r)[4],
+                                                          const void *p)
+{
+#if CINFER_MMA_PTX
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, "
+                 "[%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#else
+    const int lane = cinfer_lane();
+    const unsigned long long mine = (unsigned long long)(uintptr_t)p;
+    for (int i = 0; i < 4; i++) {
+        const unsigned long long row =
+            __shfl_sync(0xffffffffu, mine, 8 * i + lane / 4);
+        r[i] = *(const unsigned *)((const char *)(uintptr_t)row +
+                                   4 * (lane % 4));
+    }
+#endif
+}
+#endif
+#endif /* CINFER_CUDA_MMA_CUH */
