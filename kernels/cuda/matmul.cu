@@ -15,6 +15,9 @@
 #include "kernels/cuda/quantize.cuh"
 
 #define MM_MAX_WEIGHTS 4
+static_assert(MM_MAX_WEIGHTS <= CINFER_CUDA_MMVQ_MAX_W &&
+                  MM_MAX_WEIGHTS <= CINFER_CUDA_MMQ_MAX_W,
+              "a call's weights of one type fit one launch");
 #define SCRATCH_ALIGN 256
 
 /* Where each prepared copy of the input lives in the scratch. */
@@ -205,33 +208,29 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
 
     for (int i = 0; i < n_w; i++) {
         const cinfer_cuda_mm_weight *wi = &w[i];
-        if (is_quantized(wi->dtype) && n <= CINFER_CUDA_MMVQ_MAX_ROWS) {
+        if (is_quantized(wi->dtype)) {
             /* this weight and the next ones of its type: one launch */
-            const void *ws[CINFER_CUDA_MMVQ_MAX_W];
-            int64_t no[CINFER_CUDA_MMVQ_MAX_W];
-            float *os[CINFER_CUDA_MMVQ_MAX_W];
+            const void *ws[MM_MAX_WEIGHTS];
+            int64_t no[MM_MAX_WEIGHTS];
+            float *os[MM_MAX_WEIGHTS];
             int m = 0;
-            while (i + m < n_w && m < CINFER_CUDA_MMVQ_MAX_W &&
-                   w[i + m].dtype == wi->dtype) {
+            while (i + m < n_w && w[i + m].dtype == wi->dtype) {
                 ws[m] = w[i + m].data;
                 no[m] = w[i + m].n_out;
                 os[m] = w[i + m].out;
                 m++;
             }
-            st = cinfer_cuda_mmvq_set(stream, wi->dtype, m, ws, no, xq, n, k,
-                                      os);
+            st = n <= CINFER_CUDA_MMVQ_MAX_ROWS
+                     ? cinfer_cuda_mmvq_set(stream, wi->dtype, m, ws, no, xq,
+                                            n, k, os)
+                     : cinfer_cuda_mmq_set(stream, wi->dtype, m, ws, no, xq,
+                                           n, k, os);
             if (st != CINFER_OK)
                 return st;
             i += m - 1;
             continue;
         }
         switch (wi->dtype) {
-        case CINFER_DTYPE_Q8_0:
-        case CINFER_DTYPE_Q4_0:
-        case CINFER_DTYPE_Q4_1:
-            st = cinfer_cuda_mmq(stream, wi->dtype, wi->data, wi->n_out, xq,
-                                 n, k, wi->out);
-            break;
         case CINFER_DTYPE_F32:
         case CINFER_DTYPE_F16:
         case CINFER_DTYPE_BF16:

@@ -5,9 +5,9 @@
  * The model is ggml-cuda's mul_mat dispatch: F32 / F16 / BF16 weights go to
  * cuBLAS (cublasGemmEx, fp32 compute, the activations converted to the
  * weight's type); Q8_0 / Q4_0 / Q4_1 weights stay quantized and meet Q8_1
- * activations in cinfer_cuda_mmvq_set (n <= 8 rows; consecutive weights of
- * one type in one launch, as Q, K and V or gate and up are) or
- * cinfer_cuda_mmq (more rows, a launch a weight). `cublas` may be NULL
+ * activations in cinfer_cuda_mmvq_set (n <= 8 rows) or cinfer_cuda_mmq_set
+ * (more rows), consecutive weights of one type in one launch, as Q, K and
+ * V or gate and up are. `cublas` may be NULL
  * when no weight is F32, F16 or BF16. The two quantized kernels share one
  * reduction order (mmvq.cuh), so
  * a row's outputs over quantized weights do not depend on n. cuBLAS picks

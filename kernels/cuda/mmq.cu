@@ -6,6 +6,7 @@
 #include "kernels/cuda/mmq.cuh"
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_compat.cuh"
@@ -96,16 +97,27 @@ __device__ __forceinline__ void mmq_scatter_step(float *acc, int lane)
     }
 }
 
-// Grid: (ceil(n_out / MMQ_OUTS), ceil(n / MMQ_ROWS)), block (MMQ_THREADS).
-// CTA (bx, by) computes out[16 by .. +16)[16 bx .. +16); warp g takes rows
-// 4 (g % 4) .. +4 and weight rows 8 (g / 4) .. +8 of the tile, lane s block
-// s of every step (reduction slot s).
+/* The weights of one launch: column tiles [tiles[i], tiles[i + 1]) of the
+ * grid are weight i's, MMQ_OUTS rows each. */
+struct mmq_set {
+    const uint16_t *w[CINFER_CUDA_MMQ_MAX_W];
+    float *out[CINFER_CUDA_MMQ_MAX_W];
+    int64_t n_out[CINFER_CUDA_MMQ_MAX_W];
+    int64_t tiles[CINFER_CUDA_MMQ_MAX_W + 1];
+    int nw;
+};
+
+// Grid: (column tiles of every weight, ceil(n / MMQ_ROWS)), block
+// (MMQ_THREADS). CTA (bx, by), bx the t-th tile of weight i, computes
+// out_i[16 by .. +16)[16 t .. +16); warp g takes rows 4 (g % 4) .. +4 and
+// weight rows 8 (g / 4) .. +8 of the tile, lane s block s of every step
+// (reduction slot s). Every weight of the set takes the same code.
 template <cinfer_dtype T>
 __global__ void __launch_bounds__(MMQ_THREADS)
-mmq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
-           const int *__restrict__ xq,     // [n, nb * 9] Q8_1 blocks
-           float *__restrict__ out,        // [n, n_out]
-           int64_t n_out, int64_t n, int64_t nb)
+mmq_kernel(const mmq_set set,          // w_i: [n_out_i, nb * U16] of T,
+                                       // out_i: [n, n_out_i]
+           const int *__restrict__ xq, // [n, nb * 9] Q8_1 blocks
+           int64_t n, int64_t nb)
 {
     typedef mm_block_traits<T> tr;
     const int WW = mmq_smem<T>::WW;
@@ -116,7 +128,13 @@ mmq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
     const int warp = (int)threadIdx.x / 32;
     const int rg = warp % (MMQ_ROWS / MMQ_WROWS);
     const int og = warp / (MMQ_ROWS / MMQ_WROWS);
-    const int64_t o0 = (int64_t)blockIdx.x * MMQ_OUTS;
+    int wi = 0;
+    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.tiles[wi + 1])
+        wi++;
+    const uint16_t *__restrict__ w = set.w[wi];
+    float *__restrict__ out = set.out[wi];
+    const int64_t n_out = set.n_out[wi];
+    const int64_t o0 = ((int64_t)blockIdx.x - set.tiles[wi]) * MMQ_OUTS;
     const int64_t r0 = (int64_t)blockIdx.y * MMQ_ROWS;
 
     /* acc[i * 8 + j]: row 4 rg + i, weight row 8 og + j, slot `lane` */
@@ -206,22 +224,21 @@ mmq_kernel(const uint16_t *__restrict__ w, // [n_out, nb * U16] blocks of T
 
 #define MAX_GRID_X 2147483647LL
 
-extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,
-                                         cinfer_dtype w_type, const void *w,
-                                         int64_t n_out, const void *xq,
-                                         int32_t n, int64_t k, float *out)
+extern "C" cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream,
+                                             cinfer_dtype w_type, int n_w,
+                                             const void *const *w,
+                                             const int64_t *n_out,
+                                             const void *xq, int32_t n,
+                                             int64_t k, float *const *out)
 {
-    if (w == NULL || xq == NULL || out == NULL)
+    if (n_w < 1 || n_w > CINFER_CUDA_MMQ_MAX_W || !w || !n_out || !out)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq w, xq and out must be set");
-    if ((uintptr_t)w % 2 != 0 || (uintptr_t)xq % 4 != 0)
+                                "cuda matmul: mmq takes 1..%d weights, got %d",
+                                CINFER_CUDA_MMQ_MAX_W, n_w);
+    if (xq == NULL || (uintptr_t)xq % 4 != 0)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq w must be 2-byte and xq "
-                                "4-byte aligned");
-    if (n_out < 1 || (n_out + MMQ_OUTS - 1) / MMQ_OUTS > MAX_GRID_X)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq n_out = %lld out of range",
-                                (long long)n_out);
+                                "cuda matmul: mmq xq must be set and 4-byte "
+                                "aligned");
     if (n < 1 || n > CINFER_CUDA_MMQ_MAX_ROWS)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmq n = %d out of range", (int)n);
@@ -230,24 +247,43 @@ extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,
                                 "cuda matmul: mmq k = %lld (need a positive "
                                 "multiple of 32)",
                                 (long long)k);
+    mmq_set set;
+    memset(&set, 0, sizeof set);
+    set.nw = n_w;
+    for (int i = 0; i < n_w; i++) {
+        if (w[i] == NULL || out[i] == NULL || (uintptr_t)w[i] % 2 != 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda matmul: mmq w[%d] and out[%d] must "
+                                    "be set, w 2-byte aligned",
+                                    i, i);
+        const int64_t t = n_out[i] < 1 ? 0 : (n_out[i] + MMQ_OUTS - 1) / MMQ_OUTS;
+        if (t < 1 || t > MAX_GRID_X - set.tiles[i])
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda matmul: mmq n_out[%d] = %lld out "
+                                    "of range",
+                                    i, (long long)n_out[i]);
+        set.w[i] = (const uint16_t *)w[i];
+        set.out[i] = out[i];
+        set.n_out[i] = n_out[i];
+        set.tiles[i + 1] = set.tiles[i] + t;
+    }
     const int64_t nb = k / CINFER_QK;
-    const dim3 grid((unsigned)((n_out + MMQ_OUTS - 1) / MMQ_OUTS),
+    const dim3 grid((unsigned)set.tiles[n_w],
                     (unsigned)((n + MMQ_ROWS - 1) / MMQ_ROWS));
     const dim3 block(MMQ_THREADS);
-    const uint16_t *w16 = (const uint16_t *)w;
     const int *x32 = (const int *)xq;
     switch (w_type) {
     case CINFER_DTYPE_Q8_0:
         CINFER_LAUNCH(mmq_kernel<CINFER_DTYPE_Q8_0>, grid, block, 0, stream,
-                      w16, x32, out, n_out, (int64_t)n, nb);
+                      set, x32, (int64_t)n, nb);
         break;
     case CINFER_DTYPE_Q4_0:
         CINFER_LAUNCH(mmq_kernel<CINFER_DTYPE_Q4_0>, grid, block, 0, stream,
-                      w16, x32, out, n_out, (int64_t)n, nb);
+                      set, x32, (int64_t)n, nb);
         break;
     case CINFER_DTYPE_Q4_1:
         CINFER_LAUNCH(mmq_kernel<CINFER_DTYPE_Q4_1>, grid, block, 0, stream,
-                      w16, x32, out, n_out, (int64_t)n, nb);
+                      set, x32, (int64_t)n, nb);
         break;
     default:
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
@@ -257,4 +293,12 @@ extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,
     }
     CINFER_CUDA_TRY_LAUNCH("mmq_kernel");
     return CINFER_OK;
+}
+
+extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,
+                                         cinfer_dtype w_type, const void *w,
+                                         int64_t n_out, const void *xq,
+                                         int32_t n, int64_t k, float *out)
+{
+    return cinfer_cuda_mmq_set(stream, w_type, 1, &w, &n_out, xq, n, k, &out);
 }

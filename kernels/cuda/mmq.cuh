@@ -48,6 +48,17 @@ cinfer_status cinfer_cuda_mmq(cudaStream_t stream, cinfer_dtype w_type,
                               const void *w, int64_t n_out, const void *xq,
                               int32_t n, int64_t k, float *out);
 
+/* Most weights one launch takes (cinfer_cuda_mmq_set). */
+#define CINFER_CUDA_MMQ_MAX_W 4
+
+/* cinfer_cuda_mmq for n_w (1..CINFER_CUDA_MMQ_MAX_W) weights of one type
+ * that share the input xq, in one launch: out[i] = x * w[i]^T, [n,
+ * n_out[i]], each element the bits cinfer_cuda_mmq gives it alone. */
+cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream, cinfer_dtype w_type,
+                                  int n_w, const void *const *w,
+                                  const int64_t *n_out, const void *xq,
+                                  int32_t n, int64_t k, float *const *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2174,8 +2174,8 @@ static void test_matmul(void)
         matmul_case(ns[ni], 800, 2, mix_b, out_b, 1, salt++);
     }
     /* Runs of one quantized type (Q, K, V; gate and up) go to the CUDA
-     * matrix-vector kernel in one launch: each weight gives the bits it
-     * gives alone, whatever its place in the run. */
+     * matrix-vector or tiled kernel in one launch: each weight gives the
+     * bits it gives alone, whatever its place in the run. */
     const cinfer_dtype run4[4] = {CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_1,
                                   CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_1};
     const cinfer_dtype run3[3] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q8_0,
@@ -2183,7 +2183,7 @@ static void test_matmul(void)
     const cinfer_dtype split[4] = {CINFER_DTYPE_Q4_0, CINFER_DTYPE_Q4_0,
                                    CINFER_DTYPE_Q4_1, CINFER_DTYPE_Q4_0};
     const int64_t out_q[3] = {96, 32, 32};
-    for (int ni = 0; ni < 3; ni += 2) { /* n = 1, 8 */
+    for (int ni = 0; ni < 5; ni += 2) { /* n = 1, 8, 64 */
         matmul_case(ns[ni], 800, 4, run4, out_a, 1, salt++);
         matmul_case(ns[ni], 96, 3, run3, out_q, 1, salt++);
         matmul_case(ns[ni], 800, 4, split, out_a, 1, salt++);
