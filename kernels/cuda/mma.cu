@@ -13,62 +13,57 @@
 #include "kernels/cuda/cuda_compat.cuh"
 
 /* Four int8 at p (4-byte aligned) as one register. */
-static __device__ __forceinline__ unsigned ld_s8x4(const int8_t *p)
-{
-    return *(const unsigned *)p;
+static __device__ __forceinline__ unsigned ld_s8x4(const int8_t *p) {
+  return *(const unsigned *)p;
 }
 
 // Grid (1), block (32).
-__global__ void mma_check_kernel(const int8_t *__restrict__ a,   // [16][32]
-                                 const int8_t *__restrict__ b,   // [8][32]
-                                 const int32_t *__restrict__ c,  // [16][8]
-                                 int32_t *__restrict__ d,        // [16][8]
-                                 const uint16_t *__restrict__ m, // [4][8][8]
+__global__ void mma_check_kernel(const int8_t *__restrict__ a,     // [16][32]
+                                 const int8_t *__restrict__ b,     // [8][32]
+                                 const int32_t *__restrict__ c,    // [16][8]
+                                 int32_t *__restrict__ d,          // [16][8]
+                                 const uint16_t *__restrict__ m,   // [4][8][8]
                                  const int32_t *__restrict__ perm, // [8]
-                                 uint32_t *__restrict__ r)       // [32][4]
+                                 uint32_t *__restrict__ r)         // [32][4]
 {
-    CINFER_SHARED(uint4, rows, [32]); /* row j of matrix i at 8 i + j */
-    const int lane = (int)threadIdx.x, gid = lane / 4, tid = lane % 4;
-    uint16_t *mine = reinterpret_cast<uint16_t *>(&rows[lane]);
-    for (int e = 0; e < 8; e++)
-        mine[e] = m[lane * 8 + e];
-    __syncthreads();
-    unsigned got[4];
-    cinfer_ldmatrix_x4(got, &rows[(lane / 8) * 8 + perm[lane % 8]]);
-    for (int i = 0; i < 4; i++)
-        r[lane * 4 + i] = got[i];
+  CINFER_SHARED(uint4, rows, [32]); /* row j of matrix i at 8 i + j */
+  const int lane = (int)threadIdx.x, gid = lane / 4, tid = lane % 4;
+  uint16_t *mine = reinterpret_cast<uint16_t *>(&rows[lane]);
+  for (int e = 0; e < 8; e++)
+    mine[e] = m[lane * 8 + e];
+  __syncthreads();
+  unsigned got[4];
+  cinfer_ldmatrix_x4(got, &rows[(lane / 8) * 8 + perm[lane % 8]]);
+  for (int i = 0; i < 4; i++)
+    r[lane * 4 + i] = got[i];
 
-    unsigned fa[4], fb[2];
-    fa[0] = ld_s8x4(a + gid * 32 + 4 * tid);
-    fa[1] = ld_s8x4(a + (gid + 8) * 32 + 4 * tid);
-    fa[2] = ld_s8x4(a + gid * 32 + 16 + 4 * tid);
-    fa[3] = ld_s8x4(a + (gid + 8) * 32 + 16 + 4 * tid);
-    fb[0] = ld_s8x4(b + gid * 32 + 4 * tid);
-    fb[1] = ld_s8x4(b + gid * 32 + 16 + 4 * tid);
-    const int at[4] = {gid * 8 + 2 * tid, gid * 8 + 2 * tid + 1,
-                       (gid + 8) * 8 + 2 * tid, (gid + 8) * 8 + 2 * tid + 1};
-    int fd[4];
-    for (int i = 0; i < 4; i++)
-        fd[i] = c[at[i]];
-    cinfer_mma_s8_16832(fd, fa, fb);
-    for (int i = 0; i < 4; i++)
-        d[at[i]] = fd[i];
+  unsigned fa[4], fb[2];
+  fa[0] = ld_s8x4(a + gid * 32 + 4 * tid);
+  fa[1] = ld_s8x4(a + (gid + 8) * 32 + 4 * tid);
+  fa[2] = ld_s8x4(a + gid * 32 + 16 + 4 * tid);
+  fa[3] = ld_s8x4(a + (gid + 8) * 32 + 16 + 4 * tid);
+  fb[0] = ld_s8x4(b + gid * 32 + 4 * tid);
+  fb[1] = ld_s8x4(b + gid * 32 + 16 + 4 * tid);
+  const int at[4] = {gid * 8 + 2 * tid, gid * 8 + 2 * tid + 1,
+                     (gid + 8) * 8 + 2 * tid, (gid + 8) * 8 + 2 * tid + 1};
+  int fd[4];
+  for (int i = 0; i < 4; i++)
+    fd[i] = c[at[i]];
+  cinfer_mma_s8_16832(fd, fa, fb);
+  for (int i = 0; i < 4; i++)
+    d[at[i]] = fd[i];
 }
 
-extern "C" cinfer_status cinfer_cuda_mma_check(cudaStream_t stream,
-                                               const int8_t *a,
-                                               const int8_t *b,
-                                               const int32_t *c, int32_t *d,
-                                               const uint16_t *m,
-                                               const int32_t *perm,
-                                               uint32_t *r)
-{
-    if (!a || !b || !c || !d || !m || !perm || !r)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda mma_check: a pointer is NULL");
-    CINFER_LAUNCH(mma_check_kernel, dim3(1), dim3(32), 0, stream, a, b, c, d,
-                  m, perm, r);
-    CINFER_CUDA_TRY_LAUNCH("mma_check_kernel");
-    CINFER_CUDA_TRY(cudaStreamSynchronize(stream));
-    return CINFER_OK;
+extern "C" cinfer_status
+cinfer_cuda_mma_check(cudaStream_t stream, const int8_t *a, const int8_t *b,
+                      const int32_t *c, int32_t *d, const uint16_t *m,
+                      const int32_t *perm, uint32_t *r) {
+  if (!a || !b || !c || !d || !m || !perm || !r)
+    return cinfer_set_error(CINFER_E_INVALID_ARG,
+                            "cuda mma_check: a pointer is NULL");
+  CINFER_LAUNCH(mma_check_kernel, dim3(1), dim3(32), 0, stream, a, b, c, d, m,
+                perm, r);
+  CINFER_CUDA_TRY_LAUNCH("mma_check_kernel");
+  CINFER_CUDA_TRY(cudaStreamSynchronize(stream));
+  return CINFER_OK;
 }

@@ -64,11 +64,10 @@ cinfer_status cinfer_cuda_mma_check(cudaStream_t stream, const int8_t *a,
 #include "kernels/cuda/cuda_compat.cuh"
 
 /* The lane of the calling thread in its warp (linear thread id % 32). */
-static __device__ __forceinline__ int cinfer_lane(void)
-{
-    return (int)((threadIdx.x + blockDim.x * (threadIdx.y +
-                                              blockDim.y * threadIdx.z)) %
-                 32u);
+static __device__ __forceinline__ int cinfer_lane(void) {
+  return (int)((threadIdx.x +
+                blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) %
+               32u);
 }
 
 /* The instructions where the target has them (nvcc for sm_80 and later:
@@ -82,72 +81,68 @@ static __device__ __forceinline__ int cinfer_lane(void)
 
 /* The signed dot product of two registers of four int8, added to acc
  * modulo 2^32 as the s32 accumulator does. */
-static __device__ __forceinline__ unsigned cinfer_mma_dot4(unsigned x,
-                                                           unsigned y,
-                                                           unsigned acc)
-{
-    for (int i = 0; i < 4; i++)
-        acc += (unsigned)((int)(int8_t)(x >> (8 * i)) *
-                          (int)(int8_t)(y >> (8 * i)));
-    return acc;
+static __device__ __forceinline__ unsigned
+cinfer_mma_dot4(unsigned x, unsigned y, unsigned acc) {
+  for (int i = 0; i < 4; i++)
+    acc +=
+        (unsigned)((int)(int8_t)(x >> (8 * i)) * (int)(int8_t)(y >> (8 * i)));
+  return acc;
 }
 
 /* d += A * B over one warp's fragments (the layouts above). */
 static __device__ __forceinline__ void
-cinfer_mma_s8_16832(int (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2])
-{
+cinfer_mma_s8_16832(int (&d)[4], const unsigned (&a)[4],
+                    const unsigned (&b)[2]) {
 #if CINFER_MMA_PTX
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
-                   "r"(b[1]));
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                 "r"(b[1]));
 #else
-    const unsigned full = 0xffffffffu;
-    const int lane = cinfer_lane(), gid = lane / 4, tid = lane % 4;
-    unsigned acc[4] = {(unsigned)d[0], (unsigned)d[1], (unsigned)d[2],
-                       (unsigned)d[3]};
-    /* k = 4q..4q+3 and 16+4q..: rows gid, gid + 8 from lane 4 gid + q,
-     * columns 2 tid, 2 tid + 1 from lanes 4 (2 tid) + q, 4 (2 tid + 1) + q */
-    for (int q = 0; q < 4; q++) {
-        unsigned ra[4], rb[2][2];
-        for (int i = 0; i < 4; i++)
-            ra[i] = __shfl_sync(full, a[i], 4 * gid + q);
-        for (int c = 0; c < 2; c++)
-            for (int i = 0; i < 2; i++)
-                rb[c][i] = __shfl_sync(full, b[i], 4 * (2 * tid + c) + q);
-        for (int c = 0; c < 2; c++) {
-            acc[c] = cinfer_mma_dot4(ra[0], rb[c][0],
-                                     cinfer_mma_dot4(ra[2], rb[c][1], acc[c]));
-            acc[2 + c] = cinfer_mma_dot4(
-                ra[1], rb[c][0], cinfer_mma_dot4(ra[3], rb[c][1], acc[2 + c]));
-        }
-    }
+  const unsigned full = 0xffffffffu;
+  const int lane = cinfer_lane(), gid = lane / 4, tid = lane % 4;
+  unsigned acc[4] = {(unsigned)d[0], (unsigned)d[1], (unsigned)d[2],
+                     (unsigned)d[3]};
+  /* k = 4q..4q+3 and 16+4q..: rows gid, gid + 8 from lane 4 gid + q,
+   * columns 2 tid, 2 tid + 1 from lanes 4 (2 tid) + q, 4 (2 tid + 1) + q */
+  for (int q = 0; q < 4; q++) {
+    unsigned ra[4], rb[2][2];
     for (int i = 0; i < 4; i++)
-        d[i] = (int)acc[i];
+      ra[i] = __shfl_sync(full, a[i], 4 * gid + q);
+    for (int c = 0; c < 2; c++)
+      for (int i = 0; i < 2; i++)
+        rb[c][i] = __shfl_sync(full, b[i], 4 * (2 * tid + c) + q);
+    for (int c = 0; c < 2; c++) {
+      acc[c] = cinfer_mma_dot4(ra[0], rb[c][0],
+                               cinfer_mma_dot4(ra[2], rb[c][1], acc[c]));
+      acc[2 + c] = cinfer_mma_dot4(
+          ra[1], rb[c][0], cinfer_mma_dot4(ra[3], rb[c][1], acc[2 + c]));
+    }
+  }
+  for (int i = 0; i < 4; i++)
+    d[i] = (int)acc[i];
 #endif
 }
 
 /* Four 8x8 matrices of 16-bit elements from shared memory (p: this lane's
  * row, 16-byte aligned), in the layout above. */
 static __device__ __forceinline__ void cinfer_ldmatrix_x4(unsigned (&r)[4],
-                                                          const void *p)
-{
+                                                          const void *p) {
 #if CINFER_MMA_PTX
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, "
-                 "[%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, "
+               "[%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
 #else
-    const int lane = cinfer_lane();
-    const unsigned long long mine = (unsigned long long)(uintptr_t)p;
-    for (int i = 0; i < 4; i++) {
-        const unsigned long long row =
-            __shfl_sync(0xffffffffu, mine, 8 * i + lane / 4);
-        r[i] = *(const unsigned *)((const char *)(uintptr_t)row +
-                                   4 * (lane % 4));
-    }
+  const int lane = cinfer_lane();
+  const unsigned long long mine = (unsigned long long)(uintptr_t)p;
+  for (int i = 0; i < 4; i++) {
+    const unsigned long long row =
+        __shfl_sync(0xffffffffu, mine, 8 * i + lane / 4);
+    r[i] = *(const unsigned *)((const char *)(uintptr_t)row + 4 * (lane % 4));
+  }
 #endif
 }
 #endif
