@@ -116,17 +116,6 @@
 #include "tests/cudasim/cudasim_ctl.h"
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 /* Relative L2 bound of CUDA vs CPU logits: the coarsest rounding the
  * activations cross (header comment). */
 static double bound_for(cinfer_dtype wt, int kv_f32)

@@ -27,17 +27,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 #define BS 16      /* KV block size */
 #define MAXB 8     /* blocks per sequence */
 #define NSEQ 202   /* sequences in the cache: A twice, 200 others */
