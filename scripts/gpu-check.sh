@@ -12,13 +12,17 @@
 #      kernels, the CUDA backend, the engine without PCRE2, the GPU tests
 #      and tools) for this GPU's architecture;
 #   2. the backend tests on the device against the CPU backend and the
-#      float64 references (test_backend_ops, its CUDA factory), the model
+#      float64 references (test_backend_ops, its CUDA factory; with it the
+#      fused kernels bit for bit against the ops they replace, and the
+#      int8 mma / ldmatrix wrappers of kernels/cuda/mma.cuh against the
+#      PTX ISA's semantics, which checks the harness's emulation), the model
 #      tests (test_model_cuda: tiny random models, CUDA vs CPU logits and
 #      greedy tokens; test_model_tp_cuda: tensor parallelism through NCCL,
 #      here TP=1, the one NCCL check one GPU allows, bit for bit against
 #      the plain backend, and TP=2/3 where there are GPUs enough;
 #      test_model_invariant: batch-invariant mode, a sequence's logits
-#      alone and in mixed batches bit for bit), then compute-sanitizer
+#      alone and in decode batches of 2 to 200 rows bit for bit), then
+#      compute-sanitizer
 #      memcheck and racecheck over the backend tests where the tool runs;
 #   3. ceilings: device copy bandwidth and the cuBLAS BF16 GEMM rate,
 #      measured with PyTorch (bench/gpu_ceilings.py);
