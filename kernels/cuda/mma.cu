@@ -1,7 +1,8 @@
 /*
  * mma.cu - the check kernel of the tensor-core building blocks (mma.cuh):
  * one warp loads its fragments from global memory in the PTX layouts, runs
- * one int8 mma and one ldmatrix x4, and stores what it got, for the tests
+ * one int8 mma and one ldmatrix x4, each also in its shuffle form, and
+ * stores what it got, for the tests
  * to compare with a scalar reference (test_backend_ops, on the harness and
  * on a device).
  */
@@ -21,10 +22,10 @@ static __device__ __forceinline__ unsigned ld_s8x4(const int8_t *p) {
 __global__ void mma_check_kernel(const int8_t *__restrict__ a,     // [16][32]
                                  const int8_t *__restrict__ b,     // [8][32]
                                  const int32_t *__restrict__ c,    // [16][8]
-                                 int32_t *__restrict__ d,          // [16][8]
+                                 int32_t *__restrict__ d,          // [2][16][8]
                                  const uint16_t *__restrict__ m,   // [4][8][8]
                                  const int32_t *__restrict__ perm, // [8]
-                                 uint32_t *__restrict__ r)         // [32][4]
+                                 uint32_t *__restrict__ r)         // [2][32][4]
 {
   CINFER_SHARED(uint4, rows, [32]); /* row j of matrix i at 8 i + j */
   const int lane = (int)threadIdx.x, gid = lane / 4, tid = lane % 4;
@@ -32,10 +33,13 @@ __global__ void mma_check_kernel(const int8_t *__restrict__ a,     // [16][32]
   for (int e = 0; e < 8; e++)
     mine[e] = m[lane * 8 + e];
   __syncthreads();
-  unsigned got[4];
+  unsigned got[4], got_shfl[4];
   cinfer_ldmatrix_x4(got, &rows[(lane / 8) * 8 + perm[lane % 8]]);
-  for (int i = 0; i < 4; i++)
+  cinfer_ldmatrix_x4_shfl(got_shfl, &rows[(lane / 8) * 8 + perm[lane % 8]]);
+  for (int i = 0; i < 4; i++) {
     r[lane * 4 + i] = got[i];
+    r[128 + lane * 4 + i] = got_shfl[i];
+  }
 
   unsigned fa[4], fb[2];
   fa[0] = ld_s8x4(a + gid * 32 + 4 * tid);
@@ -46,12 +50,15 @@ __global__ void mma_check_kernel(const int8_t *__restrict__ a,     // [16][32]
   fb[1] = ld_s8x4(b + gid * 32 + 16 + 4 * tid);
   const int at[4] = {gid * 8 + 2 * tid, gid * 8 + 2 * tid + 1,
                      (gid + 8) * 8 + 2 * tid, (gid + 8) * 8 + 2 * tid + 1};
-  int fd[4];
+  int fd[4], fd_shfl[4];
   for (int i = 0; i < 4; i++)
-    fd[i] = c[at[i]];
+    fd[i] = fd_shfl[i] = c[at[i]];
   cinfer_mma_s8_16832(fd, fa, fb);
-  for (int i = 0; i < 4; i++)
+  cinfer_mma_s8_16832_shfl(fd_shfl, fa, fb);
+  for (int i = 0; i < 4; i++) {
     d[at[i]] = fd[i];
+    d[128 + at[i]] = fd_shfl[i];
+  }
 }
 
 extern "C" cinfer_status

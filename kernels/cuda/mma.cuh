@@ -3,9 +3,10 @@
  * written on: int8 mma.sync m16n8k32 and ldmatrix x4, as device functions
  * that are the PTX instructions under nvcc (sm_80 and later) and, under
  * the CUDA harness (tests/cudasim/), the same results from the PTX ISA's
- * fragment layouts through warp shuffles (the harness's per-warp
- * exchange; on a GPU older than sm_80 too), so a kernel that uses them is
- * checked in CI like any other.
+ * fragment layouts: each one warp-wide exchange of the harness (it
+ * computes the whole instruction from every lane's fragments); on a GPU
+ * older than sm_80, warp shuffles. A kernel that uses them is checked in
+ * CI like any other.
  *
  * Fragments of mma m16n8k32 .s8 (lane = the warp lane, gid = lane / 4,
  * tid = lane % 4; four int8 in a register, the lowest k in the low byte):
@@ -29,8 +30,9 @@
  *     ...b from the activation tile...
  *     cinfer_mma_s8_16832(d, a, b);   // d += A * B
  *
- * cinfer_cuda_mma_check (host) runs both on a device or the harness for
- * the tests (test_backend_ops): one warp, one product and one load.
+ * cinfer_cuda_mma_check (host) runs both, and their shuffle forms, on a
+ * device or the harness for the tests (test_backend_ops): one warp, one
+ * product and one load of each.
  */
 #ifndef CINFER_CUDA_MMA_CUH
 #define CINFER_CUDA_MMA_CUH
@@ -45,12 +47,14 @@ extern "C" {
 #endif
 
 /* One warp on `stream`: d = A * B + C through cinfer_mma_s8_16832, with A
- * [16][32] int8 row-major, B [8][32] int8 (column n, k contiguous), C and
- * d [16][8] int32; and r [32][4] = cinfer_ldmatrix_x4 over m [4][8][8]
- * uint16 (matrix, row, column) staged in shared memory, lane l pointing at
- * row perm[l % 8] of matrix l / 8 (perm [8]: a permutation), so r[l][i] =
+ * [16][32] int8 row-major, B [8][32] int8 (column n, k contiguous), C
+ * [16][8] int32; and r = cinfer_ldmatrix_x4 over m [4][8][8] uint16
+ * (matrix, row, column) staged in shared memory, lane l pointing at row
+ * perm[l % 8] of matrix l / 8 (perm [8]: a permutation), so r[l][i] =
  * m[i][perm[l / 4]][2 (l % 4)] | m[i][perm[l / 4]][2 (l % 4) + 1] << 16.
- * Device pointers; synchronises the stream. */
+ * d [2][16][8] and r [2][32][4]: [0] from the instruction (the harness's
+ * exchange under the harness), [1] from the shuffle forms. Device
+ * pointers; synchronises the stream. */
 cinfer_status cinfer_cuda_mma_check(cudaStream_t stream, const int8_t *a,
                                     const int8_t *b, const int32_t *c,
                                     int32_t *d, const uint16_t *m,
@@ -89,17 +93,12 @@ cinfer_mma_dot4(unsigned x, unsigned y, unsigned acc) {
   return acc;
 }
 
-/* d += A * B over one warp's fragments (the layouts above). */
+/* d += A * B over one warp's fragments (the layouts above), through warp
+ * shuffles: what cinfer_mma_s8_16832 is on a GPU older than sm_80; under
+ * the harness the check kernel (mma.cu) runs it beside the instruction. */
 static __device__ __forceinline__ void
-cinfer_mma_s8_16832(int (&d)[4], const unsigned (&a)[4],
-                    const unsigned (&b)[2]) {
-#if CINFER_MMA_PTX
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
-                 "r"(b[1]));
-#else
+cinfer_mma_s8_16832_shfl(int (&d)[4], const unsigned (&a)[4],
+                         const unsigned (&b)[2]) {
   const unsigned full = 0xffffffffu;
   const int lane = cinfer_lane(), gid = lane / 4, tid = lane % 4;
   unsigned acc[4] = {(unsigned)d[0], (unsigned)d[1], (unsigned)d[2],
@@ -122,6 +121,36 @@ cinfer_mma_s8_16832(int (&d)[4], const unsigned (&a)[4],
   }
   for (int i = 0; i < 4; i++)
     d[i] = (int)acc[i];
+}
+
+/* ldmatrix x4 through shuffles (p: this lane's row), for older GPUs. */
+static __device__ __forceinline__ void
+cinfer_ldmatrix_x4_shfl(unsigned (&r)[4], const void *p) {
+  const int lane = cinfer_lane();
+  const unsigned long long mine = (unsigned long long)(uintptr_t)p;
+  for (int i = 0; i < 4; i++) {
+    const unsigned long long row =
+        __shfl_sync(0xffffffffu, mine, 8 * i + lane / 4);
+    r[i] = *(const unsigned *)((const char *)(uintptr_t)row + 4 * (lane % 4));
+  }
+}
+
+/* d += A * B over one warp's fragments (the layouts above): the
+ * instruction on sm_80 and later, the harness's warp-wide exchange under
+ * the harness (tests/cudasim/cudasim.h), the shuffles elsewhere. */
+static __device__ __forceinline__ void
+cinfer_mma_s8_16832(int (&d)[4], const unsigned (&a)[4],
+                    const unsigned (&b)[2]) {
+#if CINFER_MMA_PTX
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                 "r"(b[1]));
+#elif defined(CINFER_CUDASIM)
+  cudasim_mma_s8_16832(d, a, b, __FILE__, __LINE__);
+#else
+  cinfer_mma_s8_16832_shfl(d, a, b);
 #endif
 }
 
@@ -135,14 +164,10 @@ static __device__ __forceinline__ void cinfer_ldmatrix_x4(unsigned (&r)[4],
                "[%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
+#elif defined(CINFER_CUDASIM)
+  cudasim_ldmatrix_x4(r, p, __FILE__, __LINE__);
 #else
-  const int lane = cinfer_lane();
-  const unsigned long long mine = (unsigned long long)(uintptr_t)p;
-  for (int i = 0; i < 4; i++) {
-    const unsigned long long row =
-        __shfl_sync(0xffffffffu, mine, 8 * i + lane / 4);
-    r[i] = *(const unsigned *)((const char *)(uintptr_t)row + 4 * (lane % 4));
-  }
+  cinfer_ldmatrix_x4_shfl(r, p);
 #endif
 }
 #endif

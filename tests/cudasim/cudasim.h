@@ -260,12 +260,27 @@ enum cudasim_warp_op {
     CUDASIM_REDUCE_XOR,
     CUDASIM_MATCH_ANY,
     CUDASIM_MATCH_ALL,
+    CUDASIM_MMA_S8_16832,
+    CUDASIM_LDMATRIX_X4,
 };
 /* Deposits `value` (raw bits), waits for the lanes of `mask`, returns this
  * lane's result bits. For shuffles `arg` is the source lane, delta or lane
  * mask; for __match_all_sync the result's bit 32 is the predicate. */
 unsigned long long cudasim_warp(int op, unsigned mask, unsigned long long value,
                                 int arg, int width, const char *file, int line);
+/* The tensor-core instructions kernels/cuda/mma.cuh wraps, as warp
+ * exchanges: every lane of the warp (all 32 must exist) deposits its
+ * fragments and the last to arrive computes the whole instruction from the
+ * PTX ISA's fragment layouts (mma.cuh lists them), so one exchange does
+ * what the instruction does. mma.sync m16n8k32 .s8.s8.s32: d += A * B
+ * (wrapping as the s32 accumulator does). ldmatrix .x4 .b16: each lane
+ * names one 16-byte row in shared memory (16-byte aligned, inside the
+ * block's shared memory; else the warp fails as for any bad warp operation)
+ * and gets its four registers. */
+void cudasim_mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2],
+                          const char *file, int line);
+void cudasim_ldmatrix_x4(unsigned r[4], const void *row, const char *file,
+                         int line);
 /* The lanes of this warp that have not exited (no synchronisation). */
 unsigned cudasim_activemask(void);
 /* __trap(): reports and fails the launch (sticky cudaErrorLaunchFailure). */

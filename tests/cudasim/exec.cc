@@ -435,6 +435,8 @@ const char *op_name(int op)
     case CUDASIM_ALL: return "__all_sync";
     case CUDASIM_MATCH_ANY: return "__match_any_sync";
     case CUDASIM_MATCH_ALL: return "__match_all_sync";
+    case CUDASIM_MMA_S8_16832: return "mma.sync.m16n8k32.s8";
+    case CUDASIM_LDMATRIX_X4: return "ldmatrix.x4";
     default: return "__reduce_*_sync";
     }
 }
@@ -931,6 +933,73 @@ static unsigned shfl_source(int op, unsigned lane, int arg, int width)
 
 /* Every lane of `need` has deposited: check they agree, compute each
  * lane's result and release them. */
+/* What a lane of mma.sync / ldmatrix deposits (cudasim_mma_s8_16832 and
+ * cudasim_ldmatrix_x4 below): the exchange's value is its address. */
+struct mma_frag {
+    unsigned a[4], b[2];
+    int *d;
+};
+struct ldm_frag {
+    const char *row;
+    unsigned *r;
+};
+
+/* mma.sync m16n8k32 .row.col .s8.s8.s32 for the warp, from the PTX ISA's
+ * fragment layouts (kernels/cuda/mma.cuh): lane l = 4 gid + tid holds
+ * A[gid][4 tid ..], A[gid + 8][4 tid ..], A[gid][16 + 4 tid ..],
+ * A[gid + 8][16 + 4 tid ..]; B[4 tid ..][gid], B[16 + 4 tid ..][gid]; and
+ * D[gid][2 tid], D[gid][2 tid + 1], D[gid + 8][2 tid], D[gid + 8][2 tid + 1]. */
+static void exchange_mma(const cthread *lanes)
+{
+    int8_t A[16][32], B[8][32]; /* B by column: B[n][k] */
+    for (unsigned l = 0; l < 32; l++) {
+        const mma_frag *f = reinterpret_cast<const mma_frag *>((uintptr_t)lanes[l].val);
+        unsigned gid = l / 4, tid = l % 4;
+        for (int e = 0; e < 4; e++) {
+            A[gid][4 * tid + e] = (int8_t)(f->a[0] >> (8 * e));
+            A[gid + 8][4 * tid + e] = (int8_t)(f->a[1] >> (8 * e));
+            A[gid][16 + 4 * tid + e] = (int8_t)(f->a[2] >> (8 * e));
+            A[gid + 8][16 + 4 * tid + e] = (int8_t)(f->a[3] >> (8 * e));
+            B[gid][4 * tid + e] = (int8_t)(f->b[0] >> (8 * e));
+            B[gid][16 + 4 * tid + e] = (int8_t)(f->b[1] >> (8 * e));
+        }
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        const mma_frag *f = reinterpret_cast<const mma_frag *>((uintptr_t)lanes[l].val);
+        unsigned gid = l / 4, tid = l % 4;
+        for (int e = 0; e < 4; e++) {
+            unsigned m = gid + 8 * (e >> 1), n = 2 * tid + (e & 1);
+            uint32_t acc = (uint32_t)f->d[e];
+            for (int k = 0; k < 32; k++)
+                acc += (uint32_t)((int)A[m][k] * (int)B[n][k]);
+            f->d[e] = (int)acc;
+        }
+    }
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane 8 i + j names row j of
+ * matrix i; lane l gets, in r[i], the 32-bit word l % 4 of row l / 4 of
+ * matrix i. */
+static void exchange_ldmatrix(worker *w, const cthread *lanes)
+{
+    size_t size = SMEM_OPTIN + 4096;
+    for (unsigned l = 0; l < 32; l++) {
+        const ldm_frag *f = reinterpret_cast<const ldm_frag *>((uintptr_t)lanes[l].val);
+        uintptr_t p = (uintptr_t)f->row, lo = (uintptr_t)w->arena;
+        if (p % 16 != 0 || p < lo || p + 16 > lo + size)
+            fail_warp(w, lanes[l], "row address %p is not a 16-byte aligned row of shared "
+                      "memory", (const void *)f->row);
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        const ldm_frag *f = reinterpret_cast<const ldm_frag *>((uintptr_t)lanes[l].val);
+        for (int i = 0; i < 4; i++) {
+            const ldm_frag *src = reinterpret_cast<const ldm_frag *>(
+                (uintptr_t)lanes[8 * i + l / 4].val);
+            memcpy(&f->r[i], src->row + 4 * (l % 4), 4);
+        }
+    }
+}
+
 static void complete_exchange(worker *w, unsigned warp, unsigned need, cthread *me)
 {
     cthread *lanes = &w->threads[warp * 32];
@@ -990,6 +1059,16 @@ static void complete_exchange(worker *w, unsigned warp, unsigned need, cthread *
         acc = all ? (need | (1ull << 32)) : 0;
         break;
     }
+    case CUDASIM_MMA_S8_16832:
+    case CUDASIM_LDMATRIX_X4:
+        if (need != 0xffffffffu)
+            fail_warp(w, *me, "needs all 32 lanes of the warp, mask 0x%08x (existing 0x%08x)",
+                      me->mask, ws.existing);
+        if (op == CUDASIM_MMA_S8_16832)
+            exchange_mma(lanes);
+        else
+            exchange_ldmatrix(w, lanes);
+        break;
     case CUDASIM_SYNCWARP: break;
     default: { /* __reduce_*_sync over 32-bit values */
         bool first = true;
@@ -1058,4 +1137,19 @@ unsigned long long cudasim_warp(int op, unsigned mask, unsigned long long value,
     }
     block_current(w, t);
     return t->result;
+}
+
+void cudasim_mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2], const char *file,
+                          int line)
+{
+    mma_frag f = {{a[0], a[1], a[2], a[3]}, {b[0], b[1]}, d};
+    cudasim_warp(CUDASIM_MMA_S8_16832, 0xffffffffu, (unsigned long long)(uintptr_t)&f, 0, 32,
+                 file, line);
+}
+
+void cudasim_ldmatrix_x4(unsigned r[4], const void *row, const char *file, int line)
+{
+    ldm_frag f = {static_cast<const char *>(row), r};
+    cudasim_warp(CUDASIM_LDMATRIX_X4, 0xffffffffu, (unsigned long long)(uintptr_t)&f, 0, 32,
+                 file, line);
 }

@@ -1807,9 +1807,9 @@ static void test_mma_fragments(void)
 #if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
     uint64_t seed = seed_for(909);
     int8_t a[16 * 32], b[8 * 32];
-    int32_t c[16 * 8], d[16 * 8], perm[8];
+    int32_t c[16 * 8], d[2 * 16 * 8], perm[8];
     uint16_t m[4 * 8 * 8];
-    uint32_t r[32 * 4];
+    uint32_t r[2 * 32 * 4];
     for (int i = 0; i < 16 * 32; i++)
         a[i] = (int8_t)(rand_below(&seed, 256) - 128);
     for (int i = 0; i < 8 * 32; i++)
@@ -1850,27 +1850,32 @@ static void test_mma_fragments(void)
         memset(r, 0, sizeof r);
         cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost);
         cudaMemcpy(r, dr, sizeof r, cudaMemcpyDeviceToHost);
-        int bad_d = 0, bad_r = 0;
-        for (int i = 0; i < 16; i++)
-            for (int j = 0; j < 8; j++) {
-                int64_t want = c[i * 8 + j];
-                for (int k = 0; k < 32; k++)
-                    want += (int64_t)a[i * 32 + k] * b[j * 32 + k];
-                bad_d += d[i * 8 + j] != (int32_t)want;
-            }
-        for (int l = 0; l < 32; l++)
-            for (int i = 0; i < 4; i++) {
-                const uint16_t *row = m + (i * 8 + perm[l / 4]) * 8;
-                uint32_t want = (uint32_t)row[2 * (l % 4)] |
-                                (uint32_t)row[2 * (l % 4) + 1] << 16;
-                bad_r += r[l * 4 + i] != want;
-            }
-        if (bad_d || bad_r)
-            fprintf(stderr, "%s: mma m16n8k32 s8: %d of 128 outputs wrong; "
-                    "ldmatrix x4: %d of 128 registers wrong\n",
-                    f->name, bad_d, bad_r);
-        CHECK_EQ_INT(bad_d, 0);
-        CHECK_EQ_INT(bad_r, 0);
+        /* [0]: the instruction (the harness's exchange); [1]: shuffles */
+        for (int form = 0; form < 2; form++) {
+            int bad_d = 0, bad_r = 0;
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 8; j++) {
+                    int64_t want = c[i * 8 + j];
+                    for (int k = 0; k < 32; k++)
+                        want += (int64_t)a[i * 32 + k] * b[j * 32 + k];
+                    bad_d += d[form * 128 + i * 8 + j] != (int32_t)want;
+                }
+            for (int l = 0; l < 32; l++)
+                for (int i = 0; i < 4; i++) {
+                    const uint16_t *row = m + (i * 8 + perm[l / 4]) * 8;
+                    uint32_t want = (uint32_t)row[2 * (l % 4)] |
+                                    (uint32_t)row[2 * (l % 4) + 1] << 16;
+                    bad_r += r[form * 128 + l * 4 + i] != want;
+                }
+            if (bad_d || bad_r)
+                fprintf(stderr, "%s (%s): mma m16n8k32 s8: %d of 128 "
+                        "outputs wrong; ldmatrix x4: %d of 128 registers "
+                        "wrong\n",
+                        f->name, form ? "shuffles" : "instruction", bad_d,
+                        bad_r);
+            CHECK_EQ_INT(bad_d, 0);
+            CHECK_EQ_INT(bad_r, 0);
+        }
         cudaFree(da);
         cudaFree(db);
         cudaFree(dc);
