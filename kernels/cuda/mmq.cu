@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_compat.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/mmvq.cuh"
 
 #define MMQ_ROWS 16 /* activation rows per CTA */
@@ -219,18 +220,284 @@ mmq_kernel(const mmq_set set,          // w_i: [n_out_i, nb * U16] of T,
 }
 
 /* ---------------------------------------------------------------------- */
+/* kernel on int8 tensor cores                                             */
+/* ---------------------------------------------------------------------- */
+
+#define MMA_OUTS 64 /* weight rows per CTA: 4 m-tiles of 16 */
+#define MMA_ROWS 32 /* activation rows per CTA: 2 x 2 n-tiles of 8 */
+#define MMA_WARPS 8
+#define MMA_THREADS (32 * MMA_WARPS)
+#define MMA_SB 8  /* blocks staged per step */
+#define MMA_OUT 8 /* outputs per thread: 2 n-tiles x 4 */
+
+/* Slot s of the reduction (block b in slot b % 32) comes r-th in the
+ * kernel's walk over k, s = the 5-bit reversal of r: then the slot tree's
+ * pairs (slot bit 4 first, mmvq.cuh) are neighbours in the walk and a
+ * finished slot folds into a binary counter of 5 partial sums. */
+__device__ __forceinline__ int mma_slot(int r)
+{
+    return (int)(__brev((unsigned)r) >> 27);
+}
+
+/* Folds slot r's sums v[] into the counter stk[level][]: the pending
+ * partial of every level where r has a 1 bit is added (the tree's pair),
+ * and the result waits at the first level where r has a 0 bit, or, for
+ * r = 31, is the whole tree (left in v). */
+__device__ __forceinline__ void mma_fold(float (&stk)[5][MMA_OUT],
+                                         float (&v)[MMA_OUT], int r)
+{
+#pragma unroll
+    for (int l = 0; l < 5; l++) {
+        if (!((r >> l) & 1))
+            break;
+#pragma unroll
+        for (int e = 0; e < MMA_OUT; e++)
+            v[e] = stk[l][e] + v[e];
+    }
+    const int level = __ffs(~r) - 1; /* r's trailing ones */
+#pragma unroll
+    for (int l = 0; l < 5; l++)
+        if (l == level) {
+#pragma unroll
+            for (int e = 0; e < MMA_OUT; e++)
+                stk[l][e] = v[e];
+        }
+}
+
+/* Four Q4_0 nibbles (0..15, one a byte) less 8, as int8: per byte
+ * (x | 0x80) - 8 stays in 120..135 (no borrow), and the flip of bit 7
+ * makes it x - 8. */
+__device__ __forceinline__ unsigned mma_s4(unsigned x)
+{
+    return ((x | 0x80808080u) - 0x08080808u) ^ 0x80808080u;
+}
+
+// Grid: (column tiles of MMA_OUTS of every weight, ceil(n / MMA_ROWS)),
+// block (MMA_THREADS). CTA (bx, by), bx the t-th tile of weight i, computes
+// out_i[32 by .. +32)[64 t .. +64); warp g takes the 16 weight rows
+// 16 (g % 4) .. of the tile (one m-tile of mma m16n8k32) and the 16
+// activation rows 16 (g / 4) .. (two n-tiles), so a thread holds 8
+// outputs. One mma is one block of 32 along k: its int32 results are the
+// blocks' integer dot products, exact as dp4a's, and each becomes a float
+// term through mm_block_acc. The CTA walks k slot by slot (mma_slot),
+// each slot's blocks in increasing b, MMA_SB blocks staged in shared
+// memory a step; a slot's sum folds into the counter (mma_fold) when its
+// last block is in, an empty slot's (nb < 32) as 0. Every output element
+// therefore gets the float operations of mmq_kernel and mmvq, in their
+// order: the same bits.
+template <cinfer_dtype T>
+__global__ void __launch_bounds__(MMA_THREADS)
+mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
+               const int *__restrict__ xq, // [n, nb * 9] Q8_1 blocks
+               int64_t n, int64_t nb)
+{
+    typedef mm_block_traits<T> tr;
+    enum { WW = mmq_smem<T>::WW };
+    CINFER_SHARED(int, ws, [MMA_SB * MMA_OUTS * mmq_smem<T>::WW]);
+    CINFER_SHARED(int, xs, [MMA_SB * MMA_ROWS * CINFER_MM_Q8_1_WORDS]);
+
+    const int tidx = (int)threadIdx.x;
+    const int lane = tidx % 32, warp = tidx / 32;
+    const int gid = lane / 4, tid = lane % 4;
+    const int wm = warp % 4, wn = warp / 4;
+    int wi = 0;
+    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.tiles[wi + 1])
+        wi++;
+    const uint16_t *__restrict__ w = set.w[wi];
+    float *__restrict__ out = set.out[wi];
+    const int64_t n_out = set.n_out[wi];
+    const int64_t o0 = ((int64_t)blockIdx.x - set.tiles[wi]) * MMA_OUTS;
+    const int64_t r0 = (int64_t)blockIdx.y * MMA_ROWS;
+
+    /* cur[4 t + e]: the running slot's sum of d[e] of n-tile t */
+    float cur[MMA_OUT], stk[5][MMA_OUT];
+#pragma unroll
+    for (int e = 0; e < MMA_OUT; e++) {
+        cur[e] = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 5; l++)
+            stk[l][e] = 0.0f;
+    }
+
+    /* The walk's cursor: the next block is b of slot mma_slot(r); b >= nb
+     * once the slot is done. Uniform across the CTA. */
+    int r = 0;
+    int64_t b = 0;
+    for (;;) {
+        while (r < 32 && b >= nb) { /* finished or empty slots */
+            mma_fold(stk, cur, r);
+            if (++r == 32)
+                break; /* the fold of slot 31 left the whole tree in cur */
+#pragma unroll
+            for (int e = 0; e < MMA_OUT; e++)
+                cur[e] = 0.0f;
+            b = mma_slot(r);
+        }
+        if (r == 32)
+            break;
+
+        /* the step's blocks: the next MMA_SB of the walk (-1: none) */
+        int64_t lst[MMA_SB];
+        int cnt = 0;
+        {
+            int r2 = r;
+            int64_t b2 = b;
+#pragma unroll
+            for (int j = 0; j < MMA_SB; j++) {
+                while (r2 < 32 && b2 >= nb) {
+                    r2++;
+                    b2 = r2 < 32 ? mma_slot(r2) : nb;
+                }
+                lst[j] = r2 < 32 ? b2 : -1;
+                cnt += r2 < 32;
+                b2 += CINFER_MM_SLOTS;
+            }
+        }
+
+        /* stage them: ws[j][row][WW], xs[j][row][9], zeros past n_out, n */
+#pragma unroll
+        for (int j = 0; j < MMA_SB; j++) {
+            if (lst[j] < 0)
+                continue;
+            for (int i = tidx; i < MMA_OUTS * WW; i += MMA_THREADS) {
+                const int row = i / WW, wd = i % WW;
+                int v = 0;
+                if (o0 + row < n_out) {
+                    const uint16_t *wb =
+                        w + ((o0 + row) * nb + lst[j]) * (int64_t)tr::U16;
+                    if (wd == 0) {
+                        v = wb[0];
+                        if (T == CINFER_DTYPE_Q4_1)
+                            v |= (int)((unsigned)wb[1] << 16);
+                    } else {
+                        const uint16_t *p = wb + tr::QS + 2 * (wd - 1);
+                        v = (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
+                    }
+                }
+                ws[j * MMA_OUTS * WW + i] = v;
+            }
+            for (int i = tidx; i < MMA_ROWS * CINFER_MM_Q8_1_WORDS;
+                 i += MMA_THREADS) {
+                const int row = i / CINFER_MM_Q8_1_WORDS;
+                const int wd = i % CINFER_MM_Q8_1_WORDS;
+                int v = 0;
+                if (r0 + row < n)
+                    v = xq[((r0 + row) * nb + lst[j]) * CINFER_MM_Q8_1_WORDS +
+                           wd];
+                xs[j * MMA_ROWS * CINFER_MM_Q8_1_WORDS + i] = v;
+            }
+        }
+        __syncthreads();
+
+        for (int j = 0; j < cnt; j++) {
+            while (b >= nb) { /* a slot ended inside the step */
+                mma_fold(stk, cur, r);
+#pragma unroll
+                for (int e = 0; e < MMA_OUT; e++)
+                    cur[e] = 0.0f;
+                r++;
+                b = mma_slot(r); /* the walk has blocks left: r < 32 */
+            }
+            const int *w0 = ws + (j * MMA_OUTS + 16 * wm + gid) * WW;
+            const int *w1 = w0 + 8 * WW;
+            const unsigned dm0 = (unsigned)w0[0], dm1 = (unsigned)w1[0];
+            const float dw[2] = {mm_f16(dm0), mm_f16(dm1)};
+            const float mw[2] = {
+                T == CINFER_DTYPE_Q4_1 ? mm_f16(dm0 >> 16) : 0.0f,
+                T == CINFER_DTYPE_Q4_1 ? mm_f16(dm1 >> 16) : 0.0f};
+            unsigned a[4];
+            if (T == CINFER_DTYPE_Q8_0) {
+                a[0] = (unsigned)w0[1 + tid];
+                a[1] = (unsigned)w1[1 + tid];
+                a[2] = (unsigned)w0[5 + tid];
+                a[3] = (unsigned)w1[5 + tid];
+            } else {
+                const unsigned q0 = (unsigned)w0[1 + tid];
+                const unsigned q1 = (unsigned)w1[1 + tid];
+                a[0] = q0 & 0x0F0F0F0Fu;
+                a[1] = q1 & 0x0F0F0F0Fu;
+                a[2] = (q0 >> 4) & 0x0F0F0F0Fu;
+                a[3] = (q1 >> 4) & 0x0F0F0F0Fu;
+                if (T == CINFER_DTYPE_Q4_0) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        a[q] = mma_s4(a[q]);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                const int *xb =
+                    xs + (j * MMA_ROWS + 16 * wn + 8 * t + gid) *
+                             CINFER_MM_Q8_1_WORDS;
+                const unsigned bf[2] = {(unsigned)xb[1 + tid],
+                                        (unsigned)xb[5 + tid]};
+                int d[4] = {0, 0, 0, 0};
+                cinfer_mma_s8_16832(d, a, bf);
+                const int *xd =
+                    xs + (j * MMA_ROWS + 16 * wn + 8 * t + 2 * tid) *
+                             CINFER_MM_Q8_1_WORDS;
+                const unsigned ds[2] = {
+                    (unsigned)xd[0], (unsigned)xd[CINFER_MM_Q8_1_WORDS]};
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    cur[4 * t + e] = mm_block_acc<T>(
+                        cur[4 * t + e], d[e], dw[e >> 1], mw[e >> 1],
+                        mm_f16(ds[e & 1]), mm_f16(ds[e & 1] >> 16));
+            }
+            b += CINFER_MM_SLOTS;
+        }
+        __syncthreads(); /* the step's reads are done */
+    }
+
+    /* r = 32: the last fold left the whole tree in cur */
+#pragma unroll
+    for (int t = 0; t < 2; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t row = r0 + 16 * wn + 8 * t + 2 * tid + (e & 1);
+            const int64_t o = o0 + 16 * wm + gid + 8 * (e >> 1);
+            if (row < n && o < n_out)
+                out[row * n_out + o] = cur[4 * t + e];
+        }
+}
+
+/* ---------------------------------------------------------------------- */
 /* launcher                                                                */
 /* ---------------------------------------------------------------------- */
 
 #define MAX_GRID_X 2147483647LL
 
-extern "C" cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream,
-                                             cinfer_dtype w_type, int n_w,
-                                             const void *const *w,
-                                             const int64_t *n_out,
-                                             const void *xq, int32_t n,
-                                             int64_t k, float *const *out)
+/* Whether the current device has int8 mma (sm_80 and later), asked once
+ * per device. */
+static bool device_has_mma(void)
 {
+    static int cache[64]; /* 0 unknown, 1 no, 2 yes */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return false;
+    int c = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
+    if (c == 0) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                   dev) != cudaSuccess)
+            return false;
+        c = major >= 8 ? 2 : 1;
+        __atomic_store_n(&cache[dev], c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+}
+
+extern "C" cinfer_status
+cinfer_cuda_mmq_set_kernel(cudaStream_t stream, cinfer_cuda_mmq_kernel kernel,
+                           cinfer_dtype w_type, int n_w, const void *const *w,
+                           const int64_t *n_out, const void *xq, int32_t n,
+                           int64_t k, float *const *out)
+{
+    if (kernel != CINFER_CUDA_MMQ_AUTO && kernel != CINFER_CUDA_MMQ_DP4A &&
+        kernel != CINFER_CUDA_MMQ_MMA)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: mmq kernel %d unknown",
+                                (int)kernel);
     if (n_w < 1 || n_w > CINFER_CUDA_MMQ_MAX_W || !w || !n_out || !out)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmq takes 1..%d weights, got %d",
@@ -247,6 +514,16 @@ extern "C" cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream,
                                 "cuda matmul: mmq k = %lld (need a positive "
                                 "multiple of 32)",
                                 (long long)k);
+    if (w_type != CINFER_DTYPE_Q8_0 && w_type != CINFER_DTYPE_Q4_0 &&
+        w_type != CINFER_DTYPE_Q4_1)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "cuda matmul: mmq w_type %s (Q8_0, Q4_0 or "
+                                "Q4_1)",
+                                cinfer_dtype_name(w_type));
+    const bool mma = kernel == CINFER_CUDA_MMQ_MMA ||
+                     (kernel == CINFER_CUDA_MMQ_AUTO && device_has_mma());
+    const int64_t tile = mma ? MMA_OUTS : MMQ_OUTS;
+    const int64_t rows = mma ? MMA_ROWS : MMQ_ROWS;
     mmq_set set;
     memset(&set, 0, sizeof set);
     set.nw = n_w;
@@ -256,7 +533,7 @@ extern "C" cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream,
                                     "cuda matmul: mmq w[%d] and out[%d] must "
                                     "be set, w 2-byte aligned",
                                     i, i);
-        const int64_t t = n_out[i] < 1 ? 0 : (n_out[i] + MMQ_OUTS - 1) / MMQ_OUTS;
+        const int64_t t = n_out[i] < 1 ? 0 : (n_out[i] + tile - 1) / tile;
         if (t < 1 || t > MAX_GRID_X - set.tiles[i])
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "cuda matmul: mmq n_out[%d] = %lld out "
@@ -269,30 +546,41 @@ extern "C" cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream,
     }
     const int64_t nb = k / CINFER_QK;
     const dim3 grid((unsigned)set.tiles[n_w],
-                    (unsigned)((n + MMQ_ROWS - 1) / MMQ_ROWS));
-    const dim3 block(MMQ_THREADS);
+                    (unsigned)((n + rows - 1) / rows));
     const int *x32 = (const int *)xq;
-    switch (w_type) {
-    case CINFER_DTYPE_Q8_0:
-        CINFER_LAUNCH(mmq_kernel<CINFER_DTYPE_Q8_0>, grid, block, 0, stream,
-                      set, x32, (int64_t)n, nb);
-        break;
-    case CINFER_DTYPE_Q4_0:
-        CINFER_LAUNCH(mmq_kernel<CINFER_DTYPE_Q4_0>, grid, block, 0, stream,
-                      set, x32, (int64_t)n, nb);
-        break;
-    case CINFER_DTYPE_Q4_1:
-        CINFER_LAUNCH(mmq_kernel<CINFER_DTYPE_Q4_1>, grid, block, 0, stream,
-                      set, x32, (int64_t)n, nb);
-        break;
-    default:
-        return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "cuda matmul: mmq w_type %s (Q8_0, Q4_0 or "
-                                "Q4_1)",
-                                cinfer_dtype_name(w_type));
+#define MMQ_GO(K, TY)                                                          \
+    CINFER_LAUNCH((K<TY>), grid, dim3(mma ? MMA_THREADS : MMQ_THREADS), 0,     \
+                  stream, set, x32, (int64_t)n, nb)
+    if (mma) {
+        if (w_type == CINFER_DTYPE_Q8_0)
+            MMQ_GO(mmq_mma_kernel, CINFER_DTYPE_Q8_0);
+        else if (w_type == CINFER_DTYPE_Q4_0)
+            MMQ_GO(mmq_mma_kernel, CINFER_DTYPE_Q4_0);
+        else
+            MMQ_GO(mmq_mma_kernel, CINFER_DTYPE_Q4_1);
+        CINFER_CUDA_TRY_LAUNCH("mmq_mma_kernel");
+    } else {
+        if (w_type == CINFER_DTYPE_Q8_0)
+            MMQ_GO(mmq_kernel, CINFER_DTYPE_Q8_0);
+        else if (w_type == CINFER_DTYPE_Q4_0)
+            MMQ_GO(mmq_kernel, CINFER_DTYPE_Q4_0);
+        else
+            MMQ_GO(mmq_kernel, CINFER_DTYPE_Q4_1);
+        CINFER_CUDA_TRY_LAUNCH("mmq_kernel");
     }
-    CINFER_CUDA_TRY_LAUNCH("mmq_kernel");
+#undef MMQ_GO
     return CINFER_OK;
+}
+
+extern "C" cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream,
+                                             cinfer_dtype w_type, int n_w,
+                                             const void *const *w,
+                                             const int64_t *n_out,
+                                             const void *xq, int32_t n,
+                                             int64_t k, float *const *out)
+{
+    return cinfer_cuda_mmq_set_kernel(stream, CINFER_CUDA_MMQ_AUTO, w_type,
+                                      n_w, w, n_out, xq, n, k, out);
 }
 
 extern "C" cinfer_status cinfer_cuda_mmq(cudaStream_t stream,

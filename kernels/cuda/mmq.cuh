@@ -59,6 +59,25 @@ cinfer_status cinfer_cuda_mmq_set(cudaStream_t stream, cinfer_dtype w_type,
                                   const int64_t *n_out, const void *xq,
                                   int32_t n, int64_t k, float *const *out);
 
+/* Which kernel cinfer_cuda_mmq_set_kernel runs. AUTO: MMA where the
+ * device has int8 mma (sm_80 and later; the harness says sm_90), else
+ * DP4A. The two give the same bits. */
+typedef enum {
+    CINFER_CUDA_MMQ_AUTO = 0,
+    CINFER_CUDA_MMQ_DP4A = 1, /* dp4a, 16 x 16 tiles */
+    CINFER_CUDA_MMQ_MMA = 2,  /* mma.sync m16n8k32, 64 x 32 tiles */
+} cinfer_cuda_mmq_kernel;
+
+/* cinfer_cuda_mmq_set on the kernel named (the tests run both). MMA on a
+ * GPU older than sm_80 runs mma's shuffle form (mma.cuh): right, slow. */
+cinfer_status cinfer_cuda_mmq_set_kernel(cudaStream_t stream,
+                                         cinfer_cuda_mmq_kernel kernel,
+                                         cinfer_dtype w_type, int n_w,
+                                         const void *const *w,
+                                         const int64_t *n_out, const void *xq,
+                                         int32_t n, int64_t k,
+                                         float *const *out);
+
 #ifdef __cplusplus
 }
 #endif
