@@ -80,6 +80,9 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/mmq.cuh"
+#include "kernels/cuda/mmvq.cuh"
+#include "kernels/cuda/quantize.cuh"
 #endif
 
 /* ---------------------------------------------------------------------- */
@@ -1888,6 +1891,144 @@ static void test_mma_fragments(void)
 #endif
 }
 
+/* The tiled quantized product's two kernels (kernels/cuda/mmq.cuh) on
+ * each CUDA factory: dp4a and int8 mma give the same bits for every
+ * output, and a row's bits are those of the matrix-vector kernel
+ * (mmvq.cuh) for the same row. The shapes reach the walk's edges: fewer
+ * blocks than slots (nb 1, 8), a count of blocks no multiple of 32 (33,
+ * 70), weight rows short of a tile (17, 80, 130, 200 against 64), rows
+ * short of one (9, 33, 70, 100 against 32), and sets of 2 and 3 weights. */
+static void test_mmq_kernels(void)
+{
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+    static const struct {
+        int32_t n;
+        int64_t k;
+        int n_w;
+        int64_t n_out[3];
+    } shapes[] = {
+        {9, 32, 1, {16}},
+        {33, 256, 1, {80}},
+        {70, 1056, 3, {64, 17, 130}},
+        {32, 2240, 1, {200}},
+        {100, 2048, 2, {64, 64}},
+    };
+    static const cinfer_dtype types[] = {CINFER_DTYPE_Q8_0, CINFER_DTYPE_Q4_0,
+                                         CINFER_DTYPE_Q4_1};
+    uint64_t seed = seed_for(911);
+    for (int fi = 0; fi < g_n_factories; fi++) {
+        const factory *f = &g_factories[fi];
+        if (f->kind != KIND_CUDA)
+            continue;
+        cinfer_backend *be = make_backend(f); /* selects the device */
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+                const cinfer_dtype dt = types[ti];
+                const int32_t n = shapes[si].n;
+                const int64_t k = shapes[si].k;
+                const int n_w = shapes[si].n_w;
+                float *x = malloc(sizeof(float) * (size_t)(n * k));
+                for (int64_t i = 0; i < n * k; i++)
+                    x[i] = (float)((int)(harness_rand(&seed) % 2001) - 1000) /
+                           1000.0f;
+                void *dx, *dxq, *dw[3];
+                float *dout[2][3], *dvec;
+                CHECK_EQ_INT(cudaMalloc(&dx, sizeof(float) * (size_t)(n * k)),
+                             cudaSuccess);
+                CHECK_EQ_INT(cudaMalloc(&dxq, cinfer_cuda_q8_1_bytes(n, k)),
+                             cudaSuccess);
+                cudaMemcpy(dx, x, sizeof(float) * (size_t)(n * k),
+                           cudaMemcpyHostToDevice);
+                CHECK_OK(cinfer_cuda_quantize_q8_1(0, dx, dxq, n, k));
+                for (int i = 0; i < n_w; i++) {
+                    const int64_t no = shapes[si].n_out[i];
+                    const size_t rb = cinfer_dtype_row_bytes(dt, k);
+                    uint8_t *wq = malloc(rb * (size_t)no);
+                    float *row = malloc(sizeof(float) * (size_t)k);
+                    for (int64_t o = 0; o < no; o++) {
+                        for (int64_t e = 0; e < k; e++)
+                            row[e] = (float)((int)(harness_rand(&seed) % 2001) -
+                                             1000) /
+                                     1000.0f;
+                        cinfer_quantize_row(dt, row, wq + rb * (size_t)o, k);
+                    }
+                    CHECK_EQ_INT(cudaMalloc(&dw[i], rb * (size_t)no),
+                                 cudaSuccess);
+                    cudaMemcpy(dw[i], wq, rb * (size_t)no,
+                               cudaMemcpyHostToDevice);
+                    for (int kind = 0; kind < 2; kind++)
+                        CHECK_EQ_INT(cudaMalloc((void **)&dout[kind][i],
+                                                sizeof(float) *
+                                                    (size_t)(n * no)),
+                                     cudaSuccess);
+                    free(row);
+                    free(wq);
+                }
+                const void *cw[3] = {dw[0], dw[1], dw[2]};
+                CHECK_OK(cinfer_cuda_mmq_set_kernel(
+                    0, CINFER_CUDA_MMQ_DP4A, dt, n_w, cw, shapes[si].n_out,
+                    dxq, n, k, dout[0]));
+                CHECK_OK(cinfer_cuda_mmq_set_kernel(
+                    0, CINFER_CUDA_MMQ_MMA, dt, n_w, cw, shapes[si].n_out,
+                    dxq, n, k, dout[1]));
+                /* the first row alone through the matrix-vector kernel */
+                const int64_t no0 = shapes[si].n_out[0];
+                CHECK_EQ_INT(cudaMalloc((void **)&dvec,
+                                        sizeof(float) * (size_t)no0),
+                             cudaSuccess);
+                CHECK_OK(cinfer_cuda_mmvq(0, dt, dw[0], no0, dxq, 1, k, dvec));
+                CHECK_EQ_INT(cudaDeviceSynchronize(), cudaSuccess);
+                for (int i = 0; i < n_w; i++) {
+                    const int64_t no = shapes[si].n_out[i];
+                    uint32_t *a = malloc(sizeof(uint32_t) * (size_t)(n * no));
+                    uint32_t *m = malloc(sizeof(uint32_t) * (size_t)(n * no));
+                    cudaMemcpy(a, dout[0][i], sizeof(float) * (size_t)(n * no),
+                               cudaMemcpyDeviceToHost);
+                    cudaMemcpy(m, dout[1][i], sizeof(float) * (size_t)(n * no),
+                               cudaMemcpyDeviceToHost);
+                    int64_t bad = 0, first = -1;
+                    for (int64_t e = 0; e < n * no; e++)
+                        if (a[e] != m[e]) {
+                            bad++;
+                            if (first < 0)
+                                first = e;
+                        }
+                    if (i == 0) {
+                        uint32_t *v = malloc(sizeof(uint32_t) * (size_t)no);
+                        cudaMemcpy(v, dvec, sizeof(float) * (size_t)no,
+                                   cudaMemcpyDeviceToHost);
+                        for (int64_t o = 0; o < no; o++)
+                            if (v[o] != m[o]) {
+                                bad++;
+                                if (first < 0)
+                                    first = o;
+                            }
+                        free(v);
+                    }
+                    if (bad)
+                        fprintf(stderr, "%s: mmq %s n %d k %lld weight %d of "
+                                "%d (n_out %lld): %lld outputs differ between "
+                                "dp4a, mma and mmvq, the first at %lld\n",
+                                f->name, cinfer_dtype_name(dt), (int)n,
+                                (long long)k, i, n_w, (long long)no,
+                                (long long)bad, (long long)first);
+                    CHECK_EQ_INT(bad, 0);
+                    free(a);
+                    free(m);
+                    cudaFree(dw[i]);
+                    cudaFree(dout[0][i]);
+                    cudaFree(dout[1][i]);
+                }
+                cudaFree(dvec);
+                cudaFree(dx);
+                cudaFree(dxq);
+                free(x);
+            }
+        cinfer_backend_destroy(be);
+    }
+#endif
+}
+
 static void test_rope_kv_store(void)
 {
     rope_kv_case(CINFER_ROPE_NORM, 4, 2, 64, 64, 1);
@@ -3140,6 +3281,7 @@ int main(void)
     RUN(test_add_rms_norm);
     RUN(test_rope_kv_store);
     RUN(test_mma_fragments);
+    RUN(test_mmq_kernels);
     RUN(test_rms_norm_groups);
     RUN(test_rowwise_large);
     RUN(test_silu_range);
