@@ -1,6 +1,7 @@
 /*
- * mma.cuh - the tensor-core building blocks the batched kernels are to be
- * written on: int8 mma.sync m16n8k32 and ldmatrix x4, as device functions
+ * mma.cuh - the tensor-core building blocks of the batched kernels (the
+ * tiled quantized product, mmq.cu, runs on the first): int8 mma.sync
+ * m16n8k32 and ldmatrix x4, as device functions
  * that are the PTX instructions under nvcc (sm_80 and later) and, under
  * the CUDA harness (tests/cudasim/), the same results from the PTX ISA's
  * fragment layouts: each one warp-wide exchange of the harness (it

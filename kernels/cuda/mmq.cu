@@ -6,6 +6,7 @@
 #include "kernels/cuda/mmq.cuh"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
@@ -467,10 +468,20 @@ mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
 
 #define MAX_GRID_X 2147483647LL
 
-/* Whether the current device has int8 mma (sm_80 and later), asked once
- * per device. */
-static bool device_has_mma(void)
+/* What AUTO runs: CINFER_CUDA_MMQ=dp4a or =mma in the environment says
+ * (read once; anything else is AUTO), else MMA where the current device
+ * has int8 mma (sm_80 and later, asked once per device). */
+static bool auto_uses_mma(void)
 {
+    static int forced; /* 0 unread, 1 none, 2 dp4a, 3 mma */
+    int f = __atomic_load_n(&forced, __ATOMIC_RELAXED);
+    if (f == 0) {
+        const char *e = getenv("CINFER_CUDA_MMQ");
+        f = e && strcmp(e, "dp4a") == 0 ? 2 : e && strcmp(e, "mma") == 0 ? 3 : 1;
+        __atomic_store_n(&forced, f, __ATOMIC_RELAXED);
+    }
+    if (f != 1)
+        return f == 3;
     static int cache[64]; /* 0 unknown, 1 no, 2 yes */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
@@ -521,7 +532,7 @@ cinfer_cuda_mmq_set_kernel(cudaStream_t stream, cinfer_cuda_mmq_kernel kernel,
                                 "Q4_1)",
                                 cinfer_dtype_name(w_type));
     const bool mma = kernel == CINFER_CUDA_MMQ_MMA ||
-                     (kernel == CINFER_CUDA_MMQ_AUTO && device_has_mma());
+                     (kernel == CINFER_CUDA_MMQ_AUTO && auto_uses_mma());
     const int64_t tile = mma ? MMA_OUTS : MMQ_OUTS;
     const int64_t rows = mma ? MMA_ROWS : MMQ_ROWS;
     mmq_set set;
