@@ -1184,6 +1184,37 @@ cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
     return be->ops->scale(be, x, s);
 }
 
+cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
+                                    cinfer_tensor *out)
+{
+    const char *op = "greedy";
+    TRY(need_f32_matrix(op, "x", x, -1, -1));
+    TRY(need_tensor(op, "out", out));
+    TRY(need_writable(op, "out", out));
+    if (out->desc.dtype != CINFER_DTYPE_I32 || out->desc.n_dims != 1 ||
+        out->desc.shape[0] != t_rows(x)) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "greedy: out must be I32 [%lld], got %s",
+                                (long long)t_rows(x),
+                                desc_str(&out->desc, buf, sizeof buf));
+    }
+    if (t_cols(x) > ((int64_t)1 << 28))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "greedy: rows of %lld entries (at most 2^28)",
+                                (long long)t_cols(x));
+    if (!be->ops->greedy)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "greedy: the %s backend has no greedy op",
+                                cinfer_backend_name(be));
+    return be->ops->greedy(be, x, out);
+}
+
+int cinfer_backend_has_greedy(const cinfer_backend *be)
+{
+    return be && be->ops->greedy != NULL;
+}
+
 int cinfer_backend_has_gemma_ops(const cinfer_backend *be)
 {
     return be->ops->attention_window && be->ops->kv_store_swa &&

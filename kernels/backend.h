@@ -354,6 +354,18 @@ cinfer_status cinfer_backend_gelu_mul(cinfer_backend *be,
 cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
                                    float s);
 
+/* The greedy choice of every row, where it is made (only token ids then
+ * cross the seam, not rows of logits): out[r] = the index of the largest
+ * of x[r][0..n), the lowest on ties (-0.0 equals +0.0), as
+ * cinfer_sampler_argmax and a sampler with nothing to apply choose
+ * (engine/sampler.h); -1 when every entry of the row is -INFINITY; and
+ * -2 - (2 i + nan) when x[r][i] is the row's first NaN (nan = 1) or
+ * +INFINITY (nan = 0). x: [rows, n] F32, 1 <= n <= 2^28; out: [rows] I32.
+ * Optional: CINFER_E_UNSUPPORTED where cinfer_backend_has_greedy says 0. */
+cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
+                                    cinfer_tensor *out);
+int cinfer_backend_has_greedy(const cinfer_backend *be);
+
 /* 1 if the backend has the optional slots Gemma 3's graph needs
  * (attention_window, kv_store_swa, gelu_mul, scale), so a model can refuse
  * at load. */

@@ -190,6 +190,11 @@ struct cinfer_backend_ops {
                                   const cinfer_tensor *w, float eps,
                                   cinfer_tensor *out);
 
+    /* (optional) each row's greedy choice (backend.h); NULL:
+     * CINFER_E_UNSUPPORTED. */
+    cinfer_status (*greedy)(cinfer_backend *be, const cinfer_tensor *x,
+                            cinfer_tensor *out);
+
     /* (optional) The collectives over be->comm. all_reduce_sum is called
      * only with more than one rank (backend.c makes it a no-op
      * otherwise); all_gather also with one rank or none (a copy). NULL:

@@ -453,6 +453,39 @@ static cinfer_status cpu_scale(cinfer_backend *be, cinfer_tensor *x, float s)
     return CINFER_OK;
 }
 
+/* Each row's greedy choice (backend.h): the largest value and whether the
+ * row holds NaN or +inf in one pass the compiler vectorizes, then the
+ * first index of that value, or of the first bad entry. */
+static cinfer_status cpu_greedy(cinfer_backend *be, const cinfer_tensor *x,
+                                cinfer_tensor *out)
+{
+    (void)be;
+    const int64_t rows = cinfer_tensor_rows(x), n = cinfer_tensor_cols(x);
+    int32_t *o = out->data;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = (const float *)x->data + r * n;
+        float m = -INFINITY;
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            bad |= !(v[i] < INFINITY);
+            m = v[i] > m ? v[i] : m;
+        }
+        int64_t i = 0;
+        if (bad) {
+            while (v[i] < INFINITY)
+                i++;
+            o[r] = (int32_t)(-2 - (2 * i + (v[i] != v[i])));
+        } else if (m == -INFINITY) {
+            o[r] = -1;
+        } else {
+            while (v[i] != m)
+                i++;
+            o[r] = (int32_t)i;
+        }
+    }
+    return CINFER_OK;
+}
+
 static cinfer_status cpu_silu_mul(cinfer_backend *be,
                                   const cinfer_tensor *gate,
                                   const cinfer_tensor *up, cinfer_tensor *out)
@@ -515,6 +548,7 @@ static const struct cinfer_backend_ops cpu_ops = {
     .kv_store_swa = cpu_kv_store_swa,
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale,
+    .greedy = cpu_greedy,
     .all_reduce_sum = cpu_all_reduce_sum,
     .all_gather = cpu_all_gather,
 };

@@ -56,6 +56,7 @@
 #include "matmul.cuh"
 #include "norm.cuh"
 #include "rope.cuh"
+#include "sample.cuh"
 
 typedef struct {
     struct cinfer_backend base; /* first: backend.c reads it */
@@ -646,6 +647,15 @@ static cinfer_status cuda_gather_rows(cinfer_backend *be,
                                             cinfer_tensor_cols(x), out->data));
 }
 
+static cinfer_status cuda_greedy(cinfer_backend *be, const cinfer_tensor *x,
+                                 cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    return seen(cb, cinfer_cuda_greedy(cb->stream, x->data,
+                                       cinfer_tensor_rows(x),
+                                       cinfer_tensor_cols(x), out->data));
+}
+
 static cinfer_status cuda_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
 {
     cuda_backend *cb = cu(be);
@@ -703,6 +713,7 @@ static const struct cinfer_backend_ops cuda_ops = {
     .attention = cuda_attention,
     .silu_mul = cuda_silu_mul,
     .gather_rows = cuda_gather_rows,
+    .greedy = cuda_greedy,
     .all_reduce_sum = cuda_all_reduce_sum,
     .all_gather = cuda_all_gather,
 };

@@ -2720,6 +2720,104 @@ static void test_attention(void)
  * its GELU (GGML's table) bound the error at about 2^-10 relative, plus
  * the cut-offs at -10 (0) and 10 (the identity); scale exactly. Backends
  * without the optional slots answer CINFER_E_UNSUPPORTED. */
+/* The greedy choice of each row (cinfer_backend_greedy) on every backend
+ * that has it, against a plain loop: ties to the lower index, -0.0 equal
+ * to +0.0, the first NaN or +inf reported with its kind, a row of -inf
+ * alone as -1; widths below, at and past a CTA's threads (100, 256, 300)
+ * and a vocabulary's (49152), and one entry. */
+static int32_t greedy_ref(const float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(v[i] < INFINITY))
+            return (int32_t)(-2 - (2 * i + (v[i] != v[i])));
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] > -INFINITY && (best < 0 || v[i] > v[best]))
+            best = i;
+    return (int32_t)best;
+}
+
+static void test_greedy(void)
+{
+    static const int64_t widths[] = {1, 100, 256, 300, 49152};
+    enum { R = 9 };
+    uint64_t seed = seed_for(78);
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t n = widths[wi];
+        float *x = randv((int)(R * n), &seed, 8.0f);
+        float *r;
+        /* row 1: the maximum twice (the later one found first by a thread
+         * of lower number when n > 256) */
+        r = x + 1 * n;
+        r[n - 1] = 100.0f;
+        r[n / 2] = 100.0f;
+        /* row 2: -0.0 and +0.0 the largest, -0.0 first */
+        r = x + 2 * n;
+        for (int64_t i = 0; i < n; i++)
+            r[i] = -1.0f - (float)(i % 7);
+        r[n - 1] = 0.0f;
+        r[n / 3] = -0.0f;
+        /* row 3: every entry -inf */
+        r = x + 3 * n;
+        for (int64_t i = 0; i < n; i++)
+            r[i] = -INFINITY;
+        /* row 4: -inf and one finite entry */
+        r = x + 4 * n;
+        for (int64_t i = 0; i < n; i++)
+            r[i] = -INFINITY;
+        r[n - 1] = -1e30f;
+        /* row 5: +inf, then NaN */
+        r = x + 5 * n;
+        r[n - 1] = NAN;
+        r[n / 2] = INFINITY;
+        /* row 6: NaN first, then +inf */
+        r = x + 6 * n;
+        r[n - 1] = INFINITY;
+        r[n / 4] = NAN;
+        /* row 7: the largest finite float */
+        r = x + 7 * n;
+        r[n / 5] = 3.4028235e38f;
+        int32_t want[R], got[R];
+        for (int i = 0; i < R; i++)
+            want[i] = greedy_ref(x + (int64_t)i * n, n);
+        if (n > 1)
+            CHECK_EQ_INT(want[2], (int32_t)(n / 3));
+        CHECK_EQ_INT(want[3], -1);
+        for (int fi = 0; fi < g_n_factories; fi++) {
+            const factory *f = &g_factories[fi];
+            cinfer_backend *be = make_backend(f);
+            if (!cinfer_backend_has_greedy(be)) {
+                cinfer_backend_destroy(be);
+                continue;
+            }
+            cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, R, n, 0, 0);
+            cinfer_tensor *to = tnew(be, CINFER_DTYPE_I32, 1, R, 0, 0, 0);
+            put(be, tx, x);
+            poison(be, to);
+            CHECK_OK(cinfer_backend_greedy(be, tx, to));
+            get(be, to, got);
+            for (int i = 0; i < R; i++)
+                if (got[i] != want[i]) {
+                    fprintf(stderr, "%s: greedy of row %d of %lld: %d, want "
+                            "%d\n",
+                            f->name, i, (long long)n, got[i], want[i]);
+                    CHECK_EQ_INT(got[i], want[i]);
+                }
+            /* shapes are checked before the backend sees them */
+            cinfer_tensor *bad = tnew(be, CINFER_DTYPE_I32, 1, R - 1, 0, 0, 0);
+            CHECK_EQ_INT(cinfer_backend_greedy(be, tx, bad),
+                         CINFER_E_INVALID_ARG);
+            CHECK_EQ_INT(cinfer_backend_greedy(be, tx, tx),
+                         CINFER_E_INVALID_ARG);
+            cinfer_backend_tensor_destroy(be, bad);
+            cinfer_backend_tensor_destroy(be, tx);
+            cinfer_backend_tensor_destroy(be, to);
+            cinfer_backend_destroy(be);
+        }
+        free(x);
+    }
+}
+
 static void test_gelu_scale(void)
 {
     enum { N = 7, D = 769 };
@@ -3292,6 +3390,7 @@ int main(void)
     RUN(test_matmul_silu_mul);
     RUN(test_attention);
     RUN(test_gelu_scale);
+    RUN(test_greedy);
     RUN(test_validation);
     /* CPU only: the packing and the bit identities are the CPU backend's
      * promises (the cudasim build runs one CPU factory, as a reference). */

@@ -1,0 +1,41 @@
+/*
+ * sample.cuh - token choice on the CUDA backend, so that only token ids,
+ * not rows of logits, come back to the host: for now the greedy choice of
+ * each row (backend.h, cinfer_backend_greedy).
+ *
+ *     out[r] = the index of the largest of x[r][0..n), the lowest on ties
+ *              (-0.0 equals +0.0), as cinfer_sampler_argmax chooses;
+ *              -1 when the whole row is -INFINITY; -2 - (2 i + nan) when
+ *              x[r][i] is the row's first NaN (nan = 1) or +INFINITY
+ *              (nan = 0).
+ *
+ * Exact: comparisons only, so the same token as the CPU backend and the
+ * host sampler, whatever the order the threads meet the entries in.
+ *
+ *     cinfer_status s = cinfer_cuda_greedy(stream, logits, rows, n_vocab,
+ *                                          tokens);
+ *
+ * Host launcher: checks its arguments, launches on `stream` (asynchronous),
+ * returns CINFER_E_INVALID_ARG for bad arguments and CINFER_E_DEVICE if
+ * the launch fails. Pointers are device memory.
+ */
+#ifndef CINFER_CUDA_SAMPLE_CUH
+#define CINFER_CUDA_SAMPLE_CUH
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x: [rows, n] F32, 1 <= n <= 2^28, rows <= 2^31 - 1; out: [rows] I32. */
+cinfer_status cinfer_cuda_greedy(cudaStream_t stream, const float *x,
+                                  int64_t rows, int64_t n, int32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CINFER_CUDA_SAMPLE_CUH */
