@@ -516,15 +516,17 @@ static int64_t grammar_mask(cinfer_engine *e, eng_seq *s, cinfer_status *st)
     return n;
 }
 
-/* Samples the next token of s from its logits row and decides whether the
+/* Samples the next token of s from its logits row (or, row NULL, takes
+ * the greedy code the backend chose, run_step) and decides whether the
  * sample ends. Returns 1 if it ended (s may be freed then), else 0. */
-static int take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
+static int take_token(cinfer_engine *e, eng_seq *s, float *row, int32_t code,
+                      int64_t t_ns)
 {
     eng_request *r = s->req;
     cinfer_logprobs lp;
     int32_t tok = -1;
     cinfer_status st = CINFER_OK;
-    if (s->grammar && grammar_mask(e, s, &st) == 0) {
+    if (row && s->grammar && grammar_mask(e, s, &st) == 0) {
         if (st == CINFER_OK) {
             finish_seq(e, s, CINFER_FINISH_ERROR, CINFER_E_UNSUPPORTED,
                        "grammar: no token of the vocabulary can continue "
@@ -536,8 +538,11 @@ static int take_token(cinfer_engine *e, eng_seq *s, float *row, int64_t t_ns)
         finish_seq(e, s, CINFER_FINISH_ERROR, st, e->errbuf, t_ns);
         return 1;
     }
-    st = cinfer_sampler_sample(s->sampler, row, &tok,
-                               r->logprobs ? &lp : NULL);
+    if (row)
+        st = cinfer_sampler_sample(s->sampler, row, &tok,
+                                   r->logprobs ? &lp : NULL);
+    else
+        st = cinfer_sampler_take_greedy(s->sampler, code, &tok);
     if (st == CINFER_OK)
         st = cinfer_sampler_accept(s->sampler, tok);
     if (st == CINFER_OK && s->grammar && !cinfer_tokenizer_is_eog(e->tk, tok)) {
@@ -627,7 +632,7 @@ static void take_drafts(cinfer_engine *e, eng_seq *s, float *rows,
     e->st.spec_steps++;
     int32_t taken = 0;
     for (int32_t i = 0; i <= d; i++) {
-        if (take_token(e, s, rows + (size_t)i * (size_t)e->n_vocab, t_ns))
+        if (take_token(e, s, rows + (size_t)i * (size_t)e->n_vocab, 0, t_ns))
             return; /* finished: its blocks are gone with it */
         if (i == d || s->tokens[base + i] != drafts[i])
             break;
@@ -733,6 +738,24 @@ static void drop_expired(cinfer_engine *e, int64_t t_ns)
     }
 }
 
+/* Whether every row of the step that gives a token is a plain greedy one
+ * (no drafts, grammar, logprobs, nor anything for the sampler to apply),
+ * so that the backend can choose the tokens where the logits are and
+ * only they come back. */
+static int step_greedy(cinfer_engine *e)
+{
+    if (!cinfer_model_has_greedy(e->model))
+        return 0;
+    for (int k = 0; k < e->n_sched; k++) {
+        const eng_seq *s = e->sched[k];
+        if (s->step_out >= 0 &&
+            (s->n_draft || s->grammar || s->req->logprobs ||
+             !cinfer_sampler_plain_greedy(s->sampler)))
+            return 0;
+    }
+    return 1;
+}
+
 static void run_step(cinfer_engine *e)
 {
     int64_t t0 = now(e);
@@ -741,10 +764,14 @@ static void run_step(cinfer_engine *e)
         return;
     cinfer_step step;
     sched_build_step(e, &step);
-    cinfer_status st = cinfer_model_forward(e->model, &step, e->logits);
+    const int greedy = step_greedy(e);
+    cinfer_status st =
+        greedy ? cinfer_model_forward_greedy(e->model, &step, e->codes)
+               : cinfer_model_forward(e->model, &step, e->logits);
     int64_t t1 = now(e);
     sched_observe_step(e, rows, t1 - t0);
     e->st.steps++;
+    e->st.greedy_steps += (uint64_t)greedy;
     e->st.last_step_ns = t1;
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
@@ -764,12 +791,14 @@ static void run_step(cinfer_engine *e)
     int n = e->n_sched;
     for (int k = 0; k < n; k++) {
         eng_seq *s = e->sched[k];
-        if (s->step_out >= 0) {
+        if (s->step_out >= 0 && greedy) {
+            take_token(e, s, NULL, e->codes[s->step_out], t1);
+        } else if (s->step_out >= 0) {
             float *row = e->logits + (size_t)s->step_out * (size_t)e->n_vocab;
             if (s->n_draft)
                 take_drafts(e, s, row, t1);
             else
-                take_token(e, s, row, t1);
+                take_token(e, s, row, 0, t1);
         }
     }
     e->n_sched = 0;
@@ -963,7 +992,8 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
                                  (size_t)e->max_blocks);
     }
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
-    if (!e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
+    e->codes = malloc(sizeof(int32_t) * (size_t)e->max_out);
+    if (!e->codes || !e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
         !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
         !e->s_embd || !e->s_tables ||
         (e->skv && (!e->s_swa_slots || !e->s_swa_tables)) ||
@@ -1010,6 +1040,7 @@ fail:
     free(e->s_swa_slots);
     free(e->s_swa_tables);
     free(e->logits);
+    free(e->codes);
     free(e);
     return st;
 }
@@ -1048,6 +1079,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->s_swa_slots);
     free(e->s_swa_tables);
     free(e->logits);
+    free(e->codes);
     free(e);
 }
 

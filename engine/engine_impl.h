@@ -207,6 +207,7 @@ struct cinfer_engine {
     int32_t *s_tables;   /* [max_seqs, max_blocks] */
     int32_t *s_swa_slots, *s_swa_tables; /* the same for skv */
     float *logits;       /* [max_out, n_vocab] */
+    int32_t *codes;      /* [max_out]: a greedy step's choices (run_step) */
     int max_out;
     char errbuf[256];
 };

@@ -123,6 +123,9 @@ struct cinfer_model {
     cinfer_tensor *x, *h, *q, *k, *v, *att, *gate, *up;
     cinfer_tensor *xo, *ho;   /* out rows of the last layer */
     cinfer_tensor *logits;    /* [max_rows, n_vocab] */
+    cinfer_tensor *greedy;    /* [max_rows] I32, each out row's greedy
+                                 choice; where the model has one backend
+                                 that makes it (model_has_greedy) */
 
     /* eval_single scratch */
     int32_t *single_tables;
@@ -968,6 +971,13 @@ static int act_widths(cinfer_model *m, cinfer_tensor ***ts, int64_t *widths)
 
 #define N_ACTS 11
 
+/* Whether the step's greedy choices can be made on the backend: one
+ * backend holds the whole vocabulary's logits (no tensor parallelism). */
+static int has_greedy_op(const cinfer_model *m)
+{
+    return m->tp == 1 && !m->gather && cinfer_backend_has_greedy(m->be);
+}
+
 static uint64_t act_bytes(cinfer_model *m)
 {
     int64_t w[N_ACTS];
@@ -978,6 +988,8 @@ static uint64_t act_bytes(cinfer_model *m)
     if (m->gather) /* logits_all */
         b += (uint64_t)m->tp * (uint64_t)m->max_rows *
              (uint64_t)(m->v1 - m->v0) * sizeof(float);
+    if (has_greedy_op(m))
+        b += (uint64_t)m->max_rows * sizeof(int32_t);
     return b;
 }
 
@@ -995,6 +1007,14 @@ static cinfer_status alloc_acts(cinfer_model *m)
         cinfer_status st = make_act(m, &m->logits_all,
                                     (int64_t)m->tp * m->max_rows,
                                     m->v1 - m->v0);
+        if (st != CINFER_OK)
+            return st;
+    }
+    if (has_greedy_op(m)) {
+        int64_t shape[1] = {m->max_rows};
+        cinfer_tensor_desc d =
+            cinfer_tensor_desc_make(CINFER_DTYPE_I32, 1, shape);
+        cinfer_status st = cinfer_backend_tensor_create(m->be, &d, &m->greedy);
         if (st != CINFER_OK)
             return st;
     }
@@ -1445,7 +1465,7 @@ void cinfer_model_destroy(cinfer_model *m)
         cinfer_tensor **acts[] = {&m->x,   &m->h,    &m->q,  &m->k,
                                   &m->v,   &m->att,  &m->gate, &m->up,
                                   &m->xo,  &m->ho,   &m->logits,
-                                  &m->logits_all,
+                                  &m->logits_all, &m->greedy,
                                   &m->tok_embd, &m->out_norm, &m->output};
         for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
             cinfer_backend_tensor_destroy(be, *acts[i]);
@@ -1652,8 +1672,11 @@ static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
     return CINFER_OK;
 }
 
-cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
-                                   float *logits)
+/* The step through the model; then the logits of its out rows into
+ * `logits`, or (greedy not NULL) their greedy codes (backend.h's
+ * cinfer_backend_greedy) into `greedy`. */
+static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
+                             float *logits, int32_t *greedy)
 {
     const cinfer_model_info *I = &m->info;
     cinfer_backend *be = m->be;
@@ -1776,9 +1799,41 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
     const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};
     cinfer_tensor *olog[1] = {m->logits};
     TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
-    TRY(download_logits(m, n_out, logits));
+    if (greedy) {
+        TRY(cinfer_backend_tensor_set_rows(be, m->greedy, n_out));
+        TRY(cinfer_backend_greedy(be, m->logits, m->greedy));
+        TRY(cinfer_backend_download(be, m->greedy, 0, greedy,
+                                    sizeof(int32_t) * (size_t)n_out));
+    } else {
+        TRY(download_logits(m, n_out, logits));
+    }
     TRY(cinfer_backend_synchronize(be));
     return CINFER_OK;
+}
+
+cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
+                                   float *logits)
+{
+    return forward(m, step, logits, NULL);
+}
+
+int cinfer_model_has_greedy(const cinfer_model *m)
+{
+    return m && !m->group && m->greedy != NULL;
+}
+
+cinfer_status cinfer_model_forward_greedy(cinfer_model *m,
+                                          const cinfer_step *step,
+                                          int32_t *codes)
+{
+    if (!cinfer_model_has_greedy(m))
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "model_forward_greedy: the greedy choice is "
+                                "not made on this model's backend");
+    if (!codes)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "model_forward_greedy: codes is NULL");
+    return forward(m, step, NULL, codes);
 }
 
 cinfer_status cinfer_model_follow(cinfer_model *m)

@@ -290,6 +290,19 @@ cinfer_status cinfer_model_follow(cinfer_model *m);
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits);
 
+/* cinfer_model_forward whose out rows' greedy choices are made where the
+ * logits are (kernels/backend.h, cinfer_backend_greedy): only codes[j]
+ * ([step->n_out] int32) come back, the row's argmax token, -1 for a row
+ * of -inf, below that its first NaN or +inf (cinfer_sampler_take_greedy
+ * turns a code into a token or the sampler's error). For samplers with
+ * nothing to apply (cinfer_sampler_plain_greedy). CINFER_E_UNSUPPORTED
+ * unless cinfer_model_has_greedy: one backend holds every logit (no
+ * tensor parallelism) and it has the op (the CPU and CUDA backends do). */
+cinfer_status cinfer_model_forward_greedy(cinfer_model *m,
+                                          const cinfer_step *step,
+                                          int32_t *codes);
+int cinfer_model_has_greedy(const cinfer_model *m);
+
 /* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ...
  * (and, with a window pool, block i % n_swa_blocks of it, so the chunks
  * are cut to what that ring holds besides the window):

@@ -1137,6 +1137,46 @@ cinfer_status cinfer_sampler_sample(cinfer_sampler *s, float *logits,
     return CINFER_OK;
 }
 
+int cinfer_sampler_plain_greedy(const cinfer_sampler *s)
+{
+    return s && s->p.temperature < CINFER_SAMPLER_GREEDY_EPS &&
+           s->p.n_logit_bias == 0 && !s->allowed && !s->penalties &&
+           !(s->n_accepted < s->p.min_tokens && s->p.n_eog_tokens > 0);
+}
+
+cinfer_status cinfer_sampler_take_greedy(cinfer_sampler *s, int32_t code,
+                                         int32_t *token)
+{
+    if (!s || !token)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_take_greedy: %s is NULL",
+                                !s ? "s" : "token");
+    if (!cinfer_sampler_plain_greedy(s))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_take_greedy: the sampler has stages "
+                                "to apply or is not greedy");
+    if (code >= s->p.n_vocab)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_take_greedy: token %d of a "
+                                "vocabulary of %d",
+                                code, s->p.n_vocab);
+    if (code >= 0) {
+        *token = code;
+        return CINFER_OK;
+    }
+    if (code == -1)
+        return all_masked();
+    int64_t k = -2 - (int64_t)code; /* 2 i + nan */
+    if (k / 2 >= s->p.n_vocab)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_take_greedy: code %d names no entry "
+                                "of a vocabulary of %d",
+                                code, s->p.n_vocab);
+    return cinfer_set_error(CINFER_E_RANGE,
+                            "logits[%d] is %s (logits must be finite or -inf)",
+                            (int32_t)(k / 2), k % 2 ? "NaN" : "+inf");
+}
+
 cinfer_status cinfer_sampler_candidates(cinfer_sampler *s, float *logits,
                                         cinfer_token_prob *out, int32_t cap,
                                         int32_t *n_out)

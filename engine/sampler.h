@@ -251,6 +251,22 @@ cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
                                       const float *logits, int32_t token,
                                       cinfer_logprobs *lp);
 
+/* 1 if the next sample() has nothing to apply and is greedy: temperature
+ * below 1e-5, no logit_bias, no mask set for it, no penalty, min_tokens
+ * reached (or no eog_tokens). Its token is then the row's argmax, which a
+ * backend can choose where the logits are (cinfer_backend_greedy), and
+ * cinfer_sampler_take_greedy stands in for sample(). Pure. */
+int cinfer_sampler_plain_greedy(const cinfer_sampler *s);
+
+/* sample() for a plain greedy row (cinfer_sampler_plain_greedy) from the
+ * code cinfer_backend_greedy gave for it (kernels/backend.h): the token,
+ * or sample()'s error for that row (CINFER_E_RANGE: the NaN or +inf entry
+ * named, or every logit -inf), with the same message. CINFER_E_INVALID_ARG
+ * where the sampler is not plain greedy or the code is out of range. Like
+ * sample(), it does not accept the token. */
+cinfer_status cinfer_sampler_take_greedy(cinfer_sampler *s, int32_t code,
+                                         int32_t *token);
+
 /* Back to the state right after create: history, accepted count and draw
  * index cleared (so the draws replay from position 0). Keeps the
  * allocations. */

@@ -373,6 +373,25 @@ static void compare_runs(const req_rec *alone, const req_rec *tog,
 /* tests                                                                  */
 /* ---------------------------------------------------------------------- */
 
+/* Runs one request (n_samples samples) to its end. */
+static void run_one(cinfer_engine *e, cinfer_request_params *rp, req_rec *rr,
+                    int n_samples)
+{
+    int cancel_after = rr->cancel_after;
+    memset(rr, 0, sizeof *rr);
+    rr->e = e;
+    rr->cancel_after = cancel_after;
+    rp->on_event = on_event;
+    rp->user = rr;
+    reset_events();
+    pthread_mutex_lock(&ev_mu);
+    cinfer_status st = cinfer_engine_submit(e, rp, &rr->id);
+    pthread_mutex_unlock(&ev_mu);
+    CHECK_OK(st);
+    if (st == CINFER_OK)
+        wait_finished(n_samples);
+}
+
 static void test_matches_single_decode(void)
 {
     cinfer_model *m = tiny_model(0, 16, 256);
@@ -407,6 +426,29 @@ static void test_matches_single_decode(void)
     CHECK_EQ_INT(rr.s[0].fin.status, CINFER_OK);
     CHECK(rr.s[0].fin.total_ns >= rr.s[0].fin.ttft_ns);
     CHECK(rr.s[0].fin.ttft_ns >= rr.s[0].fin.queue_ns);
+    /* plain greedy: the backend chose every token (only ids came back) */
+    cinfer_engine_stats st;
+    cinfer_engine_get_stats(e, &st);
+    CHECK(st.steps > 0);
+    CHECK_EQ_INT(st.greedy_steps, st.steps);
+    check_idle(e);
+    cinfer_engine_destroy(e);
+
+    /* A bias of +0 leaves the logits as they are but is a stage to apply,
+     * so the rows come back and the host samples: the same tokens. */
+    e = make_engine(m, 4, 0, 0, NULL);
+    const cinfer_logit_bias zero[1] = {{1, 0.0f}};
+    static req_rec rb;
+    cinfer_request_params rp = greedy_params(&j, &rb);
+    rp.sampling.logit_bias = zero;
+    rp.sampling.n_logit_bias = 1;
+    run_one(e, &rp, &rb, 1);
+    CHECK_EQ_INT(rb.s[0].n_ids, j.max_tokens);
+    CHECK(memcmp(rb.s[0].ids, toks + j.n_prompt,
+                 sizeof(int32_t) * (size_t)j.max_tokens) == 0);
+    cinfer_engine_get_stats(e, &st);
+    CHECK(st.steps > 0);
+    CHECK_EQ_INT(st.greedy_steps, 0);
     check_idle(e);
     cinfer_engine_destroy(e);
 out:
@@ -508,24 +550,6 @@ static void test_sampling_survives_preemption(void)
 out:
     cinfer_model_destroy(big);
     cinfer_model_destroy(small);
-}
-
-static void run_one(cinfer_engine *e, cinfer_request_params *rp, req_rec *rr,
-                    int n_samples)
-{
-    int cancel_after = rr->cancel_after;
-    memset(rr, 0, sizeof *rr);
-    rr->e = e;
-    rr->cancel_after = cancel_after;
-    rp->on_event = on_event;
-    rp->user = rr;
-    reset_events();
-    pthread_mutex_lock(&ev_mu);
-    cinfer_status st = cinfer_engine_submit(e, rp, &rr->id);
-    pthread_mutex_unlock(&ev_mu);
-    CHECK_OK(st);
-    if (st == CINFER_OK)
-        wait_finished(n_samples);
 }
 
 static void test_prefix_cache(void)

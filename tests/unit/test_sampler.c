@@ -1051,6 +1051,101 @@ static void test_invalid_params(void)
     cinfer_sampler_destroy(NULL);
 }
 
+/* cinfer_sampler_plain_greedy says when sample() is the row's argmax,
+ * and take_greedy, given the backend's code for a row, answers as
+ * sample() does on that row: the token, or the same error. */
+static void test_take_greedy(void)
+{
+    enum { V = 40 };
+    float x[V];
+    uint64_t rng = 33;
+    cinfer_sampler_params p = params_v(V);
+    p.temperature = 0.0f;
+    const int32_t eog[1] = {3};
+    p.eog_tokens = eog;
+    p.n_eog_tokens = 1;
+    p.min_tokens = 1;
+    cinfer_sampler *s = make(&p);
+    if (!s)
+        return;
+    /* min_tokens not reached: eog is still masked */
+    CHECK(!cinfer_sampler_plain_greedy(s));
+    int32_t t = -1;
+    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, 5, &t), CINFER_E_INVALID_ARG);
+    CHECK_OK(cinfer_sampler_accept(s, 7));
+    CHECK(cinfer_sampler_plain_greedy(s));
+    uint8_t allowed[V];
+    memset(allowed, 1, sizeof allowed);
+    cinfer_sampler_set_allowed(s, allowed);
+    CHECK(!cinfer_sampler_plain_greedy(s)); /* a mask for the next call */
+    cinfer_sampler_set_allowed(s, NULL);
+    CHECK(cinfer_sampler_plain_greedy(s));
+
+    for (int round = 0; round < 3; round++) {
+        fill_row(x, V, &rng, 4.0f, 0);
+        const char *what = "finite";
+        if (round == 1) {
+            x[11] = INFINITY;
+            x[20] = NAN;
+            what = "+inf";
+        } else if (round == 2) {
+            for (int i = 0; i < V; i++)
+                x[i] = -INFINITY;
+            what = "-inf";
+        }
+        /* the code a backend gives (backend.h) */
+        int32_t code = -1;
+        for (int i = 0; i < V && code == -1; i++)
+            if (!(x[i] < INFINITY))
+                code = -2 - (2 * i + (x[i] != x[i]));
+        if (code == -1 && round != 2)
+            code = cinfer_sampler_argmax(x, V);
+        int32_t a = -1, b = -1;
+        cinfer_status sa = cinfer_sampler_sample(s, x, &a, NULL);
+        char ea[256];
+        snprintf(ea, sizeof ea, "%s", cinfer_last_error());
+        cinfer_status sb = cinfer_sampler_take_greedy(s, code, &b);
+        CHECK_EQ_INT(sb, sa);
+        if (sa == CINFER_OK)
+            CHECK_EQ_INT(b, a);
+        else if (strcmp(ea, cinfer_last_error()) != 0) {
+            fprintf(stderr, "%s row: sample: %s; take_greedy: %s\n", what, ea,
+                    cinfer_last_error());
+            CHECK(0);
+        }
+    }
+    /* a NaN first */
+    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, -2 - (2 * 9 + 1), &t),
+                 CINFER_E_RANGE);
+    CHECK(strstr(cinfer_last_error(), "logits[9] is NaN") != NULL);
+    /* codes that name nothing */
+    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, V, &t), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, -2 - 2 * V, &t),
+                 CINFER_E_INVALID_ARG);
+    cinfer_sampler_destroy(s);
+
+    /* anything to apply, or a temperature, is not plain greedy */
+    cinfer_sampler_params q[4];
+    for (int i = 0; i < 4; i++)
+        q[i] = params_v(V);
+    q[0].temperature = 0.5f;
+    q[1].temperature = 0.0f;
+    q[1].repetition_penalty = 1.1f;
+    const cinfer_logit_bias bias[1] = {{2, 1.0f}};
+    q[2].temperature = 0.0f;
+    q[2].logit_bias = bias;
+    q[2].n_logit_bias = 1;
+    q[3].temperature = 0.0f;
+    q[3].presence_penalty = 0.5f;
+    for (int i = 0; i < 4; i++) {
+        cinfer_sampler *u = make(&q[i]);
+        if (!u)
+            continue;
+        CHECK(!cinfer_sampler_plain_greedy(u));
+        cinfer_sampler_destroy(u);
+    }
+}
+
 static void test_bad_logits(void)
 {
     enum { V = 50 };
@@ -1204,6 +1299,7 @@ int main(void)
     RUN(test_logprobs);
     RUN(test_invalid_params);
     RUN(test_bad_logits);
+    RUN(test_take_greedy);
     RUN(test_large_vocab);
     return harness_done();
 }
