@@ -517,7 +517,7 @@ static int64_t grammar_mask(cinfer_engine *e, eng_seq *s, cinfer_status *st)
 }
 
 /* Samples the next token of s from its logits row (or, row NULL, takes
- * the greedy code the backend chose, run_step) and decides whether the
+ * the code of the token the backend chose, run_step) and decides whether the
  * sample ends. Returns 1 if it ended (s may be freed then), else 0. */
 static int take_token(cinfer_engine *e, eng_seq *s, float *row, int32_t code,
                       int64_t t_ns)
@@ -542,7 +542,7 @@ static int take_token(cinfer_engine *e, eng_seq *s, float *row, int32_t code,
         st = cinfer_sampler_sample(s->sampler, row, &tok,
                                    r->logprobs ? &lp : NULL);
     else
-        st = cinfer_sampler_take_greedy(s->sampler, code, &tok);
+        st = cinfer_sampler_take_code(s->sampler, code, &tok);
     if (st == CINFER_OK)
         st = cinfer_sampler_accept(s->sampler, tok);
     if (st == CINFER_OK && s->grammar && !cinfer_tokenizer_is_eog(e->tk, tok)) {
@@ -738,22 +738,44 @@ static void drop_expired(cinfer_engine *e, int64_t t_ns)
     }
 }
 
-/* Whether every row of the step that gives a token is a plain greedy one
- * (no drafts, grammar, logprobs, nor anything for the sampler to apply),
- * so that the backend can choose the tokens where the logits are and
- * only they come back. */
-static int step_greedy(cinfer_engine *e)
+/* Whether the backend chooses the step's tokens where the logits are, so
+ * that only they come back: every row that gives a token is plain greedy,
+ * or (where the backend draws too) a plain scan (engine/sampler.h: no
+ * drafts, grammar or logprobs, nothing for the sampler to apply, no top_k
+ * or top_p). 0: no, the logits come back; 1: every row greedy; 2: with
+ * draws, filled in e->draws (their draw index advanced). */
+static int step_choice(cinfer_engine *e, int32_t n_out)
 {
-    if (!cinfer_model_has_greedy(e->model))
+    int have = cinfer_model_choices(e->model);
+    if (have == 0)
         return 0;
+    int sampled = 0;
     for (int k = 0; k < e->n_sched; k++) {
         const eng_seq *s = e->sched[k];
-        if (s->step_out >= 0 &&
-            (s->n_draft || s->grammar || s->req->logprobs ||
-             !cinfer_sampler_plain_greedy(s->sampler)))
+        if (s->step_out < 0)
+            continue;
+        if (s->n_draft || s->grammar || s->req->logprobs)
             return 0;
+        if (cinfer_sampler_plain_greedy(s->sampler))
+            continue;
+        if (have < 2 || !cinfer_sampler_plain_scan(s->sampler))
+            return 0;
+        sampled = 1;
     }
-    return 1;
+    if (!sampled)
+        return 1;
+    for (int32_t j = 0; j < n_out; j++)
+        e->draws[j] = (cinfer_draw){0.0f, 0.0f, 0.0};
+    for (int k = 0; k < e->n_sched; k++) {
+        eng_seq *s = e->sched[k];
+        if (s->step_out < 0 || cinfer_sampler_plain_greedy(s->sampler))
+            continue;
+        cinfer_draw *d = &e->draws[s->step_out];
+        cinfer_status st =
+            cinfer_sampler_scan_draw(s->sampler, &d->inv_t, &d->min_w, &d->u);
+        CINFER_ASSERT(st == CINFER_OK); /* plain scan, checked above */
+    }
+    return 2;
 }
 
 static void run_step(cinfer_engine *e)
@@ -764,14 +786,17 @@ static void run_step(cinfer_engine *e)
         return;
     cinfer_step step;
     sched_build_step(e, &step);
-    const int greedy = step_greedy(e);
+    const int choice = step_choice(e, step.n_out);
     cinfer_status st =
-        greedy ? cinfer_model_forward_greedy(e->model, &step, e->codes)
+        choice ? cinfer_model_forward_choose(e->model, &step,
+                                             choice == 2 ? e->draws : NULL,
+                                             e->codes)
                : cinfer_model_forward(e->model, &step, e->logits);
     int64_t t1 = now(e);
     sched_observe_step(e, rows, t1 - t0);
     e->st.steps++;
-    e->st.greedy_steps += (uint64_t)greedy;
+    e->st.greedy_steps += choice == 1;
+    e->st.drawn_steps += choice == 2;
     e->st.last_step_ns = t1;
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
@@ -791,7 +816,7 @@ static void run_step(cinfer_engine *e)
     int n = e->n_sched;
     for (int k = 0; k < n; k++) {
         eng_seq *s = e->sched[k];
-        if (s->step_out >= 0 && greedy) {
+        if (s->step_out >= 0 && choice) {
             take_token(e, s, NULL, e->codes[s->step_out], t1);
         } else if (s->step_out >= 0) {
             float *row = e->logits + (size_t)s->step_out * (size_t)e->n_vocab;
@@ -993,7 +1018,8 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     }
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
     e->codes = malloc(sizeof(int32_t) * (size_t)e->max_out);
-    if (!e->codes || !e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
+    e->draws = malloc(sizeof(cinfer_draw) * (size_t)e->max_out);
+    if (!e->codes || !e->draws || !e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
         !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
         !e->s_embd || !e->s_tables ||
         (e->skv && (!e->s_swa_slots || !e->s_swa_tables)) ||
@@ -1041,6 +1067,7 @@ fail:
     free(e->s_swa_tables);
     free(e->logits);
     free(e->codes);
+    free(e->draws);
     free(e);
     return st;
 }
@@ -1080,6 +1107,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->s_swa_tables);
     free(e->logits);
     free(e->codes);
+    free(e->draws);
     free(e);
 }
 

@@ -277,8 +277,10 @@ typedef struct {
     uint64_t generated_tokens;
     uint64_t steps;
     uint64_t greedy_steps;     /* of them, steps whose tokens the backend
-                                  chose (every row plain greedy: only token
-                                  ids came back, cinfer_model_forward_greedy) */
+                                  chose, every row plain greedy: only token
+                                  ids came back (cinfer_model_forward_choose) */
+    uint64_t drawn_steps;      /* and steps whose tokens the backend drew,
+                                  some rows plain scan (engine/sampler.h) */
     int64_t last_step_ns;      /* engine clock at the last step's end */
     int device_lost;           /* 1 once a step failed and the backend
                                   reported a fault it cannot recover from

@@ -207,7 +207,9 @@ struct cinfer_engine {
     int32_t *s_tables;   /* [max_seqs, max_blocks] */
     int32_t *s_swa_slots, *s_swa_tables; /* the same for skv */
     float *logits;       /* [max_out, n_vocab] */
-    int32_t *codes;      /* [max_out]: a greedy step's choices (run_step) */
+    int32_t *codes;      /* [max_out]: tokens chosen on the backend
+                            (run_step, step_choice) */
+    cinfer_draw *draws;  /* [max_out]: what the backend draws for them */
     int max_out;
     char errbuf[256];
 };

@@ -123,9 +123,9 @@ struct cinfer_model {
     cinfer_tensor *x, *h, *q, *k, *v, *att, *gate, *up;
     cinfer_tensor *xo, *ho;   /* out rows of the last layer */
     cinfer_tensor *logits;    /* [max_rows, n_vocab] */
-    cinfer_tensor *greedy;    /* [max_rows] I32, each out row's greedy
-                                 choice; where the model has one backend
-                                 that makes it (model_has_greedy) */
+    cinfer_tensor *greedy;    /* [max_rows] I32, each out row's token
+                                 chosen on the backend, where it can
+                                 (cinfer_model_choices) */
 
     /* eval_single scratch */
     int32_t *single_tables;
@@ -971,12 +971,20 @@ static int act_widths(cinfer_model *m, cinfer_tensor ***ts, int64_t *widths)
 
 #define N_ACTS 11
 
-/* Whether the step's greedy choices can be made on the backend: one
- * backend holds the whole vocabulary's logits (no tensor parallelism). */
-static int has_greedy_op(const cinfer_model *m)
+/* Which choices of the out rows' tokens the backend makes (model.h's
+ * cinfer_model_choices): only where one backend holds the whole
+ * vocabulary's logits (no tensor parallelism). */
+static int choices(const cinfer_model *m)
 {
-    return m->tp == 1 && !m->gather && cinfer_backend_has_greedy(m->be);
+    if (m->tp != 1 || m->gather || !m->be)
+        return 0;
+    if (cinfer_backend_has_choose(m->be) &&
+        m->info.n_vocab <= CINFER_CHOOSE_MAX_N)
+        return 2;
+    return cinfer_backend_has_greedy(m->be) ? 1 : 0;
 }
+
+static int has_greedy_op(const cinfer_model *m) { return choices(m) > 0; }
 
 static uint64_t act_bytes(cinfer_model *m)
 {
@@ -1673,10 +1681,11 @@ static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
 }
 
 /* The step through the model; then the logits of its out rows into
- * `logits`, or (greedy not NULL) their greedy codes (backend.h's
- * cinfer_backend_greedy) into `greedy`. */
+ * `logits`, or (codes not NULL) their tokens chosen on the backend into
+ * `codes`: greedy (draws NULL) or as draws says (model_forward_choose). */
 static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
-                             float *logits, int32_t *greedy)
+                             float *logits, const cinfer_draw *draws,
+                             int32_t *codes)
 {
     const cinfer_model_info *I = &m->info;
     cinfer_backend *be = m->be;
@@ -1799,10 +1808,13 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
     const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};
     cinfer_tensor *olog[1] = {m->logits};
     TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
-    if (greedy) {
+    if (codes) {
         TRY(cinfer_backend_tensor_set_rows(be, m->greedy, n_out));
-        TRY(cinfer_backend_greedy(be, m->logits, m->greedy));
-        TRY(cinfer_backend_download(be, m->greedy, 0, greedy,
+        if (draws)
+            TRY(cinfer_backend_choose(be, m->logits, draws, m->greedy));
+        else
+            TRY(cinfer_backend_greedy(be, m->logits, m->greedy));
+        TRY(cinfer_backend_download(be, m->greedy, 0, codes,
                                     sizeof(int32_t) * (size_t)n_out));
     } else {
         TRY(download_logits(m, n_out, logits));
@@ -1814,26 +1826,29 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits)
 {
-    return forward(m, step, logits, NULL);
+    return forward(m, step, logits, NULL, NULL);
 }
 
-int cinfer_model_has_greedy(const cinfer_model *m)
+int cinfer_model_choices(const cinfer_model *m)
 {
-    return m && !m->group && m->greedy != NULL;
+    return m && !m->group && m->greedy ? choices(m) : 0;
 }
 
-cinfer_status cinfer_model_forward_greedy(cinfer_model *m,
+cinfer_status cinfer_model_forward_choose(cinfer_model *m,
                                           const cinfer_step *step,
+                                          const cinfer_draw *draws,
                                           int32_t *codes)
 {
-    if (!cinfer_model_has_greedy(m))
+    int have = cinfer_model_choices(m);
+    if (have == 0 || (draws && have < 2))
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "model_forward_greedy: the greedy choice is "
-                                "not made on this model's backend");
+                                "model_forward_choose: %s are not chosen on "
+                                "this model's backend",
+                                draws ? "drawn tokens" : "greedy tokens");
     if (!codes)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "model_forward_greedy: codes is NULL");
-    return forward(m, step, NULL, codes);
+                                "model_forward_choose: codes is NULL");
+    return forward(m, step, NULL, draws, codes);
 }
 
 cinfer_status cinfer_model_follow(cinfer_model *m)

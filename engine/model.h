@@ -290,18 +290,26 @@ cinfer_status cinfer_model_follow(cinfer_model *m);
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits);
 
-/* cinfer_model_forward whose out rows' greedy choices are made where the
- * logits are (kernels/backend.h, cinfer_backend_greedy): only codes[j]
- * ([step->n_out] int32) come back, the row's argmax token, -1 for a row
- * of -inf, below that its first NaN or +inf (cinfer_sampler_take_greedy
- * turns a code into a token or the sampler's error). For samplers with
- * nothing to apply (cinfer_sampler_plain_greedy). CINFER_E_UNSUPPORTED
- * unless cinfer_model_has_greedy: one backend holds every logit (no
- * tensor parallelism) and it has the op (the CPU and CUDA backends do). */
-cinfer_status cinfer_model_forward_greedy(cinfer_model *m,
+/* cinfer_model_forward whose out rows' tokens are chosen where the logits
+ * are (kernels/backend.h): only codes[j] ([step->n_out] int32) come back,
+ * not the logits. draws NULL: every row's greedy choice
+ * (cinfer_backend_greedy); else draws[j] ([n_out]) says row j's draw
+ * (cinfer_backend_choose; inv_t 0 for a greedy row). A code is the token,
+ * or -1 for a row of -inf, or below that its first NaN or +inf:
+ * cinfer_sampler_take_code turns it into the token or the sampler's
+ * error. For samplers with nothing to apply (engine/sampler.h,
+ * cinfer_sampler_plain_greedy and _plain_scan). CINFER_E_UNSUPPORTED
+ * beyond cinfer_model_choices. */
+cinfer_status cinfer_model_forward_choose(cinfer_model *m,
                                           const cinfer_step *step,
+                                          const cinfer_draw *draws,
                                           int32_t *codes);
-int cinfer_model_has_greedy(const cinfer_model *m);
+
+/* What cinfer_model_forward_choose can do here: 0 nothing (tensor
+ * parallelism: no backend holds every logit), 1 greedy rows (the CPU
+ * backend), 2 greedy rows and draws (CUDA, a vocabulary of at most
+ * CINFER_CHOOSE_MAX_N). */
+int cinfer_model_choices(const cinfer_model *m);
 
 /* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ...
  * (and, with a window pool, block i % n_swa_blocks of it, so the chunks

@@ -1137,28 +1137,63 @@ cinfer_status cinfer_sampler_sample(cinfer_sampler *s, float *logits,
     return CINFER_OK;
 }
 
-int cinfer_sampler_plain_greedy(const cinfer_sampler *s)
+float cinfer_sampler_weight(float logit, float max, float inv_t, float min_w)
 {
-    return s && s->p.temperature < CINFER_SAMPLER_GREEDY_EPS &&
-           s->p.n_logit_bias == 0 && !s->allowed && !s->penalties &&
+    return weight(logit, max, inv_t, min_w);
+}
+
+/* Nothing for stages 1-3 to apply to the next row. */
+static int nothing_to_apply(const cinfer_sampler *s)
+{
+    return s->p.n_logit_bias == 0 && !s->allowed && !s->penalties &&
            !(s->n_accepted < s->p.min_tokens && s->p.n_eog_tokens > 0);
 }
 
-cinfer_status cinfer_sampler_take_greedy(cinfer_sampler *s, int32_t code,
-                                         int32_t *token)
+int cinfer_sampler_plain_greedy(const cinfer_sampler *s)
+{
+    return s && s->p.temperature < CINFER_SAMPLER_GREEDY_EPS &&
+           nothing_to_apply(s);
+}
+
+int cinfer_sampler_plain_scan(const cinfer_sampler *s)
+{
+    return s && !(s->p.temperature < CINFER_SAMPLER_GREEDY_EPS) &&
+           !(s->p.top_k > 0 && s->p.top_k < s->p.n_vocab) &&
+           !(s->p.top_p < 1.0f) && nothing_to_apply(s);
+}
+
+cinfer_status cinfer_sampler_scan_draw(cinfer_sampler *s, float *inv_t,
+                                       float *min_w, double *u)
+{
+    if (!s || !inv_t || !min_w || !u)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_scan_draw: an argument is NULL");
+    if (!cinfer_sampler_plain_scan(s))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_scan_draw: the sampler has stages "
+                                "to apply, top_k or top_p, or is greedy");
+    /* as build_plan and draw() take them */
+    *inv_t = 1.0f / s->p.temperature;
+    *min_w = s->p.min_p;
+    *u = draw_uniform(s->key, s->n_accepted, s->n_draws++);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
+                                       int32_t *token)
 {
     if (!s || !token)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_take_greedy: %s is NULL",
+                                "sampler_take_code: %s is NULL",
                                 !s ? "s" : "token");
-    if (!cinfer_sampler_plain_greedy(s))
+    if (!cinfer_sampler_plain_greedy(s) && !cinfer_sampler_plain_scan(s))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_take_greedy: the sampler has stages "
-                                "to apply or is not greedy");
+                                "sampler_take_code: the sampler has stages "
+                                "to apply, top_k or top_p");
     if (code >= s->p.n_vocab)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_take_greedy: token %d of a "
-                                "vocabulary of %d",
+                                "sampler_take_code: token %d of a vocabulary "
+                                "of %d",
                                 code, s->p.n_vocab);
     if (code >= 0) {
         *token = code;
@@ -1169,8 +1204,8 @@ cinfer_status cinfer_sampler_take_greedy(cinfer_sampler *s, int32_t code,
     int64_t k = -2 - (int64_t)code; /* 2 i + nan */
     if (k / 2 >= s->p.n_vocab)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_take_greedy: code %d names no entry "
-                                "of a vocabulary of %d",
+                                "sampler_take_code: code %d names no entry of "
+                                "a vocabulary of %d",
                                 code, s->p.n_vocab);
     return cinfer_set_error(CINFER_E_RANGE,
                             "logits[%d] is %s (logits must be finite or -inf)",

@@ -66,7 +66,11 @@
  * sampler's own exp in plain IEEE single precision (no libm, no fused
  * multiply-add), and every sum runs in a fixed order, so the same seed and
  * the same sequence of logits rows and accepts give the same tokens on
- * every run, machine and libm.
+ * every run, machine and libm. The CUDA backend's draw
+ * (kernels/cuda/sample.cu, cinfer_backend_choose) repeats the whole-row
+ * plan (temperature and min_p) with these bits: a change to the weights,
+ * the sums or the walk here is a change there (test_backend_ops compares
+ * them).
  *
  * Logprobs follow vLLM's default (raw logprobs): the log-softmax of the row
  * as the model produced it, before bias, masks, penalties and temperature.
@@ -254,18 +258,42 @@ cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
 /* 1 if the next sample() has nothing to apply and is greedy: temperature
  * below 1e-5, no logit_bias, no mask set for it, no penalty, min_tokens
  * reached (or no eog_tokens). Its token is then the row's argmax, which a
- * backend can choose where the logits are (cinfer_backend_greedy), and
- * cinfer_sampler_take_greedy stands in for sample(). Pure. */
+ * backend can choose where the logits are (kernels/backend.h,
+ * cinfer_backend_greedy and cinfer_backend_choose), and
+ * cinfer_sampler_take_code stands in for sample(). Pure. */
 int cinfer_sampler_plain_greedy(const cinfer_sampler *s);
 
-/* sample() for a plain greedy row (cinfer_sampler_plain_greedy) from the
- * code cinfer_backend_greedy gave for it (kernels/backend.h): the token,
- * or sample()'s error for that row (CINFER_E_RANGE: the NaN or +inf entry
- * named, or every logit -inf), with the same message. CINFER_E_INVALID_ARG
- * where the sampler is not plain greedy or the code is out of range. Like
- * sample(), it does not accept the token. */
-cinfer_status cinfer_sampler_take_greedy(cinfer_sampler *s, int32_t code,
-                                         int32_t *token);
+/* 1 if the next sample() has nothing to apply (as above) and draws from
+ * the whole row: temperature at least 1e-5, top_k off (0 or >= n_vocab),
+ * top_p 1, min_p anything. A backend can then draw the token where the
+ * logits are (cinfer_backend_choose), with the same weights, sums and
+ * walk as sample(), so the same token. Pure. */
+int cinfer_sampler_plain_scan(const cinfer_sampler *s);
+
+/* For a plain scan sampler: what the backend's draw needs (backend.h's
+ * cinfer_draw): inv_t = 1 / temperature, min_w = min_p, and u, the
+ * draw's uniform in [0, 1) as sample() would take it; the draw index
+ * advances as sample() advances it (also when the row then turns out
+ * bad, where sample() would not have drawn). CINFER_E_INVALID_ARG, and
+ * nothing changed, for any other sampler. */
+cinfer_status cinfer_sampler_scan_draw(cinfer_sampler *s, float *inv_t,
+                                       float *min_w, double *u);
+
+/* A token's weight as every pass of sample() takes it: e^((logit - max) *
+ * inv_t) from the sampler's own exp (plain IEEE single arithmetic, no
+ * libm: the same bits on every machine), 0 below min_w. logit <= max. A
+ * backend that draws (kernels/cuda/sample.cu) gives these bits; the
+ * tests compare. Pure. */
+float cinfer_sampler_weight(float logit, float max, float inv_t, float min_w);
+
+/* sample() for a plain greedy or plain scan row from the code the backend
+ * gave for it (kernels/backend.h: cinfer_backend_greedy,
+ * cinfer_backend_choose): the token, or sample()'s error for that row
+ * (CINFER_E_RANGE: the NaN or +inf entry named, or every logit -inf), with
+ * the same message. CINFER_E_INVALID_ARG where the sampler is neither or
+ * the code is out of range. Like sample(), it does not accept the token. */
+cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
+                                       int32_t *token);
 
 /* Back to the state right after create: history, accepted count and draw
  * index cleared (so the draws replay from position 0). Keeps the

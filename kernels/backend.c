@@ -1184,10 +1184,11 @@ cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
     return be->ops->scale(be, x, s);
 }
 
-cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
-                                    cinfer_tensor *out)
+/* x [rows, n] F32 and out [rows] I32, n <= max_n: greedy's and choose's
+ * shapes. */
+static cinfer_status check_choice(const char *op, const cinfer_tensor *x,
+                                  const cinfer_tensor *out, int64_t max_n)
 {
-    const char *op = "greedy";
     TRY(need_f32_matrix(op, "x", x, -1, -1));
     TRY(need_tensor(op, "out", out));
     TRY(need_writable(op, "out", out));
@@ -1195,19 +1196,58 @@ cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
         out->desc.shape[0] != t_rows(x)) {
         char buf[96];
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "greedy: out must be I32 [%lld], got %s",
+                                "%s: out must be I32 [%lld], got %s", op,
                                 (long long)t_rows(x),
                                 desc_str(&out->desc, buf, sizeof buf));
     }
-    if (t_cols(x) > ((int64_t)1 << 28))
+    if (t_cols(x) > max_n)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "greedy: rows of %lld entries (at most 2^28)",
-                                (long long)t_cols(x));
+                                "%s: rows of %lld entries (at most %lld)", op,
+                                (long long)t_cols(x), (long long)max_n);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
+                                    cinfer_tensor *out)
+{
+    TRY(check_choice("greedy", x, out, (int64_t)1 << 28));
     if (!be->ops->greedy)
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
                                 "greedy: the %s backend has no greedy op",
                                 cinfer_backend_name(be));
     return be->ops->greedy(be, x, out);
+}
+
+cinfer_status cinfer_backend_choose(cinfer_backend *be, const cinfer_tensor *x,
+                                    const cinfer_draw *draws,
+                                    cinfer_tensor *out)
+{
+    TRY(check_choice("choose", x, out, CINFER_CHOOSE_MAX_N));
+    if (!draws)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "choose: draws is NULL");
+    for (int64_t r = 0; r < t_rows(x); r++) {
+        const cinfer_draw *d = &draws[r];
+        if (!(d->inv_t >= 0.0f && d->inv_t < INFINITY) ||
+            !(d->min_w >= 0.0f && d->min_w <= 1.0f) ||
+            !(d->u >= 0.0 && d->u < 1.0))
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "choose: draws[%lld] = {inv_t %g, min_w "
+                                    "%g, u %g}: need inv_t finite and >= 0, "
+                                    "min_w in [0, 1], u in [0, 1)",
+                                    (long long)r, (double)d->inv_t,
+                                    (double)d->min_w, d->u);
+    }
+    if (!be->ops->choose)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "choose: the %s backend has no choose op",
+                                cinfer_backend_name(be));
+    return be->ops->choose(be, x, draws, out);
+}
+
+int cinfer_backend_has_choose(const cinfer_backend *be)
+{
+    return be && be->ops->choose != NULL;
 }
 
 int cinfer_backend_has_greedy(const cinfer_backend *be)

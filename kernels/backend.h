@@ -366,6 +366,34 @@ cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
                                     cinfer_tensor *out);
 int cinfer_backend_has_greedy(const cinfer_backend *be);
 
+/* What cinfer_backend_choose draws for one row (engine/sampler.h's
+ * cinfer_sampler_scan_draw gives it). */
+typedef struct {
+    float inv_t; /* 1 / temperature; 0 = the greedy choice */
+    float min_w; /* min_p: weights below it count as 0 */
+    double u;    /* the draw's uniform, in [0, 1) */
+} cinfer_draw;
+
+/* Most entries a row of cinfer_backend_choose may have (256 chunks of
+ * 1024). */
+#define CINFER_CHOOSE_MAX_N (256 * 1024)
+
+/* Each row's token drawn where the logits are, as engine/sampler.c draws
+ * from a whole row it has nothing to apply to (its scan plan: temperature
+ * and min_p, no top_k or top_p), the same bits: w[i] = its e^((x[i] -
+ * max) * inv_t) (no libm), 0 below min_w; sums of 1024-entry chunks in
+ * double; target = u * their sum; the first entry whose running sum in
+ * index order passes it. out[r] is that token, or, for inv_t 0, the
+ * greedy choice; or cinfer_backend_greedy's codes for a bad row (-1: all
+ * -inf; -2 - (2 i + nan): a NaN or +inf at i). x: [rows, n] F32, 1 <= n
+ * <= CINFER_CHOOSE_MAX_N; draws: [rows] host memory, read during the
+ * call; out: [rows] I32. Optional: CINFER_E_UNSUPPORTED where
+ * cinfer_backend_has_choose says 0. */
+cinfer_status cinfer_backend_choose(cinfer_backend *be, const cinfer_tensor *x,
+                                    const cinfer_draw *draws,
+                                    cinfer_tensor *out);
+int cinfer_backend_has_choose(const cinfer_backend *be);
+
 /* 1 if the backend has the optional slots Gemma 3's graph needs
  * (attention_window, kv_store_swa, gelu_mul, scale), so a model can refuse
  * at load. */

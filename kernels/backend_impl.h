@@ -195,6 +195,11 @@ struct cinfer_backend_ops {
     cinfer_status (*greedy)(cinfer_backend *be, const cinfer_tensor *x,
                             cinfer_tensor *out);
 
+    /* (optional) each row's drawn token (backend.h); NULL:
+     * CINFER_E_UNSUPPORTED. */
+    cinfer_status (*choose)(cinfer_backend *be, const cinfer_tensor *x,
+                            const cinfer_draw *draws, cinfer_tensor *out);
+
     /* (optional) The collectives over be->comm. all_reduce_sum is called
      * only with more than one rank (backend.c makes it a no-op
      * otherwise); all_gather also with one rank or none (a copy). NULL:

@@ -88,6 +88,8 @@ static cinfer_status model_info(srv_call *c, const uint8_t *req, size_t len,
     stats.cached_tokens = es.cached_tokens;
     stats.generated_tokens = es.generated_tokens;
     stats.steps = es.steps;
+    stats.greedy_steps = es.greedy_steps;
+    stats.drawn_steps = es.drawn_steps;
     resp.stats = &stats;
 
     pthread_mutex_lock(&s->mu);

@@ -77,6 +77,11 @@ typedef struct {
         *d_tables, *d_plan;
     cinfer_cuda_attn_plan_info plan;
 
+    /* choose's draws: staged (pinned), copied before its launch. */
+    cinfer_draw *h_draws, *d_draws;
+    size_t draws_cap;          /* entries of each */
+    cudaEvent_t draws_copied;  /* the last copy out of h_draws is done */
+
     void *scratch; /* device scratch of matmul and attention */
     size_t scratch_bytes;
 } cuda_backend;
@@ -177,6 +182,11 @@ static void cuda_destroy(cinfer_backend *be)
         cudaFreeHost(cb->h_meta);
     if (cb->step_copied)
         cudaEventDestroy(cb->step_copied);
+    dev_free(cb, cb->d_draws, cb->draws_cap * sizeof(cinfer_draw));
+    if (cb->h_draws)
+        cudaFreeHost(cb->h_draws);
+    if (cb->draws_copied)
+        cudaEventDestroy(cb->draws_copied);
     if (cb->cublas)
         cublasDestroy(cb->cublas);
     if (cb->stream)
@@ -656,6 +666,52 @@ static cinfer_status cuda_greedy(cinfer_backend *be, const cinfer_tensor *x,
                                        cinfer_tensor_cols(x), out->data));
 }
 
+/* The draws to the device (grown on demand), then the kernel. */
+static cinfer_status put_draws(cuda_backend *cb, const cinfer_draw *draws,
+                               size_t rows)
+{
+    CINFER_CUDA_TRY(cudaEventSynchronize(cb->draws_copied));
+    if (rows > cb->draws_cap) {
+        size_t cap = rows < 64 ? 64 : rows;
+        if (cb->h_draws)
+            CINFER_CUDA_TRY(cudaFreeHost(cb->h_draws));
+        cb->h_draws = NULL;
+        dev_free(cb, cb->d_draws, cb->draws_cap * sizeof(cinfer_draw));
+        cb->d_draws = NULL;
+        cb->draws_cap = 0;
+        CINFER_CUDA_TRY(cudaMallocHost((void **)&cb->h_draws,
+                                       cap * sizeof(cinfer_draw)));
+        void *d;
+        cinfer_status st =
+            dev_alloc(cb, cap * sizeof(cinfer_draw), "draws", &d);
+        if (st != CINFER_OK)
+            return st;
+        cb->d_draws = d;
+        cb->draws_cap = cap;
+    }
+    memcpy(cb->h_draws, draws, rows * sizeof(cinfer_draw));
+    CINFER_CUDA_TRY(cudaMemcpyAsync(cb->d_draws, cb->h_draws,
+                                    rows * sizeof(cinfer_draw),
+                                    cudaMemcpyHostToDevice, cb->stream));
+    CINFER_CUDA_TRY(cudaEventRecord(cb->draws_copied, cb->stream));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_choose(cinfer_backend *be, const cinfer_tensor *x,
+                                 const cinfer_draw *draws, cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    const int64_t rows = cinfer_tensor_rows(x);
+    if (rows == 0)
+        return CINFER_OK;
+    cinfer_status st = seen(cb, put_draws(cb, draws, (size_t)rows));
+    if (st != CINFER_OK)
+        return st;
+    return seen(cb, cinfer_cuda_choose(cb->stream, x->data, rows,
+                                       cinfer_tensor_cols(x), cb->d_draws,
+                                       out->data));
+}
+
 static cinfer_status cuda_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
 {
     cuda_backend *cb = cu(be);
@@ -714,6 +770,7 @@ static const struct cinfer_backend_ops cuda_ops = {
     .silu_mul = cuda_silu_mul,
     .gather_rows = cuda_gather_rows,
     .greedy = cuda_greedy,
+    .choose = cuda_choose,
     .all_reduce_sum = cuda_all_reduce_sum,
     .all_gather = cuda_all_gather,
 };
@@ -753,6 +810,8 @@ static cinfer_status open_device(cuda_backend *cb, double fraction)
         cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     CINFER_CUDA_TRY(
         cudaEventCreateWithFlags(&cb->step_copied, cudaEventDisableTiming));
+    CINFER_CUDA_TRY(
+        cudaEventCreateWithFlags(&cb->draws_copied, cudaEventDisableTiming));
     CINFER_CUBLAS_TRY(cublasCreate(&cb->cublas));
     CINFER_CUBLAS_TRY(cublasSetStream(cb->cublas, cb->stream));
     snprintf(cb->base.device_desc, sizeof cb->base.device_desc,

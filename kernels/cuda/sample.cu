@@ -6,6 +6,15 @@
  * indices wins a tie) and its first NaN or +inf; the warps, then the CTA,
  * combine (value, index) pairs, the larger value or on a tie the lower
  * index, and the lowest bad index.
+ *
+ * Choose: the same first pass, then engine/sampler.c's scan plan with its
+ * bits: weights from the sampler's own e^x (below: each operation rounded
+ * on its own, no FMA, as the sampler's plain IEEE single code), chunk sums
+ * of 1024 entries in double with the sampler's four interleaved
+ * accumulators (a thread a chunk), then one thread adds them in order and
+ * walks them, and the chosen chunk's weights, as the sampler's draw does.
+ * Change one and the other with it: test_backend_ops compares their
+ * tokens.
  */
 #include "kernels/cuda/cuda_compat.cuh"
 
@@ -77,6 +86,212 @@ greedy_kernel(const float *__restrict__ x, // [rows, n]
             r = bi == NONE ? -1 : bi; /* NONE: the row is all -inf */
         out[blockIdx.x] = r;
     }
+}
+
+/* ---------------------------------------------------------------------- */
+/* choose                                                                  */
+/* ---------------------------------------------------------------------- */
+
+#define CHUNK 1024
+#define MAX_CHUNKS 256
+
+/* engine/sampler.c's exp4_neg, one lane: e^x for x <= 0 (0 below -87). */
+__device__ __forceinline__ float sampler_exp_neg(float x)
+{
+    if (!(x >= -87.0f))
+        return 0.0f; /* -inf too */
+    float xc = x > 0.0f ? 0.0f : x;
+    float n = __fsub_rn(__fadd_rn(__fmul_rn(xc, 1.44269504088896341f),
+                                  12582912.0f),
+                        12582912.0f);
+    float r = __fsub_rn(xc, __fmul_rn(n, 0.693359375f));
+    r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
+    float q = __fadd_rn(__fmul_rn(r, 1.9875691500e-4f), 1.3981999507e-3f);
+    q = __fadd_rn(__fmul_rn(q, r), 8.3334519073e-3f);
+    q = __fadd_rn(__fmul_rn(q, r), 4.1665795894e-2f);
+    q = __fadd_rn(__fmul_rn(q, r), 1.6666665459e-1f);
+    q = __fadd_rn(__fmul_rn(q, r), 5.0000001201e-1f);
+    float e = __fadd_rn(__fadd_rn(__fmul_rn(__fmul_rn(q, r), r), r), 1.0f);
+    const int scale = (__float2int_rz(n) + 127) << 23; /* 2^n */
+    return __fmul_rn(e, __int_as_float(scale));
+}
+
+/* engine/sampler.c's weight(): 0 below min_w. */
+__device__ __forceinline__ float sampler_weight(float logit, float max,
+                                                float inv_t, float min_w)
+{
+    const float e = sampler_exp_neg(__fmul_rn(__fsub_rn(logit, max), inv_t));
+    return e >= min_w ? e : 0.0f;
+}
+
+// Grid: (rows), block (THREADS); n <= MAX_CHUNKS * CHUNK.
+__global__ void __launch_bounds__(THREADS)
+choose_kernel(const float *__restrict__ x,           // [rows, n]
+              int64_t n, const cinfer_draw *__restrict__ draws, // [rows]
+              int32_t *__restrict__ out)             // [rows]
+{
+    CINFER_SHARED(float, sv, [THREADS / 32]);
+    CINFER_SHARED(int, si, [THREADS / 32]);
+    CINFER_SHARED(int, sb, [THREADS / 32]);
+    CINFER_SHARED(double, chunk, [MAX_CHUNKS]);
+    CINFER_SHARED(int, s_code, [1]);
+    CINFER_SHARED(float, s_max, [1]);
+    const float *row = x + (int64_t)blockIdx.x * n;
+    const cinfer_draw d = draws[blockIdx.x];
+    const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
+    float best = -INFINITY;
+    int bi = NONE, bad = NONE;
+    for (int64_t k = t; k < n; k += THREADS) {
+        const float v = row[k];
+        if (!(v < INFINITY)) {
+            if (bad == NONE)
+                bad = (int)k;
+        } else if (v > best) {
+            best = v;
+            bi = (int)k;
+        }
+    }
+    for (int m = 16; m > 0; m /= 2) {
+        const float w = __shfl_xor_sync(FULL_MASK, best, m);
+        const int j = __shfl_xor_sync(FULL_MASK, bi, m);
+        const int b = __shfl_xor_sync(FULL_MASK, bad, m);
+        greedy_pick(best, bi, w, j);
+        bad = b < bad ? b : bad;
+    }
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+        sb[warp] = bad;
+    }
+    __syncthreads();
+    if (t == 0) {
+        for (int w = 1; w < THREADS / 32; w++) {
+            greedy_pick(best, bi, sv[w], si[w]);
+            bad = sb[w] < bad ? sb[w] : bad;
+        }
+        int code = NONE; /* NONE: draw */
+        if (bad != NONE)
+            code = -2 - (2 * bad + (row[bad] != row[bad]));
+        else if (bi == NONE)
+            code = -1; /* the row is all -inf */
+        else if (d.inv_t == 0.0f)
+            code = bi;
+        s_code[0] = code;
+        s_max[0] = best;
+    }
+    __syncthreads();
+    if (s_code[0] != NONE) {
+        if (t == 0)
+            out[blockIdx.x] = s_code[0];
+        return;
+    }
+    const float max = s_max[0];
+    const int n_chunks = (int)((n + CHUNK - 1) / CHUNK);
+    /* chunk c's weights summed as sampler.c's sum_weights */
+    for (int c = t; c < n_chunks; c += THREADS) {
+        const int64_t lo = (int64_t)c * CHUNK;
+        const int len = (int)(n - lo < CHUNK ? n - lo : CHUNK);
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+        int i = 0;
+        for (; i + 4 <= len; i += 4) {
+            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max,
+                                                      d.inv_t, d.min_w));
+            a1 = __dadd_rn(a1, (double)sampler_weight(row[lo + i + 1], max,
+                                                      d.inv_t, d.min_w));
+            a2 = __dadd_rn(a2, (double)sampler_weight(row[lo + i + 2], max,
+                                                      d.inv_t, d.min_w));
+            a3 = __dadd_rn(a3, (double)sampler_weight(row[lo + i + 3], max,
+                                                      d.inv_t, d.min_w));
+        }
+        for (; i < len; i++)
+            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max,
+                                                      d.inv_t, d.min_w));
+        chunk[c] = __dadd_rn(__dadd_rn(a0, a1), __dadd_rn(a2, a3));
+    }
+    __syncthreads();
+    if (t != 0)
+        return;
+    /* sampler.c's build_plan (z) and draw (the walk) */
+    double z = 0.0;
+    for (int c = 0; c < n_chunks; c++)
+        z = __dadd_rn(z, chunk[c]);
+    const double target = __dmul_rn(d.u, z);
+    double cum = 0.0;
+    int c = 0, last_nonempty = -1;
+    for (; c < n_chunks; c++) {
+        if (chunk[c] > 0.0)
+            last_nonempty = c;
+        if (chunk[c] > 0.0 && __dadd_rn(cum, chunk[c]) > target)
+            break;
+        cum = __dadd_rn(cum, chunk[c]);
+    }
+    if (c == n_chunks) {
+        c = last_nonempty; /* rounding at the very end */
+        cum = -INFINITY;   /* take the chunk's last kept token */
+    }
+    const int64_t lo = (int64_t)c * CHUNK;
+    const int len = (int)(n - lo < CHUNK ? n - lo : CHUNK);
+    int32_t last = -1, pick = -1;
+    for (int i = 0; i < len && pick < 0; i++) {
+        const float w = sampler_weight(row[lo + i], max, d.inv_t, d.min_w);
+        if (w > 0.0f) {
+            last = (int32_t)(lo + i);
+            cum = __dadd_rn(cum, (double)w);
+            if (cum > target)
+                pick = (int32_t)(lo + i);
+        }
+    }
+    out[blockIdx.x] = pick >= 0 ? pick : last;
+}
+
+// Grid (ceil(n / THREADS)), block (THREADS).
+__global__ void weights_kernel(const float *__restrict__ x, int64_t n,
+                               float max, float inv_t, float min_w,
+                               float *__restrict__ w)
+{
+    const int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    if (i < n)
+        w[i] = sampler_weight(x[i], max, inv_t, min_w);
+}
+
+extern "C" cinfer_status cinfer_cuda_sampler_weights(cudaStream_t stream,
+                                                     const float *x, int64_t n,
+                                                     float max, float inv_t,
+                                                     float min_w, float *w)
+{
+    if (n < 1 || n > ((int64_t)1 << 31) || !x || !w)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda sampler_weights: bad argument");
+    CINFER_LAUNCH(weights_kernel, dim3((unsigned)((n + THREADS - 1) / THREADS)),
+                  dim3(THREADS), 0, stream, x, n, max, inv_t, min_w, w);
+    CINFER_CUDA_TRY_LAUNCH("weights_kernel");
+    return CINFER_OK;
+}
+
+extern "C" cinfer_status cinfer_cuda_choose(cudaStream_t stream,
+                                            const float *x, int64_t rows,
+                                            int64_t n,
+                                            const cinfer_draw *draws,
+                                            int32_t *out)
+{
+    if (rows < 0 || rows > 2147483647LL)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda choose: rows %lld out of range",
+                                (long long)rows);
+    if (n < 1 || n > (int64_t)MAX_CHUNKS * CHUNK)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda choose: n %lld (1 to %d)", (long long)n,
+                                MAX_CHUNKS * CHUNK);
+    if (rows == 0)
+        return CINFER_OK;
+    if (!x || !draws || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda choose: %s is NULL",
+                                !x ? "x" : !draws ? "draws" : "out");
+    CINFER_LAUNCH(choose_kernel, dim3((unsigned)rows), dim3(THREADS), 0,
+                  stream, x, n, draws, out);
+    CINFER_CUDA_TRY_LAUNCH("choose_kernel");
+    return CINFER_OK;
 }
 
 extern "C" cinfer_status cinfer_cuda_greedy(cudaStream_t stream,

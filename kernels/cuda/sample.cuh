@@ -1,7 +1,10 @@
 /*
  * sample.cuh - token choice on the CUDA backend, so that only token ids,
- * not rows of logits, come back to the host: for now the greedy choice of
- * each row (backend.h, cinfer_backend_greedy).
+ * not rows of logits, come back to the host: the greedy choice of each row
+ * (backend.h, cinfer_backend_greedy), and a draw from the whole row as
+ * engine/sampler.c's scan plan makes it, bit for bit (cinfer_backend_choose:
+ * temperature and min_p; top_k, top_p, penalties and logprobs stay on the
+ * host).
  *
  *     out[r] = the index of the largest of x[r][0..n), the lowest on ties
  *              (-0.0 equals +0.0), as cinfer_sampler_argmax chooses;
@@ -26,6 +29,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,6 +38,19 @@ extern "C" {
 /* x: [rows, n] F32, 1 <= n <= 2^28, rows <= 2^31 - 1; out: [rows] I32. */
 cinfer_status cinfer_cuda_greedy(cudaStream_t stream, const float *x,
                                   int64_t rows, int64_t n, int32_t *out);
+
+/* cinfer_backend_choose's rows (backend.h): draws [rows] in device memory.
+ * x: [rows, n] F32, 1 <= n <= CINFER_CHOOSE_MAX_N; out: [rows] I32. */
+cinfer_status cinfer_cuda_choose(cudaStream_t stream, const float *x,
+                                  int64_t rows, int64_t n,
+                                  const cinfer_draw *draws, int32_t *out);
+
+/* w[i] = the weight choose gives x[i] (engine/sampler.h's
+ * cinfer_sampler_weight, the same bits), for the tests. Device pointers;
+ * asynchronous on `stream`. */
+cinfer_status cinfer_cuda_sampler_weights(cudaStream_t stream, const float *x,
+                                          int64_t n, float max, float inv_t,
+                                          float min_w, float *w);
 
 #ifdef __cplusplus
 }

@@ -2232,19 +2232,38 @@ def stream_greedy(srv, prompt, n):
     return text, final
 
 
+def stream_drawn(srv, prompt, n, **sampling):
+    pb = stubs()[0]
+    req = greedy_request(pb, prompt, n, request_id="drawn")
+    for k, v in sampling.items():
+        setattr(req.sampling, k, v)
+    text, final, _ = collect(srv.stub().Generate(req, timeout=300))
+    return text, final
+
+
 def case_cudasim_generate():
     """A greedy Generate streamed through cinfer-server-cudasim (--device
     cuda: the CUDA backend's kernels on the CPU harness) gives the CPU
-    server's text for the same tiny model and request, token for token;
-    health is SERVING; the engine ends idle."""
+    server's text for the same tiny model and request, token for token, and
+    so do seeded draws (temperature, min_p), which the CUDA backend draws
+    on the device and the CPU server on the host; health is SERVING; the
+    engine ends idle."""
     model = tiny_model()
     n = ARGS.tokens
     prompts = ["Once upon a time", "The capital of France is"]
     want = {}
+    drawn = [(prompts[0], dict(temperature=0.9, seed=11)),
+             (prompts[1], dict(temperature=1.3, min_p=0.05, seed=12))]
+    want_drawn = {}
     with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
         check_eq(cpu.info().backend.name, "cpu", "the CPU server's backend")
         for p in prompts:
             want[p] = stream_greedy(cpu, p, n)
+        for p, kw in drawn:
+            want_drawn[p] = stream_drawn(cpu, p, n, **kw)
+        st = cpu.info().stats
+        check(st.greedy_steps > 0, "the CPU backend chose greedy tokens")
+        check_eq(st.drawn_steps, 0, "the CPU backend draws on the host")
     with cudasim_server("cudasim") as srv:
         check_eq(srv.health(), "SERVING", "health")
         check_on_harness(srv)
@@ -2254,9 +2273,20 @@ def case_cudasim_generate():
             check_eq(final.usage.completion_tokens, want[p][1].usage.completion_tokens,
                      "completion tokens for %r" % p)
             check(final.usage.completion_tokens > 0, "tokens were generated")
+        info = srv.info()
+        check(info.stats.greedy_steps > 0,
+              "greedy steps chose their tokens on the device")
+        # seeded draws (temperature, min_p): the device draws the host
+        # sampler's tokens, bit for bit
+        for p, kw in drawn:
+            text, final = stream_drawn(srv, p, n, **kw)
+            check_eq(text, want_drawn[p][0], "drawn text for %r %r" % (p, kw))
+        check(srv.info().stats.drawn_steps > 0,
+              "sampled steps drew their tokens on the device")
         wait_engine_idle(srv, 30)
         check_eq(srv.health(), "SERVING", "health after the requests")
-    log("ok: cudasim server streams the CPU server's greedy text")
+    log("ok: cudasim server streams the CPU server's greedy and seeded "
+        "text")
 
 
 def case_tensor_parallel():

@@ -75,6 +75,7 @@
 #include <time.h>
 
 #include "harness.h"
+#include "engine/sampler.h"
 #include "kernels/backend.h"
 #if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
 #include <cuda_runtime_api.h>
@@ -83,6 +84,7 @@
 #include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/mmvq.cuh"
 #include "kernels/cuda/quantize.cuh"
+#include "kernels/cuda/sample.cuh"
 #endif
 
 /* ---------------------------------------------------------------------- */
@@ -2818,6 +2820,186 @@ static void test_greedy(void)
     }
 }
 
+/* The drawn token of each row (cinfer_backend_choose) on every backend
+ * that draws, against engine/sampler.c on the same rows with the same
+ * seeds: the same token (the sampler's own weights, sums and walk), the
+ * same errors for a NaN and a row of -inf, and the greedy choice for
+ * inv_t 0; widths below, at and past a chunk (1024) and a vocabulary's,
+ * temperatures below and above 1, min_p off and on, several positions. */
+static void test_choose(void)
+{
+    static const int64_t widths[] = {1, 100, 1024, 1500, 49152};
+    static const float temps[] = {0.3f, 1.0f, 2.5f};
+    static const float min_ps[] = {0.0f, 0.05f};
+    enum { R = 6, POS = 3 };
+    uint64_t seed = seed_for(79);
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t n = widths[wi];
+        float *x = randv(R * n, &seed, 6.0f);
+        /* row 1: half of it -inf; row 2: a NaN; row 3: all -inf; row 5:
+         * greedy (inv_t 0) */
+        for (int64_t i = 0; i < n; i += 2)
+            x[1 * n + i] = -INFINITY;
+        x[2 * n + n / 2] = NAN;
+        for (int64_t i = 0; i < n; i++)
+            x[3 * n + i] = -INFINITY;
+        float *row = malloc(sizeof(float) * (size_t)n);
+        for (int fi = 0; fi < g_n_factories; fi++) {
+            const factory *f = &g_factories[fi];
+            cinfer_backend *be = make_backend(f);
+            if (!cinfer_backend_has_choose(be)) {
+                cinfer_backend_destroy(be);
+                continue;
+            }
+            cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, R, n, 0, 0);
+            cinfer_tensor *to = tnew(be, CINFER_DTYPE_I32, 1, R, 0, 0, 0);
+            put(be, tx, x);
+            int bad = 0, drawn = 0;
+            for (size_t ti = 0; ti < sizeof temps / sizeof temps[0]; ti++)
+                for (size_t mi = 0; mi < sizeof min_ps / sizeof min_ps[0];
+                     mi++) {
+                    cinfer_sampler *a[R], *b[R];
+                    for (int r = 0; r < R; r++) {
+                        cinfer_sampler_params p =
+                            cinfer_sampler_default_params();
+                        p.n_vocab = (int32_t)n;
+                        p.temperature = r == 5 ? 0.0f : temps[ti];
+                        p.min_p = min_ps[mi];
+                        p.seed = 1000u + (uint64_t)r * 7u + ti * 3u + mi;
+                        a[r] = b[r] = NULL;
+                        CHECK_OK(cinfer_sampler_create(&p, &a[r]));
+                        CHECK_OK(cinfer_sampler_create(&p, &b[r]));
+                    }
+                    for (int pos = 0; pos < POS; pos++) {
+                        cinfer_draw dr[R];
+                        for (int r = 0; r < R; r++) {
+                            dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0};
+                            if (r != 5)
+                                CHECK_OK(cinfer_sampler_scan_draw(
+                                    b[r], &dr[r].inv_t, &dr[r].min_w,
+                                    &dr[r].u));
+                        }
+                        poison(be, to);
+                        CHECK_OK(cinfer_backend_choose(be, tx, dr, to));
+                        int32_t codes[R];
+                        get(be, to, codes);
+                        for (int r = 0; r < R; r++) {
+                            memcpy(row, x + r * n, sizeof(float) * (size_t)n);
+                            int32_t ta = -1, tb = -1;
+                            cinfer_status sa =
+                                cinfer_sampler_sample(a[r], row, &ta, NULL);
+                            char ea[256];
+                            snprintf(ea, sizeof ea, "%s", cinfer_last_error());
+                            cinfer_status sb =
+                                cinfer_sampler_take_code(b[r], codes[r], &tb);
+                            if (sa != sb || (sa == CINFER_OK && ta != tb) ||
+                                (sa != CINFER_OK &&
+                                 strcmp(ea, cinfer_last_error()) != 0)) {
+                                if (bad++ < 5)
+                                    fprintf(stderr,
+                                            "%s: choose n %lld T %g min_p %g "
+                                            "row %d pos %d: sampler %d (%d), "
+                                            "backend code %d -> %d (%d)\n",
+                                            f->name, (long long)n,
+                                            (double)temps[ti],
+                                            (double)min_ps[mi], r, pos, ta,
+                                            (int)sa, codes[r], tb, (int)sb);
+                            }
+                            if (sa == CINFER_OK) {
+                                drawn += r != 5;
+                                CHECK_OK(cinfer_sampler_accept(a[r], ta));
+                                CHECK_OK(cinfer_sampler_accept(b[r], ta));
+                            }
+                        }
+                    }
+                    for (int r = 0; r < R; r++) {
+                        cinfer_sampler_destroy(a[r]);
+                        cinfer_sampler_destroy(b[r]);
+                    }
+                }
+            CHECK_EQ_INT(bad, 0);
+            CHECK(drawn > 0);
+            /* a draw out of range is refused before the backend sees it */
+            cinfer_draw dr[R];
+            for (int r = 0; r < R; r++)
+                dr[r] = (cinfer_draw){1.0f, 0.0f, 0.5};
+            dr[4].u = 1.0;
+            CHECK_EQ_INT(cinfer_backend_choose(be, tx, dr, to),
+                         CINFER_E_INVALID_ARG);
+            cinfer_backend_tensor_destroy(be, tx);
+            cinfer_backend_tensor_destroy(be, to);
+            cinfer_backend_destroy(be);
+        }
+        free(row);
+        free(x);
+    }
+}
+
+/* The weights the CUDA draw takes (kernels/cuda/sample.cu) bit for bit
+ * against the sampler's (cinfer_sampler_weight), on every CUDA factory:
+ * every float of [-88, 0] at a stride, the edges (-87, just above and
+ * below, -0.0, the smallest normals), scaled by temperatures, and min_w
+ * at the cut. */
+static void test_sampler_weights(void)
+{
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+    enum { N = 1 << 16 };
+    float *x = malloc(sizeof(float) * N), *want = malloc(sizeof(float) * N);
+    float *got = malloc(sizeof(float) * N);
+    const float edges[] = {-87.0f, -86.99999f, -87.00001f, -0.0f, 0.0f,
+                           -1.17549435e-38f, -1e-30f, -88.0f, -INFINITY,
+                           -0.6931472f, -0.34657359f, -20.5f};
+    for (int i = 0; i < N; i++)
+        x[i] = -88.0f * (float)i / (float)(N - 1);
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
+        x[i] = edges[i];
+    static const struct {
+        float max, inv_t, min_w;
+    } cases[] = {{0.0f, 1.0f, 0.0f}, {3.5f, 0.4f, 0.0f},
+                 {-2.0f, 3.3333333f, 0.05f}, {0.0f, 1.0f, 0.5f}};
+    for (int fi = 0; fi < g_n_factories; fi++) {
+        const factory *f = &g_factories[fi];
+        if (f->kind != KIND_CUDA)
+            continue;
+        cinfer_backend *be = make_backend(f); /* selects the device */
+        void *dx, *dw;
+        CHECK_EQ_INT(cudaMalloc(&dx, sizeof(float) * N), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc(&dw, sizeof(float) * N), cudaSuccess);
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            float *xs = malloc(sizeof(float) * N);
+            for (int i = 0; i < N; i++) /* logit <= max */
+                xs[i] = x[i] + cases[ci].max;
+            for (int i = 0; i < N; i++)
+                want[i] = cinfer_sampler_weight(xs[i], cases[ci].max,
+                                                cases[ci].inv_t,
+                                                cases[ci].min_w);
+            cudaMemcpy(dx, xs, sizeof(float) * N, cudaMemcpyHostToDevice);
+            CHECK_OK(cinfer_cuda_sampler_weights(0, dx, N, cases[ci].max,
+                                                 cases[ci].inv_t,
+                                                 cases[ci].min_w, dw));
+            cudaMemcpy(got, dw, sizeof(float) * N, cudaMemcpyDeviceToHost);
+            int bad = 0;
+            for (int i = 0; i < N; i++)
+                if (memcmp(&got[i], &want[i], sizeof(float)) != 0 &&
+                    bad++ < 3)
+                    fprintf(stderr, "%s: weight of %a (max %g, inv_t %g, "
+                            "min_w %g): %a, the sampler's %a\n",
+                            f->name, (double)xs[i], (double)cases[ci].max,
+                            (double)cases[ci].inv_t, (double)cases[ci].min_w,
+                            (double)got[i], (double)want[i]);
+            CHECK_EQ_INT(bad, 0);
+            free(xs);
+        }
+        cudaFree(dx);
+        cudaFree(dw);
+        cinfer_backend_destroy(be);
+    }
+    free(x);
+    free(want);
+    free(got);
+#endif
+}
+
 static void test_gelu_scale(void)
 {
     enum { N = 7, D = 769 };
@@ -3391,6 +3573,8 @@ int main(void)
     RUN(test_attention);
     RUN(test_gelu_scale);
     RUN(test_greedy);
+    RUN(test_choose);
+    RUN(test_sampler_weights);
     RUN(test_validation);
     /* CPU only: the packing and the bit identities are the CPU backend's
      * promises (the cudasim build runs one CPU factory, as a reference). */

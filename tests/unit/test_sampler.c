@@ -1052,9 +1052,9 @@ static void test_invalid_params(void)
 }
 
 /* cinfer_sampler_plain_greedy says when sample() is the row's argmax,
- * and take_greedy, given the backend's code for a row, answers as
+ * and take_code, given the backend's code for a row, answers as
  * sample() does on that row: the token, or the same error. */
-static void test_take_greedy(void)
+static void test_take_code(void)
 {
     enum { V = 40 };
     float x[V];
@@ -1071,7 +1071,7 @@ static void test_take_greedy(void)
     /* min_tokens not reached: eog is still masked */
     CHECK(!cinfer_sampler_plain_greedy(s));
     int32_t t = -1;
-    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, 5, &t), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_take_code(s, 5, &t), CINFER_E_INVALID_ARG);
     CHECK_OK(cinfer_sampler_accept(s, 7));
     CHECK(cinfer_sampler_plain_greedy(s));
     uint8_t allowed[V];
@@ -1104,23 +1104,23 @@ static void test_take_greedy(void)
         cinfer_status sa = cinfer_sampler_sample(s, x, &a, NULL);
         char ea[256];
         snprintf(ea, sizeof ea, "%s", cinfer_last_error());
-        cinfer_status sb = cinfer_sampler_take_greedy(s, code, &b);
+        cinfer_status sb = cinfer_sampler_take_code(s, code, &b);
         CHECK_EQ_INT(sb, sa);
         if (sa == CINFER_OK)
             CHECK_EQ_INT(b, a);
         else if (strcmp(ea, cinfer_last_error()) != 0) {
-            fprintf(stderr, "%s row: sample: %s; take_greedy: %s\n", what, ea,
+            fprintf(stderr, "%s row: sample: %s; take_code: %s\n", what, ea,
                     cinfer_last_error());
             CHECK(0);
         }
     }
     /* a NaN first */
-    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, -2 - (2 * 9 + 1), &t),
+    CHECK_EQ_INT(cinfer_sampler_take_code(s, -2 - (2 * 9 + 1), &t),
                  CINFER_E_RANGE);
     CHECK(strstr(cinfer_last_error(), "logits[9] is NaN") != NULL);
     /* codes that name nothing */
-    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, V, &t), CINFER_E_INVALID_ARG);
-    CHECK_EQ_INT(cinfer_sampler_take_greedy(s, -2 - 2 * V, &t),
+    CHECK_EQ_INT(cinfer_sampler_take_code(s, V, &t), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_take_code(s, -2 - 2 * V, &t),
                  CINFER_E_INVALID_ARG);
     cinfer_sampler_destroy(s);
 
@@ -1299,7 +1299,7 @@ int main(void)
     RUN(test_logprobs);
     RUN(test_invalid_params);
     RUN(test_bad_logits);
-    RUN(test_take_greedy);
+    RUN(test_take_code);
     RUN(test_large_vocab);
     return harness_done();
 }
