@@ -17,7 +17,8 @@
 #      int8 mma / ldmatrix wrappers of kernels/cuda/mma.cuh against the
 #      PTX ISA's semantics, which checks the harness's emulation, and the
 #      tiled quantized product on mma against its dp4a kernel and mmvq bit
-#      for bit), the model
+#      for bit, and the greedy choice and the draw on the device against
+#      the host sampler, its weights bit for bit), the model
 #      tests (test_model_cuda: tiny random models, CUDA vs CPU logits and
 #      greedy tokens; test_model_tp_cuda: tensor parallelism through NCCL,
 #      here TP=1, the one NCCL check one GPU allows, bit for bit against
@@ -33,9 +34,10 @@
 #      Q8_0 and Q4_0, made here by the project's GGUF writer
 #      (cinfer-mkmodel), each beside its bandwidth floor (weight bytes over
 #      the measured copy bandwidth); BF16 again in batch-invariant mode, at
-#      batch 1 and 64, for what the mode costs; Q4_0 again at batch 64 with
-#      the tiled product on dp4a (CINFER_CUDA_MMQ=dp4a), for what int8 mma
-#      gives.
+#      batch 1 and 64, for what the mode costs; Q4_0 again at batch 1 and
+#      64 with greedy tokens chosen on the device (--tokens-on-device), and
+#      at batch 64 with the tiled product on dp4a (CINFER_CUDA_MMQ=dp4a),
+#      for what each gives.
 # Budget: about 8 minutes on one H200 (GPU_CHECK_BUDGET_S caps the
 # benchmarks; models that do not start in time are listed as skipped).
 set -u
@@ -179,6 +181,15 @@ echo "$SHAPES" | while read -r name L E H KV FF V C T; do
         >"$OUT/devbench-$name-$t-invariant.jsonl" 2>>"$LOG"
       python3 bench/gpu_table.py "$OUT/devbench-$name-$t-invariant.jsonl" \
         "$name" "$t batch-invariant" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
+    fi
+    # greedy tokens chosen on the device: only ids come back (what the
+    # engine does for greedy steps), against the rows of logits above
+    if [ "$t" = q4_0 ] && [ "$(left)" -gt 60 ]; then
+      timeout "$(left)" "$BIN/tools/cinfer-devbench" -m "$f" --device cuda \
+        --batch 1,64 --steps 32 -r 3 --tokens-on-device \
+        >"$OUT/devbench-$name-$t-ondevice.jsonl" 2>>"$LOG"
+      python3 bench/gpu_table.py "$OUT/devbench-$name-$t-ondevice.jsonl" \
+        "$name" "$t tokens on device" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
     fi
     # the tiled quantized product on dp4a instead of int8 mma (same bits)
     if [ "$t" = q4_0 ] && [ "$(left)" -gt 60 ]; then

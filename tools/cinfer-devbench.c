@@ -6,7 +6,9 @@
  * step (llama-bench's tg test, B at a time), and a prefill test runs one
  * prompt of P tokens in chunks of the model's step capacity. Tokens are
  * synthetic; logits of every decode row come back to the host each step,
- * as the engine needs them today. One JSON line per (test, batch, rep) on
+ * as the engine needs them for most sampling, or, with --tokens-on-device,
+ * only each row's greedy token, chosen on the backend
+ * (cinfer_model_forward_choose), as the engine does for greedy steps. One JSON line per (test, batch, rep) on
  * stdout; scripts/gpu-check.sh turns them into its table.
  *
  *     cinfer-devbench -m model.gguf --device cuda --batch 1,8,64 --steps 32
@@ -31,7 +33,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: cinfer-devbench -m MODEL [--device cpu|cuda[:N]] "
                "[--batch B1,B2,...] [--steps N] [--prompt P] [-r REPS] "
-               "[--gpu-memory-fraction F] [-t THREADS] [--batch-invariant]\n");
+               "[--gpu-memory-fraction F] [-t THREADS] [--batch-invariant] "
+               "[--tokens-on-device]\n");
 }
 
 /* The step of B sequences at position pos, sequence s in blocks
@@ -100,7 +103,7 @@ static void fill_rows(batch_step *b, int at, int seq, int pos0, int n,
 }
 
 static int run(cinfer_model *m, const char *dev, int batch, int steps,
-               int prompt, int reps)
+               int prompt, int reps, int on_device)
 {
     const cinfer_model_info *I = cinfer_model_get_info(m);
     int bs = I->block_size;
@@ -108,10 +111,16 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
     int per_seq = (ctx + bs - 1) / bs;
     int rows = batch > I->max_batch_rows ? I->max_batch_rows : batch;
     float *logits = malloc(sizeof(float) * (size_t)I->n_vocab * (size_t)rows);
+    int32_t *codes = malloc(sizeof(int32_t) * (size_t)rows);
     batch_step b;
     uint64_t rng = 88172645463325252ull;
     int rc = 1;
-    if (!logits || batch_init(&b, rows, batch, per_seq, bs) != 0) {
+    if (on_device && cinfer_model_choices(m) < 1) {
+        fprintf(stderr, "cinfer-devbench: --tokens-on-device: this backend "
+                        "does not choose tokens\n");
+        goto out;
+    }
+    if (!logits || !codes || batch_init(&b, rows, batch, per_seq, bs) != 0) {
         fprintf(stderr, "cinfer-devbench: out of memory\n");
         goto out;
     }
@@ -136,7 +145,10 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
                     t0 = now_s();
                 for (int s = 0; s < batch; s++)
                     fill_rows(&b, s, s, i % ctx, 1, &rng, I->n_vocab);
-                if (cinfer_model_forward(m, &b.step, logits) != CINFER_OK)
+                if ((on_device ? cinfer_model_forward_choose(m, &b.step, NULL,
+                                                             codes)
+                               : cinfer_model_forward(m, &b.step, logits)) !=
+                    CINFER_OK)
                     goto fail;
             }
             tg_tps = (double)batch * steps / (now_s() - t0);
@@ -156,10 +168,11 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
         }
         printf("{\"device\": \"%s\", \"desc\": \"%s\", \"type\": \"%s\", "
                "\"weight_bytes\": %llu, \"batch\": %d, \"steps\": %d, "
-               "\"tg_tps\": %.3f, \"prompt\": %d, \"pp_tps\": %.3f}\n",
+               "\"tg_tps\": %.3f, \"prompt\": %d, \"pp_tps\": %.3f, "
+               "\"tokens\": \"%s\"}\n",
                dev, cinfer_backend_device_desc(cinfer_model_backend(m)),
                I->quant, (unsigned long long)I->weight_bytes, batch, steps,
-               tg_tps, prompt, pp_tps);
+               tg_tps, prompt, pp_tps, on_device ? "device" : "host");
         fflush(stdout);
     }
     rc = 0;
@@ -169,6 +182,7 @@ fail:
 out:
     batch_free(&b);
     free(logits);
+    free(codes);
     return rc;
 }
 
@@ -178,6 +192,7 @@ int main(int argc, char **argv)
     int steps = 32, prompt = 0, reps = 3, threads = 0;
     double fraction = 0.9;
     int invariant = 0; /* --batch-invariant */
+    int on_device = 0; /* --tokens-on-device */
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"device", required_argument, 0, 'd'},
@@ -188,10 +203,11 @@ int main(int argc, char **argv)
         {"threads", required_argument, 0, 't'},
         {"gpu-memory-fraction", required_argument, 0, 'f'},
         {"batch-invariant", no_argument, 0, 'i'},
+        {"tokens-on-device", no_argument, 0, 'g'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:ih", opts, NULL)) !=
+    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:igh", opts, NULL)) !=
            -1) {
         switch (c) {
         case 'm': path = optarg; break;
@@ -203,6 +219,7 @@ int main(int argc, char **argv)
         case 't': threads = atoi(optarg); break;
         case 'f': fraction = atof(optarg); break;
         case 'i': invariant = 1; break;
+        case 'g': on_device = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -263,7 +280,8 @@ int main(int argc, char **argv)
             now_s() - t0, cinfer_backend_device_desc(be));
     int rc = 0;
     for (const char *p = batches; *p && rc == 0;) {
-        rc = run(m, device, atoi(p), steps, p == batches ? prompt : 0, reps);
+        rc = run(m, device, atoi(p), steps, p == batches ? prompt : 0, reps,
+                 on_device);
         p = strchr(p, ',');
         if (!p)
             break;

@@ -13,6 +13,10 @@
 
 static atomic_int sticky_seen;
 
+/* Characters of the failed statement a message keeps (cublasGemmEx's
+ * arguments would push the error's name out of the message). */
+#define STMT_MAX 64
+
 int cinfer_cuda_error_is_sticky(int e)
 {
     /* The errors after which CUDA says the context cannot be used again
@@ -48,8 +52,8 @@ cinfer_status cinfer_cuda_fail(int e, const char *stmt, const char *file,
     int sticky = cinfer_cuda_error_is_sticky(e);
     if (sticky)
         atomic_store(&sticky_seen, 1);
-    return cinfer_set_error(CINFER_E_DEVICE, "%s failed at %s:%d: %s (%s)%s",
-                            stmt, file, line,
+    return cinfer_set_error(CINFER_E_DEVICE, "%.*s failed at %s:%d: %s (%s)%s",
+                            STMT_MAX, stmt, file, line,
                             cudaGetErrorName((cudaError_t)e),
                             cudaGetErrorString((cudaError_t)e),
                             sticky ? "; the device is unusable" : "");
@@ -74,8 +78,12 @@ static const char *cublas_name(int s)
 cinfer_status cinfer_cublas_fail(int s, const char *stmt, const char *file,
                                  int line)
 {
-    return cinfer_set_error(CINFER_E_DEVICE, "%s failed at %s:%d: %s (%d)",
-                            stmt, file, line, cublas_name(s), s);
+    /* A cuBLAS call that failed on a device error leaves it pending */
+    cudaError_t e = cudaPeekAtLastError();
+    return cinfer_set_error(CINFER_E_DEVICE, "%.*s failed at %s:%d: %s (%d)%s%s",
+                            STMT_MAX, stmt, file, line, cublas_name(s), s,
+                            e != cudaSuccess ? "; CUDA: " : "",
+                            e != cudaSuccess ? cudaGetErrorName(e) : "");
 }
 
 static const char *nccl_name(int r)
@@ -95,6 +103,6 @@ static const char *nccl_name(int r)
 cinfer_status cinfer_nccl_fail(int r, const char *stmt, const char *file,
                                int line)
 {
-    return cinfer_set_error(CINFER_E_DEVICE, "%s failed at %s:%d: %s (%d)",
-                            stmt, file, line, nccl_name(r), r);
+    return cinfer_set_error(CINFER_E_DEVICE, "%.*s failed at %s:%d: %s (%d)",
+                            STMT_MAX, stmt, file, line, nccl_name(r), r);
 }
