@@ -33,6 +33,20 @@ template <cinfer_dtype T> struct mmq_smem {
     enum { WW = mm_block_traits<T>::INTS + 1 };
 };
 
+/* Word wd of a weight block as shared memory holds it (wb: the block, 2-byte
+ * aligned): word 0 = d (| m << 16 for Q4_1), then the qs ints. */
+template <cinfer_dtype T>
+__device__ __forceinline__ int mmq_weight_word(const uint16_t *wb, int wd)
+{
+    typedef mm_block_traits<T> tr;
+    if (wd == 0)
+        return T == CINFER_DTYPE_Q4_1 ? (int)((unsigned)wb[0] |
+                                              ((unsigned)wb[1] << 16))
+                                      : (int)wb[0];
+    const uint16_t *p = wb + tr::QS + 2 * (wd - 1);
+    return (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
+}
+
 /* Stages step kt's weight tile (MMQ_OUTS rows x MMQ_KB blocks) and
  * activation tile (MMQ_ROWS rows x MMQ_KB blocks) in shared memory,
  * zero-filling what lies past n_out, n or nb; consecutive threads read
@@ -56,20 +70,11 @@ mmq_stage(const uint16_t *__restrict__ w, // [n_out, nb * U16]
         const int rem = i % (MMQ_KB * WW);
         const int b = rem / WW;
         const int wd = rem % WW;
-        int v = 0;
-        if (o0 + j < n_out && kb0 + b < nb) {
-            const uint16_t *wb =
-                w + ((o0 + j) * nb + kb0 + b) * (int64_t)tr::U16;
-            if (wd == 0) {
-                v = wb[0];
-                if (T == CINFER_DTYPE_Q4_1)
-                    v |= (int)((unsigned)wb[1] << 16);
-            } else {
-                const uint16_t *p = wb + tr::QS + 2 * (wd - 1);
-                v = (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
-            }
-        }
-        ws[i] = v;
+        ws[i] = o0 + j < n_out && kb0 + b < nb
+                    ? mmq_weight_word<T>(w + ((o0 + j) * nb + kb0 + b) *
+                                                 (int64_t)tr::U16,
+                                         wd)
+                    : 0;
     }
 
 #pragma unroll 2
@@ -109,6 +114,18 @@ struct mmq_set {
     int nw;
 };
 
+/* The weight of the set this CTA's column of the grid computes, and
+ * (*o0) its first weight row there, for tiles of `tile` rows. */
+__device__ __forceinline__ int mmq_pick(const mmq_set &set, int64_t tile,
+                                        int64_t *o0)
+{
+    int wi = 0;
+    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.tiles[wi + 1])
+        wi++;
+    *o0 = ((int64_t)blockIdx.x - set.tiles[wi]) * tile;
+    return wi;
+}
+
 // Grid: (column tiles of every weight, ceil(n / MMQ_ROWS)), block
 // (MMQ_THREADS). CTA (bx, by), bx the t-th tile of weight i, computes
 // out_i[16 by .. +16)[16 t .. +16); warp g takes rows 4 (g % 4) .. +4 and
@@ -130,13 +147,11 @@ mmq_kernel(const mmq_set set,          // w_i: [n_out_i, nb * U16] of T,
     const int warp = (int)threadIdx.x / 32;
     const int rg = warp % (MMQ_ROWS / MMQ_WROWS);
     const int og = warp / (MMQ_ROWS / MMQ_WROWS);
-    int wi = 0;
-    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.tiles[wi + 1])
-        wi++;
+    int64_t o0;
+    const int wi = mmq_pick(set, MMQ_OUTS, &o0);
     const uint16_t *__restrict__ w = set.w[wi];
     float *__restrict__ out = set.out[wi];
     const int64_t n_out = set.n_out[wi];
-    const int64_t o0 = ((int64_t)blockIdx.x - set.tiles[wi]) * MMQ_OUTS;
     const int64_t r0 = (int64_t)blockIdx.y * MMQ_ROWS;
 
     /* acc[i * 8 + j]: row 4 rg + i, weight row 8 og + j, slot `lane` */
@@ -301,13 +316,11 @@ mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
     const int lane = tidx % 32, warp = tidx / 32;
     const int gid = lane / 4, tid = lane % 4;
     const int wm = warp % 4, wn = warp / 4;
-    int wi = 0;
-    while (wi + 1 < set.nw && (int64_t)blockIdx.x >= set.tiles[wi + 1])
-        wi++;
+    int64_t o0;
+    const int wi = mmq_pick(set, MMA_OUTS, &o0);
     const uint16_t *__restrict__ w = set.w[wi];
     float *__restrict__ out = set.out[wi];
     const int64_t n_out = set.n_out[wi];
-    const int64_t o0 = ((int64_t)blockIdx.x - set.tiles[wi]) * MMA_OUTS;
     const int64_t r0 = (int64_t)blockIdx.y * MMA_ROWS;
 
     /* cur[4 t + e]: the running slot's sum of d[e] of n-tile t */
@@ -362,20 +375,12 @@ mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
                 continue;
             for (int i = tidx; i < MMA_OUTS * WW; i += MMA_THREADS) {
                 const int row = i / WW, wd = i % WW;
-                int v = 0;
-                if (o0 + row < n_out) {
-                    const uint16_t *wb =
-                        w + ((o0 + row) * nb + lst[j]) * (int64_t)tr::U16;
-                    if (wd == 0) {
-                        v = wb[0];
-                        if (T == CINFER_DTYPE_Q4_1)
-                            v |= (int)((unsigned)wb[1] << 16);
-                    } else {
-                        const uint16_t *p = wb + tr::QS + 2 * (wd - 1);
-                        v = (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
-                    }
-                }
-                ws[j * MMA_OUTS * WW + i] = v;
+                ws[j * MMA_OUTS * WW + i] =
+                    o0 + row < n_out
+                        ? mmq_weight_word<T>(w + ((o0 + row) * nb + lst[j]) *
+                                                     (int64_t)tr::U16,
+                                             wd)
+                        : 0;
             }
             for (int i = tidx; i < MMA_ROWS * CINFER_MM_Q8_1_WORDS;
                  i += MMA_THREADS) {

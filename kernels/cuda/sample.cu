@@ -39,18 +39,20 @@ __device__ __forceinline__ void greedy_pick(float &v, int &i, float w, int j)
     }
 }
 
-// Grid: (rows), block (THREADS).
-__global__ void __launch_bounds__(THREADS)
-greedy_kernel(const float *__restrict__ x, // [rows, n]
-              int64_t n, int32_t *__restrict__ out) // [rows]
+/* The first pass over a row, every thread of the CTA: in thread 0 (the
+ * others hold partial results) the largest value that is not NaN or +inf
+ * and its lowest index (bi NONE: the row is all -inf), and the first NaN
+ * or +inf (bad NONE: none). sv, si, sb: shared, a slot per warp. It holds
+ * a barrier: every thread of the CTA calls it. */
+__device__ __forceinline__ void row_scan(const float *__restrict__ row,
+                                         int64_t n, float *sv, int *si,
+                                         int *sb, float &best, int &bi,
+                                         int &bad)
 {
-    CINFER_SHARED(float, sv, [THREADS / 32]);
-    CINFER_SHARED(int, si, [THREADS / 32]);
-    CINFER_SHARED(int, sb, [THREADS / 32]);
-    const float *row = x + (int64_t)blockIdx.x * n;
     const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
-    float best = -INFINITY;
-    int bi = NONE, bad = NONE;
+    best = -INFINITY;
+    bi = NONE;
+    bad = NONE;
     for (int64_t k = t; k < n; k += THREADS) {
         const float v = row[k];
         if (!(v < INFINITY)) { /* NaN or +inf */
@@ -74,11 +76,27 @@ greedy_kernel(const float *__restrict__ x, // [rows, n]
         sb[warp] = bad;
     }
     __syncthreads();
-    if (t == 0) {
+    if (t == 0)
         for (int w = 1; w < THREADS / 32; w++) {
             greedy_pick(best, bi, sv[w], si[w]);
             bad = sb[w] < bad ? sb[w] : bad;
         }
+}
+
+// Grid: (rows), block (THREADS).
+__global__ void __launch_bounds__(THREADS)
+greedy_kernel(const float *__restrict__ x, // [rows, n]
+              int64_t n, int32_t *__restrict__ out) // [rows]
+{
+    CINFER_SHARED(float, sv, [THREADS / 32]);
+    CINFER_SHARED(int, si, [THREADS / 32]);
+    CINFER_SHARED(int, sb, [THREADS / 32]);
+    const float *row = x + (int64_t)blockIdx.x * n;
+    const int t = (int)threadIdx.x;
+    float best;
+    int bi, bad;
+    row_scan(row, n, sv, si, sb, best, bi, bad);
+    if (t == 0) {
         int32_t r;
         if (bad != NONE)
             r = -2 - (2 * bad + (row[bad] != row[bad]));
@@ -138,37 +156,11 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
     CINFER_SHARED(float, s_max, [1]);
     const float *row = x + (int64_t)blockIdx.x * n;
     const cinfer_draw d = draws[blockIdx.x];
-    const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
-    float best = -INFINITY;
-    int bi = NONE, bad = NONE;
-    for (int64_t k = t; k < n; k += THREADS) {
-        const float v = row[k];
-        if (!(v < INFINITY)) {
-            if (bad == NONE)
-                bad = (int)k;
-        } else if (v > best) {
-            best = v;
-            bi = (int)k;
-        }
-    }
-    for (int m = 16; m > 0; m /= 2) {
-        const float w = __shfl_xor_sync(FULL_MASK, best, m);
-        const int j = __shfl_xor_sync(FULL_MASK, bi, m);
-        const int b = __shfl_xor_sync(FULL_MASK, bad, m);
-        greedy_pick(best, bi, w, j);
-        bad = b < bad ? b : bad;
-    }
-    if (lane == 0) {
-        sv[warp] = best;
-        si[warp] = bi;
-        sb[warp] = bad;
-    }
-    __syncthreads();
+    const int t = (int)threadIdx.x;
+    float best;
+    int bi, bad;
+    row_scan(row, n, sv, si, sb, best, bi, bad);
     if (t == 0) {
-        for (int w = 1; w < THREADS / 32; w++) {
-            greedy_pick(best, bi, sv[w], si[w]);
-            bad = sb[w] < bad ? sb[w] : bad;
-        }
         int code = NONE; /* NONE: draw */
         if (bad != NONE)
             code = -2 - (2 * bad + (row[bad] != row[bad]));
