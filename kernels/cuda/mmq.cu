@@ -288,6 +288,120 @@ __device__ __forceinline__ unsigned mma_s4(unsigned x)
     return ((x | 0x80808080u) - 0x08080808u) ^ 0x80808080u;
 }
 
+/* The step's blocks: the next MMA_SB of the walk from block b of slot
+ * mma_slot(r) (b >= nb: that slot is done), in lst (-1 past the walk's
+ * end); returns how many there are. */
+__device__ __forceinline__ int mma_next(int r, int64_t b, int64_t nb,
+                                        int64_t (&lst)[MMA_SB])
+{
+    int cnt = 0;
+#pragma unroll
+    for (int j = 0; j < MMA_SB; j++) {
+        while (r < 32 && b >= nb) {
+            r++;
+            b = r < 32 ? mma_slot(r) : nb;
+        }
+        lst[j] = r < 32 ? b : -1;
+        cnt += r < 32;
+        b += CINFER_MM_SLOTS;
+    }
+    return cnt;
+}
+
+/* Stages the step's blocks lst[0..MMA_SB) (-1: none) of the CTA's
+ * MMA_OUTS weight rows from o0 and MMA_ROWS activation rows from r0:
+ * ws[j][row][WW], xs[j][row][9], zeros past n_out and n. */
+template <cinfer_dtype T>
+__device__ __forceinline__ void
+mma_stage(const uint16_t *__restrict__ w, // [n_out, nb * U16]
+          const int *__restrict__ xq,     // [n, nb * 9]
+          int *__restrict__ ws,           // [MMA_SB, MMA_OUTS, WW]
+          int *__restrict__ xs,           // [MMA_SB, MMA_ROWS, 9]
+          const int64_t (&lst)[MMA_SB], int64_t o0, int64_t r0,
+          int64_t n_out, int64_t n, int64_t nb)
+{
+    typedef mm_block_traits<T> tr;
+    enum { WW = mmq_smem<T>::WW };
+    const int tidx = (int)threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < MMA_SB; j++) {
+        if (lst[j] < 0)
+            continue;
+        for (int i = tidx; i < MMA_OUTS * WW; i += MMA_THREADS) {
+            const int row = i / WW, wd = i % WW;
+            ws[j * MMA_OUTS * WW + i] =
+                o0 + row < n_out
+                    ? mmq_weight_word<T>(w + ((o0 + row) * nb + lst[j]) *
+                                                 (int64_t)tr::U16,
+                                         wd)
+                    : 0;
+        }
+        for (int i = tidx; i < MMA_ROWS * CINFER_MM_Q8_1_WORDS;
+             i += MMA_THREADS) {
+            const int row = i / CINFER_MM_Q8_1_WORDS;
+            const int wd = i % CINFER_MM_Q8_1_WORDS;
+            int v = 0;
+            if (r0 + row < n)
+                v = xq[((r0 + row) * nb + lst[j]) * CINFER_MM_Q8_1_WORDS + wd];
+            xs[j * MMA_ROWS * CINFER_MM_Q8_1_WORDS + i] = v;
+        }
+    }
+}
+
+/* One staged block for the warp's 16 weight rows (m-tile wm) and 16
+ * activation rows (n-tiles 2 wn, 2 wn + 1): two mma.sync, each int32
+ * result turned into the block's float term on cur (mm_block_acc). */
+template <cinfer_dtype T>
+__device__ __forceinline__ void
+mma_block(const int *__restrict__ wsj, // [MMA_OUTS, WW] the block's weights
+          const int *__restrict__ xsj, // [MMA_ROWS, 9] its activations
+          int wm, int wn, float (&cur)[MMA_OUT])
+{
+    enum { WW = mmq_smem<T>::WW };
+    const int lane = cinfer_lane(), gid = lane / 4, tid = lane % 4;
+    const int *w0 = wsj + (16 * wm + gid) * WW;
+    const int *w1 = w0 + 8 * WW;
+    const unsigned dm0 = (unsigned)w0[0], dm1 = (unsigned)w1[0];
+    const float dw[2] = {mm_f16(dm0), mm_f16(dm1)};
+    const float mw[2] = {T == CINFER_DTYPE_Q4_1 ? mm_f16(dm0 >> 16) : 0.0f,
+                         T == CINFER_DTYPE_Q4_1 ? mm_f16(dm1 >> 16) : 0.0f};
+    unsigned a[4];
+    if (T == CINFER_DTYPE_Q8_0) {
+        a[0] = (unsigned)w0[1 + tid];
+        a[1] = (unsigned)w1[1 + tid];
+        a[2] = (unsigned)w0[5 + tid];
+        a[3] = (unsigned)w1[5 + tid];
+    } else {
+        const unsigned q0 = (unsigned)w0[1 + tid];
+        const unsigned q1 = (unsigned)w1[1 + tid];
+        a[0] = q0 & 0x0F0F0F0Fu;
+        a[1] = q1 & 0x0F0F0F0Fu;
+        a[2] = (q0 >> 4) & 0x0F0F0F0Fu;
+        a[3] = (q1 >> 4) & 0x0F0F0F0Fu;
+        if (T == CINFER_DTYPE_Q4_0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                a[q] = mma_s4(a[q]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+        const int *xb = xsj + (16 * wn + 8 * t + gid) * CINFER_MM_Q8_1_WORDS;
+        const unsigned bf[2] = {(unsigned)xb[1 + tid], (unsigned)xb[5 + tid]};
+        int d[4] = {0, 0, 0, 0};
+        cinfer_mma_s8_16832(d, a, bf);
+        const int *xd =
+            xsj + (16 * wn + 8 * t + 2 * tid) * CINFER_MM_Q8_1_WORDS;
+        const unsigned ds[2] = {(unsigned)xd[0],
+                                (unsigned)xd[CINFER_MM_Q8_1_WORDS]};
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            cur[4 * t + e] =
+                mm_block_acc<T>(cur[4 * t + e], d[e], dw[e >> 1], mw[e >> 1],
+                                mm_f16(ds[e & 1]), mm_f16(ds[e & 1] >> 16));
+    }
+}
+
 // Grid: (column tiles of MMA_OUTS of every weight, ceil(n / MMA_ROWS)),
 // block (MMA_THREADS). CTA (bx, by), bx the t-th tile of weight i, computes
 // out_i[32 by .. +32)[64 t .. +64); warp g takes the 16 weight rows
@@ -307,7 +421,6 @@ mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
                const int *__restrict__ xq, // [n, nb * 9] Q8_1 blocks
                int64_t n, int64_t nb)
 {
-    typedef mm_block_traits<T> tr;
     enum { WW = mmq_smem<T>::WW };
     CINFER_SHARED(int, ws, [MMA_SB * MMA_OUTS * mmq_smem<T>::WW]);
     CINFER_SHARED(int, xs, [MMA_SB * MMA_ROWS * CINFER_MM_Q8_1_WORDS]);
@@ -350,49 +463,9 @@ mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
         if (r == 32)
             break;
 
-        /* the step's blocks: the next MMA_SB of the walk (-1: none) */
         int64_t lst[MMA_SB];
-        int cnt = 0;
-        {
-            int r2 = r;
-            int64_t b2 = b;
-#pragma unroll
-            for (int j = 0; j < MMA_SB; j++) {
-                while (r2 < 32 && b2 >= nb) {
-                    r2++;
-                    b2 = r2 < 32 ? mma_slot(r2) : nb;
-                }
-                lst[j] = r2 < 32 ? b2 : -1;
-                cnt += r2 < 32;
-                b2 += CINFER_MM_SLOTS;
-            }
-        }
-
-        /* stage them: ws[j][row][WW], xs[j][row][9], zeros past n_out, n */
-#pragma unroll
-        for (int j = 0; j < MMA_SB; j++) {
-            if (lst[j] < 0)
-                continue;
-            for (int i = tidx; i < MMA_OUTS * WW; i += MMA_THREADS) {
-                const int row = i / WW, wd = i % WW;
-                ws[j * MMA_OUTS * WW + i] =
-                    o0 + row < n_out
-                        ? mmq_weight_word<T>(w + ((o0 + row) * nb + lst[j]) *
-                                                     (int64_t)tr::U16,
-                                             wd)
-                        : 0;
-            }
-            for (int i = tidx; i < MMA_ROWS * CINFER_MM_Q8_1_WORDS;
-                 i += MMA_THREADS) {
-                const int row = i / CINFER_MM_Q8_1_WORDS;
-                const int wd = i % CINFER_MM_Q8_1_WORDS;
-                int v = 0;
-                if (r0 + row < n)
-                    v = xq[((r0 + row) * nb + lst[j]) * CINFER_MM_Q8_1_WORDS +
-                           wd];
-                xs[j * MMA_ROWS * CINFER_MM_Q8_1_WORDS + i] = v;
-            }
-        }
+        const int cnt = mma_next(r, b, nb, lst);
+        mma_stage<T>(w, xq, ws, xs, lst, o0, r0, n_out, n, nb);
         __syncthreads();
 
         for (int j = 0; j < cnt; j++) {
@@ -404,52 +477,9 @@ mmq_mma_kernel(const mmq_set set,          // as mmq_kernel's, MMA_OUTS a tile
                 r++;
                 b = mma_slot(r); /* the walk has blocks left: r < 32 */
             }
-            const int *w0 = ws + (j * MMA_OUTS + 16 * wm + gid) * WW;
-            const int *w1 = w0 + 8 * WW;
-            const unsigned dm0 = (unsigned)w0[0], dm1 = (unsigned)w1[0];
-            const float dw[2] = {mm_f16(dm0), mm_f16(dm1)};
-            const float mw[2] = {
-                T == CINFER_DTYPE_Q4_1 ? mm_f16(dm0 >> 16) : 0.0f,
-                T == CINFER_DTYPE_Q4_1 ? mm_f16(dm1 >> 16) : 0.0f};
-            unsigned a[4];
-            if (T == CINFER_DTYPE_Q8_0) {
-                a[0] = (unsigned)w0[1 + tid];
-                a[1] = (unsigned)w1[1 + tid];
-                a[2] = (unsigned)w0[5 + tid];
-                a[3] = (unsigned)w1[5 + tid];
-            } else {
-                const unsigned q0 = (unsigned)w0[1 + tid];
-                const unsigned q1 = (unsigned)w1[1 + tid];
-                a[0] = q0 & 0x0F0F0F0Fu;
-                a[1] = q1 & 0x0F0F0F0Fu;
-                a[2] = (q0 >> 4) & 0x0F0F0F0Fu;
-                a[3] = (q1 >> 4) & 0x0F0F0F0Fu;
-                if (T == CINFER_DTYPE_Q4_0) {
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        a[q] = mma_s4(a[q]);
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < 2; t++) {
-                const int *xb =
-                    xs + (j * MMA_ROWS + 16 * wn + 8 * t + gid) *
-                             CINFER_MM_Q8_1_WORDS;
-                const unsigned bf[2] = {(unsigned)xb[1 + tid],
-                                        (unsigned)xb[5 + tid]};
-                int d[4] = {0, 0, 0, 0};
-                cinfer_mma_s8_16832(d, a, bf);
-                const int *xd =
-                    xs + (j * MMA_ROWS + 16 * wn + 8 * t + 2 * tid) *
-                             CINFER_MM_Q8_1_WORDS;
-                const unsigned ds[2] = {
-                    (unsigned)xd[0], (unsigned)xd[CINFER_MM_Q8_1_WORDS]};
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    cur[4 * t + e] = mm_block_acc<T>(
-                        cur[4 * t + e], d[e], dw[e >> 1], mw[e >> 1],
-                        mm_f16(ds[e & 1]), mm_f16(ds[e & 1] >> 16));
-            }
+            mma_block<T>(ws + j * MMA_OUTS * WW, xs + j * MMA_ROWS *
+                                                  CINFER_MM_Q8_1_WORDS,
+                         wm, wn, cur);
             b += CINFER_MM_SLOTS;
         }
         __syncthreads(); /* the step's reads are done */

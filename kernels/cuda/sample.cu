@@ -237,9 +237,9 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
 }
 
 // Grid (ceil(n / THREADS)), block (THREADS).
-__global__ void weights_kernel(const float *__restrict__ x, int64_t n,
-                               float max, float inv_t, float min_w,
-                               float *__restrict__ w)
+__global__ void weights_kernel(const float *__restrict__ x, // [n]
+                               int64_t n, float max, float inv_t, float min_w,
+                               float *__restrict__ w) // [n]
 {
     const int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x;
     if (i < n)
