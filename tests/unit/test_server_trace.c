@@ -143,12 +143,37 @@ static void test_metadata(void)
     CHECK_EQ_INT(len, 0);
 }
 
+/* Without a traceparent the server starts a trace: every call's ids are
+ * fresh, across the refills of the per-thread random buffer (64 calls to
+ * a buffer). */
+static void test_fresh_ids(void)
+{
+    enum { N = 200 };
+    static char ids[N][33];
+    grpc_metadata_array arr;
+    grpc_metadata_array_init(&arr);
+    for (int i = 0; i < N; i++) {
+        cinfer_trace t;
+        cinfer_trace_from_metadata(&t, &arr);
+        CHECK_EQ_INT(strlen(t.trace_id), 32);
+        CHECK_EQ_INT(strlen(t.span_id), 16);
+        memcpy(ids[i], t.trace_id, 33);
+        for (int j = 0; j < i; j++)
+            if (strcmp(ids[i], ids[j]) == 0) {
+                fprintf(stderr, "trace ids %d and %d are both %s\n", j, i,
+                        ids[i]);
+                CHECK(0);
+            }
+    }
+}
+
 int main(void)
 {
     RUN(test_parse_valid);
     RUN(test_parse_invalid);
     RUN(test_init_joins_or_starts);
     RUN(test_metadata);
+    RUN(test_fresh_ids);
     return harness_done();
 }
 #endif
