@@ -740,9 +740,9 @@ static void drop_expired(cinfer_engine *e, int64_t t_ns)
 
 /* Whether the backend chooses the step's tokens where the logits are, so
  * that only they come back: every row that gives a token is plain greedy,
- * or (where the backend draws too) a plain scan (engine/sampler.h: no
- * drafts, grammar or logprobs, nothing for the sampler to apply, no top_k
- * or top_p). 0: no, the logits come back; 1: every row greedy; 2: with
+ * or (where the backend draws too) a plain draw (engine/sampler.h: no
+ * drafts, grammar or logprobs, nothing for the sampler to apply, no top_p,
+ * top_k at most CINFER_CHOOSE_MAX_K). 0: no, the logits come back; 1: every row greedy; 2: with
  * draws, filled in e->draws (their draw index advanced). */
 static int step_choice(cinfer_engine *e, int32_t n_out)
 {
@@ -758,22 +758,24 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
             return 0;
         if (cinfer_sampler_plain_greedy(s->sampler))
             continue;
-        if (have < 2 || !cinfer_sampler_plain_scan(s->sampler))
+        if (have < 2 || !cinfer_sampler_plain_draw(s->sampler) ||
+            cinfer_sampler_get_params(s->sampler)->top_k >
+                CINFER_CHOOSE_MAX_K)
             return 0;
         sampled = 1;
     }
     if (!sampled)
         return 1;
     for (int32_t j = 0; j < n_out; j++)
-        e->draws[j] = (cinfer_draw){0.0f, 0.0f, 0.0};
+        e->draws[j] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
     for (int k = 0; k < e->n_sched; k++) {
         eng_seq *s = e->sched[k];
         if (s->step_out < 0 || cinfer_sampler_plain_greedy(s->sampler))
             continue;
         cinfer_draw *d = &e->draws[s->step_out];
-        cinfer_status st =
-            cinfer_sampler_scan_draw(s->sampler, &d->inv_t, &d->min_w, &d->u);
-        CINFER_ASSERT(st == CINFER_OK); /* plain scan, checked above */
+        cinfer_status st = cinfer_sampler_draw_params(
+            s->sampler, &d->inv_t, &d->min_w, &d->top_k, &d->u);
+        CINFER_ASSERT(st == CINFER_OK); /* plain draw, checked above */
     }
     return 2;
 }

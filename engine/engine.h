@@ -280,7 +280,7 @@ typedef struct {
                                   chose, every row plain greedy: only token
                                   ids came back (cinfer_model_forward_choose) */
     uint64_t drawn_steps;      /* and steps whose tokens the backend drew,
-                                  some rows plain scan (engine/sampler.h) */
+                                  some rows plain draws (engine/sampler.h) */
     int64_t last_step_ns;      /* engine clock at the last step's end */
     int device_lost;           /* 1 once a step failed and the backend
                                   reported a fault it cannot recover from

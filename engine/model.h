@@ -298,7 +298,7 @@ cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
  * or -1 for a row of -inf, or below that its first NaN or +inf:
  * cinfer_sampler_take_code turns it into the token or the sampler's
  * error. For samplers with nothing to apply (engine/sampler.h,
- * cinfer_sampler_plain_greedy and _plain_scan). CINFER_E_UNSUPPORTED
+ * cinfer_sampler_plain_greedy and _plain_draw). CINFER_E_UNSUPPORTED
  * beyond cinfer_model_choices. */
 cinfer_status cinfer_model_forward_choose(cinfer_model *m,
                                           const cinfer_step *step,

@@ -1155,26 +1155,27 @@ int cinfer_sampler_plain_greedy(const cinfer_sampler *s)
            nothing_to_apply(s);
 }
 
-int cinfer_sampler_plain_scan(const cinfer_sampler *s)
+int cinfer_sampler_plain_draw(const cinfer_sampler *s)
 {
     return s && !(s->p.temperature < CINFER_SAMPLER_GREEDY_EPS) &&
-           !(s->p.top_k > 0 && s->p.top_k < s->p.n_vocab) &&
            !(s->p.top_p < 1.0f) && nothing_to_apply(s);
 }
 
-cinfer_status cinfer_sampler_scan_draw(cinfer_sampler *s, float *inv_t,
-                                       float *min_w, double *u)
+cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
+                                         float *min_w, int32_t *top_k,
+                                         double *u)
 {
-    if (!s || !inv_t || !min_w || !u)
+    if (!s || !inv_t || !min_w || !top_k || !u)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_scan_draw: an argument is NULL");
-    if (!cinfer_sampler_plain_scan(s))
+                                "sampler_draw_params: an argument is NULL");
+    if (!cinfer_sampler_plain_draw(s))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_scan_draw: the sampler has stages "
-                                "to apply, top_k or top_p, or is greedy");
+                                "sampler_draw_params: the sampler has stages "
+                                "to apply or top_p, or is greedy");
     /* as build_plan and draw() take them */
     *inv_t = 1.0f / s->p.temperature;
     *min_w = s->p.min_p;
+    *top_k = s->p.top_k > 0 && s->p.top_k < s->p.n_vocab ? s->p.top_k : 0;
     *u = draw_uniform(s->key, s->n_accepted, s->n_draws++);
     return CINFER_OK;
 }
@@ -1186,10 +1187,10 @@ cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: %s is NULL",
                                 !s ? "s" : "token");
-    if (!cinfer_sampler_plain_greedy(s) && !cinfer_sampler_plain_scan(s))
+    if (!cinfer_sampler_plain_greedy(s) && !cinfer_sampler_plain_draw(s))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: the sampler has stages "
-                                "to apply, top_k or top_p");
+                                "to apply or top_p");
     if (code >= s->p.n_vocab)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: token %d of a vocabulary "

@@ -68,9 +68,9 @@
  * the same sequence of logits rows and accepts give the same tokens on
  * every run, machine and libm. The CUDA backend's draw
  * (kernels/cuda/sample.cu, cinfer_backend_choose) repeats the whole-row
- * plan (temperature and min_p) with these bits: a change to the weights,
- * the sums or the walk here is a change there (test_backend_ops compares
- * them).
+ * and top_k plans (temperature, top_k, min_p) with these bits: a change
+ * to the selection, the weights, the sums or the walk here is a change
+ * there (test_backend_ops compares them).
  *
  * Logprobs follow vLLM's default (raw logprobs): the log-softmax of the row
  * as the model produced it, before bias, masks, penalties and temperature.
@@ -263,21 +263,22 @@ cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
  * cinfer_sampler_take_code stands in for sample(). Pure. */
 int cinfer_sampler_plain_greedy(const cinfer_sampler *s);
 
-/* 1 if the next sample() has nothing to apply (as above) and draws from
- * the whole row: temperature at least 1e-5, top_k off (0 or >= n_vocab),
- * top_p 1, min_p anything. A backend can then draw the token where the
- * logits are (cinfer_backend_choose), with the same weights, sums and
- * walk as sample(), so the same token. Pure. */
-int cinfer_sampler_plain_scan(const cinfer_sampler *s);
+/* 1 if the next sample() has nothing to apply (as above), is not greedy
+ * and keeps no top_p set (top_p 1; top_k and min_p anything): a backend can
+ * then draw the token where the logits are (cinfer_backend_choose) with
+ * the same selection, weights, sums and walk as sample(), so the same
+ * token. Pure. */
+int cinfer_sampler_plain_draw(const cinfer_sampler *s);
 
-/* For a plain scan sampler: what the backend's draw needs (backend.h's
- * cinfer_draw): inv_t = 1 / temperature, min_w = min_p, and u, the
- * draw's uniform in [0, 1) as sample() would take it; the draw index
- * advances as sample() advances it (also when the row then turns out
- * bad, where sample() would not have drawn). CINFER_E_INVALID_ARG, and
- * nothing changed, for any other sampler. */
-cinfer_status cinfer_sampler_scan_draw(cinfer_sampler *s, float *inv_t,
-                                       float *min_w, double *u);
+/* For a plain draw sampler: what the backend's draw needs (backend.h's
+ * cinfer_draw): inv_t = 1 / temperature, min_w = min_p, top_k (0 when off
+ * or >= n_vocab), and u, the draw's uniform in [0, 1) as sample() would
+ * take it; the draw index advances as sample() advances it (also when the
+ * row then turns out bad, where sample() would not have drawn).
+ * CINFER_E_INVALID_ARG, and nothing changed, for any other sampler. */
+cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
+                                         float *min_w, int32_t *top_k,
+                                         double *u);
 
 /* A token's weight as every pass of sample() takes it: e^((logit - max) *
  * inv_t) from the sampler's own exp (plain IEEE single arithmetic, no
@@ -286,7 +287,7 @@ cinfer_status cinfer_sampler_scan_draw(cinfer_sampler *s, float *inv_t,
  * tests compare. Pure. */
 float cinfer_sampler_weight(float logit, float max, float inv_t, float min_w);
 
-/* sample() for a plain greedy or plain scan row from the code the backend
+/* sample() for a plain greedy or plain draw row from the code the backend
  * gave for it (kernels/backend.h: cinfer_backend_greedy,
  * cinfer_backend_choose): the token, or sample()'s error for that row
  * (CINFER_E_RANGE: the NaN or +inf entry named, or every logit -inf), with

@@ -367,27 +367,33 @@ cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
 int cinfer_backend_has_greedy(const cinfer_backend *be);
 
 /* What cinfer_backend_choose draws for one row (engine/sampler.h's
- * cinfer_sampler_scan_draw gives it). */
+ * cinfer_sampler_draw_params gives it). */
 typedef struct {
-    float inv_t; /* 1 / temperature; 0 = the greedy choice */
-    float min_w; /* min_p: weights below it count as 0 */
-    double u;    /* the draw's uniform, in [0, 1) */
+    float inv_t;   /* 1 / temperature; 0 = the greedy choice */
+    float min_w;   /* min_p: weights below it count as 0 */
+    double u;      /* the draw's uniform, in [0, 1) */
+    int32_t top_k; /* keep the k largest, 1..CINFER_CHOOSE_MAX_K; 0 = all */
 } cinfer_draw;
 
 /* Most entries a row of cinfer_backend_choose may have (256 chunks of
- * 1024). */
+ * 1024), and the largest top_k it takes. */
 #define CINFER_CHOOSE_MAX_N (256 * 1024)
+#define CINFER_CHOOSE_MAX_K 1024
 
 /* Each row's token drawn where the logits are, as engine/sampler.c draws
- * from a whole row it has nothing to apply to (its scan plan: temperature
- * and min_p, no top_k or top_p), the same bits: w[i] = its e^((x[i] -
- * max) * inv_t) (no libm), 0 below min_w; sums of 1024-entry chunks in
- * double; target = u * their sum; the first entry whose running sum in
- * index order passes it. out[r] is that token, or, for inv_t 0, the
- * greedy choice; or cinfer_backend_greedy's codes for a bad row (-1: all
- * -inf; -2 - (2 i + nan): a NaN or +inf at i). x: [rows, n] F32, 1 <= n
- * <= CINFER_CHOOSE_MAX_N; draws: [rows] host memory, read during the
- * call; out: [rows] I32. Optional: CINFER_E_UNSUPPORTED where
+ * from a row it has nothing to apply to, with no top_p, the same bits:
+ *   - top_k 0 (its scan plan): w[i] = its e^((x[i] - max) * inv_t) (no
+ *     libm), 0 below min_w; sums of 1024-entry chunks in double; target =
+ *     u * their sum; the first entry whose running sum in index order
+ *     passes it;
+ *   - top_k k (its candidate plan): the k largest (ties to the lower
+ *     index) in index order, their weights, those >= min_w and > 0 kept,
+ *     summed and walked in that order.
+ * out[r] is that token, or, for inv_t 0, the greedy choice; or
+ * cinfer_backend_greedy's codes for a bad row (-1: all -inf; -2 - (2 i +
+ * nan): a NaN or +inf at i). x: [rows, n] F32, 1 <= n <=
+ * CINFER_CHOOSE_MAX_N; draws: [rows] host memory, read during the call;
+ * out: [rows] I32. Optional: CINFER_E_UNSUPPORTED where
  * cinfer_backend_has_choose says 0. */
 cinfer_status cinfer_backend_choose(cinfer_backend *be, const cinfer_tensor *x,
                                     const cinfer_draw *draws,

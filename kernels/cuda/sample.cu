@@ -7,12 +7,18 @@
  * combine (value, index) pairs, the larger value or on a tie the lower
  * index, and the lowest bad index.
  *
- * Choose: the same first pass, then engine/sampler.c's scan plan with its
- * bits: weights from the sampler's own e^x (below: each operation rounded
- * on its own, no FMA, as the sampler's plain IEEE single code), chunk sums
- * of 1024 entries in double with the sampler's four interleaved
- * accumulators (a thread a chunk), then one thread adds them in order and
- * walks them, and the chosen chunk's weights, as the sampler's draw does.
+ * Choose: the same first pass, then engine/sampler.c's plans with its
+ * bits. Weights from the sampler's own e^x (below: each operation rounded
+ * on its own, no FMA, as the sampler's plain IEEE single code). Without
+ * top_k, the scan plan: chunk sums of 1024 entries in double with the
+ * sampler's four interleaved accumulators (a thread a chunk), then one
+ * thread adds them in order and walks them, and the chosen chunk's
+ * weights, as the sampler's draw does. With top_k, the candidate plan:
+ * the k-th largest key found by a radix select (four 8-bit passes over
+ * shared histograms; the sampler's passes differ, the set does not: the
+ * k largest keys, ties to the lower index), the set gathered in index
+ * order (a thread a contiguous segment), then one thread weighs, keeps,
+ * sums and walks it as the sampler does.
  * Change one and the other with it: test_backend_ops compares their
  * tokens.
  */
@@ -142,6 +148,126 @@ __device__ __forceinline__ float sampler_weight(float logit, float max,
     return e >= min_w ? e : 0.0f;
 }
 
+#define MAX_K 1024 /* CINFER_CHOOSE_MAX_K */
+
+/* engine/sampler.c's float_key: floats ordered as unsigned integers,
+ * -0.0 and +0.0 the same key. */
+__device__ __forceinline__ unsigned sampler_key(float f)
+{
+    const unsigned u = __float_as_uint(__fadd_rn(f, 0.0f));
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Shared memory of the candidate plan. */
+struct topk_smem {
+    unsigned hist[256];
+    unsigned sel[3]; /* prefix, mask, need */
+    int before_gt[THREADS], before_eq[THREADS];
+    int id[MAX_K];
+    float logit[MAX_K];
+};
+
+/* The candidate plan of row (every thread; 0 < k < n, the row has no NaN
+ * or +inf and its largest value is max): the token into *out. */
+__device__ __forceinline__ void
+draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
+           float max, topk_smem &sm, int32_t *__restrict__ out)
+{
+    const int t = (int)threadIdx.x;
+    const int k = d.top_k;
+    unsigned prefix = 0, mask = 0;
+    int need = k;
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        for (int i = t; i < 256; i += THREADS)
+            sm.hist[i] = 0;
+        __syncthreads();
+        for (int64_t i = t; i < n; i += THREADS) {
+            const unsigned key = sampler_key(row[i]);
+            if ((key & mask) == prefix)
+                atomicAdd(&sm.hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (t == 0) {
+            unsigned above = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + sm.hist[b] >= (unsigned)need)
+                    break;
+                above += sm.hist[b];
+            }
+            sm.sel[0] = prefix | (unsigned)b << shift;
+            sm.sel[1] = mask | 255u << shift;
+            sm.sel[2] = (unsigned)need - above;
+        }
+        __syncthreads();
+        prefix = sm.sel[0];
+        mask = sm.sel[1];
+        need = (int)sm.sel[2];
+        __syncthreads(); /* sel is read before the next pass writes it */
+    }
+    /* prefix is the k-th key; take every larger key and the first `need`
+     * equal to it, in index order */
+    const int64_t seg = (n + THREADS - 1) / THREADS;
+    const int64_t lo = (int64_t)t * seg < n ? (int64_t)t * seg : n;
+    const int64_t hi = lo + seg < n ? lo + seg : n;
+    int gt = 0, eq = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        const unsigned key = sampler_key(row[i]);
+        gt += key > prefix;
+        eq += key == prefix;
+    }
+    sm.before_gt[t] = gt;
+    sm.before_eq[t] = eq;
+    __syncthreads();
+    if (t == 0) {
+        int a = 0, b = 0;
+        for (int u = 0; u < THREADS; u++) {
+            const int g = sm.before_gt[u], e = sm.before_eq[u];
+            sm.before_gt[u] = a;
+            sm.before_eq[u] = b;
+            a += g;
+            b += e;
+        }
+    }
+    __syncthreads();
+    gt = sm.before_gt[t];
+    eq = sm.before_eq[t];
+    for (int64_t i = lo; i < hi; i++) {
+        const unsigned key = sampler_key(row[i]);
+        if (key > prefix || (key == prefix && eq < need)) {
+            const int at = gt + (eq < need ? eq : need);
+            sm.id[at] = (int)i;
+            sm.logit[at] = row[i];
+        }
+        gt += key > prefix;
+        eq += key == prefix;
+    }
+    __syncthreads();
+    if (t != 0)
+        return;
+    /* sampler.c: weights at min_w 0, keep_min_w, then draw's walk */
+    double z = 0.0;
+    for (int j = 0; j < k; j++) {
+        const float w = sampler_weight(sm.logit[j], max, d.inv_t, 0.0f);
+        if (w > 0.0f && w >= d.min_w)
+            z = __dadd_rn(z, (double)w);
+    }
+    const double target = __dmul_rn(d.u, z);
+    double cum = 0.0;
+    int32_t last = -1;
+    for (int j = 0; j < k; j++) {
+        const float w = sampler_weight(sm.logit[j], max, d.inv_t, 0.0f);
+        if (!(w > 0.0f && w >= d.min_w))
+            continue;
+        last = sm.id[j];
+        cum = __dadd_rn(cum, (double)w);
+        if (cum > target)
+            break;
+    }
+    *out = last;
+}
+
 // Grid: (rows), block (THREADS); n <= MAX_CHUNKS * CHUNK.
 __global__ void __launch_bounds__(THREADS)
 choose_kernel(const float *__restrict__ x,           // [rows, n]
@@ -154,6 +280,7 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
     CINFER_SHARED(double, chunk, [MAX_CHUNKS]);
     CINFER_SHARED(int, s_code, [1]);
     CINFER_SHARED(float, s_max, [1]);
+    CINFER_SHARED(topk_smem, tk, [1]);
     const float *row = x + (int64_t)blockIdx.x * n;
     const cinfer_draw d = draws[blockIdx.x];
     const int t = (int)threadIdx.x;
@@ -178,6 +305,10 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
         return;
     }
     const float max = s_max[0];
+    if (d.top_k > 0) {
+        draw_top_k(row, n, d, max, tk[0], &out[blockIdx.x]);
+        return;
+    }
     const int n_chunks = (int)((n + CHUNK - 1) / CHUNK);
     /* chunk c's weights summed as sampler.c's sum_weights */
     for (int c = t; c < n_chunks; c += THREADS) {

@@ -1,10 +1,9 @@
 /*
  * sample.cuh - token choice on the CUDA backend, so that only token ids,
  * not rows of logits, come back to the host: the greedy choice of each row
- * (backend.h, cinfer_backend_greedy), and a draw from the whole row as
- * engine/sampler.c's scan plan makes it, bit for bit (cinfer_backend_choose:
- * temperature and min_p; top_k, top_p, penalties and logprobs stay on the
- * host).
+ * (backend.h, cinfer_backend_greedy), and a draw as engine/sampler.c
+ * makes it, bit for bit (cinfer_backend_choose: temperature, top_k and
+ * min_p; top_p, penalties and logprobs stay on the host).
  *
  *     out[r] = the index of the largest of x[r][0..n), the lowest on ties
  *              (-0.0 equals +0.0), as cinfer_sampler_argmax chooses;

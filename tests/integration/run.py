@@ -2245,15 +2245,16 @@ def case_cudasim_generate():
     """A greedy Generate streamed through cinfer-server-cudasim (--device
     cuda: the CUDA backend's kernels on the CPU harness) gives the CPU
     server's text for the same tiny model and request, token for token, and
-    so do seeded draws (temperature, min_p), which the CUDA backend draws
-    on the device and the CPU server on the host; health is SERVING; the
+    so do seeded draws (temperature, min_p, top_k), which the CUDA backend
+    draws on the device and the CPU server on the host; health is SERVING; the
     engine ends idle."""
     model = tiny_model()
     n = ARGS.tokens
     prompts = ["Once upon a time", "The capital of France is"]
     want = {}
     drawn = [(prompts[0], dict(temperature=0.9, seed=11)),
-             (prompts[1], dict(temperature=1.3, min_p=0.05, seed=12))]
+             (prompts[1], dict(temperature=1.3, min_p=0.05, seed=12)),
+             (prompts[0] + ",", dict(temperature=0.8, top_k=20, seed=13))]
     want_drawn = {}
     with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
         check_eq(cpu.info().backend.name, "cpu", "the CPU server's backend")

@@ -2822,27 +2822,35 @@ static void test_greedy(void)
 
 /* The drawn token of each row (cinfer_backend_choose) on every backend
  * that draws, against engine/sampler.c on the same rows with the same
- * seeds: the same token (the sampler's own weights, sums and walk), the
- * same errors for a NaN and a row of -inf, and the greedy choice for
- * inv_t 0; widths below, at and past a chunk (1024) and a vocabulary's,
- * temperatures below and above 1, min_p off and on, several positions. */
+ * seeds: the same token (the sampler's own selection, weights, sums and
+ * walk), the same errors for a NaN and a row of -inf, and the greedy
+ * choice for inv_t 0; widths below, at and past a chunk (1024) and a
+ * vocabulary's, temperatures below and above 1, min_p off and on, top_k
+ * off, 1, 5, 40 and 1024, a row of many equal logits (the top_k ties),
+ * several positions. */
 static void test_choose(void)
 {
     static const int64_t widths[] = {1, 100, 1024, 1500, 49152};
-    static const float temps[] = {0.3f, 1.0f, 2.5f};
-    static const float min_ps[] = {0.0f, 0.05f};
+    static const struct {
+        float temp, min_p;
+        int32_t top_k;
+    } cfg[] = {{0.3f, 0.0f, 0},  {1.0f, 0.0f, 0},    {2.5f, 0.05f, 0},
+               {0.7f, 0.0f, 1},  {1.0f, 0.0f, 5},    {1.3f, 0.05f, 40},
+               {2.5f, 0.0f, 1024}, {1.0f, 0.05f, 1024}};
     enum { R = 6, POS = 3 };
     uint64_t seed = seed_for(79);
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         const int64_t n = widths[wi];
         float *x = randv(R * n, &seed, 6.0f);
-        /* row 1: half of it -inf; row 2: a NaN; row 3: all -inf; row 5:
-         * greedy (inv_t 0) */
+        /* row 1: half of it -inf; row 2: a NaN; row 3: all -inf; row 4:
+         * steps of 0.5 (ties); row 5: greedy (inv_t 0) */
         for (int64_t i = 0; i < n; i += 2)
             x[1 * n + i] = -INFINITY;
         x[2 * n + n / 2] = NAN;
         for (int64_t i = 0; i < n; i++)
             x[3 * n + i] = -INFINITY;
+        for (int64_t i = 0; i < n; i++)
+            x[4 * n + i] = roundf(x[4 * n + i] * 2.0f) / 2.0f;
         float *row = malloc(sizeof(float) * (size_t)n);
         for (int fi = 0; fi < g_n_factories; fi++) {
             const factory *f = &g_factories[fi];
@@ -2855,17 +2863,16 @@ static void test_choose(void)
             cinfer_tensor *to = tnew(be, CINFER_DTYPE_I32, 1, R, 0, 0, 0);
             put(be, tx, x);
             int bad = 0, drawn = 0;
-            for (size_t ti = 0; ti < sizeof temps / sizeof temps[0]; ti++)
-                for (size_t mi = 0; mi < sizeof min_ps / sizeof min_ps[0];
-                     mi++) {
+            for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
                     cinfer_sampler *a[R], *b[R];
                     for (int r = 0; r < R; r++) {
                         cinfer_sampler_params p =
                             cinfer_sampler_default_params();
                         p.n_vocab = (int32_t)n;
-                        p.temperature = r == 5 ? 0.0f : temps[ti];
-                        p.min_p = min_ps[mi];
-                        p.seed = 1000u + (uint64_t)r * 7u + ti * 3u + mi;
+                        p.temperature = r == 5 ? 0.0f : cfg[ci].temp;
+                        p.min_p = cfg[ci].min_p;
+                        p.top_k = cfg[ci].top_k;
+                        p.seed = 1000u + (uint64_t)r * 7u + ci * 3u;
                         a[r] = b[r] = NULL;
                         CHECK_OK(cinfer_sampler_create(&p, &a[r]));
                         CHECK_OK(cinfer_sampler_create(&p, &b[r]));
@@ -2873,11 +2880,11 @@ static void test_choose(void)
                     for (int pos = 0; pos < POS; pos++) {
                         cinfer_draw dr[R];
                         for (int r = 0; r < R; r++) {
-                            dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0};
+                            dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
                             if (r != 5)
-                                CHECK_OK(cinfer_sampler_scan_draw(
+                                CHECK_OK(cinfer_sampler_draw_params(
                                     b[r], &dr[r].inv_t, &dr[r].min_w,
-                                    &dr[r].u));
+                                    &dr[r].top_k, &dr[r].u));
                         }
                         poison(be, to);
                         CHECK_OK(cinfer_backend_choose(be, tx, dr, to));
@@ -2898,11 +2905,13 @@ static void test_choose(void)
                                 if (bad++ < 5)
                                     fprintf(stderr,
                                             "%s: choose n %lld T %g min_p %g "
-                                            "row %d pos %d: sampler %d (%d), "
-                                            "backend code %d -> %d (%d)\n",
+                                            "top_k %d row %d pos %d: "
+                                            "sampler %d (%d), backend code "
+                                            "%d -> %d (%d)\n",
                                             f->name, (long long)n,
-                                            (double)temps[ti],
-                                            (double)min_ps[mi], r, pos, ta,
+                                            (double)cfg[ci].temp,
+                                            (double)cfg[ci].min_p,
+                                            (int)cfg[ci].top_k, r, pos, ta,
                                             (int)sa, codes[r], tb, (int)sb);
                             }
                             if (sa == CINFER_OK) {
@@ -2922,7 +2931,7 @@ static void test_choose(void)
             /* a draw out of range is refused before the backend sees it */
             cinfer_draw dr[R];
             for (int r = 0; r < R; r++)
-                dr[r] = (cinfer_draw){1.0f, 0.0f, 0.5};
+                dr[r] = (cinfer_draw){1.0f, 0.0f, 0.5, 0};
             dr[4].u = 1.0;
             CHECK_EQ_INT(cinfer_backend_choose(be, tx, dr, to),
                          CINFER_E_INVALID_ARG);
