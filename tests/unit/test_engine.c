@@ -451,6 +451,21 @@ static void test_matches_single_decode(void)
     CHECK_EQ_INT(st.greedy_steps, 0);
     check_idle(e);
     cinfer_engine_destroy(e);
+
+    /* A temperature: the CPU backend chooses greedy tokens only, so the
+     * logits come back and the host draws. */
+    e = make_engine(m, 4, 0, 0, NULL);
+    rp = greedy_params(&j, &rb);
+    rp.sampling.temperature = 0.8f;
+    rp.sampling.seed = 5;
+    run_one(e, &rp, &rb, 1);
+    CHECK_EQ_INT(rb.s[0].n_ids, j.max_tokens);
+    cinfer_engine_get_stats(e, &st);
+    CHECK(st.steps > 0);
+    CHECK_EQ_INT(st.greedy_steps, 0);
+    CHECK_EQ_INT(st.drawn_steps, 0);
+    check_idle(e);
+    cinfer_engine_destroy(e);
 out:
     cinfer_model_destroy(m);
     cinfer_model_destroy(ref);
