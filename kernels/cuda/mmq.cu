@@ -544,28 +544,12 @@ cinfer_cuda_mmq_set_kernel(cudaStream_t stream, cinfer_cuda_mmq_kernel kernel,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda matmul: mmq kernel %d unknown",
                                 (int)kernel);
-    if (n_w < 1 || n_w > CINFER_CUDA_MMQ_MAX_W || !w || !n_out || !out)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq takes 1..%d weights, got %d",
-                                CINFER_CUDA_MMQ_MAX_W, n_w);
-    if (xq == NULL || (uintptr_t)xq % 4 != 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq xq must be set and 4-byte "
-                                "aligned");
-    if (n < 1 || n > CINFER_CUDA_MMQ_MAX_ROWS)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq n = %d out of range", (int)n);
-    if (k < CINFER_QK || k % CINFER_QK != 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmq k = %lld (need a positive "
-                                "multiple of 32)",
-                                (long long)k);
-    if (w_type != CINFER_DTYPE_Q8_0 && w_type != CINFER_DTYPE_Q4_0 &&
-        w_type != CINFER_DTYPE_Q4_1)
-        return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "cuda matmul: mmq w_type %s (Q8_0, Q4_0 or "
-                                "Q4_1)",
-                                cinfer_dtype_name(w_type));
+    cinfer_status st = cinfer_cuda_mm_check("mmq", w_type, n_w,
+                                            CINFER_CUDA_MMQ_MAX_W, w, n_out,
+                                            out, xq, n,
+                                            CINFER_CUDA_MMQ_MAX_ROWS, k);
+    if (st != CINFER_OK)
+        return st;
     const bool mma = kernel == CINFER_CUDA_MMQ_MMA ||
                      (kernel == CINFER_CUDA_MMQ_AUTO && auto_uses_mma());
     const int64_t tile = mma ? MMA_OUTS : MMQ_OUTS;
@@ -574,13 +558,7 @@ cinfer_cuda_mmq_set_kernel(cudaStream_t stream, cinfer_cuda_mmq_kernel kernel,
     memset(&set, 0, sizeof set);
     set.nw = n_w;
     for (int i = 0; i < n_w; i++) {
-        if (w[i] == NULL || out[i] == NULL || (uintptr_t)w[i] % 2 != 0)
-            return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                    "cuda matmul: mmq w[%d] and out[%d] must "
-                                    "be set, w 2-byte aligned",
-                                    i, i);
-        const int64_t t = n_out[i] < 1 ? 0 : (n_out[i] + tile - 1) / tile;
-        if (t < 1 || t > MAX_GRID_X - set.tiles[i])
+        if (n_out[i] > (MAX_GRID_X - set.tiles[i]) * tile)
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "cuda matmul: mmq n_out[%d] = %lld out "
                                     "of range",
@@ -588,7 +566,7 @@ cinfer_cuda_mmq_set_kernel(cudaStream_t stream, cinfer_cuda_mmq_kernel kernel,
         set.w[i] = (const uint16_t *)w[i];
         set.out[i] = out[i];
         set.n_out[i] = n_out[i];
-        set.tiles[i + 1] = set.tiles[i] + t;
+        set.tiles[i + 1] = set.tiles[i] + (n_out[i] + tile - 1) / tile;
     }
     const int64_t nb = k / CINFER_QK;
     const dim3 grid((unsigned)set.tiles[n_w],

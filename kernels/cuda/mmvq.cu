@@ -220,33 +220,17 @@ extern "C" cinfer_status cinfer_cuda_mmvq_set(cudaStream_t stream,
                                               const void *xq, int32_t n,
                                               int64_t k, float *const *out)
 {
-    if (n_w < 1 || n_w > CINFER_CUDA_MMVQ_MAX_W || !w || !n_out || !out)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq takes 1..%d weights, got "
-                                "%d",
-                                CINFER_CUDA_MMVQ_MAX_W, n_w);
-    if (xq == NULL || (uintptr_t)xq % 4 != 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq xq must be set and 4-byte "
-                                "aligned");
-    if (k < CINFER_QK || k % CINFER_QK != 0)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq k = %lld (need a positive "
-                                "multiple of 32)",
-                                (long long)k);
-    if (n < 1 || n > CINFER_CUDA_MMVQ_MAX_ROWS)
-        return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "cuda matmul: mmvq n = %d (1..8)", (int)n);
+    cinfer_status st = cinfer_cuda_mm_check("mmvq", w_type, n_w,
+                                            CINFER_CUDA_MMVQ_MAX_W, w, n_out,
+                                            out, xq, n,
+                                            CINFER_CUDA_MMVQ_MAX_ROWS, k);
+    if (st != CINFER_OK)
+        return st;
     mmvq_set set;
     memset(&set, 0, sizeof set);
     set.nw = n_w;
     for (int i = 0; i < n_w; i++) {
-        if (w[i] == NULL || out[i] == NULL || (uintptr_t)w[i] % 2 != 0)
-            return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                    "cuda matmul: mmvq w[%d] and out[%d] "
-                                    "must be set, w 2-byte aligned",
-                                    i, i);
-        if (n_out[i] < 1 || n_out[i] > MAX_GRID_X - set.start[i])
+        if (n_out[i] > MAX_GRID_X - set.start[i])
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "cuda matmul: mmvq n_out[%d] = %lld out "
                                     "of range",
@@ -263,14 +247,54 @@ extern "C" cinfer_status cinfer_cuda_mmvq_set(cudaStream_t stream,
         return launch_rows<CINFER_DTYPE_Q8_0>(stream, set, x32, n, nb);
     case CINFER_DTYPE_Q4_0:
         return launch_rows<CINFER_DTYPE_Q4_0>(stream, set, x32, n, nb);
-    case CINFER_DTYPE_Q4_1:
+    default: /* Q4_1: cinfer_cuda_mm_check took no other type */
         return launch_rows<CINFER_DTYPE_Q4_1>(stream, set, x32, n, nb);
-    default:
-        return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "cuda matmul: mmvq w_type %s (Q8_0, Q4_0 or "
-                                "Q4_1)",
-                                cinfer_dtype_name(w_type));
     }
+}
+
+extern "C" cinfer_status
+cinfer_cuda_mm_check(const char *kernel, cinfer_dtype w_type, int n_w,
+                     int max_w, const void *const *w, const int64_t *n_out,
+                     float *const *out, const void *xq, int32_t n,
+                     int32_t max_n, int64_t k)
+{
+    if (n_w < 1 || n_w > max_w || !w || !n_out || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: %s takes 1..%d weights, got %d",
+                                kernel, max_w, n_w);
+    if (xq == NULL || (uintptr_t)xq % 4 != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: %s xq must be set and 4-byte "
+                                "aligned",
+                                kernel);
+    if (k < CINFER_QK || k % CINFER_QK != 0)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: %s k = %lld (need a positive "
+                                "multiple of 32)",
+                                kernel, (long long)k);
+    if (n < 1 || n > max_n)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda matmul: %s n = %d (1..%d)", kernel,
+                                (int)n, (int)max_n);
+    if (w_type != CINFER_DTYPE_Q8_0 && w_type != CINFER_DTYPE_Q4_0 &&
+        w_type != CINFER_DTYPE_Q4_1)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "cuda matmul: %s w_type %s (Q8_0, Q4_0 or "
+                                "Q4_1)",
+                                kernel, cinfer_dtype_name(w_type));
+    for (int i = 0; i < n_w; i++) {
+        if (w[i] == NULL || out[i] == NULL || (uintptr_t)w[i] % 2 != 0)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda matmul: %s w[%d] and out[%d] must "
+                                    "be set, w 2-byte aligned",
+                                    kernel, i, i);
+        if (n_out[i] < 1)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "cuda matmul: %s n_out[%d] = %lld out "
+                                    "of range",
+                                    kernel, i, (long long)n_out[i]);
+    }
+    return CINFER_OK;
 }
 
 template <cinfer_dtype T>

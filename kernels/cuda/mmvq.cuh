@@ -76,6 +76,17 @@ cinfer_status cinfer_cuda_mmvq_silu_mul(cudaStream_t stream,
                                         int64_t n_out, const void *xq,
                                         int32_t n, int64_t k, float *out);
 
+/* The argument checks cinfer_cuda_mmvq_set and cinfer_cuda_mmq_set share:
+ * 1..max_w weights of a quantized type, each w 2-byte aligned with its
+ * out, n_out[i] >= 1; xq set and 4-byte aligned; 1 <= n <= max_n; k a
+ * positive multiple of 32. CINFER_E_INVALID_ARG or CINFER_E_UNSUPPORTED
+ * naming the argument and `kernel`. */
+cinfer_status cinfer_cuda_mm_check(const char *kernel, cinfer_dtype w_type,
+                                   int n_w, int max_w, const void *const *w,
+                                   const int64_t *n_out, float *const *out,
+                                   const void *xq, int32_t n, int32_t max_n,
+                                   int64_t k);
+
 #ifdef __cplusplus
 }
 #endif
