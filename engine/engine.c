@@ -742,8 +742,9 @@ static void drop_expired(cinfer_engine *e, int64_t t_ns)
  * that only they come back: every row that gives a token is plain greedy,
  * or (where the backend draws too) a plain draw (engine/sampler.h: no
  * drafts, grammar or logprobs, nothing for the sampler to apply, no top_p,
- * top_k at most CINFER_CHOOSE_MAX_K). 0: no, the logits come back; 1: every row greedy; 2: with
- * draws, filled in e->draws (their draw index advanced). */
+ * top_k at most CINFER_CHOOSE_MAX_K). 0: no, the logits come back; 1:
+ * every row greedy; 2: with draws, filled in e->draws (their draw index
+ * advanced). */
 static int step_choice(cinfer_engine *e, int32_t n_out)
 {
     int have = cinfer_model_choices(e->model);
@@ -758,10 +759,11 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
             return 0;
         if (cinfer_sampler_plain_greedy(s->sampler))
             continue;
-        if (have < 2 || !cinfer_sampler_plain_draw(s->sampler) ||
-            cinfer_sampler_get_params(s->sampler)->top_k >
-                CINFER_CHOOSE_MAX_K)
+        if (have < 2 || !cinfer_sampler_plain_draw(s->sampler))
             return 0;
+        const cinfer_sampler_params *p = cinfer_sampler_get_params(s->sampler);
+        if (p->top_k > CINFER_CHOOSE_MAX_K && p->top_k < p->n_vocab)
+            return 0; /* a top_k set too large for the backend */
         sampled = 1;
     }
     if (!sampled)
@@ -1021,9 +1023,10 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
     e->codes = malloc(sizeof(int32_t) * (size_t)e->max_out);
     e->draws = malloc(sizeof(cinfer_draw) * (size_t)e->max_out);
-    if (!e->codes || !e->draws || !e->running || !e->pred_slots || !e->sched || !e->s_tokens || !e->s_pos ||
-        !e->s_row_seq || !e->s_slots || !e->s_out_rows || !e->s_gen ||
-        !e->s_embd || !e->s_tables ||
+    if (!e->codes || !e->draws || !e->running || !e->pred_slots ||
+        !e->sched || !e->s_tokens || !e->s_pos || !e->s_row_seq ||
+        !e->s_slots || !e->s_out_rows || !e->s_gen || !e->s_embd ||
+        !e->s_tables ||
         (e->skv && (!e->s_swa_slots || !e->s_swa_tables)) ||
         !e->logits) {
         st = cinfer_set_error(CINFER_E_NOMEM, "engine: out of memory");

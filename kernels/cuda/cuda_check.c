@@ -80,8 +80,9 @@ cinfer_status cinfer_cublas_fail(int s, const char *stmt, const char *file,
 {
     /* A cuBLAS call that failed on a device error leaves it pending */
     cudaError_t e = cudaPeekAtLastError();
-    return cinfer_set_error(CINFER_E_DEVICE, "%.*s failed at %s:%d: %s (%d)%s%s",
-                            STMT_MAX, stmt, file, line, cublas_name(s), s,
+    return cinfer_set_error(CINFER_E_DEVICE,
+                            "%.*s failed at %s:%d: %s (%d)%s%s", STMT_MAX,
+                            stmt, file, line, cublas_name(s), s,
                             e != cudaSuccess ? "; CUDA: " : "",
                             e != cudaSuccess ? cudaGetErrorName(e) : "");
 }

@@ -512,7 +512,10 @@ static bool auto_uses_mma(void)
     int f = __atomic_load_n(&forced, __ATOMIC_RELAXED);
     if (f == 0) {
         const char *e = getenv("CINFER_CUDA_MMQ");
-        f = e && strcmp(e, "dp4a") == 0 ? 2 : e && strcmp(e, "mma") == 0 ? 3 : 1;
+        f = !e                       ? 1
+            : strcmp(e, "dp4a") == 0 ? 2
+            : strcmp(e, "mma") == 0  ? 3
+                                     : 1;
         __atomic_store_n(&forced, f, __ATOMIC_RELAXED);
     }
     if (f != 1)
