@@ -4,7 +4,7 @@ without keys, measured with h2load (Debian nghttp2-client).
 
     bench/tokenize_rate.py [--build build/release] [--model PATH] \\
         [--rounds 25] [--seconds 2] [--clients 8] [--streams 32] \\
-        [--out bench/results]
+        [--key-header authorization|x-api-key] [--out bench/results]
 
 Starts cinfer-server processes on the same model (the tiny random model
 cinfer-mkmodel makes, unless --model): one plaintext without keys (the
@@ -15,12 +15,15 @@ after round, runs h2load against each in turn (the order turning each
 round) with a prebuilt gRPC message body (a length-prefixed
 TokenizeRequest), content-type application/grpc, te: trailers and, where
 keys are on, authorization: Bearer KEY (which h2load, like nghttp2 for
-every short authorization value, sends never indexed: the server decodes
-it on every call). Prints each run's requests/s and every call's status
-check; the headline is the median over rounds of TLS+keys / plaintext in
-the same round (runs seconds apart, where the machine's other load has
+every authorization header, sends never indexed: the server's HPACK
+decoder decodes it on every call) or, with --key-header x-api-key,
+x-api-key: KEY (which h2load's encoder indexes: later calls name it by
+its index). Prints each run's requests/s and every call's status check;
+the headline is the median over rounds of TLS+keys / plaintext in the
+same round (runs seconds apart, where the machine's other load has
 had little time to change), beside the ratio of the medians; writes
-OUT/tokenize-rate.md (an older one moves to OUT/history/).
+OUT/tokenize-rate.md, or OUT/tokenize-rate-x-api-key.md with x-api-key (an
+older one moves to OUT/history/).
 
 h2load runs on the same cores as the server: the figures are the
 server's rate under a client that takes its share of the CPU, its TLS
@@ -213,6 +216,9 @@ def main():
                     help="leave out the TLS-only and key-only servers")
     ap.add_argument("--text", default="The quick brown fox jumps over the "
                     "lazy dog.")
+    ap.add_argument("--key-header", choices=("authorization", "x-api-key"),
+                    default="authorization",
+                    help="the header that carries the key")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = ap.parse_args()
     if not shutil.which("h2load"):
@@ -236,7 +242,8 @@ def main():
     before = uptime()
     tls_flags = ["--tls-cert", crt, "--tls-key", key]
     key_flags = ["--api-keys", keys]
-    auth = ["authorization: Bearer " + KEY]
+    auth = ["authorization: Bearer " + KEY
+            if args.key_header == "authorization" else "x-api-key: " + KEY]
     # (name, TLS, key, flags): the baseline first, the measured one last.
     want = [("plaintext, no keys", False, False, []),
             ("TLS + API key", True, True, tls_flags + key_flags)]
@@ -301,8 +308,9 @@ def main():
         "# Tokenize unary rate: TLS and API keys against plaintext",
         "",
         "`bench/tokenize_rate.py --rounds %d --seconds %d --clients %d "
-        "--streams %d` at %s (commit %s)." % (
+        "--streams %d --key-header %s` at %s (commit %s)." % (
             args.rounds, args.seconds, args.clients, args.streams,
+            args.key_header,
             datetime.datetime.now(datetime.timezone.utc).strftime(
                 "%Y-%m-%d %H:%M UTC"), git_commit()),
         "",
@@ -346,7 +354,10 @@ def main():
     text = "\n".join(lines)
     print(text)
     if args.out:
-        path = benchlib.current_result(args.out, "tokenize-rate", [".md"])
+        path = benchlib.current_result(
+            args.out, "tokenize-rate" + (
+                "" if args.key_header == "authorization" else "-x-api-key"),
+            [".md"])
         with open(path + ".md", "w") as f:
             f.write(text)
         log("wrote", path + ".md")
