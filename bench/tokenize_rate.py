@@ -166,9 +166,9 @@ def h2load(url, body, seconds, clients, streams, headers):
 
 
 def grpcurl_check(port, tls, ca, key):
-    """One Tokenize call with grpcurl (when installed), with the key and
-    without it: the configuration answers, and refuses a call without
-    its key."""
+    """One Tokenize call with grpcurl (when installed), with the key
+    header `key` (the one h2load sends; None: no keys) and without it:
+    the configuration answers, and refuses a call without its key."""
     g = shutil.which("grpcurl")
     if not g:
         return "grpcurl missing: not checked"
@@ -176,7 +176,7 @@ def grpcurl_check(port, tls, ca, key):
                                      ["-plaintext"])
     call = ["-d", '{"text": "hello world"}', "127.0.0.1:%d" % port,
             "cinfer.v1.Inference/Tokenize"]
-    auth = ["-H", "authorization: Bearer " + KEY] if key else []
+    auth = ["-H", key] if key else []
     r = subprocess.run(base + auth + call, capture_output=True, text=True,
                        timeout=60)
     if r.returncode != 0 or "tokenIds" not in r.stdout:
@@ -258,7 +258,8 @@ def main():
             url = "%s://127.0.0.1:%d%s" % ("https" if tls else "http",
                                             srv.port, TOKENIZE)
             configs.append((name, srv, url, auth if k else []))
-            checks[name] = grpcurl_check(srv.port, tls, ca, k)
+            checks[name] = grpcurl_check(srv.port, tls, ca,
+                                         auth[0] if k else None)
     except Exception:
         for srv in servers:
             srv.stop()
