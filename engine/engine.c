@@ -738,19 +738,49 @@ static void drop_expired(cinfer_engine *e, int64_t t_ns)
     }
 }
 
+/* The samplers' stages 1-3 for the step's rows into e->edits (grown to
+ * `bound` entries). 0 if there is no room: the logits come back then. */
+static int step_edits(cinfer_engine *e, int64_t bound)
+{
+    e->n_edits = 0;
+    if (bound > CINFER_EDIT_MAX)
+        return 0;
+    if (bound > e->edits_cap) {
+        int64_t cap = bound + bound / 2;
+        void *p = realloc(e->edits, sizeof(cinfer_logit_edit) * (size_t)cap);
+        if (!p)
+            return 0;
+        e->edits = p;
+        e->edits_cap = cap;
+    }
+    for (int k = 0; k < e->n_sched; k++) {
+        const eng_seq *s = e->sched[k];
+        if (s->step_out < 0)
+            continue;
+        int64_t n = cinfer_sampler_edits(s->sampler, s->step_out,
+                                         e->edits + e->n_edits);
+        CINFER_ASSERT(n >= 0); /* backend_choice, checked by the caller */
+        e->n_edits += n;
+    }
+    return 1;
+}
+
 /* Whether the backend chooses the step's tokens where the logits are, so
  * that only they come back: every row that gives a token is plain greedy,
- * or (where the backend draws too) a plain draw (engine/sampler.h: no
- * drafts, grammar or logprobs, nothing for the sampler to apply, no top_p,
- * top_k at most CINFER_CHOOSE_MAX_K). 0: no, the logits come back; 1:
- * every row greedy; 2: with draws, filled in e->draws (their draw index
- * advanced). */
+ * or (where the backend draws too) a draw with no top_p (top_k at most
+ * CINFER_CHOOSE_MAX_K), and (where the backend edits rows) its logit_bias,
+ * min_tokens mask and penalties applied there (engine/sampler.h,
+ * cinfer_sampler_backend_choice); no drafts, grammar or logprobs. 0: no,
+ * the logits come back; 1: every row greedy; 2: with draws, filled in
+ * e->draws (their draw index advanced). Edits, if any, are in e->edits. */
 static int step_choice(cinfer_engine *e, int32_t n_out)
 {
+    e->n_edits = 0;
     int have = cinfer_model_choices(e->model);
     if (have == 0)
         return 0;
     int sampled = 0;
+    int64_t bound = 0;
     for (int k = 0; k < e->n_sched; k++) {
         const eng_seq *s = e->sched[k];
         if (s->step_out < 0)
@@ -759,25 +789,32 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
             return 0;
         if (cinfer_sampler_plain_greedy(s->sampler))
             continue;
-        if (have < 2 || !cinfer_sampler_plain_draw(s->sampler))
+        int c = cinfer_sampler_backend_choice(s->sampler);
+        if (have >= 3 && c != 0)
+            bound += cinfer_sampler_edits_bound(s->sampler);
+        else if (have < 2 || !cinfer_sampler_plain_draw(s->sampler))
             return 0;
+        if (c == 1)
+            continue;
         const cinfer_sampler_params *p = cinfer_sampler_get_params(s->sampler);
         if (p->top_k > CINFER_CHOOSE_MAX_K && p->top_k < p->n_vocab)
             return 0; /* a top_k set too large for the backend */
         sampled = 1;
     }
+    if (bound > 0 && !step_edits(e, bound))
+        return 0;
     if (!sampled)
         return 1;
     for (int32_t j = 0; j < n_out; j++)
         e->draws[j] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
     for (int k = 0; k < e->n_sched; k++) {
         eng_seq *s = e->sched[k];
-        if (s->step_out < 0 || cinfer_sampler_plain_greedy(s->sampler))
+        if (s->step_out < 0 || cinfer_sampler_backend_choice(s->sampler) != 2)
             continue;
         cinfer_draw *d = &e->draws[s->step_out];
         cinfer_status st = cinfer_sampler_draw_params(
             s->sampler, &d->inv_t, &d->min_w, &d->top_k, &d->u);
-        CINFER_ASSERT(st == CINFER_OK); /* plain draw, checked above */
+        CINFER_ASSERT(st == CINFER_OK); /* a draw, checked above */
     }
     return 2;
 }
@@ -794,13 +831,14 @@ static void run_step(cinfer_engine *e)
     cinfer_status st =
         choice ? cinfer_model_forward_choose(e->model, &step,
                                              choice == 2 ? e->draws : NULL,
-                                             e->codes)
+                                             e->edits, e->n_edits, e->codes)
                : cinfer_model_forward(e->model, &step, e->logits);
     int64_t t1 = now(e);
     sched_observe_step(e, rows, t1 - t0);
     e->st.steps++;
     e->st.greedy_steps += choice == 1;
     e->st.drawn_steps += choice == 2;
+    e->st.edited_steps += choice && e->n_edits > 0;
     e->st.last_step_ns = t1;
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
@@ -1073,6 +1111,7 @@ fail:
     free(e->logits);
     free(e->codes);
     free(e->draws);
+    free(e->edits);
     free(e);
     return st;
 }
@@ -1113,6 +1152,7 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->logits);
     free(e->codes);
     free(e->draws);
+    free(e->edits);
     free(e);
 }
 

@@ -280,7 +280,10 @@ typedef struct {
                                   chose, every row plain greedy: only token
                                   ids came back (cinfer_model_forward_choose) */
     uint64_t drawn_steps;      /* and steps whose tokens the backend drew,
-                                  some rows plain draws (engine/sampler.h) */
+                                  some rows draws (engine/sampler.h) */
+    uint64_t edited_steps;     /* of the greedy and drawn steps, those whose
+                                  logit_bias, min_tokens mask or penalties
+                                  the backend applied (CUDA) */
     int64_t last_step_ns;      /* engine clock at the last step's end */
     int device_lost;           /* 1 once a step failed and the backend
                                   reported a fault it cannot recover from

@@ -210,6 +210,9 @@ struct cinfer_engine {
     int32_t *codes;      /* [max_out]: tokens chosen on the backend
                             (run_step, step_choice) */
     cinfer_draw *draws;  /* [max_out]: what the backend draws for them */
+    cinfer_logit_edit *edits; /* [edits_cap]: the samplers' stages 1-3 for
+                                 them (cinfer_sampler_edits) */
+    int64_t edits_cap, n_edits;
     int max_out;
     char errbuf[256];
 };

@@ -980,7 +980,7 @@ static int choices(const cinfer_model *m)
         return 0;
     if (cinfer_backend_has_choose(m->be) &&
         m->info.n_vocab <= CINFER_CHOOSE_MAX_N)
-        return 2;
+        return cinfer_backend_has_edit_logits(m->be) ? 3 : 2;
     return cinfer_backend_has_greedy(m->be) ? 1 : 0;
 }
 
@@ -1682,9 +1682,11 @@ static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
 
 /* The step through the model; then the logits of its out rows into
  * `logits`, or (codes not NULL) their tokens chosen on the backend into
- * `codes`: greedy (draws NULL) or as draws says (model_forward_choose). */
+ * `codes`, after `edits`: greedy (draws NULL) or as draws says
+ * (model_forward_choose). */
 static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
                              float *logits, const cinfer_draw *draws,
+                             const cinfer_logit_edit *edits, int64_t n_edits,
                              int32_t *codes)
 {
     const cinfer_model_info *I = &m->info;
@@ -1809,6 +1811,8 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
     cinfer_tensor *olog[1] = {m->logits};
     TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
     if (codes) {
+        if (n_edits > 0)
+            TRY(cinfer_backend_edit_logits(be, m->logits, edits, n_edits));
         TRY(cinfer_backend_tensor_set_rows(be, m->greedy, n_out));
         if (draws)
             TRY(cinfer_backend_choose(be, m->logits, draws, m->greedy));
@@ -1826,7 +1830,7 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits)
 {
-    return forward(m, step, logits, NULL, NULL);
+    return forward(m, step, logits, NULL, NULL, 0, NULL);
 }
 
 int cinfer_model_choices(const cinfer_model *m)
@@ -1837,18 +1841,22 @@ int cinfer_model_choices(const cinfer_model *m)
 cinfer_status cinfer_model_forward_choose(cinfer_model *m,
                                           const cinfer_step *step,
                                           const cinfer_draw *draws,
-                                          int32_t *codes)
+                                          const cinfer_logit_edit *edits,
+                                          int64_t n_edits, int32_t *codes)
 {
     int have = cinfer_model_choices(m);
-    if (have == 0 || (draws && have < 2))
+    const char *what = n_edits > 0 ? "edited logits"
+                       : draws     ? "drawn tokens"
+                                   : "greedy tokens";
+    if (have == 0 || (draws && have < 2) || (n_edits > 0 && have < 3))
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
                                 "model_forward_choose: %s are not chosen on "
                                 "this model's backend",
-                                draws ? "drawn tokens" : "greedy tokens");
+                                what);
     if (!codes)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "model_forward_choose: codes is NULL");
-    return forward(m, step, NULL, draws, codes);
+    return forward(m, step, NULL, draws, edits, n_edits, codes);
 }
 
 cinfer_status cinfer_model_follow(cinfer_model *m)

@@ -89,6 +89,13 @@ struct cinfer_sampler {
     cinfer_sampler_params p; /* eog_tokens / logit_bias point at our copies */
     int32_t *eog;
     cinfer_logit_bias *bias;
+    /* For cinfer_sampler_edits: logit_bias sorted by token (bias_dup: some
+     * token twice, whose biases add one after another, so no edits), and
+     * the distinct eog tokens, sorted. */
+    cinfer_logit_bias *bias_sorted;
+    int bias_dup;
+    int32_t *eog_sorted;
+    int32_t n_eog_sorted;
     uint64_t key;       /* the draws' key, mixed from params.seed */
     uint32_t n_draws;   /* draws at the current output position (since the
                            last accept) */
@@ -168,6 +175,19 @@ static int cmp_cand(const void *a, const void *b)
 }
 
 /* Larger p first, then lower id. */
+static int cmp_bias_token(const void *a, const void *b)
+{
+    int32_t x = ((const cinfer_logit_bias *)a)->token;
+    int32_t y = ((const cinfer_logit_bias *)b)->token;
+    return (x > y) - (x < y);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 static int cmp_token_prob(const void *a, const void *b)
 {
     const cinfer_token_prob *x = a, *y = b;
@@ -336,6 +356,20 @@ static pen_slot *tab_slot(cinfer_sampler *s, int32_t token)
         s->tab_used++;
     }
     return &s->tab[i];
+}
+
+/* The slot of `token`, or NULL if it has none. */
+static const pen_slot *tab_find(const cinfer_sampler *s, int32_t token)
+{
+    if (!s->tab)
+        return NULL;
+    uint32_t mask = s->tab_cap - 1;
+    for (uint32_t i = tab_index(s, token);; i = (i + 1) & mask) {
+        if (s->tab[i].token == token)
+            return &s->tab[i];
+        if (s->tab[i].token == -1)
+            return NULL;
+    }
 }
 
 /* Makes room for `extra` more distinct tokens at load <= 1/2. Growth drops
@@ -534,6 +568,31 @@ cinfer_status cinfer_sampler_create(const cinfer_sampler_params *p,
                (size_t)p->n_logit_bias * sizeof *s->bias);
     }
     s->p.logit_bias = s->bias;
+    if (p->n_logit_bias > 0) {
+        s->bias_sorted = malloc((size_t)p->n_logit_bias * sizeof *s->bias);
+        if (!s->bias_sorted)
+            goto fail_alloc;
+        memcpy(s->bias_sorted, s->bias,
+               (size_t)p->n_logit_bias * sizeof *s->bias);
+        qsort(s->bias_sorted, (size_t)p->n_logit_bias, sizeof *s->bias,
+              cmp_bias_token);
+        for (int32_t i = 1; i < p->n_logit_bias; i++)
+            s->bias_dup |= s->bias_sorted[i].token ==
+                           s->bias_sorted[i - 1].token;
+    }
+    if (p->n_eog_tokens > 0) {
+        s->eog_sorted = malloc((size_t)p->n_eog_tokens * sizeof *s->eog);
+        if (!s->eog_sorted)
+            goto fail_alloc;
+        memcpy(s->eog_sorted, s->eog, (size_t)p->n_eog_tokens * sizeof *s->eog);
+        qsort(s->eog_sorted, (size_t)p->n_eog_tokens, sizeof *s->eog,
+              cmp_i32);
+        int32_t m = 0;
+        for (int32_t i = 0; i < p->n_eog_tokens; i++)
+            if (m == 0 || s->eog_sorted[m - 1] != s->eog_sorted[i])
+                s->eog_sorted[m++] = s->eog_sorted[i];
+        s->n_eog_sorted = m;
+    }
     s->penalties = p->repetition_penalty != 1.0f ||
                    p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     if (s->penalties && p->penalty_last_n > 0) {
@@ -566,6 +625,8 @@ void cinfer_sampler_destroy(cinfer_sampler *s)
     free(s->tab);
     free(s->bias);
     free(s->eog);
+    free(s->bias_sorted);
+    free(s->eog_sorted);
     free(s);
 }
 
@@ -1161,6 +1222,102 @@ int cinfer_sampler_plain_draw(const cinfer_sampler *s)
            !(s->p.top_p < 1.0f) && nothing_to_apply(s);
 }
 
+int cinfer_sampler_backend_choice(const cinfer_sampler *s)
+{
+    if (!s || s->allowed || s->bias_dup)
+        return 0;
+    if (s->p.temperature < CINFER_SAMPLER_GREEDY_EPS)
+        return 1;
+    return s->p.top_p < 1.0f ? 0 : 2;
+}
+
+/* Whether stage 2's end-of-generation mask applies to the next row. */
+static int eog_masked(const cinfer_sampler *s)
+{
+    return s->n_accepted < s->p.min_tokens;
+}
+
+int64_t cinfer_sampler_edits_bound(const cinfer_sampler *s)
+{
+    if (!cinfer_sampler_backend_choice(s))
+        return -1;
+    return (int64_t)s->p.n_logit_bias +
+           (eog_masked(s) ? s->n_eog_sorted : 0) +
+           (s->penalties && s->tab ? s->tab_used : 0);
+}
+
+static int has_token(const int32_t *v, int32_t n, int32_t token)
+{
+    return bsearch(&token, v, (size_t)n, sizeof *v, cmp_i32) != NULL;
+}
+
+static int has_bias(const cinfer_sampler *s, int32_t token)
+{
+    cinfer_logit_bias key = {token, 0.0f};
+    return bsearch(&key, s->bias_sorted, (size_t)s->p.n_logit_bias,
+                   sizeof key, cmp_bias_token) != NULL;
+}
+
+/* Stage 3's part of the entry of e's token, as apply_stages computes it. */
+static void pen_edit(const cinfer_sampler *s, const pen_slot *e,
+                     cinfer_logit_edit *d)
+{
+    if (!s->penalties || !e)
+        return;
+    if (e->n_rep > 0) {
+        d->flags |= CINFER_EDIT_REP;
+        d->rp = s->p.repetition_penalty;
+    }
+    if (e->n_freq > 0) {
+        d->flags |= CINFER_EDIT_FREQ;
+        d->fn = s->p.frequency_penalty * (float)e->n_freq;
+        d->pres = s->p.presence_penalty;
+    }
+}
+
+int64_t cinfer_sampler_edits(const cinfer_sampler *s, int32_t row,
+                             cinfer_logit_edit *out)
+{
+    if (cinfer_sampler_edits_bound(s) < 0)
+        return -1;
+    const int32_t nb = s->p.n_logit_bias;
+    const int32_t ne = eog_masked(s) ? s->n_eog_sorted : 0;
+    int64_t n = 0;
+    /* The biased and masked tokens, merged in token order, with their
+     * penalties... */
+    for (int32_t i = 0, j = 0; i < nb || j < ne;) {
+        int32_t tb = i < nb ? s->bias_sorted[i].token : INT32_MAX;
+        int32_t te = j < ne ? s->eog_sorted[j] : INT32_MAX;
+        int32_t t = tb < te ? tb : te;
+        cinfer_logit_edit *d = &out[n++];
+        *d = (cinfer_logit_edit){.row = row, .token = t};
+        if (tb == t) {
+            d->flags |= CINFER_EDIT_BIAS;
+            d->bias = s->bias_sorted[i++].bias;
+        }
+        if (te == t) {
+            d->flags |= CINFER_EDIT_MASK;
+            j++;
+        }
+        pen_edit(s, tab_find(s, t), d);
+    }
+    if (!s->penalties || !s->tab)
+        return n;
+    /* ... then the other penalized tokens. */
+    for (uint32_t i = 0; i < s->tab_cap; i++) {
+        const pen_slot *e = &s->tab[i];
+        if (e->token < 0 || !(e->n_rep || e->n_freq))
+            continue;
+        if ((nb && has_bias(s, e->token)) ||
+            (ne && has_token(s->eog_sorted, ne, e->token)))
+            continue;
+        cinfer_logit_edit *d = &out[n++];
+        *d = (cinfer_logit_edit){.row = row, .token = e->token};
+        pen_edit(s, e, d);
+    }
+    return n;
+}
+
 cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
                                          float *min_w, int32_t *top_k,
                                          double *u)
@@ -1168,10 +1325,11 @@ cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
     if (!s || !inv_t || !min_w || !top_k || !u)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_draw_params: an argument is NULL");
-    if (!cinfer_sampler_plain_draw(s))
+    if (cinfer_sampler_backend_choice(s) != 2)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_draw_params: the sampler has stages "
-                                "to apply or top_p, or is greedy");
+                                "sampler_draw_params: the sampler has a mask "
+                                "or a token biased twice to apply, top_p, or "
+                                "is greedy");
     /* as build_plan and draw() take them */
     *inv_t = 1.0f / s->p.temperature;
     *min_w = s->p.min_p;
@@ -1187,10 +1345,10 @@ cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: %s is NULL",
                                 !s ? "s" : "token");
-    if (!cinfer_sampler_plain_greedy(s) && !cinfer_sampler_plain_draw(s))
+    if (!cinfer_sampler_backend_choice(s))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_take_code: the sampler has stages "
-                                "to apply or top_p");
+                                "sampler_take_code: the sampler has a mask "
+                                "or a token biased twice to apply, or top_p");
     if (code >= s->p.n_vocab)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: token %d of a vocabulary "

@@ -102,6 +102,7 @@
 #include <stdint.h>
 
 #include "../common/status.h"
+#include "../kernels/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -270,12 +271,37 @@ int cinfer_sampler_plain_greedy(const cinfer_sampler *s);
  * token. Pure. */
 int cinfer_sampler_plain_draw(const cinfer_sampler *s);
 
-/* For a plain draw sampler: what the backend's draw needs (backend.h's
- * cinfer_draw): inv_t = 1 / temperature, min_w = min_p, top_k (0 when off
- * or >= n_vocab), and u, the draw's uniform in [0, 1) as sample() would
- * take it; the draw index advances as sample() advances it (also when the
- * row then turns out bad, where sample() would not have drawn).
- * CINFER_E_INVALID_ARG, and nothing changed, for any other sampler. */
+/* How a backend can make the next sample()'s choice where the logits are,
+ * once cinfer_sampler_edits' entries are applied there: 1 greedy
+ * (cinfer_backend_greedy, or _choose with inv_t 0), 2 a draw
+ * (cinfer_backend_choose with cinfer_sampler_draw_params), 0 not at all
+ * (a grammar's mask set for it, a token biased twice in logit_bias, whose
+ * biases add one after another, or top_p below 1). plain_greedy and
+ * plain_draw are the cases with nothing to apply. Pure. */
+int cinfer_sampler_backend_choice(const cinfer_sampler *s);
+
+/* The most entries cinfer_sampler_edits writes for the next row (0 when
+ * stages 1-3 have nothing to apply), or -1 where backend_choice is 0.
+ * Pure. */
+int64_t cinfer_sampler_edits_bound(const cinfer_sampler *s);
+
+/* Stages 1-3 of the next sample() (logit_bias, min_tokens' end-of-
+ * generation mask, the repetition, frequency and presence penalties) as
+ * kernels/backend.h's entries for one row: one entry a token, its
+ * operations in sample()'s order, row `row`, so that a backend's
+ * cinfer_backend_edit_logits leaves the row sample() would draw from, the
+ * same bits. out: room for edits_bound entries. Returns how many it wrote,
+ * or -1 (nothing written) where backend_choice is 0. Pure. */
+int64_t cinfer_sampler_edits(const cinfer_sampler *s, int32_t row,
+                             cinfer_logit_edit *out);
+
+/* For a sampler whose backend_choice is 2: what the backend's draw needs
+ * (backend.h's cinfer_draw): inv_t = 1 / temperature, min_w = min_p, top_k
+ * (0 when off or >= n_vocab), and u, the draw's uniform in [0, 1) as
+ * sample() would take it; the draw index advances as sample() advances it
+ * (also when the row then turns out bad, where sample() would not have
+ * drawn). CINFER_E_INVALID_ARG, and nothing changed, for any other
+ * sampler. */
 cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
                                          float *min_w, int32_t *top_k,
                                          double *u);
@@ -287,12 +313,17 @@ cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
  * tests compare. Pure. */
 float cinfer_sampler_weight(float logit, float max, float inv_t, float min_w);
 
-/* sample() for a plain greedy or plain draw row from the code the backend
- * gave for it (kernels/backend.h: cinfer_backend_greedy,
- * cinfer_backend_choose): the token, or sample()'s error for that row
- * (CINFER_E_RANGE: the NaN or +inf entry named, or every logit -inf), with
- * the same message. CINFER_E_INVALID_ARG where the sampler is neither or
- * the code is out of range. Like sample(), it does not accept the token. */
+/* sample() for a row the backend chose from (backend_choice not 0; its
+ * edits applied) from the code the backend gave for it (kernels/backend.h:
+ * cinfer_backend_greedy, cinfer_backend_choose): the token, or sample()'s
+ * error for that row (CINFER_E_RANGE: the NaN or +inf entry named, or
+ * every logit -inf), with the same message where the sampler had nothing
+ * to apply. After edits, a row with more than one NaN or +inf may name
+ * another of them than sample() would (the first in the row, where
+ * sample() checks the edited entries first), and an entry an edit pushed
+ * past the float range is called "logits[i]", not "processed logits[i]".
+ * CINFER_E_INVALID_ARG where backend_choice is 0 or the code is out of
+ * range. Like sample(), it does not accept the token. */
 cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
                                        int32_t *token);
 

@@ -1253,6 +1253,57 @@ int cinfer_backend_has_choose(const cinfer_backend *be)
     return be && be->ops->choose != NULL;
 }
 
+cinfer_status cinfer_backend_edit_logits(cinfer_backend *be, cinfer_tensor *x,
+                                         const cinfer_logit_edit *edits,
+                                         int64_t n_edits)
+{
+    TRY(need_f32_matrix("edit_logits", "x", x, -1, -1));
+    TRY(need_writable("edit_logits", "x", x));
+    if (n_edits < 0 || n_edits > CINFER_EDIT_MAX || (n_edits > 0 && !edits))
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "edit_logits: n_edits %lld (need 0..%lld, "
+                                "edits not NULL)",
+                                (long long)n_edits, (long long)CINFER_EDIT_MAX);
+    const uint32_t known = CINFER_EDIT_BIAS | CINFER_EDIT_MASK |
+                           CINFER_EDIT_REP | CINFER_EDIT_FREQ;
+    for (int64_t i = 0; i < n_edits; i++) {
+        const cinfer_logit_edit *d = &edits[i];
+        const char *bad =
+            d->row < 0 || d->row >= t_rows(x)         ? "row"
+            : d->token < 0 || d->token >= t_cols(x)   ? "token"
+            : (d->flags & ~known) != 0                ? "flags"
+            : (d->flags & CINFER_EDIT_BIAS) &&
+                    !(d->bias < INFINITY)             ? "bias"
+            : (d->flags & CINFER_EDIT_REP) &&
+                    !(d->rp > 0.0f && d->rp < INFINITY) ? "rp"
+            : (d->flags & CINFER_EDIT_FREQ) &&
+                    !(isfinite(d->fn) && isfinite(d->pres)) ? "fn/pres"
+                                                      : NULL;
+        if (bad)
+            return cinfer_set_error(
+                CINFER_E_INVALID_ARG,
+                "edit_logits: edits[%lld] = {row %d, token %d, flags %#x, "
+                "bias %g, rp %g, fn %g, pres %g}: bad %s for x [%lld, %lld]",
+                (long long)i, (int)d->row, (int)d->token,
+                (unsigned)d->flags, (double)d->bias, (double)d->rp,
+                (double)d->fn, (double)d->pres, bad, (long long)t_rows(x),
+                (long long)t_cols(x));
+    }
+    if (!be->ops->edit_logits)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "edit_logits: the %s backend has no "
+                                "edit_logits op",
+                                cinfer_backend_name(be));
+    if (n_edits == 0)
+        return CINFER_OK;
+    return be->ops->edit_logits(be, x, edits, n_edits);
+}
+
+int cinfer_backend_has_edit_logits(const cinfer_backend *be)
+{
+    return be && be->ops->edit_logits != NULL;
+}
+
 int cinfer_backend_has_greedy(const cinfer_backend *be)
 {
     return be && be->ops->greedy != NULL;

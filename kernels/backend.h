@@ -400,6 +400,44 @@ cinfer_status cinfer_backend_choose(cinfer_backend *be, const cinfer_tensor *x,
                                     cinfer_tensor *out);
 int cinfer_backend_has_choose(const cinfer_backend *be);
 
+/* One entry of cinfer_backend_edit_logits: what engine/sampler.c's stages
+ * 1-3 do to one token of one row, in their order (cinfer_sampler_edits
+ * gives them). */
+enum {
+    CINFER_EDIT_BIAS = 1, /* v = v + bias (logit_bias) */
+    CINFER_EDIT_MASK = 2, /* v = -INFINITY (min_tokens' end-of-generation) */
+    CINFER_EDIT_REP = 4,  /* v = v > 0 ? v / rp : v * rp */
+    CINFER_EDIT_FREQ = 8  /* v = v - fn; v = v - pres */
+};
+typedef struct {
+    int32_t row;    /* of x */
+    int32_t token;  /* the entry of that row */
+    uint32_t flags; /* CINFER_EDIT_*, applied in the order above */
+    float bias;     /* BIAS: finite or -INFINITY */
+    float rp;       /* REP: repetition_penalty, > 0 and finite */
+    float fn;       /* FREQ: frequency_penalty * count, rounded to float */
+    float pres;     /* FREQ: presence_penalty */
+} cinfer_logit_edit;
+
+/* Most entries one cinfer_backend_edit_logits call takes. */
+#define CINFER_EDIT_MAX ((int64_t)1 << 30)
+
+/* Applies `edits` to x in place, each entry with single-precision IEEE
+ * operations rounded to nearest and not fused (the host sampler's bits):
+ * v = x[row][token], the flags' operations in the enum's order, x[row]
+ * [token] = v; an entry whose value is NaN or +INFINITY beforehand is left
+ * as it is, so that cinfer_backend_greedy and _choose then name it as
+ * the sampler would have. At most one entry per (row, token): entries run
+ * in any order and at once. x: [rows, n] F32; edits: [n_edits] host
+ * memory, read during the call, 0 <= n_edits <= CINFER_EDIT_MAX. A bad
+ * entry is CINFER_E_INVALID_ARG, named, before anything is applied.
+ * Optional: CINFER_E_UNSUPPORTED where cinfer_backend_has_edit_logits
+ * says 0. */
+cinfer_status cinfer_backend_edit_logits(cinfer_backend *be, cinfer_tensor *x,
+                                         const cinfer_logit_edit *edits,
+                                         int64_t n_edits);
+int cinfer_backend_has_edit_logits(const cinfer_backend *be);
+
 /* 1 if the backend has the optional slots Gemma 3's graph needs
  * (attention_window, kv_store_swa, gelu_mul, scale), so a model can refuse
  * at load. */

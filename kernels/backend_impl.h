@@ -200,6 +200,12 @@ struct cinfer_backend_ops {
     cinfer_status (*choose)(cinfer_backend *be, const cinfer_tensor *x,
                             const cinfer_draw *draws, cinfer_tensor *out);
 
+    /* (optional) stages 1-3 of the sampler applied to rows of logits
+     * (backend.h), the entries checked; NULL: CINFER_E_UNSUPPORTED. */
+    cinfer_status (*edit_logits)(cinfer_backend *be, cinfer_tensor *x,
+                                 const cinfer_logit_edit *edits,
+                                 int64_t n_edits);
+
     /* (optional) The collectives over be->comm. all_reduce_sum is called
      * only with more than one rank (backend.c makes it a no-op
      * otherwise); all_gather also with one rank or none (a copy). NULL:

@@ -58,6 +58,15 @@
 #include "rope.cuh"
 #include "sample.cuh"
 
+/* Host memory an op's kernel reads: staged in pinned memory, copied to the
+ * device on the stream ahead of the launch. */
+typedef struct {
+    void *h, *d;
+    size_t cap;          /* bytes of each */
+    cudaEvent_t copied;  /* the last copy out of h is done */
+    const char *what;
+} staged;
+
 typedef struct {
     struct cinfer_backend base; /* first: backend.c reads it */
     int device;
@@ -77,10 +86,9 @@ typedef struct {
         *d_tables, *d_plan;
     cinfer_cuda_attn_plan_info plan;
 
-    /* choose's draws: staged (pinned), copied before its launch. */
-    cinfer_draw *h_draws, *d_draws;
-    size_t draws_cap;          /* entries of each */
-    cudaEvent_t draws_copied;  /* the last copy out of h_draws is done */
+    /* choose's draws and edit_logits' entries: staged (pinned), copied
+     * before their launches. */
+    staged draws, edits;
 
     void *scratch; /* device scratch of matmul and attention */
     size_t scratch_bytes;
@@ -133,6 +141,15 @@ static void dev_free(cuda_backend *cb, void *p, size_t n)
     cb->used -= n;
 }
 
+static void staged_free(cuda_backend *cb, staged *b)
+{
+    dev_free(cb, b->d, b->cap);
+    if (b->h)
+        cudaFreeHost(b->h);
+    if (b->copied)
+        cudaEventDestroy(b->copied);
+}
+
 /* Makes the scratch buffer at least n bytes. */
 static cinfer_status need_scratch(cuda_backend *cb, size_t n)
 {
@@ -182,11 +199,8 @@ static void cuda_destroy(cinfer_backend *be)
         cudaFreeHost(cb->h_meta);
     if (cb->step_copied)
         cudaEventDestroy(cb->step_copied);
-    dev_free(cb, cb->d_draws, cb->draws_cap * sizeof(cinfer_draw));
-    if (cb->h_draws)
-        cudaFreeHost(cb->h_draws);
-    if (cb->draws_copied)
-        cudaEventDestroy(cb->draws_copied);
+    staged_free(cb, &cb->draws);
+    staged_free(cb, &cb->edits);
     if (cb->cublas)
         cublasDestroy(cb->cublas);
     if (cb->stream)
@@ -666,34 +680,31 @@ static cinfer_status cuda_greedy(cinfer_backend *be, const cinfer_tensor *x,
                                        cinfer_tensor_cols(x), out->data));
 }
 
-/* The draws to the device (grown on demand), then the kernel. */
-static cinfer_status put_draws(cuda_backend *cb, const cinfer_draw *draws,
-                               size_t rows)
+/* n bytes from src to the device copy of b (both grown on demand), on the
+ * stream: put_staged waits for the last copy out of b->h before it writes
+ * there. */
+static cinfer_status put_staged(cuda_backend *cb, staged *b, const void *src,
+                                size_t n)
 {
-    CINFER_CUDA_TRY(cudaEventSynchronize(cb->draws_copied));
-    if (rows > cb->draws_cap) {
-        size_t cap = rows < 64 ? 64 : rows;
-        if (cb->h_draws)
-            CINFER_CUDA_TRY(cudaFreeHost(cb->h_draws));
-        cb->h_draws = NULL;
-        dev_free(cb, cb->d_draws, cb->draws_cap * sizeof(cinfer_draw));
-        cb->d_draws = NULL;
-        cb->draws_cap = 0;
-        CINFER_CUDA_TRY(cudaMallocHost((void **)&cb->h_draws,
-                                       cap * sizeof(cinfer_draw)));
-        void *d;
-        cinfer_status st =
-            dev_alloc(cb, cap * sizeof(cinfer_draw), "draws", &d);
+    CINFER_CUDA_TRY(cudaEventSynchronize(b->copied));
+    if (n > b->cap) {
+        size_t cap = n < 4096 ? 4096 : n + n / 2;
+        if (b->h)
+            CINFER_CUDA_TRY(cudaFreeHost(b->h));
+        b->h = NULL;
+        dev_free(cb, b->d, b->cap);
+        b->d = NULL;
+        b->cap = 0;
+        CINFER_CUDA_TRY(cudaMallocHost(&b->h, cap));
+        cinfer_status st = dev_alloc(cb, cap, b->what, &b->d);
         if (st != CINFER_OK)
             return st;
-        cb->d_draws = d;
-        cb->draws_cap = cap;
+        b->cap = cap;
     }
-    memcpy(cb->h_draws, draws, rows * sizeof(cinfer_draw));
-    CINFER_CUDA_TRY(cudaMemcpyAsync(cb->d_draws, cb->h_draws,
-                                    rows * sizeof(cinfer_draw),
-                                    cudaMemcpyHostToDevice, cb->stream));
-    CINFER_CUDA_TRY(cudaEventRecord(cb->draws_copied, cb->stream));
+    memcpy(b->h, src, n);
+    CINFER_CUDA_TRY(cudaMemcpyAsync(b->d, b->h, n, cudaMemcpyHostToDevice,
+                                    cb->stream));
+    CINFER_CUDA_TRY(cudaEventRecord(b->copied, cb->stream));
     return CINFER_OK;
 }
 
@@ -704,12 +715,28 @@ static cinfer_status cuda_choose(cinfer_backend *be, const cinfer_tensor *x,
     const int64_t rows = cinfer_tensor_rows(x);
     if (rows == 0)
         return CINFER_OK;
-    cinfer_status st = seen(cb, put_draws(cb, draws, (size_t)rows));
+    cinfer_status st = seen(
+        cb, put_staged(cb, &cb->draws, draws, (size_t)rows * sizeof *draws));
     if (st != CINFER_OK)
         return st;
     return seen(cb, cinfer_cuda_choose(cb->stream, x->data, rows,
-                                       cinfer_tensor_cols(x), cb->d_draws,
+                                       cinfer_tensor_cols(x), cb->draws.d,
                                        out->data));
+}
+
+static cinfer_status cuda_edit_logits(cinfer_backend *be, cinfer_tensor *x,
+                                      const cinfer_logit_edit *edits,
+                                      int64_t n_edits)
+{
+    cuda_backend *cb = cu(be);
+    cinfer_status st = seen(cb, put_staged(cb, &cb->edits, edits,
+                                           (size_t)n_edits * sizeof *edits));
+    if (st != CINFER_OK)
+        return st;
+    return seen(cb, cinfer_cuda_edit_logits(cb->stream, x->data,
+                                            cinfer_tensor_rows(x),
+                                            cinfer_tensor_cols(x), cb->edits.d,
+                                            n_edits));
 }
 
 static cinfer_status cuda_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
@@ -771,6 +798,7 @@ static const struct cinfer_backend_ops cuda_ops = {
     .gather_rows = cuda_gather_rows,
     .greedy = cuda_greedy,
     .choose = cuda_choose,
+    .edit_logits = cuda_edit_logits,
     .all_reduce_sum = cuda_all_reduce_sum,
     .all_gather = cuda_all_gather,
 };
@@ -811,7 +839,9 @@ static cinfer_status open_device(cuda_backend *cb, double fraction)
     CINFER_CUDA_TRY(
         cudaEventCreateWithFlags(&cb->step_copied, cudaEventDisableTiming));
     CINFER_CUDA_TRY(
-        cudaEventCreateWithFlags(&cb->draws_copied, cudaEventDisableTiming));
+        cudaEventCreateWithFlags(&cb->draws.copied, cudaEventDisableTiming));
+    CINFER_CUDA_TRY(
+        cudaEventCreateWithFlags(&cb->edits.copied, cudaEventDisableTiming));
     CINFER_CUBLAS_TRY(cublasCreate(&cb->cublas));
     CINFER_CUBLAS_TRY(cublasSetStream(cb->cublas, cb->stream));
     snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
@@ -863,6 +893,8 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
     cb->base.comm = p->comm;
     cb->invariant = p->batch_invariant != 0;
     cb->device = p->device;
+    cb->draws.what = "draws";
+    cb->edits.what = "logit edits";
     cinfer_status st = open_device(cb, fraction);
     if (st != CINFER_OK) {
         cuda_destroy(&cb->base);

@@ -439,3 +439,58 @@ extern "C" cinfer_status cinfer_cuda_greedy(cudaStream_t stream,
     CINFER_CUDA_TRY_LAUNCH("greedy_kernel");
     return CINFER_OK;
 }
+
+// Grid (ceil(count / THREADS)), block (THREADS): a thread an entry, the
+// sampler's apply_stages operations for its token in their order, each
+// rounded on its own (the _rn intrinsics: nvcc may not fuse them).
+__global__ void edit_logits_kernel(float *__restrict__ x, // [rows, n]
+                                   int64_t n,
+                                   const cinfer_logit_edit *__restrict__ e,
+                                   int64_t count)
+{
+    const int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    if (i >= count)
+        return;
+    const cinfer_logit_edit d = e[i];
+    float *p = x + (int64_t)d.row * n + d.token;
+    const float raw = *p;
+    if (!(raw < INFINITY))
+        return; // left for greedy / choose to name, as the sampler does
+    float v = raw;
+    if (d.flags & CINFER_EDIT_BIAS)
+        v = __fadd_rn(v, d.bias);
+    if (d.flags & CINFER_EDIT_MASK)
+        v = -INFINITY;
+    if (d.flags & CINFER_EDIT_REP)
+        v = v > 0.0f ? __fdiv_rn(v, d.rp) : __fmul_rn(v, d.rp);
+    if (d.flags & CINFER_EDIT_FREQ) {
+        v = __fsub_rn(v, d.fn);
+        v = __fsub_rn(v, d.pres);
+    }
+    *p = v;
+}
+
+extern "C" cinfer_status cinfer_cuda_edit_logits(cudaStream_t stream,
+                                                 float *x, int64_t rows,
+                                                 int64_t n,
+                                                 const cinfer_logit_edit *edits,
+                                                 int64_t count)
+{
+    if (rows < 0 || n < 1 || count < 0 || count > CINFER_EDIT_MAX)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda edit_logits: rows %lld, n %lld, count "
+                                "%lld out of range",
+                                (long long)rows, (long long)n,
+                                (long long)count);
+    if (count == 0)
+        return CINFER_OK;
+    if (!x || !edits)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda edit_logits: %s is NULL",
+                                !x ? "x" : "edits");
+    CINFER_LAUNCH(edit_logits_kernel,
+                  dim3((unsigned)((count + THREADS - 1) / THREADS)),
+                  dim3(THREADS), 0, stream, x, n, edits, count);
+    CINFER_CUDA_TRY_LAUNCH("edit_logits_kernel");
+    return CINFER_OK;
+}

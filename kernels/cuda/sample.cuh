@@ -3,7 +3,10 @@
  * not rows of logits, come back to the host: the greedy choice of each row
  * (backend.h, cinfer_backend_greedy), and a draw as engine/sampler.c
  * makes it, bit for bit (cinfer_backend_choose: temperature, top_k and
- * min_p; top_p, penalties and logprobs stay on the host).
+ * min_p), after the sampler's stages 1-3 (logit_bias, min_tokens' mask,
+ * the three penalties) applied to the rows where they are
+ * (cinfer_backend_edit_logits); top_p, a grammar's mask and logprobs stay
+ * on the host.
  *
  *     out[r] = the index of the largest of x[r][0..n), the lowest on ties
  *              (-0.0 equals +0.0), as cinfer_sampler_argmax chooses;
@@ -43,6 +46,14 @@ cinfer_status cinfer_cuda_greedy(cudaStream_t stream, const float *x,
 cinfer_status cinfer_cuda_choose(cudaStream_t stream, const float *x,
                                   int64_t rows, int64_t n,
                                   const cinfer_draw *draws, int32_t *out);
+
+/* cinfer_backend_edit_logits' entries (backend.h) applied to x [rows, n]
+ * F32 in place; edits [count] in device memory, at most one per (row,
+ * token), each checked by the caller. */
+cinfer_status cinfer_cuda_edit_logits(cudaStream_t stream, float *x,
+                                      int64_t rows, int64_t n,
+                                      const cinfer_logit_edit *edits,
+                                      int64_t count);
 
 /* w[i] = the weight choose gives x[i] (engine/sampler.h's
  * cinfer_sampler_weight, the same bits), for the tests. Device pointers;

@@ -2236,7 +2236,7 @@ def stream_drawn(srv, prompt, n, **sampling):
     pb = stubs()[0]
     req = greedy_request(pb, prompt, n, request_id="drawn")
     for k, v in sampling.items():
-        setattr(req.sampling, k, v)
+        setattr(req.stopping if k == "min_tokens" else req.sampling, k, v)
     text, final, _ = collect(srv.stub().Generate(req, timeout=300))
     return text, final
 
@@ -2246,15 +2246,24 @@ def case_cudasim_generate():
     cuda: the CUDA backend's kernels on the CPU harness) gives the CPU
     server's text for the same tiny model and request, token for token, and
     so do seeded draws (temperature, min_p, top_k), which the CUDA backend
-    draws on the device and the CPU server on the host; health is SERVING; the
-    engine ends idle."""
+    draws on the device and the CPU server on the host, and greedy and drawn
+    requests with the three penalties and min_tokens, which the CUDA backend
+    applies to the logits on the device; health is SERVING; the engine ends
+    idle."""
     model = tiny_model()
     n = ARGS.tokens
     prompts = ["Once upon a time", "The capital of France is"]
     want = {}
     drawn = [(prompts[0], dict(temperature=0.9, seed=11)),
              (prompts[1], dict(temperature=1.3, min_p=0.05, seed=12)),
-             (prompts[0] + ",", dict(temperature=0.8, top_k=20, seed=13))]
+             (prompts[0] + ",", dict(temperature=0.8, top_k=20, seed=13)),
+             (prompts[1] + ",", dict(temperature=0.7, repetition_penalty=1.3,
+                                     frequency_penalty=0.5,
+                                     presence_penalty=0.4, seed=14)),
+             (prompts[0] + " there", dict(temperature=0.0,
+                                          repetition_penalty=1.2,
+                                          frequency_penalty=0.3)),
+             (prompts[1] + " not", dict(temperature=0.0, min_tokens=n))]
     want_drawn = {}
     with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
         check_eq(cpu.info().backend.name, "cpu", "the CPU server's backend")
@@ -2265,6 +2274,7 @@ def case_cudasim_generate():
         st = cpu.info().stats
         check(st.greedy_steps > 0, "the CPU backend chose greedy tokens")
         check_eq(st.drawn_steps, 0, "the CPU backend draws on the host")
+        check_eq(st.edited_steps, 0, "the CPU backend edits on the host")
     with cudasim_server("cudasim") as srv:
         check_eq(srv.health(), "SERVING", "health")
         check_on_harness(srv)
@@ -2282,8 +2292,11 @@ def case_cudasim_generate():
         for p, kw in drawn:
             text, final = stream_drawn(srv, p, n, **kw)
             check_eq(text, want_drawn[p][0], "drawn text for %r %r" % (p, kw))
-        check(srv.info().stats.drawn_steps > 0,
+        st = srv.info().stats
+        check(st.drawn_steps > 0,
               "sampled steps drew their tokens on the device")
+        check(st.edited_steps > 0,
+              "penalized steps had their logits edited on the device")
         wait_engine_idle(srv, 30)
         check_eq(srv.health(), "SERVING", "health after the requests")
     log("ok: cudasim server streams the CPU server's greedy and seeded "

@@ -2944,6 +2944,174 @@ static void test_choose(void)
     }
 }
 
+/* The samplers' stages 1-3 applied where the logits are
+ * (cinfer_backend_edit_logits with cinfer_sampler_edits' entries) on every
+ * backend that edits, against engine/sampler.c on the same rows: the
+ * edited rows bit for bit as cinfer_sampler_process_logits leaves them,
+ * then the token chosen from them (greedy and drawn, top_k off and on) as
+ * sample() chooses from the raw row, over several positions so that the
+ * penalty counts grow: logit_bias with -inf, min_tokens' mask, all three
+ * penalties, a +inf at an edited entry (left for choose to name, as the
+ * sampler names it); bad entries refused before the backend sees them. */
+static void test_edit_logits(void)
+{
+    static const int64_t widths[] = {100, 1500, 49152};
+    enum { R = 5, POS = 4 };
+    uint64_t seed = seed_for(83);
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t n = widths[wi];
+        float *x = randv(R * n, &seed, 6.0f);
+        float *ed_rows = malloc(sizeof(float) * (size_t)(R * n));
+        float *row = malloc(sizeof(float) * (size_t)n);
+        cinfer_logit_edit *ed = NULL;
+        for (int fi = 0; fi < g_n_factories; fi++) {
+            const factory *f = &g_factories[fi];
+            cinfer_backend *be = make_backend(f);
+            if (!cinfer_backend_has_edit_logits(be) ||
+                !cinfer_backend_has_choose(be)) {
+                cinfer_backend_destroy(be);
+                continue;
+            }
+            cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, R, n, 0, 0);
+            cinfer_tensor *to = tnew(be, CINFER_DTYPE_I32, 1, R, 0, 0, 0);
+            const cinfer_logit_bias bias[3] = {
+                {3, 2.5f}, {(int32_t)(n / 2), -INFINITY}, {7, -1.25f}};
+            const int32_t eog[2] = {(int32_t)(n - 1), 3};
+            cinfer_sampler *a[R], *b[R];
+            for (int r = 0; r < R; r++) {
+                cinfer_sampler_params p = cinfer_sampler_default_params();
+                p.n_vocab = (int32_t)n;
+                p.temperature = r == 0 ? 0.0f : 0.6f + 0.3f * (float)r;
+                p.top_k = r == 2 ? 40 : 0;
+                p.min_p = r == 3 ? 0.02f : 0.0f;
+                p.repetition_penalty = r == 1 ? 1.0f : 1.1f + 0.1f * (float)r;
+                p.frequency_penalty = r % 2 ? 0.7f : -0.3f;
+                p.presence_penalty = r == 4 ? 0.0f : 1.5f;
+                p.penalty_last_n = r == 3 ? 8 : 0;
+                p.penalty_prompt = r == 4 ? CINFER_PENALTY_PROMPT_ALL
+                                          : CINFER_PENALTY_PROMPT_REPETITION;
+                p.logit_bias = bias;
+                p.n_logit_bias = r == 1 ? 0 : 3;
+                p.eog_tokens = eog;
+                p.n_eog_tokens = 2;
+                p.min_tokens = r;
+                p.seed = 500u + (uint64_t)r;
+                a[r] = b[r] = NULL;
+                CHECK_OK(cinfer_sampler_create(&p, &a[r]));
+                CHECK_OK(cinfer_sampler_create(&p, &b[r]));
+                int32_t prompt[12];
+                for (int i = 0; i < 12; i++)
+                    prompt[i] = (int32_t)((i * 37 + r) % (n < 64 ? n : 64));
+                CHECK_OK(cinfer_sampler_accept_prompt(a[r], prompt, 12));
+                CHECK_OK(cinfer_sampler_accept_prompt(b[r], prompt, 12));
+            }
+            int bad = 0, edited = 0, drawn = 0;
+            for (int pos = 0; pos < POS; pos++) {
+                /* the rows of this position; at pos 2 row 4 has a +inf
+                 * at its (biased) token 3 */
+                for (int64_t i = 0; i < R * n; i++)
+                    ed_rows[i] = x[(i + pos * 7) % (R * n)];
+                if (pos == 2)
+                    ed_rows[4 * n + 3] = INFINITY;
+                put(be, tx, ed_rows);
+                int64_t bound = 0;
+                for (int r = 0; r < R; r++)
+                    bound += cinfer_sampler_edits_bound(b[r]);
+                ed = realloc(ed, sizeof *ed * (size_t)(bound + 1));
+                int64_t ne = 0;
+                cinfer_draw dr[R];
+                for (int r = 0; r < R; r++) {
+                    ne += cinfer_sampler_edits(b[r], r, ed + ne);
+                    dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
+                    if (r != 0)
+                        CHECK_OK(cinfer_sampler_draw_params(
+                            b[r], &dr[r].inv_t, &dr[r].min_w, &dr[r].top_k,
+                            &dr[r].u));
+                }
+                edited += ne > 0;
+                CHECK_OK(cinfer_backend_edit_logits(be, tx, ed, ne));
+                float *got = malloc(sizeof(float) * (size_t)(R * n));
+                get(be, tx, got);
+                for (int r = 0; r < R; r++) {
+                    memcpy(row, ed_rows + r * n, sizeof(float) * (size_t)n);
+                    CHECK_OK(cinfer_sampler_process_logits(a[r], row));
+                    if (pos == 2 && r == 4)
+                        row[3] = INFINITY; /* left as it is */
+                    if (memcmp(row, got + r * n, sizeof(float) * (size_t)n)) {
+                        if (bad++ < 5)
+                            fprintf(stderr, "%s: edited row %d of %lld at "
+                                    "pos %d differs\n",
+                                    f->name, r, (long long)n, pos);
+                    }
+                }
+                free(got);
+                poison(be, to);
+                CHECK_OK(cinfer_backend_choose(be, tx, dr, to));
+                int32_t codes[R];
+                get(be, to, codes);
+                for (int r = 0; r < R; r++) {
+                    memcpy(row, ed_rows + r * n, sizeof(float) * (size_t)n);
+                    int32_t ta = -1, tb = -1;
+                    cinfer_status sa =
+                        cinfer_sampler_sample(a[r], row, &ta, NULL);
+                    char ea[256];
+                    snprintf(ea, sizeof ea, "%s", cinfer_last_error());
+                    cinfer_status sb =
+                        cinfer_sampler_take_code(b[r], codes[r], &tb);
+                    if (sa != sb || (sa == CINFER_OK && ta != tb) ||
+                        (sa != CINFER_OK &&
+                         strcmp(ea, cinfer_last_error()) != 0)) {
+                        if (bad++ < 5)
+                            fprintf(stderr, "%s: n %lld row %d pos %d: "
+                                    "sampler %d (%d), backend code %d -> "
+                                    "%d (%d)\n",
+                                    f->name, (long long)n, r, pos, ta,
+                                    (int)sa, codes[r], tb, (int)sb);
+                    }
+                    if (pos == 2 && r == 4)
+                        CHECK_EQ_INT(sb, CINFER_E_RANGE);
+                    int32_t next = sa == CINFER_OK ? ta : 3;
+                    drawn += sa == CINFER_OK && r != 0;
+                    CHECK_OK(cinfer_sampler_accept(a[r], next));
+                    CHECK_OK(cinfer_sampler_accept(b[r], next));
+                }
+            }
+            CHECK_EQ_INT(bad, 0);
+            CHECK_EQ_INT(edited, POS);
+            CHECK(drawn > 0);
+            /* bad entries, each refused before anything is applied */
+            cinfer_logit_edit e1 = {0, 1, CINFER_EDIT_BIAS, 1.0f, 0, 0, 0};
+            cinfer_logit_edit bads[6];
+            for (int i = 0; i < 6; i++)
+                bads[i] = e1;
+            bads[0].row = R;
+            bads[1].token = (int32_t)n;
+            bads[2].flags = 16;
+            bads[3].bias = NAN;
+            bads[4].flags = CINFER_EDIT_REP; /* rp 0 */
+            bads[5].flags = CINFER_EDIT_FREQ;
+            bads[5].fn = INFINITY;
+            for (int i = 0; i < 6; i++)
+                CHECK_EQ_INT(cinfer_backend_edit_logits(be, tx, &bads[i], 1),
+                             CINFER_E_INVALID_ARG);
+            CHECK_EQ_INT(cinfer_backend_edit_logits(be, tx, NULL, 1),
+                         CINFER_E_INVALID_ARG);
+            CHECK_OK(cinfer_backend_edit_logits(be, tx, NULL, 0));
+            for (int r = 0; r < R; r++) {
+                cinfer_sampler_destroy(a[r]);
+                cinfer_sampler_destroy(b[r]);
+            }
+            cinfer_backend_tensor_destroy(be, tx);
+            cinfer_backend_tensor_destroy(be, to);
+            cinfer_backend_destroy(be);
+        }
+        free(ed);
+        free(row);
+        free(ed_rows);
+        free(x);
+    }
+}
+
 /* The weights the CUDA draw takes (kernels/cuda/sample.cu) bit for bit
  * against the sampler's (cinfer_sampler_weight), on every CUDA factory:
  * every float of [-88, 0] at a stride, the edges (-87, just above and
@@ -3583,6 +3751,7 @@ int main(void)
     RUN(test_gelu_scale);
     RUN(test_greedy);
     RUN(test_choose);
+    RUN(test_edit_logits);
     RUN(test_sampler_weights);
     RUN(test_validation);
     /* CPU only: the packing and the bit identities are the CPU backend's

@@ -1068,16 +1068,21 @@ static void test_take_code(void)
     cinfer_sampler *s = make(&p);
     if (!s)
         return;
-    /* min_tokens not reached: eog is still masked */
+    /* min_tokens not reached: eog is still masked, by the backend's edits
+     * if it chooses */
     CHECK(!cinfer_sampler_plain_greedy(s));
-    int32_t t = -1;
-    CHECK_EQ_INT(cinfer_sampler_take_code(s, 5, &t), CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 1);
+    CHECK_EQ_INT(cinfer_sampler_edits_bound(s), 1);
     CHECK_OK(cinfer_sampler_accept(s, 7));
     CHECK(cinfer_sampler_plain_greedy(s));
+    CHECK_EQ_INT(cinfer_sampler_edits_bound(s), 0);
     uint8_t allowed[V];
     memset(allowed, 1, sizeof allowed);
     cinfer_sampler_set_allowed(s, allowed);
     CHECK(!cinfer_sampler_plain_greedy(s)); /* a mask for the next call */
+    CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 0);
+    int32_t t = -1;
+    CHECK_EQ_INT(cinfer_sampler_take_code(s, 5, &t), CINFER_E_INVALID_ARG);
     cinfer_sampler_set_allowed(s, NULL);
     CHECK(cinfer_sampler_plain_greedy(s));
 
@@ -1143,6 +1148,196 @@ static void test_take_code(void)
             continue;
         CHECK(!cinfer_sampler_plain_greedy(u));
         cinfer_sampler_destroy(u);
+    }
+}
+
+/* backend.h's cinfer_backend_edit_logits, in plain C (the build does not
+ * contract): what a backend must do with the entries. */
+static void apply_edits_ref(float *x, int32_t n, const cinfer_logit_edit *e,
+                            int64_t count)
+{
+    for (int64_t i = 0; i < count; i++) {
+        float *p = x + (int64_t)e[i].row * n + e[i].token;
+        float v = *p;
+        if (!(v < INFINITY))
+            continue;
+        if (e[i].flags & CINFER_EDIT_BIAS)
+            v = v + e[i].bias;
+        if (e[i].flags & CINFER_EDIT_MASK)
+            v = -INFINITY;
+        if (e[i].flags & CINFER_EDIT_REP)
+            v = v > 0.0f ? v / e[i].rp : v * e[i].rp;
+        if (e[i].flags & CINFER_EDIT_FREQ) {
+            v = v - e[i].fn;
+            v = v - e[i].pres;
+        }
+        *p = v;
+    }
+}
+
+static int cmp_edit_token(const void *a, const void *b)
+{
+    int32_t x = ((const cinfer_logit_edit *)a)->token;
+    int32_t y = ((const cinfer_logit_edit *)b)->token;
+    return (x > y) - (x < y);
+}
+
+/* A backend's code for a row (backend.h, cinfer_backend_greedy). */
+static int32_t greedy_code(const float *x, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (!(x[i] < INFINITY))
+            return -2 - (2 * i + (x[i] != x[i]));
+    int32_t best = cinfer_sampler_argmax(x, n);
+    return x[best] == -INFINITY ? -1 : best;
+}
+
+/* cinfer_sampler_edits applied as backend.h says leave the row that
+ * sample() draws from, bit for bit: random logit_bias (with -inf), end-of-
+ * generation tokens (with repeats) under min_tokens, the three penalties
+ * over prompt and output histories (windowed and not), over rows with
+ * ties, zeros and -inf; one entry a token, within edits_bound; a greedy
+ * sampler's token through take_code equals sample()'s. A token biased
+ * twice, top_p or a mask: no edits. */
+static void test_edits(void)
+{
+    enum { MAXV = 3000, ROUNDS = 300 };
+    static float x[MAXV], y[MAXV], raw[MAXV];
+    static cinfer_logit_edit ed[4 * MAXV];
+    uint64_t rng = 4242;
+    int64_t n_entries = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        const int32_t V = round % 3 == 0 ? 40 : round % 3 == 1 ? 700 : MAXV;
+        cinfer_sampler_params p = params_v(V);
+        p.temperature = round % 2 ? 0.0f : 0.8f;
+        p.seed = (uint64_t)round;
+        cinfer_logit_bias bias[24];
+        int32_t nb = (int32_t)(harness_rand(&rng) % 25);
+        for (int32_t i = 0; i < nb; i++) {
+            int32_t tok;
+            int dup;
+            do { /* distinct tokens */
+                tok = (int32_t)(harness_rand(&rng) % (uint64_t)V);
+                dup = 0;
+                for (int32_t j = 0; j < i; j++)
+                    dup |= bias[j].token == tok;
+            } while (dup);
+            float b = harness_randf(&rng) * 8.0f;
+            bias[i] = (cinfer_logit_bias){tok, i % 7 == 3 ? -INFINITY : b};
+        }
+        p.logit_bias = bias;
+        p.n_logit_bias = nb;
+        int32_t eog[4] = {(int32_t)(harness_rand(&rng) % (uint64_t)V), 0, 0,
+                          0};
+        eog[1] = eog[0];
+        eog[2] = bias[0].token; /* biased and masked */
+        eog[3] = (int32_t)(harness_rand(&rng) % (uint64_t)V);
+        p.eog_tokens = eog;
+        p.n_eog_tokens = nb > 0 ? 4 : 2;
+        p.min_tokens = (int32_t)(harness_rand(&rng) % 6);
+        static const float rps[4] = {1.0f, 1.3f, 0.7f, 1e-3f};
+        p.repetition_penalty = rps[harness_rand(&rng) % 4];
+        p.presence_penalty = round % 5 ? harness_randf(&rng) * 2.0f : 0.0f;
+        p.frequency_penalty = round % 4 ? harness_randf(&rng) * 2.0f : 0.0f;
+        p.penalty_last_n = round % 3 ? 0 : 16;
+        p.penalty_prompt = (cinfer_penalty_prompt)(round % 3);
+        cinfer_sampler *s = make(&p);
+        if (!s)
+            return;
+        int32_t prompt[64];
+        int32_t np = (int32_t)(harness_rand(&rng) % 64);
+        for (int32_t i = 0; i < np; i++) /* small ids repeat */
+            prompt[i] = (int32_t)(harness_rand(&rng) % (uint64_t)(V / 8 + 1));
+        CHECK_OK(cinfer_sampler_accept_prompt(s, prompt, np));
+        int32_t steps = (int32_t)(harness_rand(&rng) % 10);
+        for (int32_t k = 0; k <= steps; k++) {
+            fill_row(raw, V, &rng, 6.0f, 1); /* ties */
+            for (int32_t i = 0; i < V; i += 13)
+                raw[i] = i % 2 ? -INFINITY : 0.0f;
+            CHECK_EQ_INT(cinfer_sampler_backend_choice(s),
+                         p.temperature == 0.0f ? 1 : 2);
+            int64_t bound = cinfer_sampler_edits_bound(s);
+            CHECK(bound >= 0 && bound <= 4 * MAXV);
+            int64_t n = cinfer_sampler_edits(s, 0, ed);
+            CHECK(n >= 0 && n <= bound);
+            if (n < 0 || n > bound)
+                break;
+            n_entries += n;
+            qsort(ed, (size_t)n, sizeof *ed, cmp_edit_token);
+            for (int64_t i = 1; i < n; i++)
+                CHECK(ed[i].token != ed[i - 1].token);
+            memcpy(x, raw, sizeof(float) * (size_t)V);
+            memcpy(y, raw, sizeof(float) * (size_t)V);
+            apply_edits_ref(y, V, ed, n);
+            CHECK_OK(cinfer_sampler_process_logits(s, x));
+            if (memcmp(x, y, sizeof(float) * (size_t)V) != 0) {
+                fprintf(stderr, "round %d step %d: edited row differs\n",
+                        round, k);
+                CHECK(0);
+                break;
+            }
+            int32_t a = -1, b = -1;
+            memcpy(x, raw, sizeof(float) * (size_t)V);
+            cinfer_status sa = cinfer_sampler_sample(s, x, &a, NULL);
+            if (p.temperature == 0.0f) {
+                cinfer_status sb =
+                    cinfer_sampler_take_code(s, greedy_code(y, V), &b);
+                CHECK_EQ_INT(sb, sa);
+                if (sa == CINFER_OK)
+                    CHECK_EQ_INT(b, a);
+            }
+            /* a likely token, so that its counts grow */
+            int32_t next = k % 2 && sa == CINFER_OK
+                               ? a
+                               : (int32_t)(harness_rand(&rng) % 16);
+            CHECK_OK(cinfer_sampler_accept(s, next));
+        }
+        cinfer_sampler_destroy(s);
+    }
+    CHECK(n_entries > 10000); /* the cases had entries to compare */
+
+    /* no edits: a token biased twice (the biases add in turn), top_p, a
+     * mask; take_code refuses them */
+    const cinfer_logit_bias twice[3] = {{5, 1.0f}, {9, 2.0f}, {5, 0.1f}};
+    cinfer_sampler_params q = params_v(40);
+    q.logit_bias = twice;
+    q.n_logit_bias = 3;
+    cinfer_sampler *s = make(&q);
+    if (s) {
+        CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 0);
+        CHECK_EQ_INT(cinfer_sampler_edits_bound(s), -1);
+        CHECK_EQ_INT(cinfer_sampler_edits(s, 0, ed), -1);
+        int32_t t;
+        CHECK_EQ_INT(cinfer_sampler_take_code(s, 3, &t), CINFER_E_INVALID_ARG);
+        cinfer_sampler_destroy(s);
+    }
+    q = params_v(40);
+    q.top_p = 0.9f;
+    q.repetition_penalty = 1.2f;
+    s = make(&q);
+    if (s) {
+        CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 0);
+        CHECK_EQ_INT(cinfer_sampler_edits_bound(s), -1);
+        cinfer_sampler_destroy(s);
+    }
+    q = params_v(40);
+    q.temperature = 0.0f;
+    q.logit_bias = twice;
+    q.n_logit_bias = 2; /* distinct */
+    s = make(&q);
+    if (s) {
+        uint8_t allowed[40];
+        memset(allowed, 1, sizeof allowed);
+        CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 1);
+        CHECK_EQ_INT(cinfer_sampler_edits(s, 3, ed), 2);
+        CHECK_EQ_INT(ed[0].row, 3);
+        CHECK_EQ_INT(ed[0].token, 5);
+        CHECK_EQ_INT(ed[1].token, 9);
+        CHECK_EQ_INT((int)ed[1].flags, CINFER_EDIT_BIAS);
+        cinfer_sampler_set_allowed(s, allowed);
+        CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 0);
+        CHECK_EQ_INT(cinfer_sampler_edits(s, 0, ed), -1);
+        cinfer_sampler_destroy(s);
     }
 }
 
@@ -1300,6 +1495,7 @@ int main(void)
     RUN(test_invalid_params);
     RUN(test_bad_logits);
     RUN(test_take_code);
+    RUN(test_edits);
     RUN(test_large_vocab);
     return harness_done();
 }
