@@ -520,7 +520,7 @@ static int64_t grammar_mask(cinfer_engine *e, eng_seq *s, cinfer_status *st)
  * the code of the token the backend chose, run_step) and decides whether the
  * sample ends. Returns 1 if it ended (s may be freed then), else 0. */
 static int take_token(cinfer_engine *e, eng_seq *s, float *row, int32_t code,
-                      int64_t t_ns)
+                      const cinfer_row_logprobs *rl, int64_t t_ns)
 {
     eng_request *r = s->req;
     cinfer_logprobs lp;
@@ -543,6 +543,8 @@ static int take_token(cinfer_engine *e, eng_seq *s, float *row, int32_t code,
                                    r->logprobs ? &lp : NULL);
     else
         st = cinfer_sampler_take_code(s->sampler, code, &tok);
+    if (st == CINFER_OK && !row && r->logprobs)
+        st = cinfer_sampler_take_logprobs(s->sampler, rl, tok, &lp);
     if (st == CINFER_OK)
         st = cinfer_sampler_accept(s->sampler, tok);
     if (st == CINFER_OK && s->grammar && !cinfer_tokenizer_is_eog(e->tk, tok)) {
@@ -632,7 +634,8 @@ static void take_drafts(cinfer_engine *e, eng_seq *s, float *rows,
     e->st.spec_steps++;
     int32_t taken = 0;
     for (int32_t i = 0; i <= d; i++) {
-        if (take_token(e, s, rows + (size_t)i * (size_t)e->n_vocab, 0, t_ns))
+        if (take_token(e, s, rows + (size_t)i * (size_t)e->n_vocab, 0, NULL,
+                       t_ns))
             return; /* finished: its blocks are gone with it */
         if (i == d || s->tokens[base + i] != drafts[i])
             break;
@@ -770,12 +773,16 @@ static int step_edits(cinfer_engine *e, int64_t bound)
  * or (where the backend draws too) a draw with no top_p (top_k at most
  * CINFER_CHOOSE_MAX_K), and (where the backend edits rows) its logit_bias,
  * min_tokens mask and penalties applied there (engine/sampler.h,
- * cinfer_sampler_backend_choice); no drafts, grammar or logprobs. 0: no,
- * the logits come back; 1: every row greedy; 2: with draws, filled in
- * e->draws (their draw index advanced). Edits, if any, are in e->edits. */
+ * cinfer_sampler_backend_choice), with logprobs where the backend finds
+ * them (for rows with nothing to apply: they read the raw row); no drafts
+ * or grammar. 0: no, the logits come back; 1: every row greedy; 2: with
+ * draws, filled in e->draws (their draw index advanced). Edits, if any,
+ * are in e->edits; e->with_logprobs says whether e->n_top asks for
+ * logprobs. */
 static int step_choice(cinfer_engine *e, int32_t n_out)
 {
     e->n_edits = 0;
+    e->with_logprobs = 0;
     int have = cinfer_model_choices(e->model);
     if (have == 0)
         return 0;
@@ -785,8 +792,14 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
         const eng_seq *s = e->sched[k];
         if (s->step_out < 0)
             continue;
-        if (s->n_draft || s->grammar || s->req->logprobs)
+        if (s->n_draft || s->grammar)
             return 0;
+        if (s->req->logprobs) {
+            /* the backend's logprobs read the raw row: no edits on it */
+            if (have < 4 || cinfer_sampler_edits_bound(s->sampler) != 0)
+                return 0;
+            e->with_logprobs = 1;
+        }
         if (cinfer_sampler_plain_greedy(s->sampler))
             continue;
         int c = cinfer_sampler_backend_choice(s->sampler);
@@ -803,6 +816,16 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
     }
     if (bound > 0 && !step_edits(e, bound))
         return 0;
+    if (e->with_logprobs) {
+        for (int32_t j = 0; j < n_out; j++)
+            e->n_top[j] = -1;
+        for (int k = 0; k < e->n_sched; k++) {
+            const eng_seq *s = e->sched[k];
+            if (s->step_out >= 0 && s->req->logprobs)
+                e->n_top[s->step_out] =
+                    cinfer_sampler_get_params(s->sampler)->n_logprobs;
+        }
+    }
     if (!sampled)
         return 1;
     for (int32_t j = 0; j < n_out; j++)
@@ -829,9 +852,15 @@ static void run_step(cinfer_engine *e)
     sched_build_step(e, &step);
     const int choice = step_choice(e, step.n_out);
     cinfer_status st =
-        choice ? cinfer_model_forward_choose(e->model, &step,
-                                             choice == 2 ? e->draws : NULL,
-                                             e->edits, e->n_edits, e->codes)
+        choice ? cinfer_model_forward_choose(
+                     e->model, &step,
+                     &(cinfer_choice){
+                         .draws = choice == 2 ? e->draws : NULL,
+                         .edits = e->edits,
+                         .n_edits = e->n_edits,
+                         .n_top = e->with_logprobs ? e->n_top : NULL,
+                         .logprobs = e->row_lp},
+                     e->codes)
                : cinfer_model_forward(e->model, &step, e->logits);
     int64_t t1 = now(e);
     sched_observe_step(e, rows, t1 - t0);
@@ -839,6 +868,7 @@ static void run_step(cinfer_engine *e)
     e->st.greedy_steps += choice == 1;
     e->st.drawn_steps += choice == 2;
     e->st.edited_steps += choice && e->n_edits > 0;
+    e->st.logprob_steps += choice && e->with_logprobs;
     e->st.last_step_ns = t1;
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
@@ -859,13 +889,14 @@ static void run_step(cinfer_engine *e)
     for (int k = 0; k < n; k++) {
         eng_seq *s = e->sched[k];
         if (s->step_out >= 0 && choice) {
-            take_token(e, s, NULL, e->codes[s->step_out], t1);
+            take_token(e, s, NULL, e->codes[s->step_out],
+                       &e->row_lp[s->step_out], t1);
         } else if (s->step_out >= 0) {
             float *row = e->logits + (size_t)s->step_out * (size_t)e->n_vocab;
             if (s->n_draft)
                 take_drafts(e, s, row, t1);
             else
-                take_token(e, s, row, 0, t1);
+                take_token(e, s, row, 0, NULL, t1);
         }
     }
     e->n_sched = 0;
@@ -1061,7 +1092,9 @@ cinfer_status cinfer_engine_create(const cinfer_engine_params *p,
     e->logits = malloc(sizeof(float) * (size_t)e->max_out * (size_t)e->n_vocab);
     e->codes = malloc(sizeof(int32_t) * (size_t)e->max_out);
     e->draws = malloc(sizeof(cinfer_draw) * (size_t)e->max_out);
-    if (!e->codes || !e->draws || !e->running || !e->pred_slots ||
+    e->n_top = malloc(sizeof(int32_t) * (size_t)e->max_out);
+    e->row_lp = malloc(sizeof(cinfer_row_logprobs) * (size_t)e->max_out);
+    if (!e->codes || !e->draws || !e->n_top || !e->row_lp || !e->running || !e->pred_slots ||
         !e->sched || !e->s_tokens || !e->s_pos || !e->s_row_seq ||
         !e->s_slots || !e->s_out_rows || !e->s_gen || !e->s_embd ||
         !e->s_tables ||
@@ -1112,6 +1145,8 @@ fail:
     free(e->codes);
     free(e->draws);
     free(e->edits);
+    free(e->n_top);
+    free(e->row_lp);
     free(e);
     return st;
 }
@@ -1153,6 +1188,8 @@ void cinfer_engine_destroy(cinfer_engine *e)
     free(e->codes);
     free(e->draws);
     free(e->edits);
+    free(e->n_top);
+    free(e->row_lp);
     free(e);
 }
 

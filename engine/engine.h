@@ -284,6 +284,8 @@ typedef struct {
     uint64_t edited_steps;     /* of the greedy and drawn steps, those whose
                                   logit_bias, min_tokens mask or penalties
                                   the backend applied (CUDA) */
+    uint64_t logprob_steps;    /* and those whose logprobs the backend
+                                  found (CUDA) */
     int64_t last_step_ns;      /* engine clock at the last step's end */
     int device_lost;           /* 1 once a step failed and the backend
                                   reported a fault it cannot recover from

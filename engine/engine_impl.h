@@ -213,6 +213,9 @@ struct cinfer_engine {
     cinfer_logit_edit *edits; /* [edits_cap]: the samplers' stages 1-3 for
                                  them (cinfer_sampler_edits) */
     int64_t edits_cap, n_edits;
+    int32_t *n_top;      /* [max_out]: the logprobs asked of the backend */
+    cinfer_row_logprobs *row_lp; /* [max_out]: what it found */
+    int with_logprobs;   /* this step asks the backend for logprobs */
     int max_out;
     char errbuf[256];
 };

@@ -126,6 +126,8 @@ struct cinfer_model {
     cinfer_tensor *greedy;    /* [max_rows] I32, each out row's token
                                  chosen on the backend, where it can
                                  (cinfer_model_choices) */
+    cinfer_tensor *lp;        /* [max_rows, CINFER_ROW_LOGPROBS_WORDS] I32,
+                                 their logprobs' parts (choices 4) */
 
     /* eval_single scratch */
     int32_t *single_tables;
@@ -979,8 +981,11 @@ static int choices(const cinfer_model *m)
     if (m->tp != 1 || m->gather || !m->be)
         return 0;
     if (cinfer_backend_has_choose(m->be) &&
-        m->info.n_vocab <= CINFER_CHOOSE_MAX_N)
-        return cinfer_backend_has_edit_logits(m->be) ? 3 : 2;
+        m->info.n_vocab <= CINFER_CHOOSE_MAX_N) {
+        if (!cinfer_backend_has_edit_logits(m->be))
+            return 2;
+        return cinfer_backend_has_logprobs(m->be) ? 4 : 3;
+    }
     return cinfer_backend_has_greedy(m->be) ? 1 : 0;
 }
 
@@ -998,6 +1003,8 @@ static uint64_t act_bytes(cinfer_model *m)
              (uint64_t)(m->v1 - m->v0) * sizeof(float);
     if (has_greedy_op(m))
         b += (uint64_t)m->max_rows * sizeof(int32_t);
+    if (choices(m) >= 4)
+        b += (uint64_t)m->max_rows * sizeof(cinfer_row_logprobs);
     return b;
 }
 
@@ -1023,6 +1030,14 @@ static cinfer_status alloc_acts(cinfer_model *m)
         cinfer_tensor_desc d =
             cinfer_tensor_desc_make(CINFER_DTYPE_I32, 1, shape);
         cinfer_status st = cinfer_backend_tensor_create(m->be, &d, &m->greedy);
+        if (st != CINFER_OK)
+            return st;
+    }
+    if (choices(m) >= 4) {
+        int64_t shape[2] = {m->max_rows, CINFER_ROW_LOGPROBS_WORDS};
+        cinfer_tensor_desc d =
+            cinfer_tensor_desc_make(CINFER_DTYPE_I32, 2, shape);
+        cinfer_status st = cinfer_backend_tensor_create(m->be, &d, &m->lp);
         if (st != CINFER_OK)
             return st;
     }
@@ -1473,7 +1488,7 @@ void cinfer_model_destroy(cinfer_model *m)
         cinfer_tensor **acts[] = {&m->x,   &m->h,    &m->q,  &m->k,
                                   &m->v,   &m->att,  &m->gate, &m->up,
                                   &m->xo,  &m->ho,   &m->logits,
-                                  &m->logits_all, &m->greedy,
+                                  &m->logits_all, &m->greedy, &m->lp,
                                   &m->tok_embd, &m->out_norm, &m->output};
         for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
             cinfer_backend_tensor_destroy(be, *acts[i]);
@@ -1682,11 +1697,9 @@ static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
 
 /* The step through the model; then the logits of its out rows into
  * `logits`, or (codes not NULL) their tokens chosen on the backend into
- * `codes`, after `edits`: greedy (draws NULL) or as draws says
- * (model_forward_choose). */
+ * `codes` as `ch` says (model_forward_choose). */
 static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
-                             float *logits, const cinfer_draw *draws,
-                             const cinfer_logit_edit *edits, int64_t n_edits,
+                             float *logits, const cinfer_choice *ch,
                              int32_t *codes)
 {
     const cinfer_model_info *I = &m->info;
@@ -1811,13 +1824,22 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
     cinfer_tensor *olog[1] = {m->logits};
     TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
     if (codes) {
-        if (n_edits > 0)
-            TRY(cinfer_backend_edit_logits(be, m->logits, edits, n_edits));
+        if (ch->n_edits > 0)
+            TRY(cinfer_backend_edit_logits(be, m->logits, ch->edits,
+                                           ch->n_edits));
         TRY(cinfer_backend_tensor_set_rows(be, m->greedy, n_out));
-        if (draws)
-            TRY(cinfer_backend_choose(be, m->logits, draws, m->greedy));
+        if (ch->draws)
+            TRY(cinfer_backend_choose(be, m->logits, ch->draws, m->greedy));
         else
             TRY(cinfer_backend_greedy(be, m->logits, m->greedy));
+        if (ch->n_top) {
+            TRY(cinfer_backend_tensor_set_rows(be, m->lp, n_out));
+            TRY(cinfer_backend_logprobs(be, m->logits, m->greedy, ch->n_top,
+                                        m->lp));
+            TRY(cinfer_backend_download(be, m->lp, 0, ch->logprobs,
+                                        sizeof(cinfer_row_logprobs) *
+                                            (size_t)n_out));
+        }
         TRY(cinfer_backend_download(be, m->greedy, 0, codes,
                                     sizeof(int32_t) * (size_t)n_out));
     } else {
@@ -1830,7 +1852,7 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits)
 {
-    return forward(m, step, logits, NULL, NULL, 0, NULL);
+    return forward(m, step, logits, NULL, NULL);
 }
 
 int cinfer_model_choices(const cinfer_model *m)
@@ -1840,23 +1862,28 @@ int cinfer_model_choices(const cinfer_model *m)
 
 cinfer_status cinfer_model_forward_choose(cinfer_model *m,
                                           const cinfer_step *step,
-                                          const cinfer_draw *draws,
-                                          const cinfer_logit_edit *edits,
-                                          int64_t n_edits, int32_t *codes)
+                                          const cinfer_choice *ch,
+                                          int32_t *codes)
 {
+    static const cinfer_choice greedy_only;
+    if (!ch)
+        ch = &greedy_only;
     int have = cinfer_model_choices(m);
-    const char *what = n_edits > 0 ? "edited logits"
-                       : draws     ? "drawn tokens"
-                                   : "greedy tokens";
-    if (have == 0 || (draws && have < 2) || (n_edits > 0 && have < 3))
+    const char *what = ch->n_top       ? "logprobs"
+                       : ch->n_edits > 0 ? "edited logits"
+                       : ch->draws     ? "drawn tokens"
+                                       : "greedy tokens";
+    if (have == 0 || (ch->draws && have < 2) || (ch->n_edits > 0 && have < 3) ||
+        (ch->n_top && have < 4))
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
-                                "model_forward_choose: %s are not chosen on "
+                                "model_forward_choose: %s are not made on "
                                 "this model's backend",
                                 what);
-    if (!codes)
+    if (!codes || (ch->n_top && !ch->logprobs))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "model_forward_choose: codes is NULL");
-    return forward(m, step, NULL, draws, edits, n_edits, codes);
+                                "model_forward_choose: %s is NULL",
+                                !codes ? "codes" : "logprobs");
+    return forward(m, step, NULL, ch, codes);
 }
 
 cinfer_status cinfer_model_follow(cinfer_model *m)

@@ -290,28 +290,42 @@ cinfer_status cinfer_model_follow(cinfer_model *m);
 cinfer_status cinfer_model_forward(cinfer_model *m, const cinfer_step *step,
                                    float *logits);
 
+/* What cinfer_model_forward_choose does with the logits where they are
+ * (kernels/backend.h), row j = out row j. */
+typedef struct {
+    /* [n_out], or NULL: every row's greedy choice (cinfer_backend_greedy);
+     * else draws[j] says row j's draw (cinfer_backend_choose; inv_t 0 for
+     * a greedy row). */
+    const cinfer_draw *draws;
+    /* n_edits entries applied to the rows first (cinfer_backend_edit_logits:
+     * the samplers' stages 1-3, cinfer_sampler_edits). */
+    const cinfer_logit_edit *edits;
+    int64_t n_edits;
+    /* [n_out], or NULL: no logprobs; else after the choice, for each row
+     * with n_top[j] >= 0 (and no edits of its own: the raw row), its
+     * token's logprobs' parts into logprobs[j] ([n_out];
+     * cinfer_backend_logprobs, cinfer_sampler_take_logprobs). */
+    const int32_t *n_top;
+    cinfer_row_logprobs *logprobs;
+} cinfer_choice;
+
 /* cinfer_model_forward whose out rows' tokens are chosen where the logits
- * are (kernels/backend.h): only codes[j] ([step->n_out] int32) come back,
- * not the logits. First the n_edits entries of `edits` (host memory, row
- * j = out row j) are applied to the rows (cinfer_backend_edit_logits: the
- * samplers' stages 1-3, cinfer_sampler_edits). Then draws NULL: every
- * row's greedy choice (cinfer_backend_greedy); else draws[j] ([n_out])
- * says row j's draw (cinfer_backend_choose; inv_t 0 for a greedy row). A
- * code is the token, or -1 for a row of -inf, or below that its first NaN
- * or +inf: cinfer_sampler_take_code turns it into the token or the
- * sampler's error. For samplers a backend can choose for
+ * are, as `ch` says (NULL: every row greedy): only codes[j]
+ * ([step->n_out] int32) come back, and the logprobs asked for, not the
+ * logits. A code is the token, or -1 for a row of -inf, or below that its
+ * first NaN or +inf: cinfer_sampler_take_code turns it into the token or
+ * the sampler's error. For samplers a backend can choose for
  * (engine/sampler.h, cinfer_sampler_backend_choice). CINFER_E_UNSUPPORTED
  * beyond cinfer_model_choices. */
 cinfer_status cinfer_model_forward_choose(cinfer_model *m,
                                           const cinfer_step *step,
-                                          const cinfer_draw *draws,
-                                          const cinfer_logit_edit *edits,
-                                          int64_t n_edits, int32_t *codes);
+                                          const cinfer_choice *ch,
+                                          int32_t *codes);
 
 /* What cinfer_model_forward_choose can do here: 0 nothing (tensor
  * parallelism: no backend holds every logit), 1 greedy rows (the CPU
- * backend), 2 greedy rows and draws, 3 those after edits (CUDA, a
- * vocabulary of at most CINFER_CHOOSE_MAX_N). */
+ * backend), 2 greedy rows and draws, 3 those after edits, 4 and logprobs
+ * too (CUDA, a vocabulary of at most CINFER_CHOOSE_MAX_N). */
 int cinfer_model_choices(const cinfer_model *m);
 
 /* Convenience for one sequence whose KV occupies blocks 0, 1, 2, ...

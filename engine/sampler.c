@@ -1100,28 +1100,46 @@ static int32_t draw(cinfer_sampler *s, const float *x, const plan *pl)
 /* Logprobs                                                               */
 /* ---------------------------------------------------------------------- */
 
+_Static_assert(CINFER_SAMPLER_MAX_LOGPROBS == CINFER_LOGPROBS_MAX_TOP,
+               "backend.h's cinfer_row_logprobs holds the sampler's tops");
+
+/* lp from a row's parts (backend.h's cinfer_row_logprobs): the log-softmax
+ * finished as both fill_logprobs and a backend's row give it. */
+static void finish_logprobs(const cinfer_row_logprobs *r, cinfer_logprobs *lp)
+{
+    const double lse = (double)r->max + log(r->sum);
+    lp->logprob = (float)((double)r->logit - lse);
+    lp->rank = (int32_t)(r->better + 1);
+    lp->n_top = r->n_top;
+    for (int32_t j = 0; j < r->n_top; j++) {
+        lp->top_tokens[j] = r->top_id[j];
+        lp->top_logprobs[j] = (float)((double)r->top_logit[j] - lse);
+    }
+}
+
 /* x is a valid raw row with at least one finite entry. */
 static void fill_logprobs(const cinfer_sampler *s, const float *x,
                           int32_t token, cinfer_logprobs *lp)
 {
     const int32_t n = s->p.n_vocab;
     int32_t n_top = s->p.n_logprobs < n ? s->p.n_logprobs : n;
-    float max;
-    int32_t bad = scan_max(x, n, &max);
-    CINFER_ASSERT(bad < 0 && max > -INFINITY);
+    cinfer_row_logprobs r;
+    int32_t bad = scan_max(x, n, &r.max);
+    CINFER_ASSERT(bad < 0 && r.max > -INFINITY);
 
-    int32_t top_id[CINFER_SAMPLER_MAX_LOGPROBS];
-    float top_v[CINFER_SAMPLER_MAX_LOGPROBS];
     int32_t n_have = 0;
-    double sum = 0.0;
+    r.sum = 0.0;
     float w[CHUNK];
     for (int32_t lo = 0; lo < n; lo += CHUNK) {
         int32_t len = n - lo < CHUNK ? n - lo : CHUNK;
-        weights(x + lo, len, max, 1.0f, 0.0f, w);
-        sum += sum_weights(w, len);
+        weights(x + lo, len, r.max, 1.0f, 0.0f, w);
+        r.sum += sum_weights(w, len);
     }
-    const float xt = x[token];
+    r.logit = x[token];
+    const float xt = r.logit;
     int64_t better = 0;
+    float *top_v = r.top_logit;
+    int32_t *top_id = r.top_id;
     for (int32_t i = 0; i < n; i++) {
         float v = x[i];
         if (v > xt || (v == xt && i < token))
@@ -1138,14 +1156,39 @@ static void fill_logprobs(const cinfer_sampler *s, const float *x,
         top_id[pos] = i;
         top_v[pos] = v;
     }
-    const double lse = (double)max + log(sum);
-    lp->logprob = (float)((double)xt - lse);
-    lp->rank = (int32_t)(better + 1);
-    lp->n_top = n_top;
-    for (int32_t j = 0; j < n_top; j++) {
-        lp->top_tokens[j] = top_id[j];
-        lp->top_logprobs[j] = (float)((double)top_v[j] - lse);
-    }
+    r.better = better;
+    r.n_top = n_top;
+    finish_logprobs(&r, lp);
+}
+
+cinfer_status cinfer_sampler_take_logprobs(const cinfer_sampler *s,
+                                           const cinfer_row_logprobs *r,
+                                           int32_t token, cinfer_logprobs *lp)
+{
+    if (!s || !r || !lp)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_take_logprobs: an argument is NULL");
+    const int32_t n = s->p.n_vocab;
+    const int32_t n_top = s->p.n_logprobs < n ? s->p.n_logprobs : n;
+    const char *bad = token < 0 || token >= n       ? "token"
+                      : r->n_top != n_top           ? "n_top"
+                      : !(r->sum >= 1.0 && r->sum < INFINITY) ? "sum"
+                      : r->better < 0 || r->better >= n ? "better"
+                      : !(r->max < INFINITY && r->max > -INFINITY) ? "max"
+                      : !(r->logit <= r->max)       ? "logit"
+                                                    : NULL;
+    for (int32_t j = 0; !bad && j < r->n_top; j++)
+        if (r->top_id[j] < 0 || r->top_id[j] >= n ||
+            !(r->top_logit[j] <= r->max))
+            bad = "top";
+    if (bad)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "sampler_take_logprobs: the row's %s does not "
+                                "fit token %d of a vocabulary of %d (n_top "
+                                "%d)",
+                                bad, token, n, n_top);
+    finish_logprobs(r, lp);
+    return CINFER_OK;
 }
 
 cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,

@@ -327,6 +327,16 @@ float cinfer_sampler_weight(float logit, float max, float inv_t, float min_w);
 cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
                                        int32_t *token);
 
+/* sample()'s logprobs for `token` from the parts a backend found in the
+ * raw row (kernels/backend.h, cinfer_backend_logprobs, asked for with this
+ * sampler's n_logprobs): the log and the subtractions of sample()'s own
+ * log-softmax, so the same bits as sample() gives for that row.
+ * CINFER_E_INVALID_ARG, lp unchanged, where r cannot be such a row's
+ * (n_top not min(n_logprobs, n_vocab), a sum below 1, ids out of range). */
+cinfer_status cinfer_sampler_take_logprobs(const cinfer_sampler *s,
+                                           const cinfer_row_logprobs *r,
+                                           int32_t token, cinfer_logprobs *lp);
+
 /* Back to the state right after create: history, accepted count and draw
  * index cleared (so the draws replay from position 0). Keeps the
  * allocations. */

@@ -1184,21 +1184,21 @@ cinfer_status cinfer_backend_scale(cinfer_backend *be, cinfer_tensor *x,
     return be->ops->scale(be, x, s);
 }
 
-/* x [rows, n] F32 and out [rows] I32, n <= max_n: greedy's and choose's
- * shapes. */
+/* x [rows, n] F32 and `arg` v [rows] I32, n <= max_n: the shapes of
+ * greedy, choose and logprobs. */
 static cinfer_status check_choice(const char *op, const cinfer_tensor *x,
-                                  const cinfer_tensor *out, int64_t max_n)
+                                  const char *arg, const cinfer_tensor *v,
+                                  int64_t max_n)
 {
     TRY(need_f32_matrix(op, "x", x, -1, -1));
-    TRY(need_tensor(op, "out", out));
-    TRY(need_writable(op, "out", out));
-    if (out->desc.dtype != CINFER_DTYPE_I32 || out->desc.n_dims != 1 ||
-        out->desc.shape[0] != t_rows(x)) {
+    TRY(need_tensor(op, arg, v));
+    if (v->desc.dtype != CINFER_DTYPE_I32 || v->desc.n_dims != 1 ||
+        v->desc.shape[0] != t_rows(x)) {
         char buf[96];
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "%s: out must be I32 [%lld], got %s", op,
+                                "%s: %s must be I32 [%lld], got %s", op, arg,
                                 (long long)t_rows(x),
-                                desc_str(&out->desc, buf, sizeof buf));
+                                desc_str(&v->desc, buf, sizeof buf));
     }
     if (t_cols(x) > max_n)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -1210,7 +1210,8 @@ static cinfer_status check_choice(const char *op, const cinfer_tensor *x,
 cinfer_status cinfer_backend_greedy(cinfer_backend *be, const cinfer_tensor *x,
                                     cinfer_tensor *out)
 {
-    TRY(check_choice("greedy", x, out, (int64_t)1 << 28));
+    TRY(check_choice("greedy", x, "out", out, (int64_t)1 << 28));
+    TRY(need_writable("greedy", "out", out));
     if (!be->ops->greedy)
         return cinfer_set_error(CINFER_E_UNSUPPORTED,
                                 "greedy: the %s backend has no greedy op",
@@ -1222,7 +1223,8 @@ cinfer_status cinfer_backend_choose(cinfer_backend *be, const cinfer_tensor *x,
                                     const cinfer_draw *draws,
                                     cinfer_tensor *out)
 {
-    TRY(check_choice("choose", x, out, CINFER_CHOOSE_MAX_N));
+    TRY(check_choice("choose", x, "out", out, CINFER_CHOOSE_MAX_N));
+    TRY(need_writable("choose", "out", out));
     if (!draws)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "choose: draws is NULL");
@@ -1302,6 +1304,50 @@ cinfer_status cinfer_backend_edit_logits(cinfer_backend *be, cinfer_tensor *x,
 int cinfer_backend_has_edit_logits(const cinfer_backend *be)
 {
     return be && be->ops->edit_logits != NULL;
+}
+
+cinfer_status cinfer_backend_logprobs(cinfer_backend *be,
+                                      const cinfer_tensor *x,
+                                      const cinfer_tensor *tokens,
+                                      const int32_t *n_top,
+                                      cinfer_tensor *out)
+{
+    TRY(check_choice("logprobs", x, "tokens", tokens, CINFER_CHOOSE_MAX_N));
+    TRY(need_tensor("logprobs", "out", out));
+    TRY(need_writable("logprobs", "out", out));
+    if (out->desc.dtype != CINFER_DTYPE_I32 || out->desc.n_dims != 2 ||
+        out->desc.shape[0] != t_rows(x) ||
+        out->desc.shape[1] != CINFER_ROW_LOGPROBS_WORDS) {
+        char buf[96];
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "logprobs: out must be I32 [%lld, %lld], got "
+                                "%s",
+                                (long long)t_rows(x),
+                                (long long)CINFER_ROW_LOGPROBS_WORDS,
+                                desc_str(&out->desc, buf, sizeof buf));
+    }
+    if (t_rows(x) > 0 && !n_top)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "logprobs: n_top is NULL");
+    for (int64_t r = 0; r < t_rows(x); r++)
+        if (n_top[r] < -1 || n_top[r] > CINFER_LOGPROBS_MAX_TOP)
+            return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                    "logprobs: n_top[%lld] = %d (need -1 "
+                                    "to %d)",
+                                    (long long)r, (int)n_top[r],
+                                    CINFER_LOGPROBS_MAX_TOP);
+    if (!be->ops->logprobs)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "logprobs: the %s backend has no logprobs op",
+                                cinfer_backend_name(be));
+    if (t_rows(x) == 0)
+        return CINFER_OK;
+    return be->ops->logprobs(be, x, tokens, n_top, out);
+}
+
+int cinfer_backend_has_logprobs(const cinfer_backend *be)
+{
+    return be && be->ops->logprobs != NULL;
 }
 
 int cinfer_backend_has_greedy(const cinfer_backend *be)

@@ -438,6 +438,48 @@ cinfer_status cinfer_backend_edit_logits(cinfer_backend *be, cinfer_tensor *x,
                                          int64_t n_edits);
 int cinfer_backend_has_edit_logits(const cinfer_backend *be);
 
+/* Most top entries cinfer_backend_logprobs reports for a row
+ * (engine/sampler.h's CINFER_SAMPLER_MAX_LOGPROBS). */
+#define CINFER_LOGPROBS_MAX_TOP 20
+
+/* What cinfer_backend_logprobs finds in one row x[0..n) for its token t:
+ * the parts of engine/sampler.c's log-softmax that need the whole row, so
+ * that the host finishes it (a log and two subtractions) with the
+ * sampler's own bits. */
+typedef struct {
+    double sum;     /* the sampler's weights at inv_t 1 (e^(x[i] - max),
+                       no libm), summed as its 1024-entry chunks in chunk
+                       order */
+    int64_t better; /* entries i with x[i] > x[t], or x[i] == x[t], i < t */
+    float max;      /* the row's largest entry */
+    float logit;    /* x[t] */
+    int32_t n_top;  /* min(the row's n_top, n) */
+    int32_t top_id[CINFER_LOGPROBS_MAX_TOP]; /* the n_top largest entries,
+                                                largest first, ties to the
+                                                lower index */
+    float top_logit[CINFER_LOGPROBS_MAX_TOP]; /* their values */
+} cinfer_row_logprobs;
+
+/* 32-bit words of a cinfer_row_logprobs: the row width of
+ * cinfer_backend_logprobs' out. */
+#define CINFER_ROW_LOGPROBS_WORDS ((int64_t)(sizeof(cinfer_row_logprobs) / 4))
+
+/* For each row r of x whose token tokens[r] is >= 0 (a code of
+ * cinfer_backend_greedy or _choose: a chosen token) and whose n_top[r] is
+ * >= 0: out row r = that row's cinfer_row_logprobs, as bytes; other rows
+ * are left as they are. x: [rows, n] F32 with no NaN or +inf in those rows
+ * (as a chosen token implies), 1 <= n <= CINFER_CHOOSE_MAX_N; tokens:
+ * [rows] I32 on the backend; n_top: [rows] host memory, read during the
+ * call, each -1 (none) to CINFER_LOGPROBS_MAX_TOP; out: [rows,
+ * CINFER_ROW_LOGPROBS_WORDS] I32. Optional: CINFER_E_UNSUPPORTED where
+ * cinfer_backend_has_logprobs says 0. */
+cinfer_status cinfer_backend_logprobs(cinfer_backend *be,
+                                      const cinfer_tensor *x,
+                                      const cinfer_tensor *tokens,
+                                      const int32_t *n_top,
+                                      cinfer_tensor *out);
+int cinfer_backend_has_logprobs(const cinfer_backend *be);
+
 /* 1 if the backend has the optional slots Gemma 3's graph needs
  * (attention_window, kv_store_swa, gelu_mul, scale), so a model can refuse
  * at load. */

@@ -206,6 +206,12 @@ struct cinfer_backend_ops {
                                  const cinfer_logit_edit *edits,
                                  int64_t n_edits);
 
+    /* (optional) rows' log-softmax parts for their tokens (backend.h),
+     * shapes and n_top checked; NULL: CINFER_E_UNSUPPORTED. */
+    cinfer_status (*logprobs)(cinfer_backend *be, const cinfer_tensor *x,
+                              const cinfer_tensor *tokens,
+                              const int32_t *n_top, cinfer_tensor *out);
+
     /* (optional) The collectives over be->comm. all_reduce_sum is called
      * only with more than one rank (backend.c makes it a no-op
      * otherwise); all_gather also with one rank or none (a copy). NULL:

@@ -91,6 +91,7 @@ static cinfer_status model_info(srv_call *c, const uint8_t *req, size_t len,
     stats.greedy_steps = es.greedy_steps;
     stats.drawn_steps = es.drawn_steps;
     stats.edited_steps = es.edited_steps;
+    stats.logprob_steps = es.logprob_steps;
     resp.stats = &stats;
 
     pthread_mutex_lock(&s->mu);

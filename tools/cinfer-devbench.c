@@ -146,7 +146,7 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
                 for (int s = 0; s < batch; s++)
                     fill_rows(&b, s, s, i % ctx, 1, &rng, I->n_vocab);
                 if ((on_device ? cinfer_model_forward_choose(m, &b.step, NULL,
-                                                             NULL, 0, codes)
+                                                             codes)
                                : cinfer_model_forward(m, &b.step, logits)) !=
                     CINFER_OK)
                     goto fail;

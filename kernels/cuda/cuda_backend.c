@@ -88,7 +88,7 @@ typedef struct {
 
     /* choose's draws and edit_logits' entries: staged (pinned), copied
      * before their launches. */
-    staged draws, edits;
+    staged draws, edits, n_top;
 
     void *scratch; /* device scratch of matmul and attention */
     size_t scratch_bytes;
@@ -201,6 +201,7 @@ static void cuda_destroy(cinfer_backend *be)
         cudaEventDestroy(cb->step_copied);
     staged_free(cb, &cb->draws);
     staged_free(cb, &cb->edits);
+    staged_free(cb, &cb->n_top);
     if (cb->cublas)
         cublasDestroy(cb->cublas);
     if (cb->stream)
@@ -724,6 +725,21 @@ static cinfer_status cuda_choose(cinfer_backend *be, const cinfer_tensor *x,
                                        out->data));
 }
 
+static cinfer_status cuda_logprobs(cinfer_backend *be, const cinfer_tensor *x,
+                                   const cinfer_tensor *tokens,
+                                   const int32_t *n_top, cinfer_tensor *out)
+{
+    cuda_backend *cb = cu(be);
+    const int64_t rows = cinfer_tensor_rows(x);
+    cinfer_status st = seen(cb, put_staged(cb, &cb->n_top, n_top,
+                                           (size_t)rows * sizeof *n_top));
+    if (st != CINFER_OK)
+        return st;
+    return seen(cb, cinfer_cuda_logprobs(cb->stream, x->data, rows,
+                                         cinfer_tensor_cols(x), tokens->data,
+                                         cb->n_top.d, out->data));
+}
+
 static cinfer_status cuda_edit_logits(cinfer_backend *be, cinfer_tensor *x,
                                       const cinfer_logit_edit *edits,
                                       int64_t n_edits)
@@ -799,6 +815,7 @@ static const struct cinfer_backend_ops cuda_ops = {
     .greedy = cuda_greedy,
     .choose = cuda_choose,
     .edit_logits = cuda_edit_logits,
+    .logprobs = cuda_logprobs,
     .all_reduce_sum = cuda_all_reduce_sum,
     .all_gather = cuda_all_gather,
 };
@@ -842,6 +859,8 @@ static cinfer_status open_device(cuda_backend *cb, double fraction)
         cudaEventCreateWithFlags(&cb->draws.copied, cudaEventDisableTiming));
     CINFER_CUDA_TRY(
         cudaEventCreateWithFlags(&cb->edits.copied, cudaEventDisableTiming));
+    CINFER_CUDA_TRY(
+        cudaEventCreateWithFlags(&cb->n_top.copied, cudaEventDisableTiming));
     CINFER_CUBLAS_TRY(cublasCreate(&cb->cublas));
     CINFER_CUBLAS_TRY(cublasSetStream(cb->cublas, cb->stream));
     snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
@@ -895,6 +914,7 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
     cb->device = p->device;
     cb->draws.what = "draws";
     cb->edits.what = "logit edits";
+    cb->n_top.what = "logprobs' n_top";
     cinfer_status st = open_device(cb, fraction);
     if (st != CINFER_OK) {
         cuda_destroy(&cb->base);

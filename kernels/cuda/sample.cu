@@ -167,14 +167,13 @@ struct topk_smem {
     float logit[MAX_K];
 };
 
-/* The candidate plan of row (every thread; 0 < k < n, the row has no NaN
- * or +inf and its largest value is max): the token into *out. */
-__device__ __forceinline__ void
-draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
-           float max, topk_smem &sm, int32_t *__restrict__ out)
+/* The k entries of row with the largest keys, ties to the lower index,
+ * into sm.id / sm.logit [0, k) in index order (every thread; 0 < k < n,
+ * k <= MAX_K). It holds barriers and ends with one. */
+__device__ __forceinline__ void select_top(const float *__restrict__ row,
+                                           int64_t n, int k, topk_smem &sm)
 {
     const int t = (int)threadIdx.x;
-    const int k = d.top_k;
     unsigned prefix = 0, mask = 0;
     int need = k;
     for (int pass = 0; pass < 4; pass++) {
@@ -244,7 +243,17 @@ draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
         eq += key == prefix;
     }
     __syncthreads();
-    if (t != 0)
+}
+
+/* The candidate plan of row (every thread; 0 < k < n, the row has no NaN
+ * or +inf and its largest value is max): the token into *out. */
+__device__ __forceinline__ void
+draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
+           float max, topk_smem &sm, int32_t *__restrict__ out)
+{
+    const int k = d.top_k;
+    select_top(row, n, k, sm);
+    if (threadIdx.x != 0)
         return;
     /* sampler.c: weights at min_w 0, keep_min_w, then draw's walk */
     double z = 0.0;
@@ -266,6 +275,38 @@ draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
             break;
     }
     *out = last;
+}
+
+/* chunk[c] = chunk c's weights summed as sampler.c's sum_weights (every
+ * thread; n <= MAX_CHUNKS * CHUNK); the number of chunks. Ends with a
+ * barrier. */
+__device__ __forceinline__ int chunk_sums(const float *__restrict__ row,
+                                          int64_t n, float max, float inv_t,
+                                          float min_w, double *chunk)
+{
+    const int n_chunks = (int)((n + CHUNK - 1) / CHUNK);
+    for (int c = (int)threadIdx.x; c < n_chunks; c += THREADS) {
+        const int64_t lo = (int64_t)c * CHUNK;
+        const int len = (int)(n - lo < CHUNK ? n - lo : CHUNK);
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+        int i = 0;
+        for (; i + 4 <= len; i += 4) {
+            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max,
+                                                      inv_t, min_w));
+            a1 = __dadd_rn(a1, (double)sampler_weight(row[lo + i + 1], max,
+                                                      inv_t, min_w));
+            a2 = __dadd_rn(a2, (double)sampler_weight(row[lo + i + 2], max,
+                                                      inv_t, min_w));
+            a3 = __dadd_rn(a3, (double)sampler_weight(row[lo + i + 3], max,
+                                                      inv_t, min_w));
+        }
+        for (; i < len; i++)
+            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max, inv_t,
+                                                      min_w));
+        chunk[c] = __dadd_rn(__dadd_rn(a0, a1), __dadd_rn(a2, a3));
+    }
+    __syncthreads();
+    return n_chunks;
 }
 
 // Grid: (rows), block (THREADS); n <= MAX_CHUNKS * CHUNK.
@@ -309,29 +350,7 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
         draw_top_k(row, n, d, max, tk[0], &out[blockIdx.x]);
         return;
     }
-    const int n_chunks = (int)((n + CHUNK - 1) / CHUNK);
-    /* chunk c's weights summed as sampler.c's sum_weights */
-    for (int c = t; c < n_chunks; c += THREADS) {
-        const int64_t lo = (int64_t)c * CHUNK;
-        const int len = (int)(n - lo < CHUNK ? n - lo : CHUNK);
-        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-        int i = 0;
-        for (; i + 4 <= len; i += 4) {
-            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max,
-                                                      d.inv_t, d.min_w));
-            a1 = __dadd_rn(a1, (double)sampler_weight(row[lo + i + 1], max,
-                                                      d.inv_t, d.min_w));
-            a2 = __dadd_rn(a2, (double)sampler_weight(row[lo + i + 2], max,
-                                                      d.inv_t, d.min_w));
-            a3 = __dadd_rn(a3, (double)sampler_weight(row[lo + i + 3], max,
-                                                      d.inv_t, d.min_w));
-        }
-        for (; i < len; i++)
-            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max,
-                                                      d.inv_t, d.min_w));
-        chunk[c] = __dadd_rn(__dadd_rn(a0, a1), __dadd_rn(a2, a3));
-    }
-    __syncthreads();
+    const int n_chunks = chunk_sums(row, n, max, d.inv_t, d.min_w, chunk);
     if (t != 0)
         return;
     /* sampler.c's build_plan (z) and draw (the walk) */
@@ -437,6 +456,110 @@ extern "C" cinfer_status cinfer_cuda_greedy(cudaStream_t stream,
     CINFER_LAUNCH(greedy_kernel, dim3((unsigned)rows), dim3(THREADS), 0,
                   stream, x, n, out);
     CINFER_CUDA_TRY_LAUNCH("greedy_kernel");
+    return CINFER_OK;
+}
+
+/* (v, i) goes ahead of (w, j) among the top entries: the larger value,
+ * the lower index on a tie (sampler.c's fill_logprobs). */
+__device__ __forceinline__ bool top_ahead(float v, int i, float w, int j)
+{
+    return v > w || (v == w && i < j);
+}
+
+// Grid: (rows), block (THREADS); n <= MAX_CHUNKS * CHUNK. Rows whose token
+// is a code (< 0) or whose n_top is -1 are skipped.
+__global__ void __launch_bounds__(THREADS)
+logprobs_kernel(const float *__restrict__ x,             // [rows, n]
+                int64_t n, const int32_t *__restrict__ tokens, // [rows]
+                const int32_t *__restrict__ n_top,        // [rows]
+                cinfer_row_logprobs *__restrict__ out)    // [rows]
+{
+    CINFER_SHARED(float, sv, [THREADS / 32]);
+    CINFER_SHARED(int, si, [THREADS / 32]);
+    CINFER_SHARED(int, sb, [THREADS / 32]);
+    CINFER_SHARED(double, chunk, [MAX_CHUNKS]);
+    CINFER_SHARED(float, s_max, [1]);
+    CINFER_SHARED(long long, s_better, [THREADS / 32]);
+    CINFER_SHARED(topk_smem, tk, [1]);
+    const int32_t tok = tokens[blockIdx.x];
+    const int nt = n_top[blockIdx.x];
+    if (tok < 0 || nt < 0)
+        return; // the whole CTA alike
+    const float *row = x + (int64_t)blockIdx.x * n;
+    const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
+    float best;
+    int bi, bad;
+    row_scan(row, n, sv, si, sb, best, bi, bad);
+    if (t == 0)
+        s_max[0] = best;
+    __syncthreads();
+    const float max = s_max[0];
+    const int n_chunks = chunk_sums(row, n, max, 1.0f, 0.0f, chunk);
+    /* the entries ahead of the token */
+    const float xt = row[tok];
+    long long ahead = 0;
+    for (int64_t i = t; i < n; i += THREADS) {
+        const float v = row[i];
+        ahead += v > xt || (v == xt && i < tok);
+    }
+    for (int m = 16; m > 0; m /= 2)
+        ahead += __shfl_xor_sync(FULL_MASK, ahead, m);
+    if (lane == 0)
+        s_better[warp] = ahead;
+    const int k = (int64_t)nt < n ? nt : (int)n;
+    if (k > 0 && k < n)
+        select_top(row, n, k, tk[0]); /* barriers: s_better is written */
+    else
+        __syncthreads();
+    if (t != 0)
+        return;
+    cinfer_row_logprobs r;
+    r.sum = 0.0;
+    for (int c = 0; c < n_chunks; c++)
+        r.sum = __dadd_rn(r.sum, chunk[c]);
+    r.better = 0;
+    for (int w = 0; w < THREADS / 32; w++)
+        r.better += s_better[w];
+    r.max = max;
+    r.logit = xt;
+    r.n_top = k;
+    for (int j = 0; j < k; j++) { /* index order: insertion keeps it */
+        const int id = k < n ? tk[0].id[j] : j;
+        const float v = k < n ? tk[0].logit[j] : row[j];
+        int at = j;
+        while (at > 0 && top_ahead(v, id, r.top_logit[at - 1],
+                                   r.top_id[at - 1])) {
+            r.top_id[at] = r.top_id[at - 1];
+            r.top_logit[at] = r.top_logit[at - 1];
+            at--;
+        }
+        r.top_id[at] = id;
+        r.top_logit[at] = v;
+    }
+    out[blockIdx.x] = r;
+}
+
+extern "C" cinfer_status cinfer_cuda_logprobs(cudaStream_t stream,
+                                              const float *x, int64_t rows,
+                                              int64_t n,
+                                              const int32_t *tokens,
+                                              const int32_t *n_top,
+                                              cinfer_row_logprobs *out)
+{
+    if (rows < 0 || rows > 2147483647LL || n < 1 ||
+        n > (int64_t)MAX_CHUNKS * CHUNK)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda logprobs: rows %lld, n %lld out of "
+                                "range",
+                                (long long)rows, (long long)n);
+    if (rows == 0)
+        return CINFER_OK;
+    if (!x || !tokens || !n_top || !out)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda logprobs: a pointer is NULL");
+    CINFER_LAUNCH(logprobs_kernel, dim3((unsigned)rows), dim3(THREADS), 0,
+                  stream, x, n, tokens, n_top, out);
+    CINFER_CUDA_TRY_LAUNCH("logprobs_kernel");
     return CINFER_OK;
 }
 

@@ -5,8 +5,9 @@
  * makes it, bit for bit (cinfer_backend_choose: temperature, top_k and
  * min_p), after the sampler's stages 1-3 (logit_bias, min_tokens' mask,
  * the three penalties) applied to the rows where they are
- * (cinfer_backend_edit_logits); top_p, a grammar's mask and logprobs stay
- * on the host.
+ * (cinfer_backend_edit_logits), and the parts of the chosen tokens'
+ * logprobs that need the whole row (cinfer_backend_logprobs); top_p and a
+ * grammar's mask stay on the host.
  *
  *     out[r] = the index of the largest of x[r][0..n), the lowest on ties
  *              (-0.0 equals +0.0), as cinfer_sampler_argmax chooses;
@@ -46,6 +47,15 @@ cinfer_status cinfer_cuda_greedy(cudaStream_t stream, const float *x,
 cinfer_status cinfer_cuda_choose(cudaStream_t stream, const float *x,
                                   int64_t rows, int64_t n,
                                   const cinfer_draw *draws, int32_t *out);
+
+/* cinfer_backend_logprobs' rows (backend.h): tokens, n_top [rows] and out
+ * [rows] in device memory. x: [rows, n] F32, 1 <= n <=
+ * CINFER_CHOOSE_MAX_N. */
+cinfer_status cinfer_cuda_logprobs(cudaStream_t stream, const float *x,
+                                   int64_t rows, int64_t n,
+                                   const int32_t *tokens,
+                                   const int32_t *n_top,
+                                   cinfer_row_logprobs *out);
 
 /* cinfer_backend_edit_logits' entries (backend.h) applied to x [rows, n]
  * F32 in place; edits [count] in device memory, at most one per (row,

@@ -2241,6 +2241,26 @@ def stream_drawn(srv, prompt, n, **sampling):
     return text, final
 
 
+def stream_logprobs(srv, prompt, n, top, **sampling):
+    """Every token's (id, logprob, [(id, logprob)] of its tops) of a
+    Generate asking for `top` logprobs, in order."""
+    pb = stubs()[0]
+    req = greedy_request(pb, prompt, n, request_id="logprobs")
+    req.logprobs = top
+    for k, v in sampling.items():
+        setattr(req.sampling, k, v)
+    out = []
+    for resp in srv.stub().Generate(req, timeout=300):
+        if resp.HasField("chunk"):
+            check_eq(len(resp.chunk.logprobs), len(resp.chunk.token_ids),
+                     "a logprob per token")
+            for lp in resp.chunk.logprobs:
+                out.append((lp.token_id, lp.logprob,
+                            [(t.token_id, t.logprob) for t in lp.top]))
+    check(len(out) > 0, "tokens with logprobs")
+    return out
+
+
 def case_cudasim_generate():
     """A greedy Generate streamed through cinfer-server-cudasim (--device
     cuda: the CUDA backend's kernels on the CPU harness) gives the CPU
@@ -2248,8 +2268,9 @@ def case_cudasim_generate():
     so do seeded draws (temperature, min_p, top_k), which the CUDA backend
     draws on the device and the CPU server on the host, and greedy and drawn
     requests with the three penalties and min_tokens, which the CUDA backend
-    applies to the logits on the device; health is SERVING; the engine ends
-    idle."""
+    applies to the logits on the device, and the logprobs of greedy and
+    drawn tokens, bit for bit, which the CUDA backend finds on the device;
+    health is SERVING; the engine ends idle."""
     model = tiny_model()
     n = ARGS.tokens
     prompts = ["Once upon a time", "The capital of France is"]
@@ -2265,16 +2286,25 @@ def case_cudasim_generate():
                                           frequency_penalty=0.3)),
              (prompts[1] + " not", dict(temperature=0.0, min_tokens=n))]
     want_drawn = {}
+    with_lp = [(prompts[0], 5, dict(temperature=0.0)),
+               (prompts[1], 20, dict(temperature=0.9, seed=15)),
+               (prompts[0] + " and", 0, dict(temperature=1.1, top_k=8,
+                                             seed=16))]
+    want_lp = {}
     with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
         check_eq(cpu.info().backend.name, "cpu", "the CPU server's backend")
         for p in prompts:
             want[p] = stream_greedy(cpu, p, n)
         for p, kw in drawn:
             want_drawn[p] = stream_drawn(cpu, p, n, **kw)
+        for p, top, kw in with_lp:
+            want_lp[p] = stream_logprobs(cpu, p, n, top, **kw)
         st = cpu.info().stats
         check(st.greedy_steps > 0, "the CPU backend chose greedy tokens")
         check_eq(st.drawn_steps, 0, "the CPU backend draws on the host")
         check_eq(st.edited_steps, 0, "the CPU backend edits on the host")
+        check_eq(st.logprob_steps, 0,
+                 "the CPU backend's logprobs are the host's")
     with cudasim_server("cudasim") as srv:
         check_eq(srv.health(), "SERVING", "health")
         check_on_harness(srv)
@@ -2292,7 +2322,28 @@ def case_cudasim_generate():
         for p, kw in drawn:
             text, final = stream_drawn(srv, p, n, **kw)
             check_eq(text, want_drawn[p][0], "drawn text for %r %r" % (p, kw))
+        # the logits agree within the kernels' bounds, not bit for bit:
+        # the same tokens, logprobs within 0.01 (the device's are the host
+        # sampler's bits for its own logits: test_backend_ops)
+        for p, top, kw in with_lp:
+            got = stream_logprobs(srv, p, n, top, **kw)
+            what = "logprobs for %r %r" % (p, kw)
+            check_eq([g[0] for g in got], [w[0] for w in want_lp[p]],
+                     "tokens of " + what)
+            for g, w in zip(got, want_lp[p]):
+                check(abs(g[1] - w[1]) < 0.01, "%s: %r vs %r" % (what, g, w))
+                check_eq(len(g[2]), len(w[2]), "tops of " + what)
+                gv = sorted(v for _, v in g[2])
+                wv = sorted(v for _, v in w[2])
+                check(all(abs(a - b) < 0.01 for a, b in zip(gv, wv)),
+                      "%s: tops %r vs %r" % (what, g[2], w[2]))
+                if g[2]:
+                    check(g[2][0][1] >= max(gv) and
+                          all(a[1] >= b[1] for a, b in zip(g[2], g[2][1:])),
+                          "tops most likely first: %r" % (g[2],))
         st = srv.info().stats
+        check(st.logprob_steps > 0,
+              "the logprobs were found on the device")
         check(st.drawn_steps > 0,
               "sampled steps drew their tokens on the device")
         check(st.edited_steps > 0,

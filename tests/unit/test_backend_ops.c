@@ -3112,6 +3112,105 @@ static void test_edit_logits(void)
     }
 }
 
+/* The chosen tokens' logprobs from the parts a backend finds in the row
+ * (cinfer_backend_logprobs, finished by cinfer_sampler_take_logprobs) on
+ * every backend that finds them, against the host sampler's
+ * cinfer_sampler_logprobs on the same raw rows: the same bits for the
+ * logprob, the rank and the top entries; widths below the 20 tops, past a
+ * chunk (1024) and a vocabulary's; rows with ties (the tops' order by
+ * index), -inf entries, -0.0 beside +0.0; n_top 0 to 20; rows with a code
+ * or n_top -1 left as they are. */
+static void test_logprobs_op(void)
+{
+    static const int64_t widths[] = {1, 15, 100, 1500, 49152};
+    static const int32_t tops[] = {20, 0, 1, 5, 20, -1, 20};
+    enum { R = 7 };
+    uint64_t seed = seed_for(84);
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t n = widths[wi];
+        float *x = randv(R * n, &seed, 6.0f);
+        /* row 1: steps of 0.5 (ties); row 2: half -inf; row 3: zeros of
+         * both signs the largest; row 6: every entry equal */
+        for (int64_t i = 0; i < n; i++) {
+            x[1 * n + i] = roundf(x[1 * n + i] * 2.0f) / 2.0f;
+            if (i % 2)
+                x[2 * n + i] = -INFINITY;
+            x[3 * n + i] = i % 3 == 0 ? (i % 2 ? -0.0f : 0.0f) : -1.0f;
+            x[6 * n + i] = 0.25f;
+        }
+        int32_t tok[R];
+        for (int r = 0; r < R; r++)
+            tok[r] = (int32_t)((r * 7919 + 3) % n);
+        tok[2] = 0; /* an even index: finite */
+        tok[4] = -1; /* a code: skipped */
+        cinfer_row_logprobs *got = malloc(sizeof *got * R);
+        for (int fi = 0; fi < g_n_factories; fi++) {
+            const factory *f = &g_factories[fi];
+            cinfer_backend *be = make_backend(f);
+            if (!cinfer_backend_has_logprobs(be)) {
+                cinfer_backend_destroy(be);
+                continue;
+            }
+            cinfer_tensor *tx = tnew(be, CINFER_DTYPE_F32, 2, R, n, 0, 0);
+            cinfer_tensor *tt = tnew(be, CINFER_DTYPE_I32, 1, R, 0, 0, 0);
+            cinfer_tensor *to = tnew(be, CINFER_DTYPE_I32, 2, R,
+                                     CINFER_ROW_LOGPROBS_WORDS, 0, 0);
+            put(be, tx, x);
+            put(be, tt, tok);
+            memset(got, 0x5a, sizeof *got * R);
+            put(be, to, got);
+            CHECK_OK(cinfer_backend_logprobs(be, tx, tt, tops, to));
+            get(be, to, got);
+            int bad = 0;
+            for (int r = 0; r < R; r++) {
+                if (tok[r] < 0 || tops[r] < 0) {
+                    unsigned char *b = (unsigned char *)&got[r];
+                    for (size_t i = 0; i < sizeof got[r]; i++)
+                        bad += b[i] != 0x5a;
+                    continue;
+                }
+                cinfer_sampler_params p = cinfer_sampler_default_params();
+                p.n_vocab = (int32_t)n;
+                p.n_logprobs = tops[r];
+                cinfer_sampler *sm = NULL;
+                CHECK_OK(cinfer_sampler_create(&p, &sm));
+                if (!sm)
+                    continue;
+                cinfer_logprobs want, have;
+                memset(&want, 0, sizeof want);
+                memset(&have, 0, sizeof have);
+                CHECK_OK(cinfer_sampler_logprobs(sm, x + r * n, tok[r],
+                                                 &want));
+                CHECK_OK(cinfer_sampler_take_logprobs(sm, &got[r], tok[r],
+                                                      &have));
+                if (memcmp(&want, &have, sizeof want) != 0 && bad++ < 5)
+                    fprintf(stderr,
+                            "%s: logprobs n %lld row %d token %d: %.9g rank "
+                            "%d top %d, want %.9g rank %d top %d\n",
+                            f->name, (long long)n, r, tok[r],
+                            (double)have.logprob, have.rank, have.n_top,
+                            (double)want.logprob, want.rank, want.n_top);
+                cinfer_sampler_destroy(sm);
+            }
+            CHECK_EQ_INT(bad, 0);
+            /* n_top out of range, a tokens tensor of the wrong shape */
+            int32_t big[R];
+            memcpy(big, tops, sizeof big);
+            big[3] = CINFER_LOGPROBS_MAX_TOP + 1;
+            CHECK_EQ_INT(cinfer_backend_logprobs(be, tx, tt, big, to),
+                         CINFER_E_INVALID_ARG);
+            CHECK_EQ_INT(cinfer_backend_logprobs(be, tx, to, tops, to),
+                         CINFER_E_INVALID_ARG);
+            cinfer_backend_tensor_destroy(be, tx);
+            cinfer_backend_tensor_destroy(be, tt);
+            cinfer_backend_tensor_destroy(be, to);
+            cinfer_backend_destroy(be);
+        }
+        free(got);
+        free(x);
+    }
+}
+
 /* The weights the CUDA draw takes (kernels/cuda/sample.cu) bit for bit
  * against the sampler's (cinfer_sampler_weight), on every CUDA factory:
  * every float of [-88, 0] at a stride, the edges (-87, just above and
@@ -3752,6 +3851,7 @@ int main(void)
     RUN(test_greedy);
     RUN(test_choose);
     RUN(test_edit_logits);
+    RUN(test_logprobs_op);
     RUN(test_sampler_weights);
     RUN(test_validation);
     /* CPU only: the packing and the bit identities are the CPU backend's
