@@ -770,7 +770,7 @@ static int step_edits(cinfer_engine *e, int64_t bound)
 
 /* Whether the backend chooses the step's tokens where the logits are, so
  * that only they come back: every row that gives a token is plain greedy,
- * or (where the backend draws too) a draw with no top_p (top_k at most
+ * or (where the backend draws too) a draw (top_k at most
  * CINFER_CHOOSE_MAX_K), and (where the backend edits rows) its logit_bias,
  * min_tokens mask and penalties applied there (engine/sampler.h,
  * cinfer_sampler_backend_choice), with logprobs where the backend finds
@@ -805,7 +805,8 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
         int c = cinfer_sampler_backend_choice(s->sampler);
         if (have >= 3 && c != 0)
             bound += cinfer_sampler_edits_bound(s->sampler);
-        else if (have < 2 || !cinfer_sampler_plain_draw(s->sampler))
+        else if (have < 2 || c != 2 ||
+                 cinfer_sampler_edits_bound(s->sampler) != 0)
             return 0;
         if (c == 1)
             continue;
@@ -829,14 +830,13 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
     if (!sampled)
         return 1;
     for (int32_t j = 0; j < n_out; j++)
-        e->draws[j] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
+        e->draws[j] = (cinfer_draw){0.0f, 0.0f, 0.0, 0, 1.0f};
     for (int k = 0; k < e->n_sched; k++) {
         eng_seq *s = e->sched[k];
         if (s->step_out < 0 || cinfer_sampler_backend_choice(s->sampler) != 2)
             continue;
         cinfer_draw *d = &e->draws[s->step_out];
-        cinfer_status st = cinfer_sampler_draw_params(
-            s->sampler, &d->inv_t, &d->min_w, &d->top_k, &d->u);
+        cinfer_status st = cinfer_sampler_draw_params(s->sampler, d);
         CINFER_ASSERT(st == CINFER_OK); /* a draw, checked above */
     }
     return 2;

@@ -1259,19 +1259,11 @@ int cinfer_sampler_plain_greedy(const cinfer_sampler *s)
            nothing_to_apply(s);
 }
 
-int cinfer_sampler_plain_draw(const cinfer_sampler *s)
-{
-    return s && !(s->p.temperature < CINFER_SAMPLER_GREEDY_EPS) &&
-           !(s->p.top_p < 1.0f) && nothing_to_apply(s);
-}
-
 int cinfer_sampler_backend_choice(const cinfer_sampler *s)
 {
     if (!s || s->allowed || s->bias_dup)
         return 0;
-    if (s->p.temperature < CINFER_SAMPLER_GREEDY_EPS)
-        return 1;
-    return s->p.top_p < 1.0f ? 0 : 2;
+    return s->p.temperature < CINFER_SAMPLER_GREEDY_EPS ? 1 : 2;
 }
 
 /* Whether stage 2's end-of-generation mask applies to the next row. */
@@ -1361,23 +1353,23 @@ int64_t cinfer_sampler_edits(const cinfer_sampler *s, int32_t row,
     return n;
 }
 
-cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
-                                         float *min_w, int32_t *top_k,
-                                         double *u)
+cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, cinfer_draw *d)
 {
-    if (!s || !inv_t || !min_w || !top_k || !u)
+    if (!s || !d)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
-                                "sampler_draw_params: an argument is NULL");
+                                "sampler_draw_params: %s is NULL",
+                                !s ? "s" : "d");
     if (cinfer_sampler_backend_choice(s) != 2)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_draw_params: the sampler has a mask "
-                                "or a token biased twice to apply, top_p, or "
-                                "is greedy");
+                                "or a token biased twice to apply, or is "
+                                "greedy");
     /* as build_plan and draw() take them */
-    *inv_t = 1.0f / s->p.temperature;
-    *min_w = s->p.min_p;
-    *top_k = s->p.top_k > 0 && s->p.top_k < s->p.n_vocab ? s->p.top_k : 0;
-    *u = draw_uniform(s->key, s->n_accepted, s->n_draws++);
+    d->inv_t = 1.0f / s->p.temperature;
+    d->min_w = s->p.min_p;
+    d->top_k = s->p.top_k > 0 && s->p.top_k < s->p.n_vocab ? s->p.top_k : 0;
+    d->top_p = s->p.top_p;
+    d->u = draw_uniform(s->key, s->n_accepted, s->n_draws++);
     return CINFER_OK;
 }
 
@@ -1391,7 +1383,7 @@ cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
     if (!cinfer_sampler_backend_choice(s))
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: the sampler has a mask "
-                                "or a token biased twice to apply, or top_p");
+                                "or a token biased twice to apply");
     if (code >= s->p.n_vocab)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "sampler_take_code: token %d of a vocabulary "

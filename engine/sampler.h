@@ -264,20 +264,13 @@ cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,
  * cinfer_sampler_take_code stands in for sample(). Pure. */
 int cinfer_sampler_plain_greedy(const cinfer_sampler *s);
 
-/* 1 if the next sample() has nothing to apply (as above), is not greedy
- * and keeps no top_p set (top_p 1; top_k and min_p anything): a backend can
- * then draw the token where the logits are (cinfer_backend_choose) with
- * the same selection, weights, sums and walk as sample(), so the same
- * token. Pure. */
-int cinfer_sampler_plain_draw(const cinfer_sampler *s);
-
 /* How a backend can make the next sample()'s choice where the logits are,
  * once cinfer_sampler_edits' entries are applied there: 1 greedy
  * (cinfer_backend_greedy, or _choose with inv_t 0), 2 a draw
  * (cinfer_backend_choose with cinfer_sampler_draw_params), 0 not at all
- * (a grammar's mask set for it, a token biased twice in logit_bias, whose
- * biases add one after another, or top_p below 1). plain_greedy and
- * plain_draw are the cases with nothing to apply. Pure. */
+ * (a grammar's mask set for it, or a token biased twice in logit_bias,
+ * whose biases add one after another); plain_greedy is case 1 with
+ * nothing to apply. Pure. */
 int cinfer_sampler_backend_choice(const cinfer_sampler *s);
 
 /* The most entries cinfer_sampler_edits writes for the next row (0 when
@@ -297,14 +290,12 @@ int64_t cinfer_sampler_edits(const cinfer_sampler *s, int32_t row,
 
 /* For a sampler whose backend_choice is 2: what the backend's draw needs
  * (backend.h's cinfer_draw): inv_t = 1 / temperature, min_w = min_p, top_k
- * (0 when off or >= n_vocab), and u, the draw's uniform in [0, 1) as
- * sample() would take it; the draw index advances as sample() advances it
- * (also when the row then turns out bad, where sample() would not have
+ * (0 when off or >= n_vocab), top_p, and u, the draw's uniform in [0, 1)
+ * as sample() would take it; the draw index advances as sample() advances
+ * it (also when the row then turns out bad, where sample() would not have
  * drawn). CINFER_E_INVALID_ARG, and nothing changed, for any other
  * sampler. */
-cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, float *inv_t,
-                                         float *min_w, int32_t *top_k,
-                                         double *u);
+cinfer_status cinfer_sampler_draw_params(cinfer_sampler *s, cinfer_draw *d);
 
 /* A token's weight as every pass of sample() takes it: e^((logit - max) *
  * inv_t) from the sampler's own exp (plain IEEE single arithmetic, no

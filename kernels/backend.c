@@ -1233,15 +1233,18 @@ cinfer_status cinfer_backend_choose(cinfer_backend *be, const cinfer_tensor *x,
         if (!(d->inv_t >= 0.0f && d->inv_t < INFINITY) ||
             !(d->min_w >= 0.0f && d->min_w <= 1.0f) ||
             !(d->u >= 0.0 && d->u < 1.0) || d->top_k < 0 ||
-            d->top_k > CINFER_CHOOSE_MAX_K || d->top_k >= t_cols(x))
+            d->top_k > CINFER_CHOOSE_MAX_K || d->top_k >= t_cols(x) ||
+            !(d->top_p > 0.0f && d->top_p <= 1.0f))
             return cinfer_set_error(CINFER_E_INVALID_ARG,
                                     "choose: draws[%lld] = {inv_t %g, min_w "
-                                    "%g, u %g, top_k %d}: need inv_t finite "
-                                    "and >= 0, min_w in [0, 1], u in [0, 1), "
-                                    "top_k in 0..%d and below the row's %lld",
+                                    "%g, u %g, top_k %d, top_p %.9g}: need "
+                                    "inv_t finite and >= 0, min_w in [0, 1], "
+                                    "u in [0, 1), top_k in 0..%d and below "
+                                    "the row's %lld, top_p in (0, 1]",
                                     (long long)r, (double)d->inv_t,
                                     (double)d->min_w, d->u, (int)d->top_k,
-                                    CINFER_CHOOSE_MAX_K, (long long)t_cols(x));
+                                    (double)d->top_p, CINFER_CHOOSE_MAX_K,
+                                    (long long)t_cols(x));
     }
     if (!be->ops->choose)
         return cinfer_set_error(CINFER_E_UNSUPPORTED,

@@ -373,6 +373,7 @@ typedef struct {
     float min_w;   /* min_p: weights below it count as 0 */
     double u;      /* the draw's uniform, in [0, 1) */
     int32_t top_k; /* keep the k largest, 1..CINFER_CHOOSE_MAX_K; 0 = all */
+    float top_p;   /* in (0, 1]; 1 = off */
 } cinfer_draw;
 
 /* Most entries a row of cinfer_backend_choose may have (256 chunks of
@@ -381,14 +382,20 @@ typedef struct {
 #define CINFER_CHOOSE_MAX_K 1024
 
 /* Each row's token drawn where the logits are, as engine/sampler.c draws
- * from a row it has nothing to apply to, with no top_p, the same bits:
- *   - top_k 0 (its scan plan): w[i] = its e^((x[i] - max) * inv_t) (no
- *     libm), 0 below min_w; sums of 1024-entry chunks in double; target =
- *     u * their sum; the first entry whose running sum in index order
- *     passes it;
- *   - top_k k (its candidate plan): the k largest (ties to the lower
- *     index) in index order, their weights, those >= min_w and > 0 kept,
- *     summed and walked in that order.
+ * from a row it has nothing (more) to apply to, the same bits:
+ *   - top_k 0, top_p 1 (its scan plan): w[i] = its e^((x[i] - max) *
+ *     inv_t) (no libm), 0 below min_w; sums of 1024-entry chunks in
+ *     double; target = u * their sum; the first entry whose running sum
+ *     in index order passes it;
+ *   - top_k k, top_p 1 (its candidate plan): the k largest (ties to the
+ *     lower index) in index order, their weights, those >= min_w and > 0
+ *     kept, summed and walked in that order;
+ *   - top_p p < 1 (candidates too): of the row (top_k 0) or of its k
+ *     largest, the entries of the histogram buckets (8 a nat below max)
+ *     whose mass reaches p times the weights' sum (all k up to 256 of
+ *     them), sorted (larger first, ties to the lower index); the shortest
+ *     prefix whose running sum reaches that target; of it those >= min_w
+ *     and > 0, summed and walked in sorted order.
  * out[r] is that token, or, for inv_t 0, the greedy choice; or
  * cinfer_backend_greedy's codes for a bad row (-1: all -inf; -2 - (2 i +
  * nan): a NaN or +inf at i). x: [rows, n] F32, 1 <= n <=

@@ -18,9 +18,15 @@
  * shared histograms; the sampler's passes differ, the set does not: the
  * k largest keys, ties to the lower index), the set gathered in index
  * order (a thread a contiguous segment), then one thread weighs, keeps,
- * sums and walks it as the sampler does.
+ * sums and walks it as the sampler does. With top_p, the sampler's bucket
+ * masses (draw_top_p says why atomics give its bits), its cut bucket, and
+ * the candidates sorted by a bitonic sort, in rounds of 1024 for the whole
+ * row, for one thread's cut and walk.
+ * Edits: a thread an entry. Logprobs: the greedy pass for the maximum,
+ * the chunk sums at inv_t 1, a count of the entries ahead of the token and
+ * the radix select for the top entries.
  * Change one and the other with it: test_backend_ops compares their
- * tokens.
+ * tokens, rows and logprobs.
  */
 #include "kernels/cuda/cuda_compat.cuh"
 
@@ -167,11 +173,19 @@ struct topk_smem {
     float logit[MAX_K];
 };
 
+/* select_top's predicate that takes every entry. */
+struct every_entry {
+    __device__ bool operator()(int64_t, unsigned) const { return true; }
+};
+
 /* The k entries of row with the largest keys, ties to the lower index,
- * into sm.id / sm.logit [0, k) in index order (every thread; 0 < k < n,
- * k <= MAX_K). It holds barriers and ends with one. */
+ * among those `ok` takes (ok(i, key)), into sm.id / sm.logit [0, k) in
+ * index order (every thread; 0 < k <= the number ok takes, k <= MAX_K).
+ * It holds barriers and ends with one. */
+template <class Pred>
 __device__ __forceinline__ void select_top(const float *__restrict__ row,
-                                           int64_t n, int k, topk_smem &sm)
+                                           int64_t n, int k, topk_smem &sm,
+                                           Pred ok)
 {
     const int t = (int)threadIdx.x;
     unsigned prefix = 0, mask = 0;
@@ -183,7 +197,7 @@ __device__ __forceinline__ void select_top(const float *__restrict__ row,
         __syncthreads();
         for (int64_t i = t; i < n; i += THREADS) {
             const unsigned key = sampler_key(row[i]);
-            if ((key & mask) == prefix)
+            if ((key & mask) == prefix && ok(i, key))
                 atomicAdd(&sm.hist[(key >> shift) & 255u], 1u);
         }
         __syncthreads();
@@ -213,6 +227,8 @@ __device__ __forceinline__ void select_top(const float *__restrict__ row,
     int gt = 0, eq = 0;
     for (int64_t i = lo; i < hi; i++) {
         const unsigned key = sampler_key(row[i]);
+        if (!ok(i, key))
+            continue;
         gt += key > prefix;
         eq += key == prefix;
     }
@@ -234,6 +250,8 @@ __device__ __forceinline__ void select_top(const float *__restrict__ row,
     eq = sm.before_eq[t];
     for (int64_t i = lo; i < hi; i++) {
         const unsigned key = sampler_key(row[i]);
+        if (!ok(i, key))
+            continue;
         if (key > prefix || (key == prefix && eq < need)) {
             const int at = gt + (eq < need ? eq : need);
             sm.id[at] = (int)i;
@@ -243,38 +261,6 @@ __device__ __forceinline__ void select_top(const float *__restrict__ row,
         eq += key == prefix;
     }
     __syncthreads();
-}
-
-/* The candidate plan of row (every thread; 0 < k < n, the row has no NaN
- * or +inf and its largest value is max): the token into *out. */
-__device__ __forceinline__ void
-draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
-           float max, topk_smem &sm, int32_t *__restrict__ out)
-{
-    const int k = d.top_k;
-    select_top(row, n, k, sm);
-    if (threadIdx.x != 0)
-        return;
-    /* sampler.c: weights at min_w 0, keep_min_w, then draw's walk */
-    double z = 0.0;
-    for (int j = 0; j < k; j++) {
-        const float w = sampler_weight(sm.logit[j], max, d.inv_t, 0.0f);
-        if (w > 0.0f && w >= d.min_w)
-            z = __dadd_rn(z, (double)w);
-    }
-    const double target = __dmul_rn(d.u, z);
-    double cum = 0.0;
-    int32_t last = -1;
-    for (int j = 0; j < k; j++) {
-        const float w = sampler_weight(sm.logit[j], max, d.inv_t, 0.0f);
-        if (!(w > 0.0f && w >= d.min_w))
-            continue;
-        last = sm.id[j];
-        cum = __dadd_rn(cum, (double)w);
-        if (cum > target)
-            break;
-    }
-    *out = last;
 }
 
 /* chunk[c] = chunk c's weights summed as sampler.c's sum_weights (every
@@ -309,6 +295,339 @@ __device__ __forceinline__ int chunk_sums(const float *__restrict__ row,
     return n_chunks;
 }
 
+/* ---------------------------------------------------------------------- */
+/* top_p                                                                   */
+/* ---------------------------------------------------------------------- */
+
+#define N_BUCKETS 512 /* sampler.c's top_p histogram */
+#define BUCKETS_PER_NAT 8.0f
+#define SORT_ALL_MAX 256 /* top_k sets up to this size are sorted whole */
+
+/* sampler.c's bucket_of: 8 buckets a nat below the largest logit. */
+__device__ __forceinline__ int sampler_bucket(float logit, float max,
+                                              float inv_t)
+{
+    const float b = __fmul_rn(__fmul_rn(__fsub_rn(max, logit), inv_t),
+                              BUCKETS_PER_NAT);
+    return b < (float)(N_BUCKETS - 1) ? __float2int_rz(b) : N_BUCKETS - 1;
+}
+
+/* Shared memory of top_p. */
+struct topp_smem {
+    double mass[N_BUCKETS];
+    unsigned long long sk[MAX_K]; /* a round's entries, sorted */
+    double target;
+    int cb;        /* the cut bucket */
+    int remaining; /* entries of buckets <= cb not yet in a round */
+    int done;
+    int any;       /* a cursor is set: entries after (cur_key, cur_id) */
+    unsigned cur_key;
+    int cur_id;
+};
+
+/* sampler.c's cmp_cand order (larger logit, then lower id) as one
+ * descending 64-bit key. */
+__device__ __forceinline__ unsigned long long cand_key(float logit, int id)
+{
+    return (unsigned long long)sampler_key(logit) << 32 |
+           (0xffffffffu - (unsigned)id);
+}
+
+__device__ __forceinline__ int cand_id(unsigned long long k)
+{
+    return (int)(0xffffffffu - (unsigned)(k & 0xffffffffu));
+}
+
+/* sm.sk[0, cnt) from sm.id / the row, sorted descending (every thread;
+ * cnt <= MAX_K): a bitonic sort over the next power of two, padded with
+ * zeros (below every entry). Ends with a barrier. */
+__device__ __forceinline__ void sort_cands(const float *__restrict__ row,
+                                           const int *ids, int cnt,
+                                           unsigned long long *sk)
+{
+    int len = 2;
+    while (len < cnt)
+        len *= 2;
+    for (int j = (int)threadIdx.x; j < len; j += THREADS)
+        sk[j] = j < cnt ? cand_key(row[ids[j]], ids[j]) : 0ull;
+    __syncthreads();
+    for (int size = 2; size <= len; size *= 2)
+        for (int stride = size / 2; stride > 0; stride /= 2) {
+            for (int p = (int)threadIdx.x; p < len / 2; p += THREADS) {
+                const int i = 2 * p - (p & (stride - 1));
+                const int j = i + stride;
+                const bool desc = (i & size) == 0;
+                const unsigned long long a = sk[i], b = sk[j];
+                if (desc ? a < b : a > b) {
+                    sk[i] = b;
+                    sk[j] = a;
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* sorted_cut and keep_min_w over sorted entries, as far as they go (one
+ * thread): the running sum at min_w 0 until it reaches the target, the
+ * kept count, and the sum of the kept weights at min_w. */
+struct cut_walk {
+    double cum, z2, target;
+    int kept;
+};
+
+__device__ __forceinline__ bool walk_cut(const unsigned long long *sk, int cnt,
+                                         const float *__restrict__ row,
+                                         float max, const cinfer_draw &d,
+                                         cut_walk &w)
+{
+    for (int j = 0; j < cnt; j++) {
+        const float wt =
+            sampler_weight(row[cand_id(sk[j])], max, d.inv_t, 0.0f);
+        w.cum = __dadd_rn(w.cum, (double)wt);
+        w.kept++;
+        if (wt > 0.0f && wt >= d.min_w)
+            w.z2 = __dadd_rn(w.z2, (double)wt);
+        if (w.cum >= w.target)
+            return true;
+    }
+    return false;
+}
+
+/* draw()'s walk over the kept entries (one thread): true once it has
+ * picked, or walked every kept entry (then `last` is the token). */
+struct draw_walk {
+    double cum, target;
+    int walked, kept;
+    int32_t last, pick;
+};
+
+__device__ __forceinline__ bool walk_draw(const unsigned long long *sk,
+                                          int cnt,
+                                          const float *__restrict__ row,
+                                          float max, const cinfer_draw &d,
+                                          draw_walk &w)
+{
+    for (int j = 0; j < cnt && w.walked < w.kept; j++) {
+        const int id = cand_id(sk[j]);
+        const float wt = sampler_weight(row[id], max, d.inv_t, 0.0f);
+        w.walked++;
+        if (!(wt > 0.0f && wt >= d.min_w))
+            continue;
+        w.last = id;
+        w.cum = __dadd_rn(w.cum, (double)wt);
+        if (w.cum > w.target) {
+            w.pick = id;
+            return true;
+        }
+    }
+    return w.walked >= w.kept;
+}
+
+/* select_top's predicate for top_p's rounds: entries of buckets <= cb
+ * that come after the cursor in cmp_cand's order. */
+struct after_cursor {
+    const float *row;
+    float max, inv_t;
+    int cb, any, id;
+    unsigned key;
+    __device__ bool operator()(int64_t i, unsigned k) const
+    {
+        if (sampler_bucket(row[i], max, inv_t) > cb)
+            return false;
+        return !any || k < key || (k == key && (int)i > id);
+    }
+};
+
+/* The top_p plan without top_k (every thread; the row has no NaN or +inf,
+ * its largest value is max): sampler.c's build_plan and draw, the same
+ * bits. The bucket masses are sums of weights within a factor e^(1/8) of
+ * each other, exact in double in any order, so atomics give the
+ * sampler's; the last bucket's mass never decides the cut. Then the
+ * entries of buckets <= cb in sorted order, MAX_K a round (a radix
+ * select after the last round's last entry, then a sort): the cut walk,
+ * then the draw's walk (again from the first round when the cut took
+ * more than one). */
+__device__ __forceinline__ void
+draw_top_p(const float *__restrict__ row, int64_t n, const cinfer_draw d,
+           float max, double *chunk, topk_smem &tk, topp_smem &tp,
+           int *s_count, int32_t *__restrict__ out)
+{
+    const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
+    const int n_chunks = chunk_sums(row, n, max, d.inv_t, 0.0f, chunk);
+    for (int b = t; b < N_BUCKETS; b += THREADS)
+        tp.mass[b] = 0.0;
+    __syncthreads();
+    for (int64_t i = t; i < n; i += THREADS) {
+        const int b = sampler_bucket(row[i], max, d.inv_t);
+        const float wt = sampler_weight(row[i], max, d.inv_t, 0.0f);
+        if (b < N_BUCKETS - 1 && wt > 0.0f)
+            atomicAdd(&tp.mass[b], (double)wt);
+    }
+    __syncthreads();
+    if (t == 0) {
+        double z = 0.0;
+        for (int c = 0; c < n_chunks; c++)
+            z = __dadd_rn(z, chunk[c]);
+        tp.target = __dmul_rn((double)d.top_p, z);
+        double cum = 0.0;
+        int cb = N_BUCKETS - 1;
+        for (int b = 0; b < N_BUCKETS - 1; b++) {
+            cum = __dadd_rn(cum, tp.mass[b]);
+            if (cum >= tp.target) {
+                cb = b;
+                break;
+            }
+        }
+        tp.cb = cb;
+    }
+    __syncthreads();
+    const int cb = tp.cb;
+    int count = 0;
+    for (int64_t i = t; i < n; i += THREADS)
+        count += sampler_bucket(row[i], max, d.inv_t) <= cb;
+    for (int m = 16; m > 0; m /= 2)
+        count += __shfl_xor_sync(FULL_MASK, count, m);
+    if (lane == 0)
+        s_count[warp] = count;
+    __syncthreads();
+    if (t == 0) {
+        int all = 0;
+        for (int w = 0; w < THREADS / 32; w++)
+            all += s_count[w];
+        s_count[0] = all;
+    }
+    __syncthreads();
+    const int eligible = s_count[0];
+    cut_walk cw = {0.0, 0.0, tp.target, 0};
+    draw_walk dw = {0.0, 0.0, 0, 0, -1, -1};
+    int rounds = 0;
+    for (int phase = 0; phase < 2; phase++) {
+        if (phase == 1 && rounds == 1) {
+            /* the kept entries are all in the round still sorted */
+            if (t == 0)
+                walk_draw(tp.sk, cw.kept, row, max, d, dw);
+            break;
+        }
+        if (t == 0) {
+            tp.remaining = eligible;
+            tp.done = 0;
+            tp.any = 0;
+        }
+        for (;;) {
+            __syncthreads();
+            const int rem = tp.remaining;
+            if (rem == 0 || tp.done)
+                break;
+            const int k = rem < MAX_K ? rem : MAX_K;
+            const after_cursor ok = {row, max, d.inv_t, cb, tp.any,
+                                     tp.cur_id, tp.cur_key};
+            __syncthreads(); /* the cursor is read before it moves */
+            select_top(row, n, k, tk, ok);
+            sort_cands(row, tk.id, k, tp.sk);
+            rounds += phase == 0;
+            if (t == 0) {
+                const bool end = phase == 0
+                                     ? walk_cut(tp.sk, k, row, max, d, cw)
+                                     : walk_draw(tp.sk, k, row, max, d, dw);
+                tp.done = end;
+                tp.any = 1;
+                tp.cur_key = (unsigned)(tp.sk[k - 1] >> 32);
+                tp.cur_id = cand_id(tp.sk[k - 1]);
+                tp.remaining = rem - k;
+            }
+        }
+        __syncthreads(); /* every thread has read done before it resets */
+        if (t == 0 && phase == 0) {
+            /* kept: the cut's prefix, or every entry of buckets <= cb */
+            dw.kept = cw.kept;
+            dw.target = __dmul_rn(d.u, cw.z2);
+        }
+    }
+    if (t == 0)
+        *out = dw.pick >= 0 ? dw.pick : dw.last;
+}
+
+/* The candidate plan of row (every thread; 0 < k < n, the row has no NaN
+ * or +inf and its largest value is max): the token into *out. */
+__device__ __forceinline__ void
+draw_top_k(const float *__restrict__ row, int64_t n, const cinfer_draw d,
+           float max, topk_smem &sm, topp_smem &tp, int *s_count,
+           int32_t *__restrict__ out)
+{
+    const int k = d.top_k;
+    select_top(row, n, k, sm, every_entry());
+    if (d.top_p < 1.0f) {
+        /* sampler.c: z over the set in index order; past SORT_ALL_MAX the
+         * entries of buckets <= the cut bucket of their masses; then
+         * sorted_cut, keep_min_w and the walk */
+        if (threadIdx.x == 0) {
+            double z = 0.0;
+            for (int j = 0; j < k; j++)
+                z = __dadd_rn(z, (double)sampler_weight(sm.logit[j], max,
+                                                        d.inv_t, 0.0f));
+            tp.target = __dmul_rn((double)d.top_p, z);
+            int cnt = k;
+            if (k > SORT_ALL_MAX) {
+                for (int b = 0; b < N_BUCKETS; b++)
+                    tp.mass[b] = 0.0;
+                for (int j = 0; j < k; j++)
+                    tp.mass[sampler_bucket(sm.logit[j], max, d.inv_t)] =
+                        __dadd_rn(tp.mass[sampler_bucket(sm.logit[j], max,
+                                                         d.inv_t)],
+                                  (double)sampler_weight(sm.logit[j], max,
+                                                         d.inv_t, 0.0f));
+                double cum = 0.0;
+                int cb = N_BUCKETS - 1;
+                for (int b = 0; b < N_BUCKETS; b++) {
+                    cum = __dadd_rn(cum, tp.mass[b]);
+                    if (cum >= tp.target) {
+                        cb = b;
+                        break;
+                    }
+                }
+                cnt = 0;
+                for (int j = 0; j < k; j++)
+                    if (sampler_bucket(sm.logit[j], max, d.inv_t) <= cb)
+                        sm.id[cnt++] = sm.id[j];
+            }
+            s_count[0] = cnt;
+        }
+        __syncthreads();
+        const int cnt = s_count[0];
+        sort_cands(row, sm.id, cnt, tp.sk);
+        if (threadIdx.x != 0)
+            return;
+        cut_walk cw = {0.0, 0.0, tp.target, 0};
+        walk_cut(tp.sk, cnt, row, max, d, cw);
+        draw_walk dw = {0.0, __dmul_rn(d.u, cw.z2), 0, cw.kept, -1, -1};
+        walk_draw(tp.sk, cw.kept, row, max, d, dw);
+        *out = dw.pick >= 0 ? dw.pick : dw.last;
+        return;
+    }
+    if (threadIdx.x != 0)
+        return;
+    /* sampler.c: weights at min_w 0, keep_min_w, then draw's walk */
+    double z = 0.0;
+    for (int j = 0; j < k; j++) {
+        const float w = sampler_weight(sm.logit[j], max, d.inv_t, 0.0f);
+        if (w > 0.0f && w >= d.min_w)
+            z = __dadd_rn(z, (double)w);
+    }
+    const double target = __dmul_rn(d.u, z);
+    double cum = 0.0;
+    int32_t last = -1;
+    for (int j = 0; j < k; j++) {
+        const float w = sampler_weight(sm.logit[j], max, d.inv_t, 0.0f);
+        if (!(w > 0.0f && w >= d.min_w))
+            continue;
+        last = sm.id[j];
+        cum = __dadd_rn(cum, (double)w);
+        if (cum > target)
+            break;
+    }
+    *out = last;
+}
+
 // Grid: (rows), block (THREADS); n <= MAX_CHUNKS * CHUNK.
 __global__ void __launch_bounds__(THREADS)
 choose_kernel(const float *__restrict__ x,           // [rows, n]
@@ -322,6 +641,8 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
     CINFER_SHARED(int, s_code, [1]);
     CINFER_SHARED(float, s_max, [1]);
     CINFER_SHARED(topk_smem, tk, [1]);
+    CINFER_SHARED(topp_smem, tp, [1]);
+    CINFER_SHARED(int, s_count, [THREADS / 32]);
     const float *row = x + (int64_t)blockIdx.x * n;
     const cinfer_draw d = draws[blockIdx.x];
     const int t = (int)threadIdx.x;
@@ -347,7 +668,12 @@ choose_kernel(const float *__restrict__ x,           // [rows, n]
     }
     const float max = s_max[0];
     if (d.top_k > 0) {
-        draw_top_k(row, n, d, max, tk[0], &out[blockIdx.x]);
+        draw_top_k(row, n, d, max, tk[0], tp[0], s_count, &out[blockIdx.x]);
+        return;
+    }
+    if (d.top_p < 1.0f) {
+        draw_top_p(row, n, d, max, chunk, tk[0], tp[0], s_count,
+                   &out[blockIdx.x]);
         return;
     }
     const int n_chunks = chunk_sums(row, n, max, d.inv_t, d.min_w, chunk);
@@ -508,7 +834,7 @@ logprobs_kernel(const float *__restrict__ x,             // [rows, n]
         s_better[warp] = ahead;
     const int k = (int64_t)nt < n ? nt : (int)n;
     if (k > 0 && k < n)
-        select_top(row, n, k, tk[0]); /* barriers: s_better is written */
+        select_top(row, n, k, tk[0], every_entry()); /* barriers */
     else
         __syncthreads();
     if (t != 0)

@@ -2,12 +2,12 @@
  * sample.cuh - token choice on the CUDA backend, so that only token ids,
  * not rows of logits, come back to the host: the greedy choice of each row
  * (backend.h, cinfer_backend_greedy), and a draw as engine/sampler.c
- * makes it, bit for bit (cinfer_backend_choose: temperature, top_k and
- * min_p), after the sampler's stages 1-3 (logit_bias, min_tokens' mask,
+ * makes it, bit for bit (cinfer_backend_choose: temperature, top_k, top_p
+ * and min_p), after the sampler's stages 1-3 (logit_bias, min_tokens' mask,
  * the three penalties) applied to the rows where they are
  * (cinfer_backend_edit_logits), and the parts of the chosen tokens'
- * logprobs that need the whole row (cinfer_backend_logprobs); top_p and a
- * grammar's mask stay on the host.
+ * logprobs that need the whole row (cinfer_backend_logprobs); a grammar's
+ * mask stays on the host.
  *
  *     out[r] = the index of the largest of x[r][0..n), the lowest on ties
  *              (-0.0 equals +0.0), as cinfer_sampler_argmax chooses;

@@ -2265,7 +2265,7 @@ def case_cudasim_generate():
     """A greedy Generate streamed through cinfer-server-cudasim (--device
     cuda: the CUDA backend's kernels on the CPU harness) gives the CPU
     server's text for the same tiny model and request, token for token, and
-    so do seeded draws (temperature, min_p, top_k), which the CUDA backend
+    so do seeded draws (temperature, min_p, top_k, top_p), which the CUDA backend
     draws on the device and the CPU server on the host, and greedy and drawn
     requests with the three penalties and min_tokens, which the CUDA backend
     applies to the logits on the device, and the logprobs of greedy and
@@ -2284,7 +2284,10 @@ def case_cudasim_generate():
              (prompts[0] + " there", dict(temperature=0.0,
                                           repetition_penalty=1.2,
                                           frequency_penalty=0.3)),
-             (prompts[1] + " not", dict(temperature=0.0, min_tokens=n))]
+             (prompts[1] + " not", dict(temperature=0.0, min_tokens=n)),
+             (prompts[0] + " in", dict(temperature=0.9, top_p=0.9, seed=17)),
+             (prompts[1] + " a", dict(temperature=1.2, top_k=300, top_p=0.8,
+                                      frequency_penalty=0.6, seed=18))]
     want_drawn = {}
     with_lp = [(prompts[0], 5, dict(temperature=0.0)),
                (prompts[1], 20, dict(temperature=0.9, seed=15)),

@@ -2820,6 +2820,31 @@ static void test_greedy(void)
     }
 }
 
+/* sample() by `a` on a copy of `raw` [n] (in `row`) and take_code(code)
+ * by `b`: their tokens (-1 on an error) and statuses. */
+typedef struct {
+    int32_t ta, tb;
+    cinfer_status sa, sb;
+} choice_pair;
+
+/* 1 if they agree: the same token, or the same error with the same
+ * message. */
+static int choice_agrees(cinfer_sampler *a, cinfer_sampler *b,
+                         const float *raw, int64_t n, float *row, int32_t code,
+                         choice_pair *c)
+{
+    memcpy(row, raw, sizeof(float) * (size_t)n);
+    c->ta = c->tb = -1;
+    c->sa = cinfer_sampler_sample(a, row, &c->ta, NULL);
+    char ea[256];
+    snprintf(ea, sizeof ea, "%s", cinfer_last_error());
+    c->sb = cinfer_sampler_take_code(b, code, &c->tb);
+    if (c->sa != c->sb)
+        return 0;
+    return c->sa == CINFER_OK ? c->ta == c->tb
+                              : strcmp(ea, cinfer_last_error()) == 0;
+}
+
 /* The drawn token of each row (cinfer_backend_choose) on every backend
  * that draws, against engine/sampler.c on the same rows with the same
  * seeds: the same token (the sampler's own selection, weights, sums and
@@ -2834,9 +2859,17 @@ static void test_choose(void)
     static const struct {
         float temp, min_p;
         int32_t top_k;
-    } cfg[] = {{0.3f, 0.0f, 0},  {1.0f, 0.0f, 0},    {2.5f, 0.05f, 0},
-               {0.7f, 0.0f, 1},  {1.0f, 0.0f, 5},    {1.3f, 0.05f, 40},
-               {2.5f, 0.0f, 1024}, {1.0f, 0.05f, 1024}};
+        float top_p;
+    } cfg[] = {{0.3f, 0.0f, 0, 1.0f},     {1.0f, 0.0f, 0, 1.0f},
+               {2.5f, 0.05f, 0, 1.0f},    {0.7f, 0.0f, 1, 1.0f},
+               {1.0f, 0.0f, 5, 1.0f},     {1.3f, 0.05f, 40, 1.0f},
+               {2.5f, 0.0f, 1024, 1.0f},  {1.0f, 0.05f, 1024, 1.0f},
+               /* top_p: alone (one round of candidates, and many at a
+                * high temperature), with min_p, with top_k sorted whole
+                * and (past 256) by buckets */
+               {1.0f, 0.0f, 0, 0.9f},     {0.7f, 0.05f, 0, 0.5f},
+               {2.5f, 0.0f, 0, 0.95f},    {1.3f, 0.0f, 40, 0.9f},
+               {1.0f, 0.02f, 300, 0.8f},  {2.5f, 0.0f, 1024, 0.97f}};
     enum { R = 6, POS = 3 };
     uint64_t seed = seed_for(79);
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
@@ -2872,6 +2905,7 @@ static void test_choose(void)
                         p.temperature = r == 5 ? 0.0f : cfg[ci].temp;
                         p.min_p = cfg[ci].min_p;
                         p.top_k = cfg[ci].top_k;
+                        p.top_p = cfg[ci].top_p;
                         p.seed = 1000u + (uint64_t)r * 7u + ci * 3u;
                         a[r] = b[r] = NULL;
                         CHECK_OK(cinfer_sampler_create(&p, &a[r]));
@@ -2880,44 +2914,37 @@ static void test_choose(void)
                     for (int pos = 0; pos < POS; pos++) {
                         cinfer_draw dr[R];
                         for (int r = 0; r < R; r++) {
-                            dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
+                            dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0, 0, 1.0f};
                             if (r != 5)
-                                CHECK_OK(cinfer_sampler_draw_params(
-                                    b[r], &dr[r].inv_t, &dr[r].min_w,
-                                    &dr[r].top_k, &dr[r].u));
+                                CHECK_OK(cinfer_sampler_draw_params(b[r],
+                                                                    &dr[r]));
                         }
                         poison(be, to);
                         CHECK_OK(cinfer_backend_choose(be, tx, dr, to));
                         int32_t codes[R];
                         get(be, to, codes);
                         for (int r = 0; r < R; r++) {
-                            memcpy(row, x + r * n, sizeof(float) * (size_t)n);
-                            int32_t ta = -1, tb = -1;
-                            cinfer_status sa =
-                                cinfer_sampler_sample(a[r], row, &ta, NULL);
-                            char ea[256];
-                            snprintf(ea, sizeof ea, "%s", cinfer_last_error());
-                            cinfer_status sb =
-                                cinfer_sampler_take_code(b[r], codes[r], &tb);
-                            if (sa != sb || (sa == CINFER_OK && ta != tb) ||
-                                (sa != CINFER_OK &&
-                                 strcmp(ea, cinfer_last_error()) != 0)) {
+                            choice_pair c;
+                            if (!choice_agrees(a[r], b[r], x + r * n, n, row,
+                                               codes[r], &c)) {
                                 if (bad++ < 5)
                                     fprintf(stderr,
                                             "%s: choose n %lld T %g min_p %g "
-                                            "top_k %d row %d pos %d: "
+                                            "top_k %d top_p %g row %d pos %d: "
                                             "sampler %d (%d), backend code "
                                             "%d -> %d (%d)\n",
                                             f->name, (long long)n,
                                             (double)cfg[ci].temp,
                                             (double)cfg[ci].min_p,
-                                            (int)cfg[ci].top_k, r, pos, ta,
-                                            (int)sa, codes[r], tb, (int)sb);
+                                            (int)cfg[ci].top_k,
+                                            (double)cfg[ci].top_p, r, pos, c.ta,
+                                            (int)c.sa, codes[r], c.tb,
+                                            (int)c.sb);
                             }
-                            if (sa == CINFER_OK) {
+                            if (c.sa == CINFER_OK) {
                                 drawn += r != 5;
-                                CHECK_OK(cinfer_sampler_accept(a[r], ta));
-                                CHECK_OK(cinfer_sampler_accept(b[r], ta));
+                                CHECK_OK(cinfer_sampler_accept(a[r], c.ta));
+                                CHECK_OK(cinfer_sampler_accept(b[r], c.ta));
                             }
                         }
                     }
@@ -2931,7 +2958,7 @@ static void test_choose(void)
             /* a draw out of range is refused before the backend sees it */
             cinfer_draw dr[R];
             for (int r = 0; r < R; r++)
-                dr[r] = (cinfer_draw){1.0f, 0.0f, 0.5, 0};
+                dr[r] = (cinfer_draw){1.0f, 0.0f, 0.5, 0, 1.0f};
             dr[4].u = 1.0;
             CHECK_EQ_INT(cinfer_backend_choose(be, tx, dr, to),
                          CINFER_E_INVALID_ARG);
@@ -3022,11 +3049,9 @@ static void test_edit_logits(void)
                 cinfer_draw dr[R];
                 for (int r = 0; r < R; r++) {
                     ne += cinfer_sampler_edits(b[r], r, ed + ne);
-                    dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0, 0};
+                    dr[r] = (cinfer_draw){0.0f, 0.0f, 0.0, 0, 1.0f};
                     if (r != 0)
-                        CHECK_OK(cinfer_sampler_draw_params(
-                            b[r], &dr[r].inv_t, &dr[r].min_w, &dr[r].top_k,
-                            &dr[r].u));
+                        CHECK_OK(cinfer_sampler_draw_params(b[r], &dr[r]));
                 }
                 edited += ne > 0;
                 CHECK_OK(cinfer_backend_edit_logits(be, tx, ed, ne));
@@ -3050,28 +3075,18 @@ static void test_edit_logits(void)
                 int32_t codes[R];
                 get(be, to, codes);
                 for (int r = 0; r < R; r++) {
-                    memcpy(row, ed_rows + r * n, sizeof(float) * (size_t)n);
-                    int32_t ta = -1, tb = -1;
-                    cinfer_status sa =
-                        cinfer_sampler_sample(a[r], row, &ta, NULL);
-                    char ea[256];
-                    snprintf(ea, sizeof ea, "%s", cinfer_last_error());
-                    cinfer_status sb =
-                        cinfer_sampler_take_code(b[r], codes[r], &tb);
-                    if (sa != sb || (sa == CINFER_OK && ta != tb) ||
-                        (sa != CINFER_OK &&
-                         strcmp(ea, cinfer_last_error()) != 0)) {
-                        if (bad++ < 5)
-                            fprintf(stderr, "%s: n %lld row %d pos %d: "
-                                    "sampler %d (%d), backend code %d -> "
-                                    "%d (%d)\n",
-                                    f->name, (long long)n, r, pos, ta,
-                                    (int)sa, codes[r], tb, (int)sb);
-                    }
+                    choice_pair c;
+                    if (!choice_agrees(a[r], b[r], ed_rows + r * n, n, row,
+                                       codes[r], &c) &&
+                        bad++ < 5)
+                        fprintf(stderr, "%s: n %lld row %d pos %d: sampler "
+                                "%d (%d), backend code %d -> %d (%d)\n",
+                                f->name, (long long)n, r, pos, c.ta,
+                                (int)c.sa, codes[r], c.tb, (int)c.sb);
                     if (pos == 2 && r == 4)
-                        CHECK_EQ_INT(sb, CINFER_E_RANGE);
-                    int32_t next = sa == CINFER_OK ? ta : 3;
-                    drawn += sa == CINFER_OK && r != 0;
+                        CHECK_EQ_INT(c.sb, CINFER_E_RANGE);
+                    int32_t next = c.sa == CINFER_OK ? c.ta : 3;
+                    drawn += c.sa == CINFER_OK && r != 0;
                     CHECK_OK(cinfer_sampler_accept(a[r], next));
                     CHECK_OK(cinfer_sampler_accept(b[r], next));
                 }

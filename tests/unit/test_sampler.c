@@ -1296,8 +1296,8 @@ static void test_edits(void)
     }
     CHECK(n_entries > 10000); /* the cases had entries to compare */
 
-    /* no edits: a token biased twice (the biases add in turn), top_p, a
-     * mask; take_code refuses them */
+    /* no edits: a token biased twice (the biases add in turn), a mask;
+     * take_code refuses them. top_p draws on a backend */
     const cinfer_logit_bias twice[3] = {{5, 1.0f}, {9, 2.0f}, {5, 0.1f}};
     cinfer_sampler_params q = params_v(40);
     q.logit_bias = twice;
@@ -1316,8 +1316,11 @@ static void test_edits(void)
     q.repetition_penalty = 1.2f;
     s = make(&q);
     if (s) {
-        CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 0);
-        CHECK_EQ_INT(cinfer_sampler_edits_bound(s), -1);
+        CHECK_EQ_INT(cinfer_sampler_backend_choice(s), 2);
+        CHECK_EQ_INT(cinfer_sampler_edits_bound(s), 0); /* no history */
+        cinfer_draw d;
+        CHECK_OK(cinfer_sampler_draw_params(s, &d));
+        CHECK(d.top_p == 0.9f);
         cinfer_sampler_destroy(s);
     }
     q = params_v(40);
@@ -1339,6 +1342,52 @@ static void test_edits(void)
         CHECK_EQ_INT(cinfer_sampler_edits(s, 0, ed), -1);
         cinfer_sampler_destroy(s);
     }
+}
+
+/* take_logprobs finishes a row's parts as sample() does (a row of equal
+ * entries: log(1/V) each, rank by index) and refuses parts that cannot be
+ * a row's for the sampler. */
+static void test_take_logprobs(void)
+{
+    enum { V = 40 };
+    cinfer_sampler_params p = params_v(V);
+    p.n_logprobs = 3;
+    cinfer_sampler *s = make(&p);
+    if (!s)
+        return;
+    float x[V];
+    for (int i = 0; i < V; i++)
+        x[i] = 0.5f;
+    cinfer_logprobs want, got;
+    memset(&want, 0, sizeof want);
+    memset(&got, 0, sizeof got);
+    CHECK_OK(cinfer_sampler_logprobs(s, x, 7, &want));
+    cinfer_row_logprobs r = {.sum = (double)V, .better = 7, .max = 0.5f,
+                             .logit = 0.5f, .n_top = 3,
+                             .top_id = {0, 1, 2},
+                             .top_logit = {0.5f, 0.5f, 0.5f}};
+    CHECK_OK(cinfer_sampler_take_logprobs(s, &r, 7, &got));
+    CHECK(memcmp(&want, &got, sizeof want) == 0);
+    CHECK_EQ_INT(got.rank, 8);
+    CHECK(fabsf(got.logprob - logf(1.0f / V)) < 1e-6f);
+    cinfer_row_logprobs b = r;
+    b.n_top = 2;
+    CHECK_EQ_INT(cinfer_sampler_take_logprobs(s, &b, 7, &got),
+                 CINFER_E_INVALID_ARG);
+    CHECK(strstr(cinfer_last_error(), "n_top") != NULL);
+    b = r;
+    b.sum = 0.5;
+    CHECK_EQ_INT(cinfer_sampler_take_logprobs(s, &b, 7, &got),
+                 CINFER_E_INVALID_ARG);
+    b = r;
+    b.top_id[1] = V;
+    CHECK_EQ_INT(cinfer_sampler_take_logprobs(s, &b, 7, &got),
+                 CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_take_logprobs(s, &r, V, &got),
+                 CINFER_E_INVALID_ARG);
+    CHECK_EQ_INT(cinfer_sampler_take_logprobs(s, NULL, 7, &got),
+                 CINFER_E_INVALID_ARG);
+    cinfer_sampler_destroy(s);
 }
 
 static void test_bad_logits(void)
@@ -1496,6 +1545,7 @@ int main(void)
     RUN(test_bad_logits);
     RUN(test_take_code);
     RUN(test_edits);
+    RUN(test_take_logprobs);
     RUN(test_large_vocab);
     return harness_done();
 }
