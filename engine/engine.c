@@ -774,8 +774,7 @@ static int step_edits(cinfer_engine *e, int64_t bound)
  * CINFER_CHOOSE_MAX_K), and (where the backend edits rows) its logit_bias,
  * min_tokens mask and penalties applied there (engine/sampler.h,
  * cinfer_sampler_backend_choice), with logprobs where the backend finds
- * them (for rows with nothing to apply: they read the raw row); no drafts
- * or grammar. 0: no, the logits come back; 1: every row greedy; 2: with
+ * them; no drafts or grammar. 0: no, the logits come back; 1: every row greedy; 2: with
  * draws, filled in e->draws (their draw index advanced). Edits, if any,
  * are in e->edits; e->with_logprobs says whether e->n_top asks for
  * logprobs. */
@@ -795,8 +794,7 @@ static int step_choice(cinfer_engine *e, int32_t n_out)
         if (s->n_draft || s->grammar)
             return 0;
         if (s->req->logprobs) {
-            /* the backend's logprobs read the raw row: no edits on it */
-            if (have < 4 || cinfer_sampler_edits_bound(s->sampler) != 0)
+            if (have < 4)
                 return 0;
             e->with_logprobs = 1;
         }

@@ -1833,6 +1833,9 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
         else
             TRY(cinfer_backend_greedy(be, m->logits, m->greedy));
         if (ch->n_top) {
+            /* logprobs are of the raw rows */
+            if (ch->n_edits > 0)
+                TRY(cinfer_backend_unedit_logits(be, m->logits));
             TRY(cinfer_backend_tensor_set_rows(be, m->lp, n_out));
             TRY(cinfer_backend_logprobs(be, m->logits, m->greedy, ch->n_top,
                                         m->lp));

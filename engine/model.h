@@ -302,9 +302,9 @@ typedef struct {
     const cinfer_logit_edit *edits;
     int64_t n_edits;
     /* [n_out], or NULL: no logprobs; else after the choice, for each row
-     * with n_top[j] >= 0 (and no edits of its own: the raw row), its
-     * token's logprobs' parts into logprobs[j] ([n_out];
-     * cinfer_backend_logprobs, cinfer_sampler_take_logprobs). */
+     * with n_top[j] >= 0, its token's logprobs' parts in the raw row (the
+     * edits put back: cinfer_backend_unedit_logits) into logprobs[j]
+     * ([n_out]; cinfer_backend_logprobs, cinfer_sampler_take_logprobs). */
     const int32_t *n_top;
     cinfer_row_logprobs *logprobs;
 } cinfer_choice;

@@ -1299,14 +1299,25 @@ cinfer_status cinfer_backend_edit_logits(cinfer_backend *be, cinfer_tensor *x,
                                 "edit_logits: the %s backend has no "
                                 "edit_logits op",
                                 cinfer_backend_name(be));
-    if (n_edits == 0)
-        return CINFER_OK;
     return be->ops->edit_logits(be, x, edits, n_edits);
 }
 
 int cinfer_backend_has_edit_logits(const cinfer_backend *be)
 {
     return be && be->ops->edit_logits != NULL;
+}
+
+cinfer_status cinfer_backend_unedit_logits(cinfer_backend *be,
+                                           cinfer_tensor *x)
+{
+    TRY(need_f32_matrix("unedit_logits", "x", x, -1, -1));
+    TRY(need_writable("unedit_logits", "x", x));
+    if (!be->ops->unedit_logits)
+        return cinfer_set_error(CINFER_E_UNSUPPORTED,
+                                "unedit_logits: the %s backend has no "
+                                "unedit_logits op",
+                                cinfer_backend_name(be));
+    return be->ops->unedit_logits(be, x);
 }
 
 cinfer_status cinfer_backend_logprobs(cinfer_backend *be,

@@ -445,6 +445,16 @@ cinfer_status cinfer_backend_edit_logits(cinfer_backend *be, cinfer_tensor *x,
                                          int64_t n_edits);
 int cinfer_backend_has_edit_logits(const cinfer_backend *be);
 
+/* Puts back in x the values the last cinfer_backend_edit_logits call on
+ * this backend replaced there, bit for bit (the raw rows, for
+ * cinfer_backend_logprobs after a choice from the edited ones). x: the
+ * tensor that call edited, not written since; CINFER_E_INVALID_ARG if the
+ * last call edited another tensor or failed. A call with no entries
+ * leaves nothing to put back. Optional, with edit_logits:
+ * CINFER_E_UNSUPPORTED where the backend has no edit_logits op. */
+cinfer_status cinfer_backend_unedit_logits(cinfer_backend *be,
+                                           cinfer_tensor *x);
+
 /* Most top entries cinfer_backend_logprobs reports for a row
  * (engine/sampler.h's CINFER_SAMPLER_MAX_LOGPROBS). */
 #define CINFER_LOGPROBS_MAX_TOP 20

@@ -201,10 +201,14 @@ struct cinfer_backend_ops {
                             const cinfer_draw *draws, cinfer_tensor *out);
 
     /* (optional) stages 1-3 of the sampler applied to rows of logits
-     * (backend.h), the entries checked; NULL: CINFER_E_UNSUPPORTED. */
+     * (backend.h), the entries checked (n_edits may be 0); NULL:
+     * CINFER_E_UNSUPPORTED. */
     cinfer_status (*edit_logits)(cinfer_backend *be, cinfer_tensor *x,
                                  const cinfer_logit_edit *edits,
                                  int64_t n_edits);
+    /* (optional, with edit_logits) the last call's values put back;
+     * NULL: CINFER_E_UNSUPPORTED. */
+    cinfer_status (*unedit_logits)(cinfer_backend *be, cinfer_tensor *x);
 
     /* (optional) rows' log-softmax parts for their tokens (backend.h),
      * shapes and n_top checked; NULL: CINFER_E_UNSUPPORTED. */

@@ -17,8 +17,9 @@
 #      int8 mma / ldmatrix wrappers of kernels/cuda/mma.cuh against the
 #      PTX ISA's semantics, which checks the harness's emulation, and the
 #      tiled quantized product on mma against its dp4a kernel and mmvq bit
-#      for bit, and the greedy choice and the draw on the device against
-#      the host sampler, its weights bit for bit), the model
+#      for bit, and the greedy choice and the draw (top_k, top_p, min_p),
+#      the sampler's edits (bias, penalties, min_tokens) and the logprobs
+#      on the device against the host sampler, bit for bit), the model
 #      tests (test_model_cuda: tiny random models, CUDA vs CPU logits and
 #      greedy tokens; test_model_tp_cuda: tensor parallelism through NCCL,
 #      here TP=1, the one NCCL check one GPU allows, bit for bit against

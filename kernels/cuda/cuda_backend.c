@@ -89,6 +89,11 @@ typedef struct {
     /* choose's draws and edit_logits' entries: staged (pinned), copied
      * before their launches. */
     staged draws, edits, n_top;
+    /* The last edit_logits call: the values it replaced, where. */
+    float *d_raw;
+    size_t raw_cap;        /* floats */
+    const void *edited;    /* its tensor's data */
+    int64_t n_edited;
 
     void *scratch; /* device scratch of matmul and attention */
     size_t scratch_bytes;
@@ -202,6 +207,7 @@ static void cuda_destroy(cinfer_backend *be)
     staged_free(cb, &cb->draws);
     staged_free(cb, &cb->edits);
     staged_free(cb, &cb->n_top);
+    dev_free(cb, cb->d_raw, cb->raw_cap * sizeof(float));
     if (cb->cublas)
         cublasDestroy(cb->cublas);
     if (cb->stream)
@@ -745,14 +751,51 @@ static cinfer_status cuda_edit_logits(cinfer_backend *be, cinfer_tensor *x,
                                       int64_t n_edits)
 {
     cuda_backend *cb = cu(be);
+    cb->edited = NULL;
+    if (n_edits == 0) {
+        cb->edited = x->data; /* nothing to put back */
+        cb->n_edited = 0;
+        return CINFER_OK;
+    }
+    if ((size_t)n_edits > cb->raw_cap) {
+        dev_free(cb, cb->d_raw, cb->raw_cap * sizeof(float));
+        cb->d_raw = NULL;
+        cb->raw_cap = 0;
+        size_t cap = (size_t)n_edits + (size_t)n_edits / 2;
+        void *d;
+        cinfer_status st = dev_alloc(cb, cap * sizeof(float),
+                                     "the edited logits' values", &d);
+        if (st != CINFER_OK)
+            return st;
+        cb->d_raw = d;
+        cb->raw_cap = cap;
+    }
     cinfer_status st = seen(cb, put_staged(cb, &cb->edits, edits,
                                            (size_t)n_edits * sizeof *edits));
     if (st != CINFER_OK)
         return st;
+    st = seen(cb, cinfer_cuda_edit_logits(cb->stream, x->data,
+                                          cinfer_tensor_rows(x),
+                                          cinfer_tensor_cols(x), cb->edits.d,
+                                          n_edits, cb->d_raw, 0));
+    if (st == CINFER_OK) {
+        cb->edited = x->data;
+        cb->n_edited = n_edits;
+    }
+    return st;
+}
+
+static cinfer_status cuda_unedit_logits(cinfer_backend *be, cinfer_tensor *x)
+{
+    cuda_backend *cb = cu(be);
+    if (cb->edited != x->data)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "unedit_logits: the last edit_logits call "
+                                "edited another tensor, or none");
     return seen(cb, cinfer_cuda_edit_logits(cb->stream, x->data,
                                             cinfer_tensor_rows(x),
                                             cinfer_tensor_cols(x), cb->edits.d,
-                                            n_edits));
+                                            cb->n_edited, cb->d_raw, 1));
 }
 
 static cinfer_status cuda_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
@@ -815,6 +858,7 @@ static const struct cinfer_backend_ops cuda_ops = {
     .greedy = cuda_greedy,
     .choose = cuda_choose,
     .edit_logits = cuda_edit_logits,
+    .unedit_logits = cuda_unedit_logits,
     .logprobs = cuda_logprobs,
     .all_reduce_sum = cuda_all_reduce_sum,
     .all_gather = cuda_all_gather,

@@ -891,21 +891,23 @@ extern "C" cinfer_status cinfer_cuda_logprobs(cudaStream_t stream,
 
 // Grid (ceil(count / THREADS)), block (THREADS): a thread an entry, the
 // sampler's apply_stages operations for its token in their order, each
-// rounded on its own (the _rn intrinsics: nvcc may not fuse them).
+// rounded on its own (the _rn intrinsics: nvcc may not fuse them); the
+// value it replaces into raw[i].
 __global__ void edit_logits_kernel(float *__restrict__ x, // [rows, n]
                                    int64_t n,
                                    const cinfer_logit_edit *__restrict__ e,
-                                   int64_t count)
+                                   int64_t count, float *__restrict__ raw)
 {
     const int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x;
     if (i >= count)
         return;
     const cinfer_logit_edit d = e[i];
     float *p = x + (int64_t)d.row * n + d.token;
-    const float raw = *p;
-    if (!(raw < INFINITY))
+    const float v0 = *p;
+    raw[i] = v0;
+    if (!(v0 < INFINITY))
         return; // left for greedy / choose to name, as the sampler does
-    float v = raw;
+    float v = v0;
     if (d.flags & CINFER_EDIT_BIAS)
         v = __fadd_rn(v, d.bias);
     if (d.flags & CINFER_EDIT_MASK)
@@ -919,11 +921,24 @@ __global__ void edit_logits_kernel(float *__restrict__ x, // [rows, n]
     *p = v;
 }
 
+// Grid (ceil(count / THREADS)), block (THREADS): raw[i] back at entry i.
+__global__ void unedit_logits_kernel(float *__restrict__ x, // [rows, n]
+                                     int64_t n,
+                                     const cinfer_logit_edit *__restrict__ e,
+                                     int64_t count,
+                                     const float *__restrict__ raw)
+{
+    const int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x;
+    if (i < count)
+        x[(int64_t)e[i].row * n + e[i].token] = raw[i];
+}
+
 extern "C" cinfer_status cinfer_cuda_edit_logits(cudaStream_t stream,
                                                  float *x, int64_t rows,
                                                  int64_t n,
                                                  const cinfer_logit_edit *edits,
-                                                 int64_t count)
+                                                 int64_t count, float *raw,
+                                                 int undo)
 {
     if (rows < 0 || n < 1 || count < 0 || count > CINFER_EDIT_MAX)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -933,13 +948,19 @@ extern "C" cinfer_status cinfer_cuda_edit_logits(cudaStream_t stream,
                                 (long long)count);
     if (count == 0)
         return CINFER_OK;
-    if (!x || !edits)
+    if (!x || !edits || !raw)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "cuda edit_logits: %s is NULL",
-                                !x ? "x" : "edits");
-    CINFER_LAUNCH(edit_logits_kernel,
-                  dim3((unsigned)((count + THREADS - 1) / THREADS)),
-                  dim3(THREADS), 0, stream, x, n, edits, count);
-    CINFER_CUDA_TRY_LAUNCH("edit_logits_kernel");
+                                !x ? "x" : !edits ? "edits" : "raw");
+    const dim3 grid((unsigned)((count + THREADS - 1) / THREADS));
+    if (undo) {
+        CINFER_LAUNCH(unedit_logits_kernel, grid, dim3(THREADS), 0, stream, x,
+                      n, edits, count, (const float *)raw);
+        CINFER_CUDA_TRY_LAUNCH("unedit_logits_kernel");
+    } else {
+        CINFER_LAUNCH(edit_logits_kernel, grid, dim3(THREADS), 0, stream, x, n,
+                      edits, count, raw);
+        CINFER_CUDA_TRY_LAUNCH("edit_logits_kernel");
+    }
     return CINFER_OK;
 }

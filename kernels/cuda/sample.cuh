@@ -58,12 +58,14 @@ cinfer_status cinfer_cuda_logprobs(cudaStream_t stream, const float *x,
                                    cinfer_row_logprobs *out);
 
 /* cinfer_backend_edit_logits' entries (backend.h) applied to x [rows, n]
- * F32 in place; edits [count] in device memory, at most one per (row,
- * token), each checked by the caller. */
+ * F32 in place, the values they replace into raw [count]; with undo, raw
+ * put back instead (cinfer_backend_unedit_logits). edits [count] and raw
+ * in device memory, at most one entry per (row, token), each checked by
+ * the caller. */
 cinfer_status cinfer_cuda_edit_logits(cudaStream_t stream, float *x,
                                       int64_t rows, int64_t n,
                                       const cinfer_logit_edit *edits,
-                                      int64_t count);
+                                      int64_t count, float *raw, int undo);
 
 /* w[i] = the weight choose gives x[i] (engine/sampler.h's
  * cinfer_sampler_weight, the same bits), for the tests. Device pointers;

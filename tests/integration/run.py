@@ -2292,7 +2292,11 @@ def case_cudasim_generate():
     with_lp = [(prompts[0], 5, dict(temperature=0.0)),
                (prompts[1], 20, dict(temperature=0.9, seed=15)),
                (prompts[0] + " and", 0, dict(temperature=1.1, top_k=8,
-                                             seed=16))]
+                                             seed=16)),
+               (prompts[1] + " of", 3, dict(temperature=0.8, top_p=0.9,
+                                            frequency_penalty=0.5,
+                                            repetition_penalty=1.2,
+                                            seed=19))]
     want_lp = {}
     with Server(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
         check_eq(cpu.info().backend.name, "cpu", "the CPU server's backend")

@@ -2979,7 +2979,9 @@ static void test_choose(void)
  * sample() chooses from the raw row, over several positions so that the
  * penalty counts grow: logit_bias with -inf, min_tokens' mask, all three
  * penalties, a +inf at an edited entry (left for choose to name, as the
- * sampler names it); bad entries refused before the backend sees them. */
+ * sampler names it); then the raw rows put back bit for bit
+ * (cinfer_backend_unedit_logits); bad entries refused before the backend
+ * sees them. */
 static void test_edit_logits(void)
 {
     static const int64_t widths[] = {100, 1500, 49152};
@@ -3074,6 +3076,16 @@ static void test_edit_logits(void)
                 CHECK_OK(cinfer_backend_choose(be, tx, dr, to));
                 int32_t codes[R];
                 get(be, to, codes);
+                /* the raw rows back, bit for bit */
+                CHECK_OK(cinfer_backend_unedit_logits(be, tx));
+                got = malloc(sizeof(float) * (size_t)(R * n));
+                get(be, tx, got);
+                if (memcmp(got, ed_rows, sizeof(float) * (size_t)(R * n)) &&
+                    bad++ < 5)
+                    fprintf(stderr, "%s: unedited rows of %lld at pos %d "
+                            "differ\n",
+                            f->name, (long long)n, pos);
+                free(got);
                 for (int r = 0; r < R; r++) {
                     choice_pair c;
                     if (!choice_agrees(a[r], b[r], ed_rows + r * n, n, row,
@@ -3111,7 +3123,13 @@ static void test_edit_logits(void)
                              CINFER_E_INVALID_ARG);
             CHECK_EQ_INT(cinfer_backend_edit_logits(be, tx, NULL, 1),
                          CINFER_E_INVALID_ARG);
+            /* no entries: nothing to put back; another tensor: refused */
             CHECK_OK(cinfer_backend_edit_logits(be, tx, NULL, 0));
+            CHECK_OK(cinfer_backend_unedit_logits(be, tx));
+            cinfer_tensor *other = tnew(be, CINFER_DTYPE_F32, 2, R, n, 0, 0);
+            CHECK_EQ_INT(cinfer_backend_unedit_logits(be, other),
+                         CINFER_E_INVALID_ARG);
+            cinfer_backend_tensor_destroy(be, other);
             for (int r = 0; r < R; r++) {
                 cinfer_sampler_destroy(a[r]);
                 cinfer_sampler_destroy(b[r]);
