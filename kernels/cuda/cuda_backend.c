@@ -72,7 +72,6 @@ typedef struct {
     int device;
     cudaStream_t stream;
     cublasHandle_t cublas;
-    cudaEvent_t step_copied; /* the last step's staging copy is done */
     int unhealthy;           /* a sticky error was seen */
     int invariant;           /* batch_invariant (dense.cuh for floats) */
 
@@ -80,8 +79,7 @@ typedef struct {
     size_t used;   /* bytes it holds */
 
     /* The step: packed on the host (pinned), copied in one go. */
-    int32_t *h_meta, *d_meta;
-    size_t meta_cap; /* int32s of each */
+    staged meta;
     const int32_t *d_tokens, *d_positions, *d_row_seq, *d_slots, *d_out_rows,
         *d_tables, *d_plan;
     cinfer_cuda_attn_plan_info plan;
@@ -155,6 +153,48 @@ static void staged_free(cuda_backend *cb, staged *b)
         cudaEventDestroy(b->copied);
 }
 
+/* Makes b hold n bytes (both copies grown on demand, contents lost) once
+ * the last copy out of b->h is done, so that the caller may write there. */
+static cinfer_status staged_reserve(cuda_backend *cb, staged *b, size_t n)
+{
+    CINFER_CUDA_TRY(cudaEventSynchronize(b->copied));
+    if (n <= b->cap)
+        return CINFER_OK;
+    size_t cap = n < 4096 ? 4096 : n + n / 2;
+    if (b->h)
+        CINFER_CUDA_TRY(cudaFreeHost(b->h));
+    b->h = NULL;
+    dev_free(cb, b->d, b->cap);
+    b->d = NULL;
+    b->cap = 0;
+    CINFER_CUDA_TRY(cudaMallocHost(&b->h, cap));
+    cinfer_status st = dev_alloc(cb, cap, b->what, &b->d);
+    if (st != CINFER_OK)
+        return st;
+    b->cap = cap;
+    return CINFER_OK;
+}
+
+/* The first n bytes of b->h to b->d, on the stream. */
+static cinfer_status staged_send(cuda_backend *cb, staged *b, size_t n)
+{
+    CINFER_CUDA_TRY(cudaMemcpyAsync(b->d, b->h, n, cudaMemcpyHostToDevice,
+                                    cb->stream));
+    CINFER_CUDA_TRY(cudaEventRecord(b->copied, cb->stream));
+    return CINFER_OK;
+}
+
+/* n bytes (> 0) from src to the device copy of b, on the stream. */
+static cinfer_status put_staged(cuda_backend *cb, staged *b, const void *src,
+                                size_t n)
+{
+    cinfer_status st = staged_reserve(cb, b, n);
+    if (st != CINFER_OK)
+        return st;
+    memcpy(b->h, src, n);
+    return staged_send(cb, b, n);
+}
+
 /* Makes the scratch buffer at least n bytes. */
 static cinfer_status need_scratch(cuda_backend *cb, size_t n)
 {
@@ -199,11 +239,7 @@ static void cuda_destroy(cinfer_backend *be)
     if (cb->stream && stream_wait(cb) != CINFER_OK)
         cudaStreamSynchronize(cb->stream);
     dev_free(cb, cb->scratch, cb->scratch_bytes);
-    dev_free(cb, cb->d_meta, cb->meta_cap * sizeof(int32_t));
-    if (cb->h_meta)
-        cudaFreeHost(cb->h_meta);
-    if (cb->step_copied)
-        cudaEventDestroy(cb->step_copied);
+    staged_free(cb, &cb->meta);
     staged_free(cb, &cb->draws);
     staged_free(cb, &cb->edits);
     staged_free(cb, &cb->n_top);
@@ -397,27 +433,11 @@ static cinfer_status upload_step(cuda_backend *cb)
         if (st != CINFER_OK)
             return st;
     }
-    CINFER_CUDA_TRY(cudaEventSynchronize(cb->step_copied));
-    if (total > cb->meta_cap) {
-        size_t cap = total + total / 2;
-        if (cb->h_meta)
-            CINFER_CUDA_TRY(cudaFreeHost(cb->h_meta));
-        cb->h_meta = NULL;
-        dev_free(cb, cb->d_meta, cb->meta_cap * sizeof(int32_t));
-        cb->d_meta = NULL;
-        cb->meta_cap = 0;
-        CINFER_CUDA_TRY(
-            cudaMallocHost((void **)&cb->h_meta, cap * sizeof(int32_t)));
-        void *d;
-        cinfer_status st = dev_alloc(cb, cap * sizeof(int32_t),
-                                     "step metadata", &d);
-        if (st != CINFER_OK)
-            return st;
-        cb->d_meta = d;
-        cb->meta_cap = cap;
-    }
-    int32_t *h = cb->h_meta;
-    const int32_t *d = cb->d_meta;
+    cinfer_status st = staged_reserve(cb, &cb->meta, total * sizeof(int32_t));
+    if (st != CINFER_OK)
+        return st;
+    int32_t *h = cb->meta.h;
+    const int32_t *d = cb->meta.d;
 #define PUT(src, count, dptr)                                                  \
     do {                                                                       \
         if ((count) > 0)                                                       \
@@ -433,15 +453,11 @@ static cinfer_status upload_step(cuda_backend *cb)
     PUT(s->out_rows, (size_t)s->n_out, cb->d_out_rows);
     PUT(s->block_tables, n_table, cb->d_tables);
 #undef PUT
-    cinfer_status st = cinfer_cuda_attention_plan(s, h, n_plan, &cb->plan);
+    st = cinfer_cuda_attention_plan(s, h, n_plan, &cb->plan);
     if (st != CINFER_OK)
         return st;
     cb->d_plan = d;
-    CINFER_CUDA_TRY(cudaMemcpyAsync(cb->d_meta, cb->h_meta,
-                                    total * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, cb->stream));
-    CINFER_CUDA_TRY(cudaEventRecord(cb->step_copied, cb->stream));
-    return CINFER_OK;
+    return staged_send(cb, &cb->meta, total * sizeof(int32_t));
 }
 
 static cinfer_status cuda_set_step(cinfer_backend *be)
@@ -687,34 +703,6 @@ static cinfer_status cuda_greedy(cinfer_backend *be, const cinfer_tensor *x,
                                        cinfer_tensor_cols(x), out->data));
 }
 
-/* n bytes from src to the device copy of b (both grown on demand), on the
- * stream: put_staged waits for the last copy out of b->h before it writes
- * there. */
-static cinfer_status put_staged(cuda_backend *cb, staged *b, const void *src,
-                                size_t n)
-{
-    CINFER_CUDA_TRY(cudaEventSynchronize(b->copied));
-    if (n > b->cap) {
-        size_t cap = n < 4096 ? 4096 : n + n / 2;
-        if (b->h)
-            CINFER_CUDA_TRY(cudaFreeHost(b->h));
-        b->h = NULL;
-        dev_free(cb, b->d, b->cap);
-        b->d = NULL;
-        b->cap = 0;
-        CINFER_CUDA_TRY(cudaMallocHost(&b->h, cap));
-        cinfer_status st = dev_alloc(cb, cap, b->what, &b->d);
-        if (st != CINFER_OK)
-            return st;
-        b->cap = cap;
-    }
-    memcpy(b->h, src, n);
-    CINFER_CUDA_TRY(cudaMemcpyAsync(b->d, b->h, n, cudaMemcpyHostToDevice,
-                                    cb->stream));
-    CINFER_CUDA_TRY(cudaEventRecord(b->copied, cb->stream));
-    return CINFER_OK;
-}
-
 static cinfer_status cuda_choose(cinfer_backend *be, const cinfer_tensor *x,
                                  const cinfer_draw *draws, cinfer_tensor *out)
 {
@@ -898,7 +886,7 @@ static cinfer_status open_device(cuda_backend *cb, double fraction)
     CINFER_CUDA_TRY(
         cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     CINFER_CUDA_TRY(
-        cudaEventCreateWithFlags(&cb->step_copied, cudaEventDisableTiming));
+        cudaEventCreateWithFlags(&cb->meta.copied, cudaEventDisableTiming));
     CINFER_CUDA_TRY(
         cudaEventCreateWithFlags(&cb->draws.copied, cudaEventDisableTiming));
     CINFER_CUDA_TRY(
@@ -956,6 +944,7 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
     cb->base.comm = p->comm;
     cb->invariant = p->batch_invariant != 0;
     cb->device = p->device;
+    cb->meta.what = "step metadata";
     cb->draws.what = "draws";
     cb->edits.what = "logit edits";
     cb->n_top.what = "logprobs' n_top";
