@@ -192,6 +192,15 @@ echo "$SHAPES" | while read -r name L E H KV FF V C T; do
       python3 bench/gpu_table.py "$OUT/devbench-$name-$t-ondevice.jsonl" \
         "$name" "$t tokens on device" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
     fi
+    # sampled on the device: top_p draws after penalty edits, 5 logprobs
+    # (what an OpenAI-style sampled request costs a step)
+    if [ "$t" = q4_0 ] && [ "$(left)" -gt 60 ]; then
+      timeout "$(left)" "$BIN/tools/cinfer-devbench" -m "$f" --device cuda \
+        --batch 1,64 --steps 32 -r 3 --sampled-on-device \
+        >"$OUT/devbench-$name-$t-sampled.jsonl" 2>>"$LOG"
+      python3 bench/gpu_table.py "$OUT/devbench-$name-$t-sampled.jsonl" \
+        "$name" "$t sampled on device" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
+    fi
     # the tiled quantized product on dp4a instead of int8 mma (same bits)
     if [ "$t" = q4_0 ] && [ "$(left)" -gt 60 ]; then
       CINFER_CUDA_MMQ=dp4a timeout "$(left)" "$BIN/tools/cinfer-devbench" \

@@ -8,8 +8,12 @@
  * synthetic; logits of every decode row come back to the host each step,
  * as the engine needs them for most sampling, or, with --tokens-on-device,
  * only each row's greedy token, chosen on the backend
- * (cinfer_model_forward_choose), as the engine does for greedy steps. One JSON line per (test, batch, rep) on
- * stdout; scripts/gpu-check.sh turns them into its table.
+ * (cinfer_model_forward_choose), as the engine does for greedy steps, or,
+ * with --sampled-on-device, each row's token drawn there after the
+ * sampler's edits, with its logprobs: temperature 0.8, top_p 0.95, the
+ * three penalties over 64 tokens a row and 5 top logprobs (what the engine
+ * sends for an OpenAI-style sampled request). One JSON line per (test,
+ * batch, rep) on stdout; scripts/gpu-check.sh turns them into its table.
  *
  *     cinfer-devbench -m model.gguf --device cuda --batch 1,8,64 --steps 32
  *         [--prompt 2048] [-r 3] [--gpu-memory-fraction 0.9] [-t THREADS]
@@ -34,7 +38,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: cinfer-devbench -m MODEL [--device cpu|cuda[:N]] "
                "[--batch B1,B2,...] [--steps N] [--prompt P] [-r REPS] "
                "[--gpu-memory-fraction F] [-t THREADS] [--batch-invariant] "
-               "[--tokens-on-device]\n");
+               "[--tokens-on-device | --sampled-on-device]\n");
 }
 
 /* The step of B sequences at position pos, sequence s in blocks
@@ -102,6 +106,70 @@ static void fill_rows(batch_step *b, int at, int seq, int pos0, int n,
     }
 }
 
+enum { PEN_TOKENS = 64 }; /* penalized tokens a row (--sampled-on-device) */
+
+/* What --sampled-on-device asks of the backend for `rows` rows: draws,
+ * penalty edits over PEN_TOKENS tokens a row, 5 top logprobs. */
+typedef struct {
+    cinfer_draw *draws;
+    cinfer_logit_edit *edits;
+    int32_t *n_top;
+    cinfer_row_logprobs *lp;
+} sampled;
+
+static int sampled_init(sampled *sp, int rows, int n_vocab)
+{
+    sp->draws = calloc((size_t)rows, sizeof *sp->draws);
+    sp->edits = calloc((size_t)rows * PEN_TOKENS, sizeof *sp->edits);
+    sp->n_top = calloc((size_t)rows, sizeof *sp->n_top);
+    sp->lp = calloc((size_t)rows, sizeof *sp->lp);
+    if (!sp->draws || !sp->edits || !sp->n_top || !sp->lp)
+        return -1;
+    for (int r = 0; r < rows; r++) {
+        sp->n_top[r] = 5;
+        for (int j = 0; j < PEN_TOKENS; j++) /* distinct per row */
+            sp->edits[r * PEN_TOKENS + j] = (cinfer_logit_edit){
+                .row = r,
+                .token = (int32_t)(((int64_t)j * 7919 + r) % n_vocab),
+                .flags = CINFER_EDIT_REP | CINFER_EDIT_FREQ,
+                .rp = 1.1f,
+                .fn = 0.2f * (float)(1 + j % 3),
+                .pres = 0.1f};
+    }
+    return 0;
+}
+
+static void sampled_free(sampled *sp)
+{
+    free(sp->draws);
+    free(sp->edits);
+    free(sp->n_top);
+    free(sp->lp);
+}
+
+static cinfer_status forward_sampled(cinfer_model *m, const cinfer_step *st,
+                                     sampled *sp, int rows, uint64_t *rng,
+                                     int32_t *codes)
+{
+    for (int r = 0; r < rows; r++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        sp->draws[r] = (cinfer_draw){.inv_t = 1.0f / 0.8f,
+                                     .min_w = 0.0f,
+                                     .u = (double)(*rng >> 11) * 0x1p-53,
+                                     .top_k = 0,
+                                     .top_p = 0.95f};
+    }
+    int64_t n_edits = (int64_t)rows * PEN_TOKENS;
+    if (PEN_TOKENS > cinfer_model_get_info(m)->n_vocab)
+        n_edits = 0; /* a vocabulary too small for distinct tokens */
+    cinfer_choice ch = {.draws = sp->draws,
+                        .edits = sp->edits,
+                        .n_edits = n_edits,
+                        .n_top = sp->n_top,
+                        .logprobs = sp->lp};
+    return cinfer_model_forward_choose(m, st, &ch, codes);
+}
+
 static int run(cinfer_model *m, const char *dev, int batch, int steps,
                int prompt, int reps, int on_device)
 {
@@ -113,14 +181,19 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
     float *logits = malloc(sizeof(float) * (size_t)I->n_vocab * (size_t)rows);
     int32_t *codes = malloc(sizeof(int32_t) * (size_t)rows);
     batch_step b;
+    memset(&b, 0, sizeof b);
+    sampled sp = {0};
     uint64_t rng = 88172645463325252ull;
     int rc = 1;
-    if (on_device && cinfer_model_choices(m) < 1) {
-        fprintf(stderr, "cinfer-devbench: --tokens-on-device: this backend "
-                        "does not choose tokens\n");
+    if (on_device && cinfer_model_choices(m) < (on_device == 2 ? 4 : 1)) {
+        fprintf(stderr, "cinfer-devbench: %s: this backend does not %s\n",
+                on_device == 2 ? "--sampled-on-device" : "--tokens-on-device",
+                on_device == 2 ? "draw, edit and find logprobs"
+                               : "choose tokens");
         goto out;
     }
-    if (!logits || !codes || batch_init(&b, rows, batch, per_seq, bs) != 0) {
+    if (!logits || !codes || batch_init(&b, rows, batch, per_seq, bs) != 0 ||
+        (on_device == 2 && sampled_init(&sp, rows, I->n_vocab) != 0)) {
         fprintf(stderr, "cinfer-devbench: out of memory\n");
         goto out;
     }
@@ -145,10 +218,13 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
                     t0 = now_s();
                 for (int s = 0; s < batch; s++)
                     fill_rows(&b, s, s, i % ctx, 1, &rng, I->n_vocab);
-                if ((on_device ? cinfer_model_forward_choose(m, &b.step, NULL,
-                                                             codes)
-                               : cinfer_model_forward(m, &b.step, logits)) !=
-                    CINFER_OK)
+                cinfer_status fs =
+                    on_device == 2
+                        ? forward_sampled(m, &b.step, &sp, batch, &rng, codes)
+                    : on_device
+                        ? cinfer_model_forward_choose(m, &b.step, NULL, codes)
+                        : cinfer_model_forward(m, &b.step, logits);
+                if (fs != CINFER_OK)
                     goto fail;
             }
             tg_tps = (double)batch * steps / (now_s() - t0);
@@ -172,7 +248,8 @@ static int run(cinfer_model *m, const char *dev, int batch, int steps,
                "\"tokens\": \"%s\"}\n",
                dev, cinfer_backend_device_desc(cinfer_model_backend(m)),
                I->quant, (unsigned long long)I->weight_bytes, batch, steps,
-               tg_tps, prompt, pp_tps, on_device ? "device" : "host");
+               tg_tps, prompt, pp_tps,
+               on_device == 2 ? "sampled" : on_device ? "device" : "host");
         fflush(stdout);
     }
     rc = 0;
@@ -181,6 +258,7 @@ fail:
     fprintf(stderr, "cinfer-devbench: %s\n", cinfer_last_error());
 out:
     batch_free(&b);
+    sampled_free(&sp);
     free(logits);
     free(codes);
     return rc;
@@ -192,7 +270,7 @@ int main(int argc, char **argv)
     int steps = 32, prompt = 0, reps = 3, threads = 0;
     double fraction = 0.9;
     int invariant = 0; /* --batch-invariant */
-    int on_device = 0; /* --tokens-on-device */
+    int on_device = 0; /* 1: --tokens-on-device, 2: --sampled-on-device */
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"device", required_argument, 0, 'd'},
@@ -204,10 +282,11 @@ int main(int argc, char **argv)
         {"gpu-memory-fraction", required_argument, 0, 'f'},
         {"batch-invariant", no_argument, 0, 'i'},
         {"tokens-on-device", no_argument, 0, 'g'},
+        {"sampled-on-device", no_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:igh", opts, NULL)) !=
+    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:igSh", opts, NULL)) !=
            -1) {
         switch (c) {
         case 'm': path = optarg; break;
@@ -220,6 +299,7 @@ int main(int argc, char **argv)
         case 'f': fraction = atof(optarg); break;
         case 'i': invariant = 1; break;
         case 'g': on_device = 1; break;
+        case 'S': on_device = 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -2361,6 +2361,33 @@ def case_cudasim_generate():
         "text")
 
 
+def case_cudasim_devbench():
+    """cinfer-devbench (scripts/gpu-check.sh's benchmark) built on the CUDA
+    harness runs the tiny model in each of its modes, logits to the host,
+    greedy tokens on the device and sampled ones (draws, penalty edits,
+    logprobs), and prints one JSON line a batch and rep with a decode rate
+    (not a speed: the harness runs on the CPU)."""
+    if not ARGS.devbench_bin or not os.path.isfile(ARGS.devbench_bin):
+        raise Skip("cinfer-devbench-cudasim not built (--devbench-bin)")
+    model = tiny_model()
+    env = dict(os.environ, CUDASIM_THREADS="1")
+    for mode, want in (([], "host"), (["--tokens-on-device"], "device"),
+                       (["--sampled-on-device"], "sampled")):
+        cmd = [ARGS.devbench_bin, "-m", model, "--device", "cuda",
+               "--batch", "1,3", "--steps", "4", "-r", "1"] + mode
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=env)
+        check_eq(r.returncode, 0, "%s: exit (%s)" % (mode, r.stderr[-400:]))
+        lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln]
+        check_eq([ln["batch"] for ln in lines], [1, 3], "%s: batches" % mode)
+        for ln in lines:
+            check_eq(ln["tokens"], want, "%s: mode" % mode)
+            check(ln["tg_tps"] > 0, "%s: a decode rate" % mode)
+            check(ln["desc"].startswith("cuda:"), "%s: on the CUDA backend"
+                  % mode)
+    log("ok: cinfer-devbench's three modes on the harness")
+
+
 def case_tensor_parallel():
     """The default model split over 3 CPU ranks (--tensor-parallel 3)
     streams the greedy text of the whole model (--tensor-parallel 1) for
@@ -2663,6 +2690,7 @@ CASES = {
     "saturated": case_saturated,
     "tensor_parallel": case_tensor_parallel,
     "cudasim_generate": case_cudasim_generate,
+    "cudasim_devbench": case_cudasim_devbench,
     "cudasim_tensor_parallel": case_cudasim_tensor_parallel,
     "cudasim_fault": case_cudasim_fault,
     "cudasim_device_lost": case_cudasim_device_lost,
@@ -2724,4 +2752,5 @@ def case_main(module, cases, prefix, extra=(), stubs=False, prepare=None):
 
 if __name__ == "__main__":
     sys.exit(case_main(__name__, CASES, "run",
-                       extra=("--faulty-bin", "--cudasim-bin")))
+                       extra=("--faulty-bin", "--cudasim-bin",
+                              "--devbench-bin")))
