@@ -978,7 +978,48 @@ def case_shutdown():
     log("ok: a request whose client left is waited for at shutdown")
 
 
+def case_cudasim():
+    """The OpenAI API of cinfer-server-cudasim (--device cuda: the CUDA
+    backend on the harness) answers completions with logit_bias (one token
+    pushed up, one banned), frequency and presence penalties, top_p and a
+    seed, greedy and sampled, with the CPU server's text, token for token:
+    the bias and penalties are applied to the logits on the device
+    (edited_steps), and the draws are made there (drawn_steps)."""
+    if not ARGS.cudasim_bin or not os.path.isfile(ARGS.cudasim_bin):
+        raise Skip("cinfer-server-cudasim not built (--cudasim-bin)")
+    model = run.tiny_model()
+    n = ARGS.tokens
+    reqs = [dict(prompt=PROMPT, max_tokens=n, temperature=0,
+                 logit_bias={"17": 4, "40": -100}),
+            dict(prompt=PROMPT + ",", max_tokens=n, temperature=0.8, seed=21,
+                 top_p=0.9, logit_bias={"9": 3}, frequency_penalty=0.7,
+                 presence_penalty=0.3),
+            dict(prompt=PROMPT + " there", max_tokens=n, temperature=1.1,
+                 seed=22, frequency_penalty=-0.5)]
+
+    def texts(srv):
+        c = srv.client()
+        mid = srv.model_id()
+        return [c.completions.create(model=mid, **kw).choices[0].text
+                for kw in reqs]
+
+    with HttpServer(model, ["--device", "cpu"], name="cpu", threads=1) as cpu:
+        want = texts(cpu)
+        check_eq(cpu.info().stats.edited_steps, 0, "the CPU edits on the host")
+    with HttpServer(model, ["--device", "cuda"], name="cudasim",
+                    binary=ARGS.cudasim_bin, env={"CUDASIM_THREADS": "1"},
+                    threads=1) as srv:
+        got = texts(srv)
+        for i, (g, w) in enumerate(zip(got, want)):
+            check_eq(g, w, "request %d's text" % i)
+        st = srv.info().stats
+        check(st.edited_steps > 0, "bias and penalties applied on the device")
+        check(st.drawn_steps > 0, "tokens drawn on the device")
+    log("ok: biased and penalized completions on the harness = the CPU's")
+
+
 CASES = {
+    "cudasim": case_cudasim,
     "completions": case_completions,
     "chat": case_chat,
     "samples": case_samples,
@@ -1005,5 +1046,6 @@ def prepare():
 
 if __name__ == "__main__":
     threading.stack_size(8 << 20)
-    sys.exit(run.case_main(__name__, CASES, "openai", extra=("--bench-bin",),
+    sys.exit(run.case_main(__name__, CASES, "openai",
+                           extra=("--bench-bin", "--cudasim-bin"),
                            stubs=True, prepare=prepare))
