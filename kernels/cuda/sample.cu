@@ -839,7 +839,7 @@ logprobs_kernel(const float *__restrict__ x,             // [rows, n]
         __syncthreads();
     if (t != 0)
         return;
-    cinfer_row_logprobs r;
+    cinfer_row_logprobs &r = out[blockIdx.x];
     r.sum = 0.0;
     for (int c = 0; c < n_chunks; c++)
         r.sum = __dadd_rn(r.sum, chunk[c]);
@@ -862,7 +862,6 @@ logprobs_kernel(const float *__restrict__ x,             // [rows, n]
         r.top_id[at] = id;
         r.top_logit[at] = v;
     }
-    out[blockIdx.x] = r;
 }
 
 extern "C" cinfer_status cinfer_cuda_logprobs(cudaStream_t stream,
