@@ -1117,13 +1117,16 @@ static void finish_logprobs(const cinfer_row_logprobs *r, cinfer_logprobs *lp)
     }
 }
 
-/* x is a valid raw row with at least one finite entry. */
-static void fill_logprobs(const cinfer_sampler *s, const float *x,
-                          int32_t token, cinfer_logprobs *lp)
+/* The parts of x's log-softmax for token (backend.h's
+ * cinfer_row_logprobs). x is a valid raw row with at least one finite
+ * entry. */
+static void row_parts(const cinfer_sampler *s, const float *x, int32_t token,
+                      cinfer_row_logprobs *out)
 {
     const int32_t n = s->p.n_vocab;
     int32_t n_top = s->p.n_logprobs < n ? s->p.n_logprobs : n;
     cinfer_row_logprobs r;
+    memset(&r, 0, sizeof r);
     int32_t bad = scan_max(x, n, &r.max);
     CINFER_ASSERT(bad < 0 && r.max > -INFINITY);
 
@@ -1158,6 +1161,14 @@ static void fill_logprobs(const cinfer_sampler *s, const float *x,
     }
     r.better = better;
     r.n_top = n_top;
+    *out = r;
+}
+
+static void fill_logprobs(const cinfer_sampler *s, const float *x,
+                          int32_t token, cinfer_logprobs *lp)
+{
+    cinfer_row_logprobs r;
+    row_parts(s, x, token, &r);
     finish_logprobs(&r, lp);
 }
 
@@ -1189,6 +1200,17 @@ cinfer_status cinfer_sampler_take_logprobs(const cinfer_sampler *s,
                                 bad, token, n, n_top);
     finish_logprobs(r, lp);
     return CINFER_OK;
+}
+
+cinfer_status cinfer_sampler_logprob_parts(const cinfer_sampler *s,
+                                           const float *logits, int32_t token,
+                                           cinfer_row_logprobs *r)
+{
+    cinfer_logprobs lp;
+    cinfer_status st = cinfer_sampler_logprobs(s, logits, token, &lp);
+    if (st == CINFER_OK)
+        row_parts(s, logits, token, r);
+    return st;
 }
 
 cinfer_status cinfer_sampler_logprobs(const cinfer_sampler *s,

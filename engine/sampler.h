@@ -318,6 +318,14 @@ float cinfer_sampler_weight(float logit, float max, float inv_t, float min_w);
 cinfer_status cinfer_sampler_take_code(cinfer_sampler *s, int32_t code,
                                        int32_t *token);
 
+/* What cinfer_sampler_logprobs computes its answer from, as backend.h's
+ * cinfer_row_logprobs (padding zeroed): what a backend's
+ * cinfer_backend_logprobs must find, for the tests to compare bit for bit.
+ * Its errors. */
+cinfer_status cinfer_sampler_logprob_parts(const cinfer_sampler *s,
+                                           const float *logits, int32_t token,
+                                           cinfer_row_logprobs *r);
+
 /* sample()'s logprobs for `token` from the parts a backend found in the
  * raw row (kernels/backend.h, cinfer_backend_logprobs, asked for with this
  * sampler's n_logprobs): the log and the subtractions of sample()'s own

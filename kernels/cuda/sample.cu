@@ -264,32 +264,41 @@ __device__ __forceinline__ void select_top(const float *__restrict__ row,
 }
 
 /* chunk[c] = chunk c's weights summed as sampler.c's sum_weights (every
- * thread; n <= MAX_CHUNKS * CHUNK); the number of chunks. Ends with a
- * barrier. */
+ * thread; n <= MAX_CHUNKS * CHUNK); the number of chunks. Four threads a
+ * chunk, one accumulator each: thread `a` of the four sums entries a, a +
+ * 4, ... in order (the first also the tail past the last multiple of 4,
+ * as the sampler's a0 does), and the four meet as (a0 + a1) + (a2 + a3)
+ * through shuffles: the sampler's sums, with a quarter of the serial
+ * adds. Ends with a barrier. */
 __device__ __forceinline__ int chunk_sums(const float *__restrict__ row,
                                           int64_t n, float max, float inv_t,
                                           float min_w, double *chunk)
 {
     const int n_chunks = (int)((n + CHUNK - 1) / CHUNK);
-    for (int c = (int)threadIdx.x; c < n_chunks; c += THREADS) {
-        const int64_t lo = (int64_t)c * CHUNK;
-        const int len = (int)(n - lo < CHUNK ? n - lo : CHUNK);
-        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
-        int i = 0;
-        for (; i + 4 <= len; i += 4) {
-            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max,
-                                                      inv_t, min_w));
-            a1 = __dadd_rn(a1, (double)sampler_weight(row[lo + i + 1], max,
-                                                      inv_t, min_w));
-            a2 = __dadd_rn(a2, (double)sampler_weight(row[lo + i + 2], max,
-                                                      inv_t, min_w));
-            a3 = __dadd_rn(a3, (double)sampler_weight(row[lo + i + 3], max,
-                                                      inv_t, min_w));
+    const int work = 4 * n_chunks;
+    for (int u0 = 0; u0 < work; u0 += THREADS) { /* uniform: shuffles */
+        const int u = u0 + (int)threadIdx.x, c = u / 4, a = u % 4;
+        double acc = 0.0;
+        if (u < work) {
+            const int64_t lo = (int64_t)c * CHUNK;
+            const int len = (int)(n - lo < CHUNK ? n - lo : CHUNK);
+            const int len4 = len - len % 4;
+            for (int i = a; i < len4; i += 4)
+                acc = __dadd_rn(acc, (double)sampler_weight(row[lo + i], max,
+                                                            inv_t, min_w));
+            if (a == 0)
+                for (int i = len4; i < len; i++)
+                    acc = __dadd_rn(acc, (double)sampler_weight(
+                                             row[lo + i], max, inv_t, min_w));
         }
-        for (; i < len; i++)
-            a0 = __dadd_rn(a0, (double)sampler_weight(row[lo + i], max, inv_t,
-                                                      min_w));
-        chunk[c] = __dadd_rn(__dadd_rn(a0, a1), __dadd_rn(a2, a3));
+        /* a0 + a1 and a2 + a3 on threads 0 and 2 of the four, then their
+         * sum on thread 0 */
+        const double pair =
+            __dadd_rn(acc, __shfl_down_sync(FULL_MASK, acc, 1));
+        const double sum =
+            __dadd_rn(pair, __shfl_down_sync(FULL_MASK, pair, 2));
+        if (u < work && a == 0)
+            chunk[c] = sum;
     }
     __syncthreads();
     return n_chunks;

@@ -3149,33 +3149,41 @@ static void test_edit_logits(void)
  * (cinfer_backend_logprobs, finished by cinfer_sampler_take_logprobs) on
  * every backend that finds them, against the host sampler's
  * cinfer_sampler_logprobs on the same raw rows: the same bits for the
- * logprob, the rank and the top entries; widths below the 20 tops, past a
- * chunk (1024) and a vocabulary's; rows with ties (the tops' order by
- * index), -inf entries, -0.0 beside +0.0; n_top 0 to 20; rows with a code
- * or n_top -1 left as they are. */
+ * logprob, the rank and the top entries, and for the parts themselves
+ * (cinfer_sampler_logprob_parts: the weights' double sum too); widths
+ * below the 20 tops, past a chunk (1024) and a vocabulary's; rows with
+ * ties (the tops' order by index), -inf entries, -0.0 beside +0.0, a
+ * spread whose sums round; n_top 0 to 20; rows with a code or n_top -1
+ * left as they are. */
 static void test_logprobs_op(void)
 {
     static const int64_t widths[] = {1, 15, 100, 1500, 49152};
-    static const int32_t tops[] = {20, 0, 1, 5, 20, -1, 20};
+    static const int32_t tops[] = {20, 0, 1, 5, 20, 3, 20};
     enum { R = 7 };
     uint64_t seed = seed_for(84);
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         const int64_t n = widths[wi];
         float *x = randv(R * n, &seed, 6.0f);
         /* row 1: steps of 0.5 (ties); row 2: half -inf; row 3: zeros of
-         * both signs the largest; row 6: every entry equal */
+         * both signs the largest; row 5: spread over 85 nats, so that the
+         * weights' double sums round (their order shows); row 6: every
+         * entry equal */
         for (int64_t i = 0; i < n; i++) {
             x[1 * n + i] = roundf(x[1 * n + i] * 2.0f) / 2.0f;
             if (i % 2)
                 x[2 * n + i] = -INFINITY;
             x[3 * n + i] = i % 3 == 0 ? (i % 2 ? -0.0f : 0.0f) : -1.0f;
+            x[5 * n + i] = (x[5 * n + i] - 6.0f) * 7.0f; /* [-84, 0) */
             x[6 * n + i] = 0.25f;
         }
         int32_t tok[R];
         for (int r = 0; r < R; r++)
             tok[r] = (int32_t)((r * 7919 + 3) % n);
-        tok[2] = 0; /* an even index: finite */
+        tok[2] = 0;  /* an even index: finite */
         tok[4] = -1; /* a code: skipped */
+        int32_t ask[R]; /* row 0: n_top -1, skipped */
+        memcpy(ask, tops, sizeof ask);
+        ask[0] = -1;
         cinfer_row_logprobs *got = malloc(sizeof *got * R);
         for (int fi = 0; fi < g_n_factories; fi++) {
             const factory *f = &g_factories[fi];
@@ -3192,11 +3200,11 @@ static void test_logprobs_op(void)
             put(be, tt, tok);
             memset(got, 0x5a, sizeof *got * R);
             put(be, to, got);
-            CHECK_OK(cinfer_backend_logprobs(be, tx, tt, tops, to));
+            CHECK_OK(cinfer_backend_logprobs(be, tx, tt, ask, to));
             get(be, to, got);
             int bad = 0;
             for (int r = 0; r < R; r++) {
-                if (tok[r] < 0 || tops[r] < 0) {
+                if (tok[r] < 0 || ask[r] < 0) {
                     unsigned char *b = (unsigned char *)&got[r];
                     for (size_t i = 0; i < sizeof got[r]; i++)
                         bad += b[i] != 0x5a;
@@ -3216,6 +3224,27 @@ static void test_logprobs_op(void)
                                                  &want));
                 CHECK_OK(cinfer_sampler_take_logprobs(sm, &got[r], tok[r],
                                                       &have));
+                /* the parts themselves: the sum bit for bit */
+                cinfer_row_logprobs rp;
+                CHECK_OK(cinfer_sampler_logprob_parts(sm, x + r * n, tok[r],
+                                                      &rp));
+                int same = memcmp(&rp.sum, &got[r].sum, sizeof rp.sum) == 0 &&
+                           rp.better == got[r].better &&
+                           memcmp(&rp.max, &got[r].max, sizeof rp.max) == 0 &&
+                           memcmp(&rp.logit, &got[r].logit,
+                                  sizeof rp.logit) == 0 &&
+                           rp.n_top == got[r].n_top;
+                for (int j = 0; same && j < rp.n_top; j++)
+                    same = rp.top_id[j] == got[r].top_id[j] &&
+                           memcmp(&rp.top_logit[j], &got[r].top_logit[j],
+                                  sizeof(float)) == 0;
+                if (!same && bad++ < 5)
+                    fprintf(stderr,
+                            "%s: logprobs parts n %lld row %d: sum %.17g "
+                            "better %lld, want %.17g %lld\n",
+                            f->name, (long long)n, r, got[r].sum,
+                            (long long)got[r].better, rp.sum,
+                            (long long)rp.better);
                 if (memcmp(&want, &have, sizeof want) != 0 && bad++ < 5)
                     fprintf(stderr,
                             "%s: logprobs n %lld row %d token %d: %.9g rank "
@@ -3228,11 +3257,11 @@ static void test_logprobs_op(void)
             CHECK_EQ_INT(bad, 0);
             /* n_top out of range, a tokens tensor of the wrong shape */
             int32_t big[R];
-            memcpy(big, tops, sizeof big);
+            memcpy(big, ask, sizeof big);
             big[3] = CINFER_LOGPROBS_MAX_TOP + 1;
             CHECK_EQ_INT(cinfer_backend_logprobs(be, tx, tt, big, to),
                          CINFER_E_INVALID_ARG);
-            CHECK_EQ_INT(cinfer_backend_logprobs(be, tx, to, tops, to),
+            CHECK_EQ_INT(cinfer_backend_logprobs(be, tx, to, ask, to),
                          CINFER_E_INVALID_ARG);
             cinfer_backend_tensor_destroy(be, tx);
             cinfer_backend_tensor_destroy(be, tt);
