@@ -3157,7 +3157,7 @@ static void test_edit_logits(void)
  * left as they are. */
 static void test_logprobs_op(void)
 {
-    static const int64_t widths[] = {1, 15, 100, 1500, 49152};
+    static const int64_t widths[] = {1, 15, 100, 1031, 1500, 49152};
     static const int32_t tops[] = {20, 0, 1, 5, 20, 3, 20};
     enum { R = 7 };
     uint64_t seed = seed_for(84);
@@ -3175,6 +3175,17 @@ static void test_logprobs_op(void)
             x[3 * n + i] = i % 3 == 0 ? (i % 2 ? -0.0f : 0.0f) : -1.0f;
             x[5 * n + i] = (x[5 * n + i] - 6.0f) * 7.0f; /* [-84, 0) */
             x[6 * n + i] = 0.25f;
+        }
+        if (n == 1031) {
+            /* row 5: a last chunk of 7 whose sum shows its order: the
+             * largest (weight 1) first, quarter-ulp weights at 1 and 4-6
+             * (added to 1 one at a time they vanish; summed apart they
+             * do not), the first chunk's weights far below */
+            for (int64_t i = 0; i < n; i++)
+                x[5 * n + i] = -80.0f;
+            x[5 * n + 1024] = 0.0f;
+            x[5 * n + 1025] = x[5 * n + 1028] = x[5 * n + 1029] =
+                x[5 * n + 1030] = -37.43f; /* e^-37.43 ~ 2^-54 */
         }
         int32_t tok[R];
         for (int r = 0; r < R; r++)
