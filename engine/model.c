@@ -132,6 +132,17 @@ struct cinfer_model {
     /* eval_single scratch */
     int32_t *single_tables;
 
+    /* Graphs (cinfer_backend_graph_begin): a decode step of n rows runs as
+     * one of graph_rows' buckets (powers of two up to it), padded with
+     * rows of sequences of their own whose K/V go to n_dump blocks past
+     * the engine's (from block info.n_kv_blocks), and its tables laid out
+     * at a stride rounded up to a power of two, so that one recording
+     * serves every step of its bucket and stride class. 0 = off. */
+    int graph_rows;
+    int32_t n_dump;
+    int32_t *pad_buf;       /* the padded step's arrays */
+    size_t pad_cap;         /* its ints */
+
     /* Tensor parallelism: this rank's share (a whole model: tp 1). */
     int tp, rank;
     int n_head_r, n_kv_r;   /* query and KV heads on this rank */
@@ -1108,7 +1119,7 @@ static cinfer_status alloc_kv(cinfer_model *m, const cinfer_model_params *p)
 {
     cinfer_model_info *I = &m->info;
     cinfer_status st;
-    cinfer_tensor_desc kd = kv_desc(m, I->n_kv_blocks, p->kv_f32);
+    cinfer_tensor_desc kd = kv_desc(m, I->n_kv_blocks + m->n_dump, p->kv_f32);
     cinfer_tensor_desc sd = kv_desc(m, m->n_swa + 1, p->kv_f32);
     I->kv_bytes = 0;
     for (int il = 0; il < I->n_layer; il++) {
@@ -1230,6 +1241,7 @@ static cinfer_status plan_scratch_and_kv(cinfer_model *m,
     uint64_t per_block = kv_block_bytes(m, p->kv_f32);
     uint64_t left = used < mp->budget ? mp->budget - used : 0;
     uint64_t fit = per_block ? left / per_block : 0;
+    fit = fit > (uint64_t)m->n_dump ? fit - (uint64_t)m->n_dump : 0;
     if (p->kv_from_budget) {
         int max_seqs = p->max_seqs ? p->max_seqs : 1;
         uint64_t cap = (uint64_t)mp->kv_min_blocks * (uint64_t)max_seqs;
@@ -1442,6 +1454,13 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
     /* (a backend with a budget has no gemma3 ops today: no window pool) */
     if ((st = plan_swa(m, p, max_seqs, budgeted)) != CINFER_OK)
         goto fail;
+    /* Graphs on a backend that records them, for one rank (a group's
+     * collectives stay eager) without a window pool (its slots are
+     * another table). A pad row is one of fewer than half its bucket. */
+    if (cinfer_backend_has_graphs(m->be) && m->tp == 1 && !m->n_swa) {
+        m->graph_rows = m->max_rows < 256 ? m->max_rows : 256;
+        m->n_dump = (m->graph_rows / 2 + I->block_size - 1) / I->block_size;
+    }
     plan.kv_min_blocks = blocks_per_seq;
     plan.kv_need = (uint64_t)blocks_per_seq * kv_block_bytes(m, p->kv_f32);
     I->budget_bytes = budgeted ? plan.budget : 0;
@@ -1515,6 +1534,7 @@ void cinfer_model_destroy(cinfer_model *m)
     free(m->layers);
     free(m->rope_factors);
     free(m->single_tables);
+    free(m->pad_buf);
     free(m->stage);
     cinfer_tokenizer_destroy(m->tok);
     cinfer_gguf_destroy(m->gguf);
@@ -1695,30 +1715,112 @@ static cinfer_status download_logits(cinfer_model *m, int64_t n_out,
     return CINFER_OK;
 }
 
-/* The step through the model; then the logits of its out rows into
- * `logits`, or (codes not NULL) their tokens chosen on the backend into
- * `codes` as `ch` says (model_forward_choose). */
-static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
-                             float *logits, const cinfer_choice *ch,
-                             int32_t *codes)
+/* The graphs' row bucket of a step, or 0 for a step run eagerly. Only
+ * decode steps are recorded: one row per sequence, each an out row (no
+ * two adjacent rows of a sequence at consecutive positions: the rows
+ * attention tiles), without prompt embeddings or a window pool, whose
+ * padding fits the dump blocks. */
+static int32_t graph_bucket(const cinfer_model *m, const cinfer_step *s)
+{
+    const int32_t n = s->n_rows;
+    if (!m->graph_rows || n > m->graph_rows || s->n_seqs != n ||
+        s->n_out != n || s->row_embd || s->swa_slots)
+        return 0;
+    for (int32_t r = 1; r < n; r++)
+        if (s->row_seq[r] == s->row_seq[r - 1] &&
+            s->positions[r] == s->positions[r - 1] + 1)
+            return 0;
+    int32_t b = 1;
+    while (b < n)
+        b *= 2;
+    if (b > m->graph_rows)
+        b = m->graph_rows;
+    return b - n <= m->n_dump * s->block_size ? b : 0;
+}
+
+/* The block-table stride a bucket's step is laid out at: the step's
+ * rounded up to a power of two (at least 8), at most a full context's. */
+static int32_t graph_stride(const cinfer_model *m, const cinfer_step *s)
+{
+    const int32_t full = (m->info.n_ctx + s->block_size - 1) / s->block_size;
+    int32_t w = 8;
+    while (w < s->max_blocks)
+        w *= 2;
+    w = w < full ? w : full;
+    return w > s->max_blocks ? w : s->max_blocks;
+}
+
+/* s as a step of b rows and table stride w, in m->pad_buf: pad row n + i
+ * is the only row of its own sequence n_seqs + i, at position i % bs in
+ * dump block dump + i / bs (every entry of its table), and an out row.
+ * Pad rows read and write the dump blocks only, and a row's result
+ * depends on its own inputs alone, so the real rows' bits are those of
+ * the unpadded step. */
+static cinfer_status pad_step(cinfer_model *m, const cinfer_step *s,
+                              int32_t b, int32_t w, cinfer_step *out)
+{
+    const int32_t n = s->n_rows, bs = s->block_size;
+    const int32_t dump = m->info.n_kv_blocks;
+    const size_t need = 5 * (size_t)b + (size_t)b * (size_t)w + (size_t)b;
+    if (need > m->pad_cap) {
+        int32_t *p = realloc(m->pad_buf, sizeof(int32_t) * need);
+        if (!p)
+            return cinfer_set_error(CINFER_E_NOMEM,
+                                    "model: out of memory for a padded "
+                                    "step of %d rows",
+                                    b);
+        m->pad_buf = p;
+        m->pad_cap = need;
+    }
+    int32_t *tok = m->pad_buf, *pos = tok + b, *seq = pos + b,
+            *slot = seq + b, *outr = slot + b, *tab = outr + b;
+    uint8_t *gen = (uint8_t *)(tab + (size_t)b * w);
+    memcpy(tok, s->tokens, sizeof(int32_t) * (size_t)n);
+    memcpy(pos, s->positions, sizeof(int32_t) * (size_t)n);
+    memcpy(seq, s->row_seq, sizeof(int32_t) * (size_t)n);
+    memcpy(slot, s->slots, sizeof(int32_t) * (size_t)n);
+    for (int32_t q = 0; q < n; q++) {
+        memcpy(tab + (size_t)q * w, s->block_tables + (size_t)q * s->max_blocks,
+               sizeof(int32_t) * (size_t)s->max_blocks);
+        for (int32_t k = s->max_blocks; k < w; k++)
+            tab[(size_t)q * w + k] = 0;
+    }
+    for (int32_t r = 0; r < b; r++) {
+        outr[r] = r;
+        gen[r] = r >= n || (s->row_gen && s->row_gen[r]);
+    }
+    for (int32_t i = 0; i < b - n; i++) {
+        const int32_t blk = dump + i / bs;
+        tok[n + i] = 0;
+        pos[n + i] = i % bs;
+        seq[n + i] = n + i;
+        slot[n + i] = blk * bs + i % bs;
+        for (int32_t k = 0; k < w; k++)
+            tab[(size_t)(n + i) * w + k] = blk;
+    }
+    *out = *s;
+    out->n_rows = out->n_seqs = out->n_out = b;
+    out->max_blocks = w;
+    out->tokens = tok;
+    out->positions = pos;
+    out->row_seq = seq;
+    out->slots = slot;
+    out->out_rows = outr;
+    out->block_tables = tab;
+    out->row_gen = gen;
+    return CINFER_OK;
+}
+
+/* The layers: the step's embeddings through to the logits of its out
+ * rows, enqueued (or recorded: the same calls whichever). */
+static cinfer_status layers(cinfer_model *m, const cinfer_step *step)
 {
     const cinfer_model_info *I = &m->info;
     cinfer_backend *be = m->be;
-    TRY(check_step(m, step));
-    if (m->group)
-        return cinfer_model_group_forward(m->group, step, logits);
     /* a rank of several: its partial sums meet the others' here */
     int tp = m->tp > 1;
-
-    int64_t n = step->n_rows, n_out = step->n_out;
+    int64_t n_out = step->n_out;
     int last = I->n_layer - 1;
-    cinfer_tensor *full[] = {m->x, m->h, m->q, m->k, m->v, m->att,
-                             m->gate, m->up};
-    cinfer_tensor *outs[] = {m->xo, m->ho, m->logits};
-    TRY(cinfer_backend_set_step(be, step));
-    TRY(set_rows(m, n, full, 8));
-    TRY(set_rows(m, n_out, outs, 3));
-
     const float scale = m->attn_scale;
     const cinfer_rope_params rope_global = {.theta = I->rope_theta,
                                             .freq_scale = m->rope_freq_scale,
@@ -1823,6 +1925,54 @@ static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
     const cinfer_tensor *wout[1] = {m->output ? m->output : m->tok_embd};
     cinfer_tensor *olog[1] = {m->logits};
     TRY(cinfer_backend_matmul(be, 1, wout, m->xo, olog));
+    return CINFER_OK;
+}
+
+/* The step through the model; then the logits of its out rows into
+ * `logits`, or (codes not NULL) their tokens chosen on the backend into
+ * `codes` as `ch` says (model_forward_choose). A decode step runs as its
+ * row bucket's graph (graph_bucket), recorded on its first use. */
+static cinfer_status forward(cinfer_model *m, const cinfer_step *step,
+                             float *logits, const cinfer_choice *ch,
+                             int32_t *codes)
+{
+    cinfer_backend *be = m->be;
+    TRY(check_step(m, step));
+    if (m->group)
+        return cinfer_model_group_forward(m->group, step, logits);
+
+    int64_t n_out = step->n_out;
+    const cinfer_step *run = step;
+    cinfer_step padded;
+    const int32_t bucket = graph_bucket(m, step);
+    int32_t stride = step->max_blocks;
+    if (bucket) {
+        stride = graph_stride(m, step);
+        if (bucket > step->n_rows || stride != step->max_blocks) {
+            TRY(pad_step(m, step, bucket, stride, &padded));
+            run = &padded;
+        }
+    }
+    cinfer_tensor *full[] = {m->x, m->h, m->q, m->k, m->v, m->att,
+                             m->gate, m->up};
+    cinfer_tensor *outs[] = {m->xo, m->ho, m->logits};
+    TRY(cinfer_backend_set_step(be, run));
+    TRY(set_rows(m, run->n_rows, full, 8));
+    TRY(set_rows(m, run->n_out, outs, 3));
+    if (bucket) {
+        cinfer_graph_mode gm;
+        TRY(cinfer_backend_graph_begin(be,
+                                       (uint64_t)bucket |
+                                           (uint64_t)stride << 16,
+                                       &gm));
+        cinfer_status st = gm == CINFER_GRAPH_REPLAY ? CINFER_OK
+                                                      : layers(m, run);
+        TRY(cinfer_backend_graph_end(be, st));
+        /* the pad rows' logits are not the caller's */
+        TRY(cinfer_backend_tensor_set_rows(be, m->logits, n_out));
+    } else {
+        TRY(layers(m, run));
+    }
     if (codes) {
         if (ch->n_edits > 0)
             TRY(cinfer_backend_edit_logits(be, m->logits, ch->edits,

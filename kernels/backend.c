@@ -103,6 +103,17 @@ static cinfer_status need_tensor(const char *op, const char *arg,
     return CINFER_OK;
 }
 
+/* The calls a recording cannot hold (backend.h, graphs). */
+static cinfer_status outside_graph(const char *op, const cinfer_backend *be)
+{
+    if (be->in_graph)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "%s: called between graph_begin and "
+                                "graph_end",
+                                op);
+    return CINFER_OK;
+}
+
 static cinfer_status need_writable(const char *op, const char *arg,
                                    const cinfer_tensor *t)
 {
@@ -297,6 +308,7 @@ cinfer_status cinfer_backend_tensor_create(cinfer_backend *be,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "tensor_create: out is NULL");
     *out = NULL;
+    TRY(outside_graph("tensor_create", be));
     TRY(check_desc("tensor_create", desc, &nbytes));
     TRY(be->ops->tensor_create(be, desc, nbytes, out));
     tensor_init(*out, desc, nbytes, 0);
@@ -313,6 +325,7 @@ cinfer_status cinfer_backend_tensor_create_weight(cinfer_backend *be,
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "tensor_create_weight: out is NULL");
     *out = NULL;
+    TRY(outside_graph("tensor_create_weight", be));
     TRY(check_desc("tensor_create_weight", desc, &nbytes));
     if (!data)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
@@ -375,6 +388,7 @@ cinfer_status cinfer_backend_upload(cinfer_backend *be, cinfer_tensor *t,
                                     size_t offset, const void *src,
                                     size_t n_bytes)
 {
+    TRY(outside_graph("upload", be));
     TRY(check_range("upload", t, offset, src, n_bytes));
     TRY(need_writable("upload", "t", t));
     if (n_bytes == 0)
@@ -386,6 +400,7 @@ cinfer_status cinfer_backend_download(cinfer_backend *be,
                                       const cinfer_tensor *t, size_t offset,
                                       void *dst, size_t n_bytes)
 {
+    TRY(outside_graph("download", be));
     TRY(check_range("download", t, offset, dst, n_bytes));
     if (n_bytes == 0)
         return CINFER_OK;
@@ -401,6 +416,7 @@ cinfer_status cinfer_backend_fill_zero(cinfer_backend *be, cinfer_tensor *t)
 
 cinfer_status cinfer_backend_synchronize(cinfer_backend *be)
 {
+    TRY(outside_graph("synchronize", be));
     return be->ops->synchronize(be);
 }
 
@@ -429,6 +445,7 @@ cinfer_status cinfer_backend_reserve_scratch(
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "reserve_scratch: every count of the plan "
                                 "must be >= 1");
+    TRY(outside_graph("reserve_scratch", be));
     return be->ops->reserve_scratch ? be->ops->reserve_scratch(be, p)
                                     : CINFER_OK;
 }
@@ -522,6 +539,7 @@ cinfer_status cinfer_backend_set_step(cinfer_backend *be, const cinfer_step *s)
     cinfer_backend *cb = be;
     if (!s)
         return cinfer_set_error(CINFER_E_INVALID_ARG, "set_step: step is NULL");
+    TRY(outside_graph("set_step", be));
     if (s->n_rows < 1)
         return cinfer_set_error(CINFER_E_INVALID_ARG,
                                 "set_step: n_rows %d is not >= 1",
@@ -1373,6 +1391,50 @@ int cinfer_backend_has_gemma_ops(const cinfer_backend *be)
 {
     return be->ops->attention_window && be->ops->kv_store_swa &&
            be->ops->gelu_mul && be->ops->scale;
+}
+
+/* ---- graphs ------------------------------------------------------------ */
+
+cinfer_status cinfer_backend_graph_begin(cinfer_backend *be, uint64_t key,
+                                         cinfer_graph_mode *mode)
+{
+    if (!mode)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "graph_begin: mode is NULL");
+    *mode = CINFER_GRAPH_EAGER;
+    TRY(outside_graph("graph_begin", be));
+    if (!be->has_step)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "graph_begin: no step was set");
+    if (be->ops->graph_begin)
+        TRY(be->ops->graph_begin(be, key, mode));
+    be->in_graph = 1;
+    be->graph_mode = *mode;
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_backend_graph_end(cinfer_backend *be, cinfer_status st)
+{
+    if (!be->in_graph)
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "graph_end: no graph_begin before it");
+    be->in_graph = 0;
+    if (be->graph_mode == CINFER_GRAPH_EAGER)
+        return st;
+    return be->ops->graph_end(be, st);
+}
+
+int cinfer_backend_has_graphs(const cinfer_backend *be)
+{
+    return be && be->ops->graph_begin != NULL && !be->graphs_off;
+}
+
+void cinfer_backend_graph_stats_get(const cinfer_backend *be,
+                                    cinfer_backend_graph_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (be && be->ops->graph_stats)
+        be->ops->graph_stats(be, out);
 }
 
 cinfer_status cinfer_backend_gather_rows(cinfer_backend *be,

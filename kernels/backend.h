@@ -528,6 +528,55 @@ cinfer_status cinfer_backend_all_gather(cinfer_backend *be,
                                         const cinfer_tensor *x,
                                         cinfer_tensor *out);
 
+/* ---- graphs (CUDA graphs) ------------------------------------------------- */
+
+/* How the ops between graph_begin and graph_end run. */
+typedef enum {
+    CINFER_GRAPH_EAGER = 0,   /* enqueued one by one, as outside a graph */
+    CINFER_GRAPH_CAPTURE = 1, /* recorded under the key, not yet run:
+                                 graph_end runs them */
+    CINFER_GRAPH_REPLAY = 2,  /* what was recorded under the key has been
+                                 launched with this step's metadata: the
+                                 caller skips the ops */
+} cinfer_graph_mode;
+
+/* A step's ops as one graph, recorded the first time a shape is seen and
+ * replayed after (CUDA graphs: one launch for the whole step instead of
+ * one per op). Call after set_step; *mode says how the ops run. The caller
+ * promises that every step begun under one key makes the same op calls
+ * on the same tensors with the same scalar arguments, and sets steps with
+ * the same n_rows, n_seqs, max_blocks and n_out (engine/model.c: a decode
+ * step padded to its row bucket); whatever the backend derives from the
+ * step itself (attention's partition count) it adds to the key. A
+ * recording stays valid until a tensor is destroyed or the backend's
+ * metadata or scratch buffers move.
+ *
+ * Between begin and end only ops and tensor_set_rows are allowed (no
+ * upload, download, synchronize, set_step, tensor create or destroy:
+ * CINFER_E_INVALID_ARG). Every begin that succeeded is matched by
+ * graph_end(be, st), st being the status of the ops (CINFER_OK when
+ * replayed or when the caller ran none): a recording whose ops failed is
+ * dropped and st returned; a good one is kept and launched. A backend
+ * without graphs (the CPU), or one that declines the step (several
+ * ranks, no reserve_scratch yet, rows that are not all decode rows, a
+ * backend created eager), answers CINFER_GRAPH_EAGER. */
+cinfer_status cinfer_backend_graph_begin(cinfer_backend *be, uint64_t key,
+                                         cinfer_graph_mode *mode);
+cinfer_status cinfer_backend_graph_end(cinfer_backend *be, cinfer_status st);
+
+/* 1 if the backend records graphs (it may still decline a step). */
+int cinfer_backend_has_graphs(const cinfer_backend *be);
+
+/* Counts since the backend was created: steps recorded, replayed, run
+ * eagerly by graph_begin's answer, and recordings held now. */
+typedef struct {
+    int64_t captured, replayed, eager, held;
+} cinfer_backend_graph_stats;
+
+/* Zeros for a backend without graphs. */
+void cinfer_backend_graph_stats_get(const cinfer_backend *be,
+                                    cinfer_backend_graph_stats *out);
+
 /* 1 when matmul takes weights of this type on this backend (a model
  * refuses at load a weight its backend cannot multiply). */
 int cinfer_backend_matmul_supports(cinfer_backend *be, cinfer_dtype dt);
@@ -605,6 +654,10 @@ typedef struct {
                                instead of cuBLAS (the quantized ones are
                                invariant anyway); 0 = cuBLAS, whose choice
                                of algorithm follows the batch's shape */
+    int eager;              /* 1 = never record CUDA graphs (every op is
+                               launched on its own); 0 = decode steps are
+                               recorded per row bucket and replayed
+                               (cinfer_backend_graph_begin) */
 } cinfer_backend_cuda_params;
 
 cinfer_backend_cuda_params cinfer_backend_cuda_default_params(void);

@@ -66,6 +66,13 @@ struct cinfer_backend {
     int32_t swa_min_block, swa_max_block;
     int32_t swa_min_block_seq, swa_min_block_idx;
     int32_t swa_max_block_seq, swa_max_block_idx;
+
+    /* Between graph_begin and graph_end (backend.c refuses the calls that
+     * would break a recording), and the mode begin answered. */
+    int in_graph;
+    cinfer_graph_mode graph_mode;
+    int graphs_off;  /* set by a backend with the graph slots that was
+                        created not to use them: has_graphs says 0 */
 };
 
 /*
@@ -223,6 +230,15 @@ struct cinfer_backend_ops {
     cinfer_status (*all_reduce_sum)(cinfer_backend *be, cinfer_tensor *t);
     cinfer_status (*all_gather)(cinfer_backend *be, const cinfer_tensor *x,
                                 cinfer_tensor *out);
+
+    /* (optional, all three) graphs (backend.h): begin after a checked
+     * set_step, end with the ops' status when begin answered CAPTURE or
+     * REPLAY; NULL: every step is EAGER. */
+    cinfer_status (*graph_begin)(cinfer_backend *be, uint64_t key,
+                                 cinfer_graph_mode *mode);
+    cinfer_status (*graph_end)(cinfer_backend *be, cinfer_status st);
+    void (*graph_stats)(const cinfer_backend *be,
+                        cinfer_backend_graph_stats *out);
 };
 
 /* Rows and elements per row (the product of all dimensions but the first)

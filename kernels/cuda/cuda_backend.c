@@ -67,6 +67,20 @@ typedef struct {
     const char *what;
 } staged;
 
+/* One recorded step (graph_begin): the caller's key and the partition
+ * count of attention's decode launch, which the step's contexts set. */
+typedef struct {
+    uint64_t key;
+    int32_t parts;
+    unsigned gen;
+    uint64_t used; /* the tick of its last replay */
+    cudaGraphExec_t exec;
+} cuda_graph;
+
+/* Recordings held at most: 9 row buckets times the partition classes of
+ * a long context, with room. Past it the least recently used goes. */
+#define CUDA_GRAPHS_MAX 96
+
 typedef struct {
     struct cinfer_backend base; /* first: backend.c reads it */
     int device;
@@ -95,6 +109,25 @@ typedef struct {
 
     void *scratch; /* device scratch of matmul and attention */
     size_t scratch_bytes;
+    void *blas_ws; /* cuBLAS's workspace, ours so that graphs may hold it */
+    size_t blas_ws_bytes;
+
+    /* Graphs (graph_begin). A recording holds the device addresses of the
+     * step's metadata, the scratch and the tensors it touched: gen counts
+     * the moves and frees of those, and a recording of an older gen is
+     * dropped. */
+    int eager;               /* created eager: never record */
+    int32_t parts_cap;       /* attention partitions the reserved scratch
+                                holds (0 = reserve_scratch not called) */
+    unsigned gen;
+    cuda_graph graphs[CUDA_GRAPHS_MAX];
+    int n_graphs;
+    uint64_t tick;           /* last-use clock of the recordings */
+    int capturing;           /* between a CAPTURE begin and its end */
+    uint64_t cap_key;        /* that recording's key and partitions */
+    int32_t cap_parts;
+    unsigned cap_gen;
+    cinfer_backend_graph_stats gstats;
 } cuda_backend;
 
 static cuda_backend *cu(cinfer_backend *be) { return (cuda_backend *)be; }
@@ -160,6 +193,7 @@ static cinfer_status staged_reserve(cuda_backend *cb, staged *b, size_t n)
     CINFER_CUDA_TRY(cudaEventSynchronize(b->copied));
     if (n <= b->cap)
         return CINFER_OK;
+    cb->gen++; /* the device copy moves */
     size_t cap = n < 4096 ? 4096 : n + n / 2;
     if (b->h)
         CINFER_CUDA_TRY(cudaFreeHost(b->h));
@@ -200,6 +234,13 @@ static cinfer_status need_scratch(cuda_backend *cb, size_t n)
 {
     if (n <= cb->scratch_bytes)
         return CINFER_OK;
+    /* graph_begin records only steps the reserved scratch holds */
+    if (cb->capturing)
+        return cinfer_set_error(CINFER_E_INTERNAL,
+                                "cuda: a recorded step needs %zu bytes of "
+                                "scratch, %zu are reserved",
+                                n, cb->scratch_bytes);
+    cb->gen++;
     dev_free(cb, cb->scratch, cb->scratch_bytes);
     cb->scratch = NULL;
     cb->scratch_bytes = 0;
@@ -238,7 +279,10 @@ static void cuda_destroy(cinfer_backend *be)
      * aborted, which ends its kernels, and the rest drains. */
     if (cb->stream && stream_wait(cb) != CINFER_OK)
         cudaStreamSynchronize(cb->stream);
+    for (int i = 0; i < cb->n_graphs; i++)
+        cudaGraphExecDestroy(cb->graphs[i].exec);
     dev_free(cb, cb->scratch, cb->scratch_bytes);
+    dev_free(cb, cb->blas_ws, cb->blas_ws_bytes);
     staged_free(cb, &cb->meta);
     staged_free(cb, &cb->draws);
     staged_free(cb, &cb->edits);
@@ -275,6 +319,7 @@ static cinfer_status cuda_tensor_create(cinfer_backend *be,
 static void cuda_tensor_destroy(cinfer_backend *be, cinfer_tensor *t)
 {
     (void)use_device(cu(be));
+    cu(be)->gen++; /* a recording may name it */
     dev_free(cu(be), t->data, t->cap_bytes);
     free(t);
 }
@@ -409,10 +454,15 @@ static size_t scratch_for(const cinfer_backend_scratch_plan *p)
 static cinfer_status cuda_reserve_scratch(cinfer_backend *be,
                                           const cinfer_backend_scratch_plan *p)
 {
-    cinfer_status st = seen(cu(be), use_device(cu(be)));
-    if (st != CINFER_OK)
-        return st;
-    return seen(cu(be), need_scratch(cu(be), scratch_for(p)));
+    cuda_backend *cb = cu(be);
+    cinfer_status st = seen(cb, use_device(cb));
+    if (st == CINFER_OK)
+        st = seen(cb, need_scratch(cb, scratch_for(p)));
+    if (st == CINFER_OK) /* what attention's share of it holds */
+        cb->parts_cap = (int32_t)((p->max_context +
+                                   CINFER_CUDA_ATTN_PART_TOKENS - 1) /
+                                  CINFER_CUDA_ATTN_PART_TOKENS);
+    return st;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -786,6 +836,155 @@ static cinfer_status cuda_unedit_logits(cinfer_backend *be, cinfer_tensor *x)
                                             cb->n_edited, cb->d_raw, 1));
 }
 
+/* ---------------------------------------------------------------------- */
+/* graphs                                                                  */
+/* ---------------------------------------------------------------------- */
+
+static int find_graph(const cuda_backend *cb, uint64_t key, int32_t parts)
+{
+    for (int i = 0; i < cb->n_graphs; i++)
+        if (cb->graphs[i].key == key && cb->graphs[i].parts == parts)
+            return i;
+    return -1;
+}
+
+static void drop_graph(cuda_backend *cb, int i)
+{
+    cudaGraphExecDestroy(cb->graphs[i].exec); /* in flight: freed after */
+    cb->graphs[i] = cb->graphs[--cb->n_graphs];
+}
+
+/* A decode step's partition count rounded up to a power of two (at most
+ * what the reserved scratch holds), so that a recording serves every
+ * context of its class: the decode launch's extra blocks return at once,
+ * and a row's arithmetic depends on its own partitions only, so its bits
+ * do not change with the class. */
+static int32_t parts_class(const cuda_backend *cb)
+{
+    int32_t p = 1;
+    while (p < cb->plan.max_parts)
+        p *= 2;
+    return p < cb->parts_cap ? p : cb->parts_cap;
+}
+
+static cinfer_status launch_graph(cuda_backend *cb, cudaGraphExec_t x)
+{
+    CINFER_CUDA_TRY(cudaGraphLaunch(x, cb->stream));
+    return CINFER_OK;
+}
+
+/* Thread-local mode: another thread's unsafe calls (a second backend's
+ * cudaMalloc) do not spoil this recording; this thread's do. */
+static cinfer_status begin_capture(cuda_backend *cb)
+{
+    CINFER_CUDA_TRY(
+        cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_graph_begin(cinfer_backend *be, uint64_t key,
+                                      cinfer_graph_mode *mode)
+{
+    cuda_backend *cb = cu(be);
+    *mode = CINFER_GRAPH_EAGER;
+    /* Steps with prefill tiles, peers (NCCL calls stay eager) or no
+     * reserved scratch (a step could need to allocate) run eagerly. */
+    if (cb->eager || cb->unhealthy || cb->parts_cap < 1 ||
+        cinfer_comm_size(be->comm) > 1 || cb->plan.n_tiles > 0 ||
+        cb->plan.max_parts > cb->parts_cap) {
+        cb->gstats.eager++;
+        return CINFER_OK;
+    }
+    cinfer_status st = seen(cb, use_device(cb));
+    if (st != CINFER_OK)
+        return st;
+    const int32_t parts = parts_class(cb);
+    int i = find_graph(cb, key, parts);
+    if (i >= 0 && cb->graphs[i].gen != cb->gen) {
+        drop_graph(cb, i);
+        i = -1;
+    }
+    cb->plan.max_parts = parts;
+    if (i >= 0) {
+        cb->graphs[i].used = ++cb->tick;
+        st = seen(cb, launch_graph(cb, cb->graphs[i].exec));
+        if (st != CINFER_OK)
+            return st;
+        cb->gstats.replayed++;
+        *mode = CINFER_GRAPH_REPLAY;
+        return CINFER_OK;
+    }
+    st = seen(cb, begin_capture(cb));
+    if (st != CINFER_OK)
+        return st;
+    cb->capturing = 1;
+    cb->cap_key = key;
+    cb->cap_parts = parts;
+    cb->cap_gen = cb->gen;
+    *mode = CINFER_GRAPH_CAPTURE;
+    return CINFER_OK;
+}
+
+/* Ends a recording: kept and launched if its ops went well, else
+ * dropped (the capture is ended either way, so the stream is usable). */
+static cinfer_status end_capture(cuda_backend *cb, cinfer_status st)
+{
+    cb->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &g);
+    if (st != CINFER_OK) {
+        if (g)
+            cudaGraphDestroy(g);
+        (void)cudaGetLastError(); /* the ops' error is the one to report */
+        return st;
+    }
+    CINFER_CUDA_TRY(e);
+    if (cb->gen != cb->cap_gen) {
+        cudaGraphDestroy(g);
+        return cinfer_set_error(CINFER_E_INVALID_ARG,
+                                "cuda: a tensor or buffer the recorded step "
+                                "uses was freed or moved while recording");
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    CINFER_CUDA_TRY(e);
+    if (cb->n_graphs == CUDA_GRAPHS_MAX) {
+        int lru = 0;
+        for (int i = 1; i < cb->n_graphs; i++)
+            if (cb->graphs[i].used < cb->graphs[lru].used)
+                lru = i;
+        drop_graph(cb, lru);
+    }
+    cuda_graph *r = &cb->graphs[cb->n_graphs++];
+    r->key = cb->cap_key;
+    r->parts = cb->cap_parts;
+    r->gen = cb->gen;
+    r->used = ++cb->tick;
+    r->exec = x;
+    cinfer_status ls = launch_graph(cb, x);
+    if (ls != CINFER_OK)
+        return ls;
+    cb->gstats.captured++;
+    return CINFER_OK;
+}
+
+static cinfer_status cuda_graph_end(cinfer_backend *be, cinfer_status st)
+{
+    cuda_backend *cb = cu(be);
+    if (!cb->capturing)
+        return st; /* replayed */
+    return seen(cb, end_capture(cb, st));
+}
+
+static void cuda_graph_stats(const cinfer_backend *be,
+                             cinfer_backend_graph_stats *out)
+{
+    const cuda_backend *cb = (const cuda_backend *)be;
+    *out = cb->gstats;
+    out->held = cb->n_graphs;
+}
+
 static cinfer_status cuda_all_reduce_sum(cinfer_backend *be, cinfer_tensor *t)
 {
     cuda_backend *cb = cu(be);
@@ -830,6 +1029,9 @@ static const struct cinfer_backend_ops cuda_ops = {
     .memory = cuda_memory,
     .reserve_scratch = cuda_reserve_scratch,
     .set_step = cuda_set_step,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_stats = cuda_graph_stats,
     .embed = cuda_embed,
     .rms_norm = cuda_rms_norm,
     .matmul = cuda_matmul,
@@ -895,6 +1097,15 @@ static cinfer_status open_device(cuda_backend *cb, double fraction)
         cudaEventCreateWithFlags(&cb->n_top.copied, cudaEventDisableTiming));
     CINFER_CUBLAS_TRY(cublasCreate(&cb->cublas));
     CINFER_CUBLAS_TRY(cublasSetStream(cb->cublas, cb->stream));
+    /* cuBLAS's workspace, allocated here (the size its guide recommends:
+     * 32 MiB on Hopper and later, 4 MiB before), so that no call
+     * allocates inside a recorded graph and the budget counts it. */
+    size_t ws = prop.major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+    cinfer_status st = dev_alloc(cb, ws, "cuBLAS workspace", &cb->blas_ws);
+    if (st != CINFER_OK)
+        return st;
+    cb->blas_ws_bytes = ws;
+    CINFER_CUBLAS_TRY(cublasSetWorkspace(cb->cublas, cb->blas_ws, ws));
     snprintf(cb->base.device_desc, sizeof cb->base.device_desc,
              "cuda:%d: %.60s, sm_%d%d, %.1f of %.1f GiB", cb->device,
              prop.name, prop.major, prop.minor,
@@ -943,6 +1154,8 @@ cinfer_status cinfer_backend_cuda_create(const cinfer_backend_cuda_params *p,
     cb->base.name = "cuda";
     cb->base.comm = p->comm;
     cb->invariant = p->batch_invariant != 0;
+    cb->eager = p->eager != 0;
+    cb->base.graphs_off = cb->eager; /* the model then pads no step */
     cb->device = p->device;
     cb->meta.what = "step metadata";
     cb->draws.what = "draws";
