@@ -868,6 +868,10 @@ static void run_step(cinfer_engine *e)
     e->st.edited_steps += choice && e->n_edits > 0;
     e->st.logprob_steps += choice && e->with_logprobs;
     e->st.last_step_ns = t1;
+    cinfer_backend_graph_stats gs;
+    cinfer_model_graph_stats(e->model, &gs);
+    e->st.graph_steps = (uint64_t)(gs.captured + gs.replayed);
+    e->st.graph_recorded = (uint64_t)gs.captured;
     if (st != CINFER_OK) {
         snprintf(e->errbuf, sizeof e->errbuf, "%s", cinfer_last_error());
         /* Asked here, on the thread that owns the backend, so that the

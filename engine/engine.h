@@ -286,6 +286,10 @@ typedef struct {
                                   the backend applied (CUDA) */
     uint64_t logprob_steps;    /* and those whose logprobs the backend
                                   found (CUDA) */
+    uint64_t graph_steps;      /* steps that ran as one CUDA graph launch,
+                                  recorded then or replayed */
+    uint64_t graph_recorded;   /* of them, those recorded (the first of
+                                  their row bucket and context class) */
     int64_t last_step_ns;      /* engine clock at the last step's end */
     int device_lost;           /* 1 once a step failed and the backend
                                   reported a fault it cannot recover from

@@ -1580,6 +1580,14 @@ int cinfer_model_healthy(cinfer_model *m)
     return cinfer_backend_healthy(m->be);
 }
 
+void cinfer_model_graph_stats(const cinfer_model *m,
+                              cinfer_backend_graph_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (m && !m->group && m->be)
+        cinfer_backend_graph_stats_get(m->be, out);
+}
+
 /* ---------------------------------------------------------------------- */
 /* forward                                                                */
 /* ---------------------------------------------------------------------- */

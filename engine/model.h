@@ -267,6 +267,12 @@ int cinfer_model_input_embeds(const cinfer_model *m);
  * broken). */
 int cinfer_model_healthy(cinfer_model *m);
 
+/* Its backend's graph counts (cinfer_backend_graph_stats_get): decode
+ * steps recorded and replayed as CUDA graphs; zeros for a group or a
+ * backend without graphs. Call on the thread that runs the steps. */
+void cinfer_model_graph_stats(const cinfer_model *m,
+                              cinfer_backend_graph_stats *out);
+
 /* The default model's path (from the build, or CINFER_MODEL in the
  * environment); "" if unknown. */
 const char *cinfer_model_default_path(void);

@@ -25,7 +25,9 @@
 #      here TP=1, the one NCCL check one GPU allows, bit for bit against
 #      the plain backend, and TP=2/3 where there are GPUs enough;
 #      test_model_invariant: batch-invariant mode, a sequence's logits
-#      alone and in decode batches of 2 to 200 rows bit for bit), then
+#      alone and in decode batches of 2 to 200 rows bit for bit;
+#      test_model_graphs: decode steps replayed from CUDA graphs against
+#      the same steps launched op by op, bit for bit), then
 #      compute-sanitizer
 #      memcheck and racecheck over the backend tests where the tool runs;
 #   3. ceilings: device copy bandwidth and the cuBLAS BF16 GEMM rate,
@@ -35,7 +37,9 @@
 #      Q8_0 and Q4_0, made here by the project's GGUF writer
 #      (cinfer-mkmodel), each beside its bandwidth floor (weight bytes over
 #      the measured copy bandwidth); BF16 again in batch-invariant mode, at
-#      batch 1 and 64, for what the mode costs; Q4_0 again at batch 1 and
+#      batch 1 and 64, for what the mode costs; BF16 and Q4_0 at batch 1
+#      and 64 with every kernel launched on its own (--eager), for what
+#      the graphs give; Q4_0 again at batch 1 and
 #      64 with greedy tokens chosen on the device (--tokens-on-device), and
 #      at batch 64 with the tiled product on dp4a (CINFER_CUDA_MMQ=dp4a),
 #      for what each gives.
@@ -134,6 +138,7 @@ run_test test_backend_ops 180 "$BIN/tests/test_backend_ops"
 run_test test_model_cuda 180 "$BIN/tests/test_model_cuda"
 run_test test_model_tp_cuda 120 "$BIN/tests/test_model_tp_cuda"
 run_test test_model_invariant 120 "$BIN/tests/test_model_invariant"
+run_test test_model_graphs 120 "$BIN/tests/test_model_graphs"
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck; do
     run_test "sanitizer-$tool" 120 compute-sanitizer --tool "$tool" \
@@ -182,6 +187,15 @@ echo "$SHAPES" | while read -r name L E H KV FF V C T; do
         >"$OUT/devbench-$name-$t-invariant.jsonl" 2>>"$LOG"
       python3 bench/gpu_table.py "$OUT/devbench-$name-$t-invariant.jsonl" \
         "$name" "$t batch-invariant" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
+    fi
+    # every kernel launched on its own (--eager), against the decode
+    # steps above, which replay one recorded graph a step
+    if [ "$t" != q8_0 ] && [ "$(left)" -gt 60 ]; then
+      timeout "$(left)" "$BIN/tools/cinfer-devbench" -m "$f" --device cuda \
+        --batch 1,64 --steps 32 -r 3 --eager \
+        >"$OUT/devbench-$name-$t-eager.jsonl" 2>>"$LOG"
+      python3 bench/gpu_table.py "$OUT/devbench-$name-$t-eager.jsonl" \
+        "$name" "$t eager (no graphs)" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
     fi
     # greedy tokens chosen on the device: only ids come back (what the
     # engine does for greedy steps), against the rows of logits above

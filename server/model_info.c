@@ -92,6 +92,8 @@ static cinfer_status model_info(srv_call *c, const uint8_t *req, size_t len,
     stats.drawn_steps = es.drawn_steps;
     stats.edited_steps = es.edited_steps;
     stats.logprob_steps = es.logprob_steps;
+    stats.graph_steps = es.graph_steps;
+    stats.graph_recorded_steps = es.graph_recorded;
     resp.stats = &stats;
 
     pthread_mutex_lock(&s->mu);

@@ -97,6 +97,7 @@ typedef struct {
     const char *log_level;
     /* resilience */
     int resilience;
+    int cuda_graphs;
     double rate_limit_qps;
     long rate_limit_burst;
     double client_rate_limit_qps;
@@ -178,6 +179,12 @@ static const flag_doc flags[] = {
      "weights, activations and scratch first, then the KV cache takes what "
      "is left; a model that does not fit is refused at start (default 0.9)",
      ARG_SPECIAL, 0, 0, 0, " (a share in (0, 1])"},
+    {"cuda-graphs", "CINFER_CUDA_GRAPHS", "on|off",
+     "on CUDA, each decode step's launches are recorded as one graph per "
+     "row bucket (1, 2, 4 ... 256 rows, the step padded up to its bucket) "
+     "the first time it is seen and replayed after: one launch a step "
+     "(default on; off = every kernel launched on its own)",
+     ARG_ONOFF, OFF(cuda_graphs), 0, 0, NULL},
     {"threads", "CINFER_THREADS", "N",
      "CPU threads for the model on the CPU backend (default: all cores)",
      ARG_LONG, OFF(threads), 0, 1024, NULL},
@@ -691,6 +698,7 @@ static int open_device(const config *cfg, cinfer_backend **out)
     cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
     cp.device = ordinal;
     cp.memory_fraction = cfg->gpu_memory_fraction;
+    cp.eager = !cfg->cuda_graphs;
     if (cinfer_backend_cuda_create(&cp, out) == CINFER_OK)
         return 1;
     cinfer_log_line l;
@@ -1099,6 +1107,7 @@ int cinfer_server_main(int argc, char **argv,
         .spec_max_seqs = 4,
         .log_level = "info",
         .resilience = 1,
+        .cuda_graphs = 1,
         .max_clients = (long)da->max_clients,
         .max_queued_requests = (long)da->shedder.max_queued_requests,
         .max_queued_tokens = (long long)da->shedder.max_queued_tokens,

@@ -38,7 +38,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: cinfer-devbench -m MODEL [--device cpu|cuda[:N]] "
                "[--batch B1,B2,...] [--steps N] [--prompt P] [-r REPS] "
                "[--gpu-memory-fraction F] [-t THREADS] [--batch-invariant] "
-               "[--tokens-on-device | --sampled-on-device]\n");
+               "[--eager] [--tokens-on-device | --sampled-on-device]\n");
 }
 
 /* The step of B sequences at position pos, sequence s in blocks
@@ -270,6 +270,7 @@ int main(int argc, char **argv)
     int steps = 32, prompt = 0, reps = 3, threads = 0;
     double fraction = 0.9;
     int invariant = 0; /* --batch-invariant */
+    int eager = 0;     /* --eager: no CUDA graphs */
     int on_device = 0; /* 1: --tokens-on-device, 2: --sampled-on-device */
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -281,12 +282,13 @@ int main(int argc, char **argv)
         {"threads", required_argument, 0, 't'},
         {"gpu-memory-fraction", required_argument, 0, 'f'},
         {"batch-invariant", no_argument, 0, 'i'},
+        {"eager", no_argument, 0, 'e'},
         {"tokens-on-device", no_argument, 0, 'g'},
         {"sampled-on-device", no_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:igSh", opts, NULL)) !=
+    while ((c = getopt_long(argc, argv, "m:d:b:s:p:r:t:f:iegSh", opts, NULL)) !=
            -1) {
         switch (c) {
         case 'm': path = optarg; break;
@@ -298,6 +300,7 @@ int main(int argc, char **argv)
         case 't': threads = atoi(optarg); break;
         case 'f': fraction = atof(optarg); break;
         case 'i': invariant = 1; break;
+        case 'e': eager = 1; break;
         case 'g': on_device = 1; break;
         case 'S': on_device = 2; break;
         case 'h': usage(stdout); return 0;
@@ -329,6 +332,7 @@ int main(int argc, char **argv)
         cp.device = device[4] == ':' ? atoi(device + 5) : 0;
         cp.memory_fraction = fraction;
         cp.batch_invariant = invariant;
+        cp.eager = eager;
         st = cinfer_backend_cuda_create(&cp, &be);
     } else if (strcmp(device, "cpu") == 0) {
         cinfer_backend_cpu_params cp = cinfer_backend_cpu_default_params();
@@ -367,6 +371,14 @@ int main(int argc, char **argv)
             break;
         p++;
     }
+    cinfer_backend_graph_stats gs;
+    cinfer_backend_graph_stats_get(be, &gs);
+    if (cinfer_backend_has_graphs(be))
+        fprintf(stderr,
+                "cinfer-devbench: CUDA graphs: %lld steps recorded, %lld "
+                "replayed, %lld declined\n",
+                (long long)gs.captured, (long long)gs.replayed,
+                (long long)gs.eager);
     cinfer_model_destroy(m);
     cinfer_backend_destroy(be);
     return rc;

@@ -2312,6 +2312,7 @@ def case_cudasim_generate():
         check_eq(st.edited_steps, 0, "the CPU backend edits on the host")
         check_eq(st.logprob_steps, 0,
                  "the CPU backend's logprobs are the host's")
+        check_eq(st.graph_steps, 0, "the CPU backend records no graphs")
     with cudasim_server("cudasim") as srv:
         check_eq(srv.health(), "SERVING", "health")
         check_on_harness(srv)
@@ -2355,6 +2356,9 @@ def case_cudasim_generate():
               "sampled steps drew their tokens on the device")
         check(st.edited_steps > 0,
               "penalized steps had their logits edited on the device")
+        check(0 < st.graph_recorded_steps < st.graph_steps,
+              "decode steps replayed CUDA graphs (%d recorded, %d run)" %
+              (st.graph_recorded_steps, st.graph_steps))
         wait_engine_idle(srv, 30)
         check_eq(srv.health(), "SERVING", "health after the requests")
     log("ok: cudasim server streams the CPU server's greedy and seeded "
