@@ -14,8 +14,10 @@
 #   2. the backend tests on the device against the CPU backend and the
 #      float64 references (test_backend_ops, its CUDA factory; with it the
 #      fused kernels bit for bit against the ops they replace, and the
-#      int8 mma / ldmatrix wrappers of kernels/cuda/mma.cuh against the
-#      PTX ISA's semantics, which checks the harness's emulation, and the
+#      int8 and f16 / bf16 mma and ldmatrix wrappers of
+#      kernels/cuda/mma.cuh against the PTX ISA's semantics, which checks
+#      the harness's emulation, the batch-invariant float product on
+#      tensor cores (dense.cu) against float64 and row by row, and the
 #      tiled quantized product on mma against its dp4a kernel and mmvq bit
 #      for bit, and the greedy choice and the draw (top_k, top_p, min_p),
 #      the sampler's edits (bias, penalties, min_tokens) and the logprobs

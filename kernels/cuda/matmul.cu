@@ -184,8 +184,8 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
         need_bf16 |= w[i].dtype == CINFER_DTYPE_BF16;
         need_blas |= !is_quantized(w[i].dtype);
     }
-    if (batch_invariant) /* float weights take x as it is (dense.cuh) */
-        need_f16 = need_bf16 = need_blas = 0;
+    if (batch_invariant) /* our kernels for the float weights (dense.cuh) */
+        need_blas = 0;
     if (need_q8) {
         st = cinfer_cuda_quantize_q8_1(stream, x, xq, n, k);
         if (st != CINFER_OK)
@@ -234,9 +234,14 @@ extern "C" cinfer_status cinfer_cuda_matmul(cudaStream_t stream,
         case CINFER_DTYPE_F32:
         case CINFER_DTYPE_F16:
         case CINFER_DTYPE_BF16:
-            if (batch_invariant)
+            if (batch_invariant && wi->dtype == CINFER_DTYPE_F32)
                 st = cinfer_cuda_dense(stream, wi->dtype, wi->data, wi->n_out,
                                        x, n, k, wi->out);
+            else if (batch_invariant)
+                st = cinfer_cuda_dense_mma(
+                    stream, wi->dtype, wi->data, wi->n_out,
+                    wi->dtype == CINFER_DTYPE_F16 ? x16 : xb16, n, k,
+                    wi->out);
             else if (wi->dtype == CINFER_DTYPE_F32)
                 st = gemm(cublas, wi, x, CUDA_R_32F, n, k);
             else if (wi->dtype == CINFER_DTYPE_F16)

@@ -12,8 +12,9 @@
  * reduction order (mmvq.cuh), so
  * a row's outputs over quantized weights do not depend on n. cuBLAS picks
  * its kernel by shape, so over F32 / F16 / BF16 weights they can; with
- * batch_invariant those go to cinfer_cuda_dense instead (dense.cuh), whose
- * bits a row fixes alone.
+ * batch_invariant those go to our kernels instead (dense.cuh: F32 to
+ * cinfer_cuda_dense, F16 / BF16 over the same rounded copy of x to
+ * cinfer_cuda_dense_mma, on tensor cores), whose bits a row fixes alone.
  *
  *     size_t sb = cinfer_cuda_matmul_scratch_bytes(n, k);   // once, max n
  *     cinfer_cuda_mm_weight w[3] = {

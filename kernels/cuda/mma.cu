@@ -1,7 +1,8 @@
 /*
- * mma.cu - the check kernel of the tensor-core building blocks (mma.cuh):
+ * mma.cu - the check kernels of the tensor-core building blocks (mma.cuh):
  * one warp loads its fragments from global memory in the PTX layouts, runs
- * one int8 mma and one ldmatrix x4, each also in its shuffle form, and
+ * one int8 mma and one ldmatrix x4 (or one f16 / bf16 mma), each also in
+ * its shuffle form, and
  * stores what it got, for the tests
  * to compare with a scalar reference (test_backend_ops, on the harness and
  * on a device).
@@ -71,6 +72,59 @@ cinfer_cuda_mma_check(cudaStream_t stream, const int8_t *a, const int8_t *b,
   CINFER_LAUNCH(mma_check_kernel, dim3(1), dim3(32), 0, stream, a, b, c, d, m,
                 perm, r);
   CINFER_CUDA_TRY_LAUNCH("mma_check_kernel");
+  CINFER_CUDA_TRY(cudaStreamSynchronize(stream));
+  return CINFER_OK;
+}
+
+// Grid (1), block (32).
+template <bool BF16>
+__global__ void mma_f_check_kernel(const uint16_t *__restrict__ a, // [16][16]
+                                   const uint16_t *__restrict__ b, // [8][16]
+                                   const float *__restrict__ c,    // [16][8]
+                                   float *__restrict__ d)          // [2][16][8]
+{
+  const int lane = (int)threadIdx.x, gid = lane / 4, tid = lane % 4;
+  auto pair = [](const uint16_t *p) {
+    return (unsigned)p[0] | (unsigned)p[1] << 16;
+  };
+  unsigned fa[4], fb[2];
+  fa[0] = pair(a + gid * 16 + 2 * tid);
+  fa[1] = pair(a + (gid + 8) * 16 + 2 * tid);
+  fa[2] = pair(a + gid * 16 + 8 + 2 * tid);
+  fa[3] = pair(a + (gid + 8) * 16 + 8 + 2 * tid);
+  fb[0] = pair(b + gid * 16 + 2 * tid);
+  fb[1] = pair(b + gid * 16 + 8 + 2 * tid);
+  const int at[4] = {gid * 8 + 2 * tid, gid * 8 + 2 * tid + 1,
+                     (gid + 8) * 8 + 2 * tid, (gid + 8) * 8 + 2 * tid + 1};
+  float fd[4], fd_shfl[4];
+  for (int i = 0; i < 4; i++)
+    fd[i] = fd_shfl[i] = c[at[i]];
+  if (BF16)
+    cinfer_mma_bf16_16816(fd, fa, fb);
+  else
+    cinfer_mma_f16_16816(fd, fa, fb);
+  cinfer_mma_f_16816_shfl<BF16>(fd_shfl, fa, fb);
+  for (int i = 0; i < 4; i++) {
+    d[at[i]] = fd[i];
+    d[128 + at[i]] = fd_shfl[i];
+  }
+}
+
+extern "C" cinfer_status cinfer_cuda_mma_f_check(cudaStream_t stream, int bf16,
+                                                 const uint16_t *a,
+                                                 const uint16_t *b,
+                                                 const float *c, float *d) {
+  if (!a || !b || !c || !d)
+    return cinfer_set_error(CINFER_E_INVALID_ARG,
+                            "cuda mma_f_check: a pointer is NULL");
+  if (bf16) {
+    CINFER_LAUNCH(mma_f_check_kernel<true>, dim3(1), dim3(32), 0, stream, a,
+                  b, c, d);
+  } else {
+    CINFER_LAUNCH(mma_f_check_kernel<false>, dim3(1), dim3(32), 0, stream, a,
+                  b, c, d);
+  }
+  CINFER_CUDA_TRY_LAUNCH("mma_f_check_kernel");
   CINFER_CUDA_TRY(cudaStreamSynchronize(stream));
   return CINFER_OK;
 }

@@ -1,7 +1,9 @@
 /*
  * mma.cuh - the tensor-core building blocks of the batched kernels (the
- * tiled quantized product, mmq.cu, runs on the first): int8 mma.sync
- * m16n8k32 and ldmatrix x4, as device functions
+ * tiled quantized product, mmq.cu, runs on the first; the batch-invariant
+ * float product, dense.cu, on the second): int8 mma.sync m16n8k32, f16 /
+ * bf16 mma.sync m16n8k16 with f32 accumulators, and ldmatrix x4, as
+ * device functions
  * that are the PTX instructions under nvcc (sm_80 and later) and, under
  * the CUDA harness (tests/cudasim/), the same results from the PTX ISA's
  * fragment layouts: each one warp-wide exchange of the harness (it
@@ -19,6 +21,19 @@
  *                         b[1] = B[16 + 4 tid ..][gid]
  *   C, D 16x8 (int32):   d[0] = D[gid][2 tid], d[1] = D[gid][2 tid + 1],
  *                        d[2] = D[gid + 8][2 tid], d[3] = D[gid + 8][2 tid + 1]
+ * Fragments of mma m16n8k16 .f32 over .f16 or .bf16 (two 16-bit floats
+ * in a register, the lower k in the low half):
+ *   A 16x16, row-major:  a[0] = A[gid][2 tid, 2 tid + 1]
+ *                        a[1] = A[gid + 8][2 tid ..]
+ *                        a[2] = A[gid][8 + 2 tid ..]
+ *                        a[3] = A[gid + 8][8 + 2 tid ..]
+ *   B 16x8, column-major: b[0] = B[2 tid, 2 tid + 1][gid]
+ *                         b[1] = B[8 + 2 tid ..][gid]
+ *   C, D 16x8 (f32):     as for m16n8k32.
+ * The products of 16-bit floats are exact in f32; how a device adds the
+ * 16 of an element to its accumulator inside the instruction is its own,
+ * so the harness (and the shuffle form: one fmaf a product, k = 0..15 in
+ * order) may differ from it in the last bits, never in which inputs meet.
  * ldmatrix .x4 .b16: lane l gives the address of row l % 8 of matrix l / 8
  * (16 bytes, in shared memory); r[i] of lane l is then the two 16-bit
  * elements (2 (l % 4), 2 (l % 4) + 1) of row l / 4 of matrix i.
@@ -60,6 +75,15 @@ cinfer_status cinfer_cuda_mma_check(cudaStream_t stream, const int8_t *a,
                                     const int8_t *b, const int32_t *c,
                                     int32_t *d, const uint16_t *m,
                                     const int32_t *perm, uint32_t *r);
+
+/* One warp on `stream`: d = A * B + C through cinfer_mma_bf16_16816
+ * (bf16 != 0) or cinfer_mma_f16_16816, with A [16][16] and B [8][16]
+ * (column n, k contiguous) the 16-bit floats' bits, C [16][8] f32; d
+ * [2][16][8]: [0] from the instruction (the harness's exchange), [1] from
+ * the shuffle form. Device pointers; synchronises the stream. */
+cinfer_status cinfer_cuda_mma_f_check(cudaStream_t stream, int bf16,
+                                      const uint16_t *a, const uint16_t *b,
+                                      const float *c, float *d);
 
 #ifdef __cplusplus
 }
@@ -122,6 +146,86 @@ cinfer_mma_s8_16832_shfl(int (&d)[4], const unsigned (&a)[4],
   }
   for (int i = 0; i < 4; i++)
     d[i] = (int)acc[i];
+}
+
+/* A 16-bit float's bits (f16, or bf16 when BF16) as f32. */
+template <bool BF16>
+static __device__ __forceinline__ float cinfer_mma_half(unsigned h) {
+  if (BF16)
+    return __uint_as_float((h & 0xffffu) << 16);
+  return __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
+}
+
+/* d += A * B over one warp's m16n8k16 fragments (the layouts above),
+ * through warp shuffles: each element from its accumulator, then k =
+ * 0..15 in order, one fmaf a product (the harness's order too). */
+template <bool BF16>
+static __device__ __forceinline__ void
+cinfer_mma_f_16816_shfl(float (&d)[4], const unsigned (&a)[4],
+                        const unsigned (&b)[2]) {
+  const unsigned full = 0xffffffffu;
+  const int lane = cinfer_lane(), gid = lane / 4, tid = lane % 4;
+  /* rows gid, gid + 8 of A and columns 2 tid, 2 tid + 1 of B, by k */
+  float ra[2][16], rb[2][16];
+  for (int q = 0; q < 4; q++) {
+    unsigned x[4], y[2][2];
+    for (int i = 0; i < 4; i++)
+      x[i] = __shfl_sync(full, a[i], 4 * gid + q);
+    for (int c = 0; c < 2; c++)
+      for (int i = 0; i < 2; i++)
+        y[c][i] = __shfl_sync(full, b[i], 4 * (2 * tid + c) + q);
+    for (int e = 0; e < 2; e++) {
+      ra[0][2 * q + e] = cinfer_mma_half<BF16>(x[0] >> (16 * e));
+      ra[1][2 * q + e] = cinfer_mma_half<BF16>(x[1] >> (16 * e));
+      ra[0][8 + 2 * q + e] = cinfer_mma_half<BF16>(x[2] >> (16 * e));
+      ra[1][8 + 2 * q + e] = cinfer_mma_half<BF16>(x[3] >> (16 * e));
+      for (int c = 0; c < 2; c++) {
+        rb[c][2 * q + e] = cinfer_mma_half<BF16>(y[c][0] >> (16 * e));
+        rb[c][8 + 2 * q + e] = cinfer_mma_half<BF16>(y[c][1] >> (16 * e));
+      }
+    }
+  }
+  for (int i = 0; i < 4; i++) {
+    float acc = d[i];
+    for (int k = 0; k < 16; k++)
+      acc = fmaf(ra[i >> 1][k], rb[i & 1][k], acc);
+    d[i] = acc;
+  }
+}
+
+/* d += A * B, m16n8k16 .f32 .bf16 (the layouts above): the instruction
+ * on sm_80 and later, the harness's exchange, the shuffles elsewhere. */
+static __device__ __forceinline__ void
+cinfer_mma_bf16_16816(float (&d)[4], const unsigned (&a)[4],
+                      const unsigned (&b)[2]) {
+#if CINFER_MMA_PTX
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                 "r"(b[1]));
+#elif defined(CINFER_CUDASIM)
+  cudasim_mma_f_16816(1, d, a, b, __FILE__, __LINE__);
+#else
+  cinfer_mma_f_16816_shfl<true>(d, a, b);
+#endif
+}
+
+/* The same over .f16 inputs. */
+static __device__ __forceinline__ void
+cinfer_mma_f16_16816(float (&d)[4], const unsigned (&a)[4],
+                     const unsigned (&b)[2]) {
+#if CINFER_MMA_PTX
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]),
+                 "r"(b[1]));
+#elif defined(CINFER_CUDASIM)
+  cudasim_mma_f_16816(0, d, a, b, __FILE__, __LINE__);
+#else
+  cinfer_mma_f_16816_shfl<false>(d, a, b);
+#endif
 }
 
 /* ldmatrix x4 through shuffles (p: this lane's row), for older GPUs. */

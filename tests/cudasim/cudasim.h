@@ -262,6 +262,8 @@ enum cudasim_warp_op {
     CUDASIM_MATCH_ALL,
     CUDASIM_MMA_S8_16832,
     CUDASIM_LDMATRIX_X4,
+    CUDASIM_MMA_F16_16816,
+    CUDASIM_MMA_BF16_16816,
 };
 /* Deposits `value` (raw bits), waits for the lanes of `mask`, returns this
  * lane's result bits. For shuffles `arg` is the source lane, delta or lane
@@ -281,6 +283,14 @@ void cudasim_mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2],
                           const char *file, int line);
 void cudasim_ldmatrix_x4(unsigned r[4], const void *row, const char *file,
                          int line);
+/* mma.sync m16n8k16 .row.col .f32 over .f16 (bf16 = 0) or .bf16 (1)
+ * inputs: d += A * B, each element of D summed from its accumulator then
+ * k = 0..15 in order, one fmaf a product (the products of 16-bit floats
+ * are exact in f32). A device sums inside the instruction in an order of
+ * its own, so its bits may differ in the last places; the fragment
+ * layouts are the PTX ISA's (mma.cuh). */
+void cudasim_mma_f_16816(int bf16, float d[4], const unsigned a[4],
+                         const unsigned b[2], const char *file, int line);
 /* The lanes of this warp that have not exited (no synchronisation). */
 unsigned cudasim_activemask(void);
 /* __trap(): reports and fails the launch (sticky cudaErrorLaunchFailure). */

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdarg>
 #include <ctime>
@@ -437,6 +438,8 @@ const char *op_name(int op)
     case CUDASIM_MATCH_ALL: return "__match_all_sync";
     case CUDASIM_MMA_S8_16832: return "mma.sync.m16n8k32.s8";
     case CUDASIM_LDMATRIX_X4: return "ldmatrix.x4";
+    case CUDASIM_MMA_F16_16816: return "mma.sync.m16n8k16.f16";
+    case CUDASIM_MMA_BF16_16816: return "mma.sync.m16n8k16.bf16";
     default: return "__reduce_*_sync";
     }
 }
@@ -943,6 +946,59 @@ struct ldm_frag {
     const char *row;
     unsigned *r;
 };
+struct mmaf_frag {
+    unsigned a[4], b[2];
+    float *d;
+};
+
+/* A 16-bit float (IEEE half, or bfloat16: the top half of an f32) as f32. */
+static float half_bits(uint16_t h, bool bf16)
+{
+    if (bf16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+    const float v = e == 0    ? ldexpf((float)m, -24)
+                    : e == 31 ? (m ? NAN : INFINITY)
+                              : ldexpf((float)(m | 1024u), (int)e - 25);
+    return (h >> 15) ? -v : v;
+}
+
+/* mma.sync m16n8k16 .row.col .f32 .f16/.bf16 for the warp (PTX ISA
+ * fragment layouts; kernels/cuda/mma.cuh): lane l = 4 gid + tid holds
+ * A[gid][2 tid, 2 tid + 1], A[gid + 8][2 tid ..], A[gid][8 + 2 tid ..],
+ * A[gid + 8][8 + 2 tid ..] (the lower k in the low half of each
+ * register); B[2 tid ..][gid], B[8 + 2 tid ..][gid]; D as for m16n8k32. */
+static void exchange_mma_f(const cthread *lanes, bool bf16)
+{
+    float A[16][16], B[8][16]; /* B by column: B[n][k] */
+    for (unsigned l = 0; l < 32; l++) {
+        const mmaf_frag *f = reinterpret_cast<const mmaf_frag *>((uintptr_t)lanes[l].val);
+        unsigned gid = l / 4, tid = l % 4;
+        for (int e = 0; e < 2; e++) {
+            A[gid][2 * tid + e] = half_bits((uint16_t)(f->a[0] >> (16 * e)), bf16);
+            A[gid + 8][2 * tid + e] = half_bits((uint16_t)(f->a[1] >> (16 * e)), bf16);
+            A[gid][8 + 2 * tid + e] = half_bits((uint16_t)(f->a[2] >> (16 * e)), bf16);
+            A[gid + 8][8 + 2 * tid + e] = half_bits((uint16_t)(f->a[3] >> (16 * e)), bf16);
+            B[gid][2 * tid + e] = half_bits((uint16_t)(f->b[0] >> (16 * e)), bf16);
+            B[gid][8 + 2 * tid + e] = half_bits((uint16_t)(f->b[1] >> (16 * e)), bf16);
+        }
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        const mmaf_frag *f = reinterpret_cast<const mmaf_frag *>((uintptr_t)lanes[l].val);
+        unsigned gid = l / 4, tid = l % 4;
+        for (int e = 0; e < 4; e++) {
+            unsigned m = gid + 8 * (e >> 1), n = 2 * tid + (e & 1);
+            float acc = f->d[e];
+            for (int k = 0; k < 16; k++)
+                acc = fmaf(A[m][k], B[n][k], acc);
+            f->d[e] = acc;
+        }
+    }
+}
 
 /* mma.sync m16n8k32 .row.col .s8.s8.s32 for the warp, from the PTX ISA's
  * fragment layouts (kernels/cuda/mma.cuh): lane l = 4 gid + tid holds
@@ -1061,13 +1117,17 @@ static void complete_exchange(worker *w, unsigned warp, unsigned need, cthread *
     }
     case CUDASIM_MMA_S8_16832:
     case CUDASIM_LDMATRIX_X4:
+    case CUDASIM_MMA_F16_16816:
+    case CUDASIM_MMA_BF16_16816:
         if (need != 0xffffffffu)
             fail_warp(w, *me, "needs all 32 lanes of the warp, mask 0x%08x (existing 0x%08x)",
                       me->mask, ws.existing);
         if (op == CUDASIM_MMA_S8_16832)
             exchange_mma(lanes);
-        else
+        else if (op == CUDASIM_LDMATRIX_X4)
             exchange_ldmatrix(w, lanes);
+        else
+            exchange_mma_f(lanes, op == CUDASIM_MMA_BF16_16816);
         break;
     case CUDASIM_SYNCWARP: break;
     default: { /* __reduce_*_sync over 32-bit values */
@@ -1145,6 +1205,14 @@ void cudasim_mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2], co
     mma_frag f = {{a[0], a[1], a[2], a[3]}, {b[0], b[1]}, d};
     cudasim_warp(CUDASIM_MMA_S8_16832, 0xffffffffu, (unsigned long long)(uintptr_t)&f, 0, 32,
                  file, line);
+}
+
+void cudasim_mma_f_16816(int bf16, float d[4], const unsigned a[4], const unsigned b[2],
+                         const char *file, int line)
+{
+    mmaf_frag f = {{a[0], a[1], a[2], a[3]}, {b[0], b[1]}, d};
+    cudasim_warp(bf16 ? CUDASIM_MMA_BF16_16816 : CUDASIM_MMA_F16_16816, 0xffffffffu,
+                 (unsigned long long)(uintptr_t)&f, 0, 32, file, line);
 }
 
 void cudasim_ldmatrix_x4(unsigned r[4], const void *row, const char *file, int line)

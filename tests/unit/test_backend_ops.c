@@ -61,7 +61,9 @@
  *     chunks interleaved, one with a 600-token context (decode split into
  *     partitions and reduced).
  * On CUDA factories, the tensor-core building blocks (int8 mma m16n8k32,
- * ldmatrix x4: kernels/cuda/mma.cuh) against the PTX ISA's semantics.
+ * f16 / bf16 mma m16n8k16, ldmatrix x4: kernels/cuda/mma.cuh) against the
+ * PTX ISA's semantics, and the batch-invariant float product on them
+ * (dense.cuh) against float64 and row by row.
  * Bad arguments (dtype, shape, step indices, read-only outputs) return
  * CINFER_E_INVALID_ARG naming the op and leave the backend usable, on every
  * backend (the checks live in backend.c). CPU only: the ISAs and thread
@@ -80,6 +82,7 @@
 #if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/dense.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/mmvq.cuh"
@@ -1888,6 +1891,190 @@ static void test_mma_fragments(void)
         cudaFree(dm);
         cudaFree(dp);
         cudaFree(dr);
+        cinfer_backend_destroy(be);
+    }
+#endif
+}
+
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+static float half_val(uint16_t h, int bf16)
+{
+    return bf16 ? cinfer_bf16_to_fp32(h) : cinfer_fp16_to_fp32(h);
+}
+
+/* A random 16-bit float of magnitude about 2^-4 .. 2^3, either sign. */
+static uint16_t rand_half(uint64_t *seed, int bf16)
+{
+    float v = (float)ldexp((double)(rand_below(seed, 1 << 20) + 1) /
+                               (1 << 20),
+                           rand_below(seed, 8) - 4);
+    if (rand_below(seed, 2))
+        v = -v;
+    return bf16 ? cinfer_fp32_to_bf16(v) : cinfer_fp32_to_fp16(v);
+}
+#endif
+
+/* The f16 / bf16 mma m16n8k16 (mma.cuh) on each CUDA factory, against a
+ * float64 sum of the same products: every product is exact in f32, so
+ * each output is within the rounding of 17 f32 additions of the exact
+ * sum (a fragment in the wrong place is wrong by whole products). Under
+ * the harness the instruction's exchange and the shuffle form add in the
+ * same order and must agree bit for bit. */
+static void test_mma_f_fragments(void)
+{
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        uint64_t seed = seed_for(919 + (uint64_t)bf16);
+        uint16_t a[16 * 16], b[8 * 16];
+        float c[16 * 8], d[2 * 16 * 8];
+        for (int i = 0; i < 16 * 16; i++)
+            a[i] = rand_half(&seed, bf16);
+        for (int i = 0; i < 8 * 16; i++)
+            b[i] = rand_half(&seed, bf16);
+        for (int i = 0; i < 16 * 8; i++)
+            c[i] = (float)(rand_below(&seed, 2001) - 1000) / 64.0f;
+        for (int fi = 0; fi < g_n_factories; fi++) {
+            const factory *f = &g_factories[fi];
+            if (f->kind != KIND_CUDA)
+                continue;
+            cinfer_backend *be = make_backend(f);
+            void *da, *db, *dc, *dd;
+            CHECK_EQ_INT(cudaMalloc(&da, sizeof a), cudaSuccess);
+            CHECK_EQ_INT(cudaMalloc(&db, sizeof b), cudaSuccess);
+            CHECK_EQ_INT(cudaMalloc(&dc, sizeof c), cudaSuccess);
+            CHECK_EQ_INT(cudaMalloc(&dd, sizeof d), cudaSuccess);
+            cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+            cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+            cudaMemcpy(dc, c, sizeof c, cudaMemcpyHostToDevice);
+            CHECK_OK(cinfer_cuda_mma_f_check(0, bf16, da, db, dc, dd));
+            memset(d, 0, sizeof d);
+            cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost);
+            int bad[2] = {0, 0}, differ = 0;
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 8; j++) {
+                    double want = c[i * 8 + j], mag = fabs(want);
+                    for (int k = 0; k < 16; k++) {
+                        double p = (double)half_val(a[i * 16 + k], bf16) *
+                                   half_val(b[j * 16 + k], bf16);
+                        want += p;
+                        mag += fabs(p);
+                    }
+                    const double tol = 17.0 * ldexp(mag, -24);
+                    for (int form = 0; form < 2; form++)
+                        bad[form] += !(fabs(d[form * 128 + i * 8 + j] - want) <=
+                                       tol);
+                    differ += memcmp(&d[i * 8 + j], &d[128 + i * 8 + j],
+                                     sizeof(float)) != 0;
+                }
+            if (bad[0] || bad[1])
+                fprintf(stderr, "%s: mma m16n8k16 %s: %d (instruction) and "
+                        "%d (shuffles) of 128 outputs wrong\n",
+                        f->name, bf16 ? "bf16" : "f16", bad[0], bad[1]);
+            CHECK_EQ_INT(bad[0], 0);
+            CHECK_EQ_INT(bad[1], 0);
+#ifdef CINFER_TEST_CUDASIM
+            CHECK_EQ_INT(differ, 0);
+#else
+            (void)differ;
+#endif
+            cudaFree(da);
+            cudaFree(db);
+            cudaFree(dc);
+            cudaFree(dd);
+            cinfer_backend_destroy(be);
+        }
+    }
+#endif
+}
+
+/* The batch-invariant float product on tensor cores (dense.cuh's
+ * cinfer_cuda_dense_mma) on each CUDA factory: against a float64 product
+ * of the same 16-bit inputs, within the rounding of its f32 sums, for
+ * shapes across the kernel's tiles and edges (1 to 200 rows, k a
+ * multiple of 8 or not, outputs past a tile); and invariant: every row's
+ * bits are those it gets alone (the small tile) and in 7 rows. */
+static void test_dense_mma(void)
+{
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+    static const struct {
+        int n, k, n_out;
+    } shapes[] = {{1, 64, 40}, {5, 72, 33}, {17, 40, 70}, {64, 20, 65},
+                  {200, 96, 130}};
+    for (int fi = 0; fi < g_n_factories; fi++) {
+        const factory *f = &g_factories[fi];
+        if (f->kind != KIND_CUDA)
+            continue;
+        cinfer_backend *be = make_backend(f);
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const int n = shapes[si].n, k = shapes[si].k,
+                          no = shapes[si].n_out;
+                uint64_t seed = seed_for(931 + si * 2 + (uint64_t)bf16);
+                uint16_t *w = malloc(sizeof(uint16_t) * (size_t)no * k);
+                uint16_t *x = malloc(sizeof(uint16_t) * (size_t)n * k);
+                float *got = malloc(sizeof(float) * (size_t)n * no);
+                float *one = malloc(sizeof(float) * 7 * (size_t)no);
+                for (int i = 0; i < no * k; i++)
+                    w[i] = rand_half(&seed, bf16);
+                for (int i = 0; i < n * k; i++)
+                    x[i] = rand_half(&seed, bf16);
+                void *dw, *dx, *dout;
+                CHECK_EQ_INT(cudaMalloc(&dw, sizeof(uint16_t) * (size_t)no * k),
+                             cudaSuccess);
+                CHECK_EQ_INT(cudaMalloc(&dx, sizeof(uint16_t) * (size_t)n * k),
+                             cudaSuccess);
+                CHECK_EQ_INT(cudaMalloc(&dout, sizeof(float) * (size_t)n * no),
+                             cudaSuccess);
+                cudaMemcpy(dw, w, sizeof(uint16_t) * (size_t)no * k,
+                           cudaMemcpyHostToDevice);
+                cudaMemcpy(dx, x, sizeof(uint16_t) * (size_t)n * k,
+                           cudaMemcpyHostToDevice);
+                const cinfer_dtype dt =
+                    bf16 ? CINFER_DTYPE_BF16 : CINFER_DTYPE_F16;
+                CHECK_OK(cinfer_cuda_dense_mma(0, dt, dw, no, dx, n, k, dout));
+                cudaMemcpy(got, dout, sizeof(float) * (size_t)n * no,
+                           cudaMemcpyDeviceToHost);
+                int bad = 0;
+                for (int r = 0; r < n; r++)
+                    for (int o = 0; o < no; o++) {
+                        double want = 0, mag = 0;
+                        for (int j = 0; j < k; j++) {
+                            double p = (double)half_val(x[r * k + j], bf16) *
+                                       half_val(w[o * k + j], bf16);
+                            want += p;
+                            mag += fabs(p);
+                        }
+                        const double tol = (k + 17.0) * ldexp(mag, -24);
+                        bad += !(fabs(got[r * no + o] - want) <= tol);
+                    }
+                /* rows alone (the first, the last) and 7 from the middle */
+                int variant = 0;
+                const int firsts[3] = {0, n - 1, n > 7 ? n / 2 - 3 : 0};
+                for (int q = 0; q < 3; q++) {
+                    const int r0 = firsts[q], m = q < 2 ? 1 : (n < 7 ? n : 7);
+                    CHECK_OK(cinfer_cuda_dense_mma(
+                        0, dt, dw, no, (const uint16_t *)dx + (size_t)r0 * k,
+                        m, k, dout));
+                    cudaMemcpy(one, dout, sizeof(float) * (size_t)m * no,
+                               cudaMemcpyDeviceToHost);
+                    variant += memcmp(one, got + (size_t)r0 * no,
+                                      sizeof(float) * (size_t)m * no) != 0;
+                }
+                if (bad || variant)
+                    fprintf(stderr, "%s: dense_mma %s n %d k %d n_out %d: %d "
+                            "outputs wrong, %d of 3 sub-batches differ\n",
+                            f->name, bf16 ? "bf16" : "f16", n, k, no, bad,
+                            variant);
+                CHECK_EQ_INT(bad, 0);
+                CHECK_EQ_INT(variant, 0);
+                cudaFree(dw);
+                cudaFree(dx);
+                cudaFree(dout);
+                free(w);
+                free(x);
+                free(got);
+                free(one);
+            }
         cinfer_backend_destroy(be);
     }
 #endif
@@ -3910,6 +4097,8 @@ int main(void)
     RUN(test_add_rms_norm);
     RUN(test_rope_kv_store);
     RUN(test_mma_fragments);
+    RUN(test_mma_f_fragments);
+    RUN(test_dense_mma);
     RUN(test_mmq_kernels);
     RUN(test_rms_norm_groups);
     RUN(test_rowwise_large);
