@@ -1,13 +1,17 @@
 /*
  * attention.cu - causal paged attention kernels (see attention.cuh).
  *
- * Three kernels, launched on one stream:
+ * Four kernels, launched on one stream:
  *
- *   prefill_kernel  a tile of consecutive rows of one sequence times the
- *                   query heads of one KV group (up to 32 (row, head)
- *                   "items"), 8 lanes per item; KV tiles of KT tokens are
- *                   gathered through the block table into shared memory
- *                   (fp32), scores and an online softmax stay in registers.
+ *   prefill_mma_kernel  F16 caches: 64 (row, head) vectors of a tile of
+ *                   one KV group, 16 a warp, scores and P V on tensor
+ *                   cores (below).
+ *   prefill_kernel  otherwise: a tile of consecutive rows of one sequence
+ *                   times the query heads of one KV group (up to 32 (row,
+ *                   head) "items"), 8 lanes per item; KV tiles of KT tokens
+ *                   are gathered through the block table into shared
+ *                   memory (fp32), scores and an online softmax stay in
+ *                   registers.
  *   decode_kernel   one decode row, one KV head (up to 8 of its query
  *                   heads), one partition of 512 context tokens: scores
  *                   into shared memory (an 8-lane group per token), the
@@ -24,9 +28,12 @@
 #include "kernels/cuda/attention.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_compat.cuh"
+#include "kernels/cuda/mma.cuh"
 
 /* ---------------------------------------------------------------------- */
 /* shared pieces                                                           */
@@ -301,6 +308,216 @@ __global__ void __launch_bounds__(kPrefillThreads)
 }
 
 /* ---------------------------------------------------------------------- */
+/* prefill tiles on tensor cores (F16 caches)                              */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * Flash-attention 2's loop on mma.sync m16n8k16 (f16 inputs, f32
+ * accumulators; mma.cuh). A block takes 64 query vectors (row, head) of
+ * one tile and KV group, 16 per warp, vector v = row * group + head. Each
+ * KV tile of kMmaKeys keys is staged as F16: K as it is, V transposed,
+ * so both are B fragments of 32-bit reads. Per KV tile a warp computes
+ * its 16 x kMmaKeys scores (Q rounded to F16, as for the cores kernel),
+ * masks the keys past each vector's position, updates the running max
+ * and sum, rounds the weights to F16 (the sum is of the rounded weights,
+ * so they normalise exactly) and adds P V. The KV tiles start at
+ * multiples of kMmaKeys, and a tile wholly past a vector's position
+ * leaves its max, sum and output exactly as they were (its weights are
+ * 0, its correction exp(0) = 1), so a vector's bits depend on its own
+ * row, head and context only, never on the tile around it.
+ *
+ * Vectors past the tile compute vector 0's values and store nothing, so
+ * every warp stays whole for the instructions.
+ */
+constexpr int kMmaThreads = 128;
+constexpr int kMmaVectors = 64; /* query vectors per block: 16 a warp */
+constexpr int kMmaKeys = 32;    /* keys per KV tile */
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi)
+{
+    const unsigned a = __half_as_ushort(__float2half_rn(lo));
+    const unsigned b = __half_as_ushort(__float2half_rn(hi));
+    return a | b << 16;
+}
+
+__device__ __forceinline__ float half_lo(unsigned x)
+{
+    return __half2float(__ushort_as_half((unsigned short)(x & 0xffffu)));
+}
+
+__device__ __forceinline__ float half_hi(unsigned x)
+{
+    return __half2float(__ushort_as_half((unsigned short)(x >> 16)));
+}
+
+// Grid: (n_tiles * subs, n_kv_heads); block: kMmaThreads.
+template <int CAP>
+__global__ void __launch_bounds__(kMmaThreads)
+    prefill_mma_kernel(float *__restrict__ out,     // [n_rows, n_heads, hd]
+                       const float *__restrict__ q, // [n_rows, n_heads, hd]
+                       const __half *__restrict__ k_cache,
+                       const __half *__restrict__ v_cache,
+                       const int32_t *__restrict__ positions,
+                       const int32_t *__restrict__ row_seq,
+                       const int32_t *__restrict__ block_tables,
+                       const int32_t *__restrict__ tiles, attn_shape p)
+{
+    constexpr int KLD = CAP + 8;       /* a staged K row, padded */
+    constexpr int VLD = kMmaKeys + 8;  /* a staged V^T row, padded */
+    constexpr int KS = CAP / 16;       /* mma steps over head_dim */
+    constexpr int DN = CAP / 8;        /* output fragments over head_dim */
+    CINFER_SHARED(uint4, ks4, [kMmaKeys * KLD / 8]);
+    CINFER_SHARED(uint4, vs4, [CAP * VLD / 8]);
+    CINFER_SHARED(long long, kbase, [kMmaKeys]);
+    unsigned short *ks = reinterpret_cast<unsigned short *>(ks4);
+    unsigned short *vs = reinterpret_cast<unsigned short *>(vs4);
+
+    const int tile = blockIdx.x / p.subs, sub = blockIdx.x % p.subs;
+    const int row0 = tiles[2 * tile], tile_rows = tiles[2 * tile + 1];
+    const int nvec = tile_rows * p.group;
+    const int vbase = sub * kMmaVectors;
+    if (vbase >= nvec)
+        return; /* the whole block, before any barrier */
+    const int g = blockIdx.y;
+    const int hd = p.head_dim;
+    const int t = threadIdx.x, warp = t / kWarp, lane = t % kWarp;
+    const int gid = lane / 4, tq = lane % 4;
+    const int pos0 = positions[row0];
+    const int vlast = min(vbase + kMmaVectors, nvec) - 1;
+    const int pos_last = pos0 + vlast / p.group;
+    const int32_t *bt = block_tables + (int64_t)row_seq[row0] * p.max_blocks;
+
+    /* this lane's two vectors: rows gid and gid + 8 of its warp's 16 */
+    int vpos[2];
+    bool vok[2];
+    int64_t qo[2];
+    for (int h = 0; h < 2; h++) {
+        const int v = vbase + warp * 16 + gid + 8 * h;
+        vok[h] = v < nvec;
+        const int vv = vok[h] ? v : 0;
+        vpos[h] = pos0 + vv / p.group;
+        qo[h] = ((int64_t)(row0 + vv / p.group) * p.n_heads +
+                 g * p.group + vv % p.group) *
+                hd;
+    }
+    unsigned qa[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+        const int d0 = s * 16 + 2 * tq, d1 = d0 + 8;
+        for (int h = 0; h < 2; h++) {
+            const float *qr = q + qo[h];
+            qa[s][h] = d0 < hd ? pack_half2(qr[d0], qr[d0 + 1]) : 0u;
+            qa[s][2 + h] = d1 < hd ? pack_half2(qr[d1], qr[d1 + 1]) : 0u;
+        }
+    }
+    float o[DN][4];
+#pragma unroll
+    for (int j = 0; j < DN; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int kt0 = 0; kt0 <= pos_last; kt0 += kMmaKeys) {
+        __syncthreads(); /* the previous KV tile is consumed */
+        if (t < kMmaKeys) {
+            const int kt = kt0 + t;
+            kbase[t] = kt <= pos_last ? (long long)kv_offset(bt, kt, g, p)
+                                      : -1LL;
+        }
+        __syncthreads();
+        for (int e = t; e < kMmaKeys * (CAP / 8); e += kMmaThreads) {
+            const int j = e / (CAP / 8), c8 = (e % (CAP / 8)) * 8;
+            const long long b = kbase[j];
+            uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
+            if (b >= 0 && c8 < hd) {
+                kv = *reinterpret_cast<const uint4 *>(k_cache + b + c8);
+                vv = *reinterpret_cast<const uint4 *>(v_cache + b + c8);
+            }
+            *reinterpret_cast<uint4 *>(ks + j * KLD + c8) = kv;
+            const unsigned w4[4] = {vv.x, vv.y, vv.z, vv.w};
+            for (int i = 0; i < 8; i++) /* by value: no aliasing */
+                vs[(c8 + i) * VLD + j] =
+                    (unsigned short)(w4[i / 2] >> (16 * (i % 2)));
+        }
+        __syncthreads();
+
+        /* scores: 16 vectors x kMmaKeys keys, 8 keys a fragment */
+        float sc[kMmaKeys / 8][4];
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; n++) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                const unsigned short *kr =
+                    ks + (n * 8 + gid) * KLD + s * 16 + 2 * tq;
+                const unsigned b[2] = {*reinterpret_cast<const unsigned *>(kr),
+                                       *reinterpret_cast<const unsigned *>(kr + 8)};
+                cinfer_mma_f16_16816(sc[n], qa[s], b);
+            }
+        }
+        float mt[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                const int h = i >> 1, key = kt0 + n * 8 + 2 * tq + (i & 1);
+                sc[n][i] = key <= vpos[h] ? sc[n][i] * p.scale : -INFINITY;
+                mt[h] = fmaxf(mt[h], sc[n][i]);
+            }
+        for (int h = 0; h < 2; h++) { /* over the 4 lanes of a row */
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(kFull, mt[h], 1));
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(kFull, mt[h], 2));
+        }
+        float corr[2];
+        for (int h = 0; h < 2; h++) {
+            corr[h] = expf(m[h] - mt[h]); /* 0 on the first tile */
+            l[h] *= corr[h];
+            m[h] = mt[h];
+        }
+#pragma unroll
+        for (int j = 0; j < DN; j++)
+            for (int i = 0; i < 4; i++)
+                o[j][i] *= corr[i >> 1];
+        /* weights as F16 A fragments: keys 16 s .. 16 s + 15 */
+        unsigned pa[kMmaKeys / 16][4];
+#pragma unroll
+        for (int s = 0; s < kMmaKeys / 16; s++)
+            for (int half = 0; half < 2; half++) {
+                const int n = 2 * s + half;
+                for (int h = 0; h < 2; h++) {
+                    const unsigned w = pack_half2(expf(sc[n][2 * h] - mt[h]),
+                                                  expf(sc[n][2 * h + 1] - mt[h]));
+                    pa[s][2 * half + h] = w;
+                    l[h] += half_lo(w) + half_hi(w);
+                }
+            }
+#pragma unroll
+        for (int s = 0; s < kMmaKeys / 16; s++)
+#pragma unroll
+            for (int j = 0; j < DN; j++) {
+                const unsigned short *vr =
+                    vs + (j * 8 + gid) * VLD + s * 16 + 2 * tq;
+                const unsigned b[2] = {*reinterpret_cast<const unsigned *>(vr),
+                                       *reinterpret_cast<const unsigned *>(vr + 8)};
+                cinfer_mma_f16_16816(o[j], pa[s], b);
+            }
+    }
+
+    float inv[2];
+    for (int h = 0; h < 2; h++) {
+        float sum = l[h];
+        sum += __shfl_xor_sync(kFull, sum, 1);
+        sum += __shfl_xor_sync(kFull, sum, 2);
+        inv[h] = 1.0f / sum;
+    }
+#pragma unroll
+    for (int j = 0; j < DN; j++)
+        for (int i = 0; i < 4; i++) {
+            const int h = i >> 1, d = j * 8 + 2 * tq + (i & 1);
+            if (vok[h] && d < hd)
+                out[qo[h] + d] = o[j][i] * inv[h];
+        }
+}
+
+/* ---------------------------------------------------------------------- */
 /* decode rows                                                             */
 /* ---------------------------------------------------------------------- */
 
@@ -562,11 +779,73 @@ int64_t ml_floats(int64_t n_decode, int64_t n_heads, int64_t max_parts)
     return (n_decode * n_heads * max_parts * 2 + 3) & ~(int64_t)3;
 }
 
+/* Which kernel prefill tiles take: CINFER_CUDA_PREFILL=cores or =mma in
+ * the environment (read once), or cinfer_cuda_attention_force_prefill;
+ * by default tensor cores where they apply (both caches F16, head_dim a
+ * multiple of 8 up to 128). */
+int g_prefill_forced = -1; /* -1 unread, 0 auto, 1 cores, 2 mma */
+
+int prefill_choice()
+{
+    int f = __atomic_load_n(&g_prefill_forced, __ATOMIC_RELAXED);
+    if (f < 0) {
+        const char *e = getenv("CINFER_CUDA_PREFILL");
+        f = !e                        ? 0
+            : strcmp(e, "cores") == 0 ? 1
+            : strcmp(e, "mma") == 0   ? 2
+                                      : 0;
+        int unread = -1;
+        __atomic_compare_exchange_n(&g_prefill_forced, &unread, f, false,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        f = __atomic_load_n(&g_prefill_forced, __ATOMIC_RELAXED);
+    }
+    return f;
+}
+
+template <int MCAP>
+cinfer_status launch_prefill_mma(const cinfer_cuda_attn_args *a,
+                                 attn_shape sh)
+{
+    attn_shape p = sh;
+    p.subs = (int)ceil_div((int64_t)CINFER_CUDA_ATTN_TILE_ROWS * sh.group,
+                           kMmaVectors);
+    dim3 grid((unsigned)(a->plan.n_tiles * p.subs), (unsigned)a->n_kv_heads);
+    CINFER_LAUNCH(prefill_mma_kernel<MCAP>, grid, dim3(kMmaThreads), 0,
+                  a->stream, a->out, a->q,
+                  static_cast<const __half *>(a->k_cache),
+                  static_cast<const __half *>(a->v_cache), a->positions,
+                  a->row_seq, a->block_tables, a->plan_ints, p);
+    CINFER_CUDA_TRY_LAUNCH("attention prefill_mma_kernel");
+    return CINFER_OK;
+}
+
+/* The tensor-core kernel's capacity for the prefill tiles of a call, or
+ * 0 for the cores kernel. */
+int prefill_mma_cap(const cinfer_cuda_attn_args *a)
+{
+    const int choice = prefill_choice();
+    if (choice == 1 || a->k_dtype != CINFER_DTYPE_F16 ||
+        a->v_dtype != CINFER_DTYPE_F16 || a->head_dim % 8 != 0 ||
+        a->head_dim > 128)
+        return 0;
+    return a->head_dim <= 16 ? 16 : a->head_dim <= 32 ? 32
+           : a->head_dim <= 64 ? 64 : 128;
+}
+
 template <int CAP>
 cinfer_status launch(const cinfer_cuda_attn_args *a, attn_shape sh)
 {
     const cinfer_cuda_attn_plan_info *pi = &a->plan;
-    if (pi->n_tiles > 0) {
+    const int mcap = pi->n_tiles > 0 ? prefill_mma_cap(a) : 0;
+    if (mcap > 0) {
+        cinfer_status st =
+            mcap == 16   ? launch_prefill_mma<16>(a, sh)
+            : mcap == 32 ? launch_prefill_mma<32>(a, sh)
+            : mcap == 64 ? launch_prefill_mma<64>(a, sh)
+                         : launch_prefill_mma<128>(a, sh);
+        if (st != CINFER_OK)
+            return st;
+    } else if (pi->n_tiles > 0) {
         attn_shape p = sh;
         p.heads_per_block = sh.group < kItems ? sh.group : kItems;
         p.head_chunks = (int)ceil_div(sh.group, p.heads_per_block);
@@ -642,6 +921,12 @@ size_t dtype_bytes(cinfer_dtype dt)
 /* ---------------------------------------------------------------------- */
 /* plan and launcher                                                       */
 /* ---------------------------------------------------------------------- */
+
+extern "C" void cinfer_cuda_attention_force_prefill(int kind)
+{
+    __atomic_store_n(&g_prefill_forced, kind < 0 || kind > 2 ? 0 : kind,
+                     __ATOMIC_RELAXED);
+}
 
 extern "C" size_t cinfer_cuda_attention_plan_ints(const cinfer_step *s)
 {

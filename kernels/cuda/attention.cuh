@@ -11,10 +11,14 @@
  *     consecutive positions (2..CINFER_CUDA_ATTN_TILE_ROWS rows). A block
  *     takes a tile's rows times the query heads of one KV group and walks
  *     the context in KV tiles gathered through the block table into shared
- *     memory, with an online softmax in fp32 (flash-attention 2's loop,
- *     on CUDA cores). The causal mask is per row: the row at position p
- *     sees keys <= p. A tile's context is not split: one block walks all
- *     of it (a chunk of many rows already gives many blocks).
+ *     memory, with an online softmax in fp32 (flash-attention 2's loop).
+ *     With F16 caches and head_dim a multiple of 8 up to 128 the scores
+ *     and P V run on tensor cores (mma.sync m16n8k16, f32 accumulators,
+ *     the weights rounded to F16 for P V), else on CUDA cores. The causal
+ *     mask is per row: the row at position p sees keys <= p. A tile's
+ *     context is not split: one block walks all of it (a chunk of many
+ *     rows already gives many blocks), and a row's bits never depend on
+ *     the other rows of its tile.
  *   - decode rows: every row that is a run of one. Its context is split
  *     into partitions of CINFER_CUDA_ATTN_PART_TOKENS tokens, one block per
  *     (row, KV head, partition) with the group's query heads together
@@ -127,6 +131,14 @@ typedef struct {
                                     plan.n_decode, n_heads, head_dim,
                                     plan.max_parts * PART_TOKENS) */
 } cinfer_cuda_attn_args;
+
+/* The kernel prefill tiles take from now on, process-wide: 0 = the
+ * default (tensor cores where they apply: F16 K and V caches, head_dim a
+ * multiple of 8 up to 128; else the CUDA-core kernel), 1 = always the
+ * CUDA-core kernel, 2 = tensor cores where they apply. The environment's
+ * CINFER_CUDA_PREFILL=cores or =mma sets it at the first call. For
+ * comparisons (tests, benchmarks). */
+void cinfer_cuda_attention_force_prefill(int kind);
 
 /* Checks the arguments and launches the step's attention on a->stream:
  * CINFER_E_INVALID_ARG for a bad argument (including too little scratch),

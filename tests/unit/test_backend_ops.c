@@ -82,6 +82,7 @@
 #if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/dense.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/mmq.cuh"
@@ -2849,6 +2850,12 @@ static void test_attention(void)
         {6, 2, 64, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MANY, 0},
         {4, 4, 32, 5, CINFER_DTYPE_F32, CINFER_DTYPE_F16, 0.2f, LAYOUT_MANY, 0},
         {8, 2, 40, 16, CINFER_DTYPE_F32, CINFER_DTYPE_F32, 0.15f, LAYOUT_MANY, 0},
+        /* F16 caches at head sizes 16, 40 and 128: prefill tiles on
+         * tensor cores (each CUDA factory also runs them on CUDA cores) */
+        {8, 2, 128, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.088f, LAYOUT_ONE, 0},
+        {4, 1, 128, 8, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 2.0f, LAYOUT_MIXED, 0},
+        {6, 3, 16, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.25f, LAYOUT_MANY, 0},
+        {4, 2, 40, 16, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.15f, LAYOUT_ONE, 0},
         /* sliding windows (Gemma 3's local layers): shorter than some
          * rows' contexts, not a multiple of the block size */
         {4, 1, 64, 4, CINFER_DTYPE_F16, CINFER_DTYPE_F16, 0.125f, LAYOUT_MIXED, 5},
@@ -2873,6 +2880,20 @@ static void test_attention(void)
             const factory *c = &g_factories[ci];
             if (ac->window && !is_cpu(c)) /* only the CPU has the slot */
                 continue;
+#if defined(CINFER_TEST_CUDASIM) || defined(CINFER_TEST_CUDA)
+            /* the prefill tiles on CUDA cores too, where tensor cores
+             * would take them */
+            if (!is_cpu(c) && ac->kdt == CINFER_DTYPE_F16 &&
+                ac->vdt == CINFER_DTYPE_F16) {
+                cinfer_cuda_attention_force_prefill(1);
+                float *cores = attention_run(c, ac, &in);
+                cinfer_cuda_attention_force_prefill(0);
+                char w2[128];
+                snprintf(w2, sizeof w2, "%s (CUDA cores)", what);
+                check_out(w2, c, cores, want, cpu, ne, 0, NMSE_MATMUL);
+                free(cores);
+            }
+#endif
             float *got = attention_run(c, ac, &in);
             /* On the CPU float error is ~1e-7; peaky softmaxes (scale 2)
              * amplify score errors, which keeps this bound meaningful.

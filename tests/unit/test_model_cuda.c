@@ -16,7 +16,9 @@
  * of 20 tokens is prefilled on both (logits of every prompt row compared),
  * then each backend decodes 32 greedy tokens, feeding back its own argmax:
  * the logits are compared at every step and the token streams must be
- * equal. Covered: GQA ratios 1, 2, 3 and 4 (4/4, 4/2, 6/2, 8/2, 4/1), both
+ * equal, but for at most one near-tie in eight steps (compare_run: where
+ * the CPU's own top-two gap is below twice the backends' discrepancy, and
+ * CUDA picks the runner-up, both go on with the CPU's token). Covered: GQA ratios 1, 2, 3 and 4 (4/4, 4/2, 6/2, 8/2, 4/1), both
  * rope modes (llama = NORM; qwen2 = NEOX with Q/K/V biases), Llama 3's rope
  * frequency factors and linear rope scaling, qwen3's per-head Q/K norms
  * with a head size from attention.key_length, every weight type
@@ -285,14 +287,22 @@ static int32_t argmax(const float *x, int n)
 
 typedef struct {
     double worst_prefill, worst_decode;
-    int steps_equal;     /* greedy steps whose tokens agreed */
+    int steps_equal;     /* greedy steps whose tokens agreed or tied */
+    int ties;            /* of them, near-ties (lead_error below) */
     int first_diff_step; /* -1 = none */
     double cuda_prefill_s, cuda_decode_s; /* CUDA forward time, per call */
     double cpu_decode_s;
 } run_result;
 
+static double lead_error(const float *g, const float *c, int V);
+
 /* Prefills `prompt` on both models (logits of every row compared), then
- * decodes n_steps greedy tokens on each backend from its own argmax. */
+ * decodes n_steps greedy tokens on each backend from its own argmax. Where
+ * the two pick different tokens at a near-tie (the CPU's top-two gap below
+ * twice the backends' discrepancy on the leading logits, and CUDA's pick
+ * the CPU's runner-up: float rounding grown through Q8_1 or F16
+ * re-rounding, where either choice is right), the step counts as a tie
+ * and both go on with the CPU's token; any other difference ends the run. */
 static void compare_run(model_pair *p, const int32_t *prompt, int n_prompt,
                         int n_steps, run_result *r)
 {
@@ -316,10 +326,23 @@ static void compare_run(model_pair *p, const int32_t *prompt, int n_prompt,
     double cuda_s = 0, cpu_s = 0;
     for (int i = 0; i < n_steps && st == CINFER_OK; i++) {
         if (tok_c != tok_g) {
-            r->first_diff_step = i;
-            fprintf(stderr, "  greedy token %d: cpu %d, cuda %d\n", i, tok_c,
-                    tok_g);
-            break;
+            double gap = (double)lc[tok_c] - lc[tok_g],
+                   noise = lead_error(lg, lc, V);
+            int runner_up = 1;
+            for (int v = 0; v < V; v++)
+                if (v != tok_c && lc[v] > lc[tok_g])
+                    runner_up = 0;
+            const int tie = gap < 2 * noise && runner_up;
+            fprintf(stderr, "  greedy token %d: cpu %d, cuda %d: cpu gap "
+                            "%.4f, backends differ by %.4f on the leading "
+                            "logits%s\n",
+                    i, tok_c, tok_g, gap, noise, tie ? ": a near-tie" : "");
+            if (!tie) {
+                r->first_diff_step = i;
+                break;
+            }
+            r->ties++;
+            tok_g = tok_c;
         }
         r->steps_equal++;
         if (i == n_steps - 1)
@@ -353,9 +376,13 @@ static double lead_error(const float *g, const float *c, int V)
     int top[10];
     int n = 0;
     for (int v = 0; v < V; v++) {
-        int k = n < 10 ? n++ : 9;
-        if (k == 9 && n == 10 && c[v] <= c[top[9]])
+        int k;
+        if (n < 10)
+            k = n++;
+        else if (c[v] <= c[top[9]])
             continue;
+        else
+            k = 9;
         top[k] = v;
         for (; k > 0 && c[top[k]] > c[top[k - 1]]; k--) {
             int t = top[k];
@@ -465,7 +492,8 @@ static void check_shape(const shape *s)
         fprintf(stderr,
                 "  %s%s%s L%d D%d H%d/%d hd%d F%d V%d %s%s kv %s: rel L2 "
                 "prefill %.2e decode %.2e (bound %.1e), %d/%d greedy "
-                "tokens equal; cuda %.0f ms prefill, %.0f ms/step\n",
+                "tokens equal (%d near-ties); cuda %.0f ms prefill, %.0f "
+                "ms/step\n",
                 s->arch, s->rope_scaling ? " rope " : "",
                 s->rope_scaling ? s->rope_scaling : "", s->n_layer,
                 s->n_embd, s->n_head, s->n_head_kv,
@@ -473,11 +501,12 @@ static void check_shape(const shape *s)
                 s->n_vocab,
                 cinfer_dtype_name(s->wt), s->tied ? " tied" : "",
                 s->kv_f32 ? "f32" : "f16", r.worst_prefill, r.worst_decode,
-                bound, r.steps_equal, GREEDY_STEPS,
+                bound, r.steps_equal, GREEDY_STEPS, r.ties,
                 r.cuda_prefill_s * 1e3, r.cuda_decode_s * 1e3);
         CHECK(r.worst_prefill <= bound);
         CHECK(r.worst_decode <= bound);
         CHECK_EQ_INT(r.steps_equal, GREEDY_STEPS);
+        CHECK(r.ties <= GREEDY_STEPS / 8);
     }
     pair_close(&p);
     remove(path);
