@@ -23,7 +23,9 @@ def main():
             continue
         r = json.loads(line)
         wbytes = r["weight_bytes"]
-        runs.setdefault(r["batch"], []).append(r["tg_tps"])
+        # a prefill-only run (--steps 0) has no decode figure
+        runs.setdefault(r["batch"], []).append(
+            r["tg_tps"] if r.get("steps", 1) > 0 else None)
         if r["prompt"] > 0:
             pp.append(r["pp_tps"])
     if not runs:
@@ -31,6 +33,10 @@ def main():
         return 0
     pp_s = f"{statistics.median(pp):.0f}" if pp else ""
     for batch in sorted(runs):
+        if None in runs[batch]:
+            print(f"| {model} | {dtype} | {batch} | - | | | {pp_s} |")
+            pp_s = ""
+            continue
         tps = statistics.median(runs[batch])
         floor = batch * bw * 1e9 / wbytes if bw > 0 and wbytes else 0
         frac = f"{100 * tps / floor:.0f}%" if floor else ""

@@ -44,7 +44,8 @@
 #      the graphs give; Q4_0 again at batch 1 and
 #      64 with greedy tokens chosen on the device (--tokens-on-device), and
 #      at batch 64 with the tiled product on dp4a (CINFER_CUDA_MMQ=dp4a),
-#      for what each gives.
+#      and its 2,048-token prefill with attention on CUDA cores
+#      (CINFER_CUDA_PREFILL=cores), for what each gives.
 # Budget: about 8 minutes on one H200 (GPU_CHECK_BUDGET_S caps the
 # benchmarks; models that do not start in time are listed as skipped).
 set -u
@@ -216,6 +217,14 @@ echo "$SHAPES" | while read -r name L E H KV FF V C T; do
         >"$OUT/devbench-$name-$t-sampled.jsonl" 2>>"$LOG"
       python3 bench/gpu_table.py "$OUT/devbench-$name-$t-sampled.jsonl" \
         "$name" "$t sampled on device" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
+    fi
+    # prefill attention on CUDA cores instead of tensor cores
+    if [ "$t" = q4_0 ] && [ "$(left)" -gt 60 ]; then
+      CINFER_CUDA_PREFILL=cores timeout "$(left)" "$BIN/tools/cinfer-devbench" \
+        -m "$f" --device cuda --batch 1 --steps 0 --prompt 2048 -r 3 \
+        >"$OUT/devbench-$name-$t-prefill-cores.jsonl" 2>>"$LOG"
+      python3 bench/gpu_table.py "$OUT/devbench-$name-$t-prefill-cores.jsonl" \
+        "$name" "$t prefill attention on cores" "$BW" >>"$OUT/bench.md" 2>>"$LOG"
     fi
     # the tiled quantized product on dp4a instead of int8 mma (same bits)
     if [ "$t" = q4_0 ] && [ "$(left)" -gt 60 ]; then

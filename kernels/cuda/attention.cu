@@ -352,7 +352,7 @@ __device__ __forceinline__ float half_hi(unsigned x)
 
 // Grid: (n_tiles * subs, n_kv_heads); block: kMmaThreads.
 template <int CAP>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, 1)
     prefill_mma_kernel(float *__restrict__ out,     // [n_rows, n_heads, hd]
                        const float *__restrict__ q, // [n_rows, n_heads, hd]
                        const __half *__restrict__ k_cache,
@@ -388,24 +388,24 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int32_t *bt = block_tables + (int64_t)row_seq[row0] * p.max_blocks;
 
     /* this lane's two vectors: rows gid and gid + 8 of its warp's 16 */
-    int vpos[2];
+    int vpos[2], vidx[2]; /* position; row * n_heads + head */
     bool vok[2];
-    int64_t qo[2];
+#pragma unroll
     for (int h = 0; h < 2; h++) {
         const int v = vbase + warp * 16 + gid + 8 * h;
         vok[h] = v < nvec;
         const int vv = vok[h] ? v : 0;
         vpos[h] = pos0 + vv / p.group;
-        qo[h] = ((int64_t)(row0 + vv / p.group) * p.n_heads +
-                 g * p.group + vv % p.group) *
-                hd;
+        vidx[h] = (row0 + vv / p.group) * p.n_heads + g * p.group +
+                  vv % p.group;
     }
     unsigned qa[KS][4];
 #pragma unroll
     for (int s = 0; s < KS; s++) {
         const int d0 = s * 16 + 2 * tq, d1 = d0 + 8;
+#pragma unroll
         for (int h = 0; h < 2; h++) {
-            const float *qr = q + qo[h];
+            const float *qr = q + (int64_t)vidx[h] * hd;
             qa[s][h] = d0 < hd ? pack_half2(qr[d0], qr[d0 + 1]) : 0u;
             qa[s][2 + h] = d1 < hd ? pack_half2(qr[d1], qr[d1 + 1]) : 0u;
         }
@@ -434,6 +434,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             }
             *reinterpret_cast<uint4 *>(ks + j * KLD + c8) = kv;
             const unsigned w4[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
             for (int i = 0; i < 8; i++) /* by value: no aliasing */
                 vs[(c8 + i) * VLD + j] =
                     (unsigned short)(w4[i / 2] >> (16 * (i % 2)));
@@ -457,16 +458,19 @@ __global__ void __launch_bounds__(kMmaThreads)
         float mt[2] = {m[0], m[1]};
 #pragma unroll
         for (int n = 0; n < kMmaKeys / 8; n++)
+#pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int h = i >> 1, key = kt0 + n * 8 + 2 * tq + (i & 1);
                 sc[n][i] = key <= vpos[h] ? sc[n][i] * p.scale : -INFINITY;
                 mt[h] = fmaxf(mt[h], sc[n][i]);
             }
+#pragma unroll
         for (int h = 0; h < 2; h++) { /* over the 4 lanes of a row */
             mt[h] = fmaxf(mt[h], __shfl_xor_sync(kFull, mt[h], 1));
             mt[h] = fmaxf(mt[h], __shfl_xor_sync(kFull, mt[h], 2));
         }
         float corr[2];
+#pragma unroll
         for (int h = 0; h < 2; h++) {
             corr[h] = expf(m[h] - mt[h]); /* 0 on the first tile */
             l[h] *= corr[h];
@@ -474,14 +478,17 @@ __global__ void __launch_bounds__(kMmaThreads)
         }
 #pragma unroll
         for (int j = 0; j < DN; j++)
+#pragma unroll
             for (int i = 0; i < 4; i++)
                 o[j][i] *= corr[i >> 1];
         /* weights as F16 A fragments: keys 16 s .. 16 s + 15 */
         unsigned pa[kMmaKeys / 16][4];
 #pragma unroll
         for (int s = 0; s < kMmaKeys / 16; s++)
+#pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int n = 2 * s + half;
+#pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const unsigned w = pack_half2(expf(sc[n][2 * h] - mt[h]),
                                                   expf(sc[n][2 * h + 1] - mt[h]));
@@ -502,6 +509,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 
     float inv[2];
+#pragma unroll
     for (int h = 0; h < 2; h++) {
         float sum = l[h];
         sum += __shfl_xor_sync(kFull, sum, 1);
@@ -510,10 +518,11 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 #pragma unroll
     for (int j = 0; j < DN; j++)
+#pragma unroll
         for (int i = 0; i < 4; i++) {
             const int h = i >> 1, d = j * 8 + 2 * tq + (i & 1);
             if (vok[h] && d < hd)
-                out[qo[h] + d] = o[j][i] * inv[h];
+                out[(int64_t)vidx[h] * hd + d] = o[j][i] * inv[h];
         }
 }
 
