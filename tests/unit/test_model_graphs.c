@@ -241,30 +241,62 @@ static void write_model(const char *path, cinfer_dtype wt)
     CHECK_OK(cinfer_tinymodel_write(&tp, path));
 }
 
+/* The model file on an eager backend (e) and on one that records (g),
+ * both prefilled the same way, with a step's worth of logits each. */
+typedef struct {
+    char path[128];
+    cinfer_backend *be_e, *be_g;
+    cinfer_model *me, *mg;
+    float *la, *lb;
+    int V;
+    int len[NSEQ]; /* the sequences' lengths, the same on both */
+} pair;
+
+static int pair_open(pair *p, cinfer_dtype wt, const char *tag, int invariant)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->path, sizeof p->path, "/tmp/cinfer-test-graphs-%d-%s.gguf",
+             (int)getpid(), tag);
+    write_model(p->path, wt);
+    p->be_e = open_cuda(1, invariant);
+    p->be_g = open_cuda(0, invariant);
+    p->me = p->be_e ? open_model(p->path, p->be_e) : NULL;
+    p->mg = p->be_g ? open_model(p->path, p->be_g) : NULL;
+    CHECK(p->me && p->mg);
+    if (!p->me || !p->mg)
+        return 0;
+    p->V = cinfer_model_get_info(p->me)->n_vocab;
+    p->la = malloc(sizeof(float) * MAXROWS * (size_t)p->V);
+    p->lb = malloc(sizeof(float) * MAXROWS * (size_t)p->V);
+    int len_e[NSEQ];
+    prefill(p->me, len_e, p->la);
+    prefill(p->mg, p->len, p->lb);
+    return 1;
+}
+
+static void pair_close(pair *p)
+{
+    free(p->la);
+    free(p->lb);
+    cinfer_model_destroy(p->me);
+    cinfer_model_destroy(p->mg);
+    cinfer_backend_destroy(p->be_e);
+    cinfer_backend_destroy(p->be_g);
+    unlink(p->path);
+}
+
 static void check_type(cinfer_dtype wt, const char *name)
 {
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/cinfer-test-graphs-%d-%s.gguf",
-             (int)getpid(), name);
-    write_model(path, wt);
 #ifdef CINFER_TEST_CUDASIM
     const int invariant = 0; /* the harness's GEMM is invariant anyway */
 #else
     const int invariant = wt != CINFER_DTYPE_Q4_0;
 #endif
-    cinfer_backend *be_e = open_cuda(1, invariant), *be_g = open_cuda(0, invariant);
-    cinfer_model *me = be_e ? open_model(path, be_e) : NULL;
-    cinfer_model *mg = be_g ? open_model(path, be_g) : NULL;
-    CHECK(me && mg);
-    if (me && mg) {
-        int V = cinfer_model_get_info(me)->n_vocab;
-        float *la = malloc(sizeof(float) * MAXROWS * (size_t)V);
-        float *lb = malloc(sizeof(float) * MAXROWS * (size_t)V);
-        int len_e[NSEQ], len_g[NSEQ];
-        prefill(me, len_e, la);
-        prefill(mg, len_g, lb);
+    pair pp;
+    if (pair_open(&pp, wt, name, invariant)) {
+        pair *p = &pp;
         cinfer_backend_graph_stats g0;
-        cinfer_backend_graph_stats_get(be_g, &g0);
+        cinfer_backend_graph_stats_get(p->be_g, &g0);
         /* Decode: batch sizes across the buckets, each for 3 steps, from
          * sequence 0 (a context of 3 partitions) or from 1 (all short);
          * under ASan fewer sizes. */
@@ -278,15 +310,15 @@ static void check_type(cinfer_dtype wt, const char *name)
                     int n = sizes[i] < NSEQ - from ? sizes[i] : NSEQ - from;
                     int blocks = 1, ctx = 0;
                     for (int s = from; s < from + n; s++) {
-                        if (len_g[s] / BS + 1 > blocks)
-                            blocks = len_g[s] / BS + 1;
-                        if (len_g[s] + 1 > ctx)
-                            ctx = len_g[s] + 1;
+                        if (p->len[s] / BS + 1 > blocks)
+                            blocks = p->len[s] / BS + 1;
+                        if (p->len[s] + 1 > ctx)
+                            ctx = p->len[s] + 1;
                     }
                     int parts = parts_class((ctx + 511) / 512);
                     key_add(&keys, bucket_of(n), stride_class(blocks), parts);
-                    memcpy(len_e, len_g, sizeof len_e);
-                    if (!decode_both(me, mg, len_g, from, n, round, la, lb)) {
+                    if (!decode_both(p->me, p->mg, p->len, from, n, round,
+                                     p->la, p->lb)) {
                         fprintf(stderr, "  %s: %d rows from sequence %d, "
                                         "step %d: logits differ\n",
                                 name, n, from, k);
@@ -296,8 +328,8 @@ static void check_type(cinfer_dtype wt, const char *name)
                 }
         CHECK_EQ_INT(diffs, 0);
         cinfer_backend_graph_stats gs, es;
-        cinfer_backend_graph_stats_get(be_g, &gs);
-        cinfer_backend_graph_stats_get(be_e, &es);
+        cinfer_backend_graph_stats_get(p->be_g, &gs);
+        cinfer_backend_graph_stats_get(p->be_e, &es);
         fprintf(stderr,
                 "  %s: %d decode steps bit-identical with graphs and "
                 "without: %lld recorded (%d keys), %lld replayed\n",
@@ -308,39 +340,27 @@ static void check_type(cinfer_dtype wt, const char *name)
         CHECK_EQ_INT((int)es.captured, 0);
         CHECK_EQ_INT((int)es.replayed, 0);
 
-        /* The model again, on the same backend: its tensors are new, so
-         * its steps are recorded afresh, not replayed from the old ones. */
-        cinfer_model_destroy(mg);
-        mg = open_model(path, be_g);
-        CHECK(mg != NULL);
-        if (mg) {
-            int len2[NSEQ];
-            prefill(mg, len2, lb);
-            memcpy(len_e, len2, sizeof len_e);
-            /* the eager model's caches hold other contents by now: a
-             * fresh one of it, too */
-            cinfer_model_destroy(me);
-            me = open_model(path, be_e);
-            CHECK(me != NULL);
-            if (me) {
-                prefill(me, len_e, la);
-                cinfer_backend_graph_stats_get(be_g, &g0);
-                int len_g2[NSEQ];
-                memcpy(len_g2, len2, sizeof len_g2);
-                CHECK(decode_both(me, mg, len_g2, 1, 5, 0, la, lb));
-                cinfer_backend_graph_stats_get(be_g, &gs);
-                CHECK_EQ_INT((int)(gs.captured - g0.captured), 1);
-                CHECK_EQ_INT((int)(gs.replayed - g0.replayed), 0);
-            }
+        /* Both models again on their backends (the eager one's caches
+         * hold other contents by now): the recording backend's tensors
+         * are new, so its steps are recorded afresh, not replayed from
+         * the old ones. */
+        cinfer_model_destroy(p->mg);
+        cinfer_model_destroy(p->me);
+        p->mg = open_model(p->path, p->be_g);
+        p->me = open_model(p->path, p->be_e);
+        CHECK(p->mg && p->me);
+        if (p->mg && p->me) {
+            int len_e[NSEQ];
+            prefill(p->mg, p->len, p->lb);
+            prefill(p->me, len_e, p->la);
+            cinfer_backend_graph_stats_get(p->be_g, &g0);
+            CHECK(decode_both(p->me, p->mg, p->len, 1, 5, 0, p->la, p->lb));
+            cinfer_backend_graph_stats_get(p->be_g, &gs);
+            CHECK_EQ_INT((int)(gs.captured - g0.captured), 1);
+            CHECK_EQ_INT((int)(gs.replayed - g0.replayed), 0);
         }
-        free(la);
-        free(lb);
     }
-    cinfer_model_destroy(me);
-    cinfer_model_destroy(mg);
-    cinfer_backend_destroy(be_e);
-    cinfer_backend_destroy(be_g);
-    unlink(path);
+    pair_close(&pp);
 }
 
 static void test_graphs_match_eager(void)
@@ -454,21 +474,9 @@ static void test_graph_seam(void)
  * not recorded yet. */
 static void test_fault_while_recording(void)
 {
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/cinfer-test-graphs-%d-fault.gguf",
-             (int)getpid());
-    write_model(path, CINFER_DTYPE_Q4_0);
-    cinfer_backend *be_e = open_cuda(1, 0), *be_g = open_cuda(0, 0);
-    cinfer_model *me = be_e ? open_model(path, be_e) : NULL;
-    cinfer_model *mg = be_g ? open_model(path, be_g) : NULL;
-    CHECK(me && mg);
-    if (me && mg) {
-        int V = cinfer_model_get_info(me)->n_vocab;
-        float *la = malloc(sizeof(float) * MAXROWS * (size_t)V);
-        float *lb = malloc(sizeof(float) * MAXROWS * (size_t)V);
-        int len_e[NSEQ], len_g[NSEQ];
-        prefill(me, len_e, la);
-        prefill(mg, len_g, lb);
+    pair pp;
+    if (pair_open(&pp, CINFER_DTYPE_Q4_0, "fault", 0)) {
+        pair *p = &pp;
         /* rows 1, 2, 3, 5, 9, 17, 33: buckets 1 .. 64, one try each, the
          * fault at a later call each time */
         static const int rows[] = {1, 2, 3, 5, 9, 17, 33};
@@ -477,41 +485,35 @@ static void test_fault_while_recording(void)
             step_b b;
             sb_init(&b);
             for (int s = 1; s <= rows[i]; s++) {
-                int32_t t = filler(s + i, V);
-                sb_rows(&b, s, &t, len_g[s], 1);
+                int32_t t = filler(s + i, p->V);
+                sb_rows(&b, s, &t, p->len[s], 1);
             }
             cinfer_backend_graph_stats g0, g1;
-            cinfer_backend_graph_stats_get(be_g, &g0);
+            cinfer_backend_graph_stats_get(p->be_g, &g0);
             cudasim_inject_fault(10 + 3 * i, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
                                  0);
-            cinfer_status st = sb_run(mg, &b, lb);
+            cinfer_status st = sb_run(p->mg, &b, p->lb);
             cudasim_inject_fault(-1, 0, 0);
-            cinfer_backend_graph_stats_get(be_g, &g1);
+            cinfer_backend_graph_stats_get(p->be_g, &g1);
             if (st != CINFER_OK) {
                 failed++;
                 CHECK_EQ_INT(st, CINFER_E_DEVICE);
                 CHECK_EQ_INT((int)(g1.held - g0.held), 0);
-                CHECK_EQ_INT(cinfer_backend_healthy(be_g), 1);
+                CHECK_EQ_INT(cinfer_backend_healthy(p->be_g), 1);
             }
-            CHECK_OK(sb_run(mg, &b, lb));
-            CHECK_OK(sb_run(me, &b, la));
-            CHECK(memcmp(la, lb, sizeof(float) * (size_t)V *
-                                     (size_t)rows[i]) == 0);
+            CHECK_OK(sb_run(p->mg, &b, p->lb));
+            CHECK_OK(sb_run(p->me, &b, p->la));
+            CHECK(memcmp(p->la, p->lb, sizeof(float) * (size_t)p->V *
+                                           (size_t)rows[i]) == 0);
             for (int s = 1; s <= rows[i]; s++)
-                len_g[s]++;
+                p->len[s]++;
         }
         fprintf(stderr, "  %d of 7 steps failed by a fault while recorded; "
                         "each run again matched the eager backend\n",
                 failed);
         CHECK(failed >= 5);
-        free(la);
-        free(lb);
     }
-    cinfer_model_destroy(me);
-    cinfer_model_destroy(mg);
-    cinfer_backend_destroy(be_e);
-    cinfer_backend_destroy(be_g);
-    unlink(path);
+    pair_close(&pp);
 }
 #endif
 
