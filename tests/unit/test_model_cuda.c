@@ -90,12 +90,13 @@
  * an F32 cache it agrees to < 1e-6. The F16-cache bounds above include it.
  *
  * Fault checks (the harness build only): a device call that fails in the
- * middle of a decode step (every counted call of the step in turn) fails
- * that step with CINFER_E_DEVICE, leaves the backend healthy, and the same
- * step run again gives the fault-free logits bit for bit; after a sticky
- * fault (cudaErrorIllegalAddress) the backend reports itself unhealthy and
- * later steps fail without crashing; either way destroying the model and
- * the backend frees every device allocation (cudasim_live_allocations).
+ * middle of a decode step (every counted call of the step in turn, with
+ * graphs off and on) fails that step with CINFER_E_DEVICE, leaves the
+ * backend healthy, and the same step run again gives the fault-free
+ * logits bit for bit; after a sticky fault (cudaErrorIllegalAddress) the
+ * backend reports itself unhealthy and later steps fail without crashing;
+ * either way destroying the model and the backend frees every device
+ * allocation (cudasim_live_allocations).
  * The sticky check runs last: cuda_check.c keeps a process-wide "a sticky
  * error was seen" flag, as a real process would after such a fault.
  *
@@ -182,9 +183,12 @@ static const char *tmp_path(const char *tag)
     return buf;
 }
 
-static cinfer_status open_cuda(cinfer_backend **out)
+/* eager: CUDA graphs off (every kernel of a decode step its own counted
+ * device call, where a replayed step is one graph launch). */
+static cinfer_status open_cuda(cinfer_backend **out, int eager)
 {
     cinfer_backend_cuda_params cp = cinfer_backend_cuda_default_params();
+    cp.eager = eager;
     cinfer_status st = cinfer_backend_cuda_create(&cp, out);
     if (st != CINFER_OK)
         fprintf(stderr, "cuda backend: %s\n", cinfer_last_error());
@@ -214,7 +218,7 @@ static cinfer_model *load(const char *path, cinfer_backend *be, int kv_f32,
 static int pair_open(model_pair *p, const char *path, int kv_f32, int n_ctx)
 {
     memset(p, 0, sizeof *p);
-    if (open_cuda(&p->cuda) != CINFER_OK)
+    if (open_cuda(&p->cuda, 0) != CINFER_OK)
         return -1;
     p->cpu_m = load(path, NULL, kv_f32, n_ctx);
     p->cuda_m = load(path, p->cuda, kv_f32, n_ctx);
@@ -619,10 +623,10 @@ static const shape fault_shape = {"llama", 1, 128, 4, 2, 128, 300,
 
 /* One CUDA model of fault_shape with a 6-token prompt prefilled. */
 static cinfer_model *fault_model(const char *path, cinfer_backend **be,
-                                 float *logits)
+                                 int eager, float *logits)
 {
     *be = NULL;
-    if (open_cuda(be) != CINFER_OK)
+    if (open_cuda(be, eager) != CINFER_OK)
         return NULL;
     cinfer_model *m = load(path, *be, 0, 64);
     if (!m)
@@ -634,8 +638,12 @@ static cinfer_model *fault_model(const char *path, cinfer_backend **be,
 
 /* A fault at each counted device call of a decode step in turn: the step
  * fails with CINFER_E_DEVICE, the backend stays healthy, and the step run
- * again gives the fault-free logits bit for bit. Then everything is freed. */
-static void test_transient_fault_fails_the_step_only(void)
+ * again gives the fault-free logits bit for bit. Then everything is freed.
+ * Run twice: eagerly, where the step's dozens of kernels are each a counted
+ * call (under ASan every third, for the time budget), and with graphs,
+ * where the step is recorded once and then replayed as one graph launch
+ * among its few copies, so every call is tried. */
+static void fault_each_call(int eager, int stride, int min_failed)
 {
     const char *path = tmp_path("fault");
     CHECK(write_tiny(&fault_shape, path) == 0);
@@ -644,14 +652,12 @@ static void test_transient_fault_fails_the_step_only(void)
     int V = fault_shape.n_vocab;
     float *clean = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
     cinfer_backend *be;
-    cinfer_model *m = fault_model(path, &be, clean);
+    cinfer_model *m = fault_model(path, &be, eager, clean);
     CHECK(m != NULL);
     if (m) {
         int32_t tok = 5;
         CHECK_OK(cinfer_model_eval_single(m, &tok, 1, 6, 0, clean));
         int failed = 0, nth;
-        /* Under ASan every third call, to stay within the time budget. */
-        int stride = UNDER_ASAN ? 3 : 1;
         for (nth = 0; nth < 2000; nth += stride) {
             cudasim_inject_fault(nth, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, 0);
             cinfer_status st = cinfer_model_eval_single(m, &tok, 1, 6, 0, got);
@@ -678,10 +684,11 @@ static void test_transient_fault_fails_the_step_only(void)
             }
         }
         fprintf(stderr,
-                "  a fault at each of %d device calls of a decode step "
+                "  %s: a fault at each of %d device calls of a decode step "
                 "(every %d%s) failed it; the step after each recovered\n",
-                failed, stride, stride == 1 ? "" : " calls");
-        CHECK(failed >= 10); /* a decode step makes dozens of calls */
+                eager ? "eager" : "graphs", failed, stride,
+                stride == 1 ? "" : " calls");
+        CHECK(failed >= min_failed);
     }
     cinfer_model_destroy(m);
     cinfer_backend_destroy(be);
@@ -690,6 +697,14 @@ static void test_transient_fault_fails_the_step_only(void)
     free(clean);
     free(got);
     remove(path);
+}
+
+static void test_transient_fault_fails_the_step_only(void)
+{
+    /* Eager: dozens of kernels per step (>= 10 tried even at stride 3). */
+    fault_each_call(1, UNDER_ASAN ? 3 : 1, 10);
+    /* Graphs: the replay launch and the step's copies around it. */
+    fault_each_call(0, 1, 5);
 }
 
 /* Kernel launches of one decode step (the harness counts them), for the
@@ -714,7 +729,7 @@ static void test_decode_launches_per_layer(void)
         const char *path = tmp_path(tag);
         CHECK(write_tiny(&s, path) == 0);
         cinfer_backend *be = NULL;
-        CHECK_OK(open_cuda(&be));
+        CHECK_OK(open_cuda(&be, 0));
         cinfer_model *m = be ? load(path, be, 0, 64) : NULL;
         CHECK(m != NULL);
         if (m) {
@@ -749,7 +764,7 @@ static void test_sticky_fault_marks_backend_unhealthy(void)
     long live0 = cudasim_live_allocations();
     float *logits = malloc(sizeof(float) * fault_shape.n_vocab);
     cinfer_backend *be;
-    cinfer_model *m = fault_model(path, &be, logits);
+    cinfer_model *m = fault_model(path, &be, 0, logits);
     CHECK(m != NULL);
     if (m) {
         CHECK_EQ_INT(cinfer_backend_healthy(be), 1);
