@@ -1454,9 +1454,13 @@ cinfer_status cinfer_model_create(const cinfer_model_params *p,
     /* (a backend with a budget has no gemma3 ops today: no window pool) */
     if ((st = plan_swa(m, p, max_seqs, budgeted)) != CINFER_OK)
         goto fail;
-    /* Graphs on a backend that records them, for one rank (a group's
-     * collectives stay eager) without a window pool (its slots are
-     * another table). A pad row is one of fewer than half its bucket. */
+    /* Graphs on a backend that records them, for one rank, without a
+     * window pool (its slots are another table). A group's ranks stay
+     * eager: NCCL takes whether a collective is captured, and which
+     * recording a replay launches, as collective properties that every
+     * rank must share, so the ranks would have to agree on each record,
+     * replay and drop (across nodes too) before a step. A pad row is one
+     * of fewer than half its bucket. */
     if (cinfer_backend_has_graphs(m->be) && m->tp == 1 && !m->n_swa) {
         m->graph_rows = m->max_rows < 256 ? m->max_rows : 256;
         m->n_dump = (m->graph_rows / 2 + I->block_size - 1) / I->block_size;
@@ -1584,7 +1588,9 @@ void cinfer_model_graph_stats(const cinfer_model *m,
                               cinfer_backend_graph_stats *out)
 {
     memset(out, 0, sizeof *out);
-    if (m && !m->group && m->be)
+    if (m && m->group)
+        cinfer_model_group_graph_stats(m->group, out);
+    else if (m && m->be)
         cinfer_backend_graph_stats_get(m->be, out);
 }
 

@@ -172,6 +172,8 @@ typedef struct {
                                   0 = the backend's default */
     int cuda_batch_invariant;  /* CUDA: each rank's backend in batch-
                                   invariant mode (backend.h) */
+    int cuda_eager;            /* CUDA: each rank's backend without graphs
+                                  (cinfer_backend_cuda_params.eager) */
     int n_nodes;               /* CUDA: processes the ranks span, each with
                                   tensor_parallel / n_nodes of them; 0 = 1 */
     int node_rank;             /* this process, 0..n_nodes-1; node 0 runs

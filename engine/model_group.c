@@ -157,6 +157,13 @@ uint64_t cinfer_model_group_weights_held_max(const cinfer_model_group *g)
     return mx;
 }
 
+void cinfer_model_group_graph_stats(const cinfer_model_group *g,
+                                    cinfer_backend_graph_stats *out)
+{
+    /* every rank runs every step, so the first's counts are the group's */
+    cinfer_backend_graph_stats_get(g->be[0], out);
+}
+
 int cinfer_model_group_healthy(cinfer_model_group *g)
 {
     if (g->broken)
@@ -574,6 +581,7 @@ static cinfer_status make_backend(cinfer_model_group *g,
     cp.device = p->cuda_devices ? p->cuda_devices[j] : j;
     cp.memory_fraction = p->gpu_memory_fraction;
     cp.batch_invariant = p->cuda_batch_invariant;
+    cp.eager = p->cuda_eager;
     cp.comm = g->comms[j];
     return p->cuda->backend_create(&cp, &g->be[j]);
 }

@@ -81,6 +81,11 @@ cinfer_model *cinfer_model_group_rank(cinfer_model_group *g, int r);
 cinfer_status cinfer_model_group_follow(cinfer_model_group *g);
 /* 1 while every rank's backend is healthy and no step has failed. */
 int cinfer_model_group_healthy(cinfer_model_group *g);
+
+/* The graph counts of this process's first rank's backend (each rank
+ * records and replays the same steps). */
+void cinfer_model_group_graph_stats(const cinfer_model_group *g,
+                                    cinfer_backend_graph_stats *out);
 /* The largest rank's weight bytes held (the memory per rank). */
 uint64_t cinfer_model_group_weights_held_max(const cinfer_model_group *g);
 

@@ -994,6 +994,7 @@ static void model_params(const config *cfg, const char *model_path,
         mp->cuda = &cuda_entry;
         mp->cuda_devices = devices;
         mp->gpu_memory_fraction = cfg->gpu_memory_fraction;
+        mp->cuda_eager = !cfg->cuda_graphs;
         mp->n_nodes = (int)cfg->nnodes;
         mp->node_rank = (int)cfg->node_rank;
         mp->dist_init_addr = cfg->dist_init_addr;
