@@ -97,6 +97,7 @@ typedef struct {
     int n_samples;
     int next_sample;       /* the one pump looks at first */
     int in_flight;
+    int emit_posted;       /* queued for the emission thread (emit.c) */
     int finished;          /* every sample's FINISH seen */
     int status_sent;
     int gone;              /* client went away or a send failed */
@@ -448,6 +449,33 @@ static int on_sample_finish(srv_call *c, gen_state *g,
 }
 
 /* Engine thread. */
+/* With an emission thread, pump runs there: c is queued (once) when
+ * pump would send something. Returns 0 to pump here instead. */
+static int post_pump(srv_call *c, gen_state *g)
+{
+    srv_emitter *e = c->srv->emitter;
+    if (!e)
+        return 0;
+    if (g->emit_posted || g->in_flight || g->status_sent || g->gone)
+        return 1; /* queued already, or nothing pump would send */
+    if (!cinfer_emitter_post(e, c))
+        return 0;
+    g->emit_posted = 1;
+    return 1;
+}
+
+void cinfer_generate_emit(srv_call *c)
+{
+    gen_state *g = c->rpc;
+    pthread_mutex_lock(&c->mu);
+    g->emit_posted = 0;
+    pump(c, g);
+    /* the client may have left between the FINISH and here */
+    if (g->finished && g->gone && !g->status_sent)
+        cinfer_call_count_ended(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void on_event(void *user, const cinfer_engine_event *ev)
 {
     srv_call *c = user;
@@ -463,7 +491,8 @@ static void on_event(void *user, const cinfer_engine_event *ev)
     } else {
         finished = on_sample_finish(c, g, ev, now);
     }
-    pump(c, g);
+    if (!post_pump(c, g))
+        pump(c, g);
     /* A stream the client cancelled (or whose deadline gRPC enforced) ends
      * with no status of ours: counted here, once. */
     if (finished && g->gone && !g->status_sent)

@@ -76,6 +76,7 @@ typedef struct {
     int compute_prio; /* cinfer_thread_prio */
     long grpc_threads;
     long request_threads;
+    int emit_thread; /* -1 = on for a CUDA backend */
     long max_seqs;
     long max_batched_tokens;
     long min_prefill_tokens;
@@ -229,6 +230,12 @@ static const flag_doc flags[] = {
      "and rejections answer at once whatever the requests are (default 2; "
      "0 = the completion-queue threads do it)",
      ARG_LONG, OFF(request_threads), 0, 256, NULL},
+    {"emit-thread", "CINFER_EMIT_THREAD", "on|off",
+     "Generate streams' chunks and statuses packed and sent from a thread "
+     "of their own, not the engine's, so the next step starts while they "
+     "go out (default on with a CUDA backend, where the device would idle "
+     "meanwhile; off on the CPU, whose cores the step needs)",
+     ARG_ONOFF, OFF(emit_thread), 0, 0, NULL},
     {"max-seqs", "CINFER_MAX_SEQS", "N",
      "sequences decoded together (default 64)",
      ARG_LONG, OFF(max_seqs), 1, 4096, NULL},
@@ -766,12 +773,26 @@ static void load_progress(float f, void *user)
     }
 }
 
+static int tp_on_cuda(const config *cfg);
+
+/* 1 when the model will run on CUDA (as open_backend and model_params
+ * decide). */
+static int on_cuda(const config *cfg)
+{
+    if (cfg->nnodes > 1 || (cfg->tensor_parallel > 1 && tp_on_cuda(cfg)))
+        return 1;
+    return cfg->device == DEVICE_CUDA ||
+           (cfg->device == DEVICE_AUTO && cinfer_cuda_device_count() > 0);
+}
+
 /* The server's params from the configuration. */
 static void server_params(const config *cfg, cinfer_server_params *sp)
 {
     sp->listen = cfg->listen;
     sp->grpc_threads = (int)cfg->grpc_threads;
     sp->request_threads = (int)cfg->request_threads;
+    sp->emit_thread = cfg->emit_thread >= 0 ? cfg->emit_thread
+                                            : on_cuda(cfg);
     sp->max_receive_message_bytes = (int)cfg->max_receive_message_bytes;
     sp->default_max_tokens = (int)cfg->default_max_tokens;
     sp->max_seqs = (int)cfg->max_seqs;
@@ -1109,6 +1130,7 @@ int cinfer_server_main(int argc, char **argv,
         .log_level = "info",
         .resilience = 1,
         .cuda_graphs = 1,
+        .emit_thread = -1,
         .max_clients = (long)da->max_clients,
         .max_queued_requests = (long)da->shedder.max_queued_requests,
         .max_queued_tokens = (long long)da->shedder.max_queued_tokens,
@@ -1228,6 +1250,7 @@ int cinfer_server_main(int argc, char **argv,
             cinfer_log_str(&l, "address", addr);
             cinfer_log_int(&l, "port", cinfer_server_port(srv));
             cinfer_log_str(&l, "version", CINFER_VERSION);
+            cinfer_log_str(&l, "emit_thread", sp.emit_thread ? "on" : "off");
             cinfer_log_str(&l, "tls",
                            !cfg.tls_cert || !cfg.tls_cert[0] ? "off"
                            : cfg.tls_client_ca && cfg.tls_client_ca[0]

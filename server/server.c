@@ -1414,6 +1414,11 @@ cinfer_status cinfer_server_create(const cinfer_server_params *p,
         if (st != CINFER_OK)
             goto fail_alloc;
     }
+    if (sp.emit_thread) {
+        st = cinfer_emitter_create(&s->emitter);
+        if (st != CINFER_OK)
+            goto fail_alloc;
+    }
 
     st = cinfer_refl_index_create(cinfer_proto_descriptor_set,
                                   cinfer_proto_descriptor_set_len, &s->refl);
@@ -1544,6 +1549,7 @@ fail_grpc:
 fail_alloc:
     cinfer_conn_limit_release(s->conns);
     cinfer_pool_destroy(s->pool);
+    cinfer_emitter_destroy(s->emitter);
     cinfer_orca_destroy(s->orca);
     cinfer_admission_destroy(s->adm);
     cinfer_api_keys_unref(s->keys);
@@ -1738,8 +1744,10 @@ void cinfer_server_destroy(cinfer_server *s)
     pthread_mutex_lock(&s->mu);
     wait_until(s, all_freed, -1);
     pthread_mutex_unlock(&s->mu);
-    /* Every call is freed: the request threads have nothing queued. */
+    /* Every call is freed: the request threads and the emission thread
+     * have nothing queued. */
     cinfer_pool_destroy(s->pool);
+    cinfer_emitter_destroy(s->emitter);
 
     for (int i = 0; i < s->n_workers; i++)
         grpc_completion_queue_shutdown(s->workers[i].cq);

@@ -106,6 +106,12 @@ typedef struct {
                                        completion-queue threads); 0 = none
                                        (the completion-queue threads do
                                        it); the default is 2 */
+    int emit_thread;                /* 1 = Generate streams send from a
+                                       thread of their own, not the
+                                       engine's (for a GPU backend, whose
+                                       device idles while the engine's
+                                       thread sends); 0 = from the
+                                       engine's thread */
     int request_queue;              /* requests waiting for one; more are
                                        UNAVAILABLE at once; 0 = 1024 */
     int max_receive_message_bytes;  /* largest request message; larger ones

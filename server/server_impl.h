@@ -92,6 +92,7 @@ enum { OP_STEP = 0, OP_CLOSE = 1, OP_SEND = 2 };
 typedef struct srv_worker srv_worker;
 typedef struct srv_call srv_call;
 typedef struct srv_pool srv_pool;
+typedef struct srv_emitter srv_emitter;
 typedef struct cinfer_watchdog cinfer_watchdog;
 typedef struct cinfer_service_times cinfer_service_times;
 
@@ -139,6 +140,7 @@ struct srv_call {
     srv_call *rnext, *rprev;     /* srv->recv_list links (srv->mu) */
     srv_call *pool_next;         /* request-thread queue link (pool.c) */
     grpc_byte_buffer *pool_msg;  /* the message it carries there */
+    srv_call *emit_next;         /* emission-thread queue link (emit.c) */
     int initial_md_sent;
     int accepted;                /* counted in calls_open */
     int listed;                  /* on srv->generate_list / watch_list */
@@ -202,6 +204,8 @@ struct cinfer_server {
     cinfer_refl_index *refl;
     cinfer_tls *tls;             /* NULL = plaintext (tls.h) */
     srv_pool *pool;              /* request threads; NULL = none (pool.c) */
+    srv_emitter *emitter;        /* the Generate streams' sends; NULL = on
+                                    the engine's thread (emit.c) */
     pthread_mutex_t keys_mu;
     cinfer_api_keys *keys;       /* current key set (keys_mu); NULL = no
                                     keys asked (api_keys.h) */
@@ -350,6 +354,20 @@ cinfer_status cinfer_pool_create(int n_threads, int queue_max,
 int cinfer_pool_push(srv_pool *p, srv_call *c, grpc_byte_buffer *msg);
 /* Runs what is queued, then joins the threads. NULL is fine. */
 void cinfer_pool_destroy(srv_pool *p);
+
+/* ---- the emission thread (emit.c) ---------------------------------------
+ * With server params emit_thread, a Generate stream's sends (its next
+ * Chunk, its status) leave the engine's thread: on_event queues the call
+ * and one thread packs and sends, while the engine goes on to its next
+ * step. */
+cinfer_status cinfer_emitter_create(srv_emitter **out);
+/* Queues cinfer_generate_emit(c), with a reference on the call that the
+ * thread drops. Returns 0 when stopping (nothing taken). */
+int cinfer_emitter_post(srv_emitter *e, srv_call *c);
+/* Runs what is queued, then joins the thread. NULL is fine. */
+void cinfer_emitter_destroy(srv_emitter *e);
+/* The emission thread's work for one call (generate.c). */
+void cinfer_generate_emit(srv_call *c);
 
 /* ---- methods (one file each) ------------------------------------------- */
 

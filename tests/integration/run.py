@@ -98,6 +98,7 @@ class Server:
         self.port = None
         self.metrics_port = None
         self.channel = None
+        self.listening = None  # the "listening" log line
 
     def __enter__(self):
         self.log_path = os.path.join(ARGS.work, self.name + ".log")
@@ -127,6 +128,14 @@ class Server:
             for line in self.log_lines():
                 if line.get("msg") == "listening":
                     self.port = line["port"]
+                    self.listening = line
+                    # A case run with the emission thread forced (the
+                    # *_emit tests) must really have it.
+                    want = os.environ.get("CINFER_EMIT_THREAD")
+                    if want and line.get("emit_thread") != want:
+                        raise AssertionError(
+                            "emit_thread %r, CINFER_EMIT_THREAD %r" %
+                            (line.get("emit_thread"), want))
                 elif line.get("msg") == "metrics listening":
                     self.metrics_port = line["port"]
             time.sleep(0.02)
@@ -2313,8 +2322,14 @@ def case_cudasim_generate():
         check_eq(st.logprob_steps, 0,
                  "the CPU backend's logprobs are the host's")
         check_eq(st.graph_steps, 0, "the CPU backend records no graphs")
+        if not os.environ.get("CINFER_EMIT_THREAD"):
+            check_eq(cpu.listening.get("emit_thread"), "off",
+                     "the CPU server sends from the engine's thread")
     with cudasim_server("cudasim") as srv:
         check_eq(srv.health(), "SERVING", "health")
+        if not os.environ.get("CINFER_EMIT_THREAD"):
+            check_eq(srv.listening.get("emit_thread"), "on",
+                     "a CUDA server sends from the emission thread")
         check_on_harness(srv)
         for p in prompts:
             text, final = stream_greedy(srv, p, n)
