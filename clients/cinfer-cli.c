@@ -841,8 +841,9 @@ int main(int argc, char **argv)
         o.server = "127.0.0.1:50051";
     const char **messages = calloc((size_t)argc + 1, sizeof *messages);
     const char **stops = calloc((size_t)argc + 1, sizeof *stops);
+    int rc = EXIT_USAGE;
     if (!messages || !stops)
-        return EXIT_USAGE;
+        goto out; /* free(NULL) is fine */
     o.messages = messages;
     o.stops = stops;
 
@@ -887,7 +888,7 @@ int main(int argc, char **argv)
             break;
         long l;
         switch (opt) {
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout); rc = 0; goto out;
         case 'v': o.verbose = 1; break;
         case O_SERVER: o.server = optarg; break;
         case O_JSON: o.json = 1; break;
@@ -931,16 +932,18 @@ int main(int argc, char **argv)
         case O_NO_SPECIAL: o.no_special = 1; break;
         case O_SKIP_SPECIAL: o.skip_special = 1; break;
         case O_SERVICE: o.service = optarg; break;
-        default: usage(stderr); return EXIT_USAGE;
+        default: usage(stderr); rc = EXIT_USAGE; goto out;
         }
         if (bad) {
             fprintf(stderr, "cinfer-cli: bad value '%s'\n", optarg);
-            return EXIT_USAGE;
+            rc = EXIT_USAGE;
+            goto out;
         }
     }
     if (optind >= argc) {
         usage(stderr);
-        return EXIT_USAGE;
+        rc = EXIT_USAGE;
+        goto out;
     }
     const char *cmd = argv[optind++];
 
@@ -952,7 +955,6 @@ int main(int argc, char **argv)
     cl.cq = grpc_completion_queue_create_for_pluck(NULL);
     cl.timeout_s = o.timeout_s;
 
-    int rc;
     if (strcmp(cmd, "generate") == 0 && optind == argc)
         rc = cmd_generate(&cl, &o);
     else if (strcmp(cmd, "tokenize") == 0 && optind == argc)
@@ -979,6 +981,7 @@ int main(int argc, char **argv)
     }
     grpc_completion_queue_destroy(cl.cq);
     grpc_shutdown_blocking();
+out:
     free(messages);
     free(stops);
     return rc;
